@@ -1,0 +1,264 @@
+"""CIFAR-10 and ImageFolder data, and the one image preprocessing shared by training and the app.
+
+CIFAR-10 is read from either of two layouts, found under ``root``:
+
+* the offline pack (``train.jpg`` or ``train_lite.jpg``, ``test.jpg``, ``meta.npz``): each split is one JPEG mosaic
+  of 32×32 tiles in row-major order (train 200×250 tiles, test 100×100), labels in ``meta.npz``;
+* torchvision's layout (``cifar-10-batches-py/``), read through :class:`torchvision.datasets.CIFAR10` with
+  ``download=False``.
+
+Nothing is ever downloaded. ``root`` defaults to the environment variable ``CONVNN_CIFAR10``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+__all__ = [
+    "CIFAR10_CLASSES",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CIFAR_ROOT_ENV_VAR",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DeviceLoader",
+    "FolderLoader",
+    "data_fingerprint",
+    "load_cifar10",
+    "normalize",
+    "preprocess_image",
+    "random_crop_flip",
+]
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# Per-channel mean and std of the CIFAR-10 train split (published values; the offline pack matches them to 1e-4).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# ImageNet per-channel statistics (torchvision's reference values) for ImageFolder datasets.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR_ROOT_ENV_VAR = "CONVNN_CIFAR10"
+_TILE = 32
+_MOSAIC_TILES = {"train": (200, 250), "test": (100, 100)}  # (rows, cols) of tiles in the offline pack
+_TORCHVISION_FOLDER = "cifar-10-batches-py"
+
+
+def _resolve_root(root: str | os.PathLike | None) -> Path:
+    if root is None:
+        root = os.environ.get(CIFAR_ROOT_ENV_VAR)
+    if root is None:
+        raise ValueError(f"no CIFAR-10 folder given: pass root or set {CIFAR_ROOT_ENV_VAR}")
+    return Path(root)
+
+
+def _mosaic_file(root: Path, split: str, lite: bool) -> Path:
+    """The pack's mosaic for ``split``; ``lite`` prefers train_lite.jpg, and either train file stands in."""
+    names = [f"{split}.jpg"]
+    if split == "train":
+        names = ["train_lite.jpg", "train.jpg"] if lite else ["train.jpg", "train_lite.jpg"]
+    for name in names:
+        if (root / name).is_file():
+            return root / name
+    raise FileNotFoundError(f"none of {names} in {root}")
+
+
+def load_cifar10(root: str | os.PathLike | None = None, split: str = "train", lite: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Load a CIFAR-10 split from the offline pack or the torchvision layout.
+
+    Args:
+        root (str or Path, optional): folder holding the pack's files, or the folder that holds
+            ``cifar-10-batches-py``. Default: ``$CONVNN_CIFAR10``
+        split (str): ``"train"`` or ``"test"``. Default: ``"train"``
+        lite (bool): read the pack's ``train_lite.jpg`` (coarser JPEG, smaller file) when it is there. Default: False
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: images (N, 32, 32, 3) uint8 RGB and labels (N,) int64 in CIFAR-10's class
+        order (:data:`CIFAR10_CLASSES`).
+
+    Raises:
+        ValueError: unknown split, no root, or a file whose size or count does not match the layout.
+        FileNotFoundError: neither layout under ``root``.
+    """
+    if split not in _MOSAIC_TILES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    root = _resolve_root(root)
+    if (root / "meta.npz").is_file():
+        rows, cols = _MOSAIC_TILES[split]
+        with Image.open(_mosaic_file(root, split, lite)) as mosaic:
+            if mosaic.size != (cols * _TILE, rows * _TILE):
+                raise ValueError(f"{mosaic.filename}: expected {cols * _TILE}×{rows * _TILE} px, got {mosaic.size}")
+            pixels = np.asarray(mosaic.convert("RGB"))
+        images = pixels.reshape(rows, _TILE, cols, _TILE, 3).transpose(0, 2, 1, 3, 4).reshape(-1, _TILE, _TILE, 3)
+        with np.load(root / "meta.npz") as meta:
+            labels = meta[f"{split}_labels"].astype(np.int64)
+        if len(labels) != len(images):
+            raise ValueError(f"{root}: {len(labels)} labels for {len(images)} images in the {split} split")
+        return np.ascontiguousarray(images), labels
+    if (root / _TORCHVISION_FOLDER).is_dir():
+        from torchvision.datasets import CIFAR10
+
+        dataset = CIFAR10(str(root), train=split == "train", download=False)
+        return dataset.data, np.asarray(dataset.targets, dtype=np.int64)
+    raise FileNotFoundError(f"{root} holds neither the offline CIFAR-10 pack (meta.npz, *.jpg) nor "
+                            f"torchvision's {_TORCHVISION_FOLDER}/")
+
+
+def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    """sha256 of the decoded images and labels (``x.tobytes() + y.tobytes()``): which data a model saw."""
+    digest = hashlib.sha256(images.tobytes())
+    digest.update(labels.tobytes())
+    return digest.hexdigest()
+
+
+def normalize(images: Tensor, mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD
+              ) -> Tensor:
+    """uint8 (B, H, W, 3) or float [0, 1] (B, 3, H, W) images → normalised float32 (B, 3, H, W)."""
+    if images.dtype == torch.uint8:
+        images = images.permute(0, 3, 1, 2).float() / 255
+    mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    return (images - mean_t) / std_t
+
+
+def preprocess_image(image: Image.Image, size: int, mean: tuple[float, ...] = CIFAR10_MEAN,
+                     std: tuple[float, ...] = CIFAR10_STD) -> Tensor:
+    """A PIL image → the (1, 3, size, size) float32 model input: RGB, resized (bicubic, antialiased), normalised.
+
+    Images already ``size``×``size`` are used pixel for pixel, as in training.
+    """
+    rgb = image.convert("RGB")
+    if rgb.size != (size, size):
+        rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
+    return normalize(torch.from_numpy(np.asarray(rgb).copy()).unsqueeze(0), mean, std)
+
+
+def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
+    """Standard CIFAR augmentation on a batch: random crop after zero padding, random horizontal flip.
+
+    Args:
+        images (Tensor): (B, C, H, W) normalised float images (padding with 0 = the mean colour).
+        padding (int): pixels of zero padding on each side before cropping back to H×W.
+        generator (torch.Generator): generator on ``images.device``; draws are reproducible from its state.
+
+    Returns:
+        Tensor: (B, C, H, W) augmented images.
+    """
+    B, _, H, W = images.shape
+    padded = F.pad(images, (padding,) * 4)
+    dy = torch.randint(0, 2 * padding + 1, (B, 1, 1), generator=generator, device=images.device)
+    dx = torch.randint(0, 2 * padding + 1, (B, 1, 1), generator=generator, device=images.device)
+    rows = (torch.arange(H, device=images.device).view(1, H, 1) + dy).expand(B, H, W)
+    cols = (torch.arange(W, device=images.device).view(1, 1, W) + dx).expand(B, H, W)
+    flip = torch.rand(B, 1, 1, generator=generator, device=images.device) < 0.5
+    cols = torch.where(flip, 2 * dx + W - 1 - cols, cols)  # mirror within the crop window
+    batch = torch.arange(B, device=images.device).view(B, 1, 1)
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+class DeviceLoader:
+    """Batches of an in-memory dataset held on the training device, sharded across DDP ranks.
+
+    Each epoch draws one permutation from ``seed + epoch`` (identical on every rank), each rank takes a contiguous
+    equal share of it (the remainder is dropped, as ``DistributedSampler(drop_last=True)``), and batches are
+    augmented on the device.
+
+    Args:
+        images (np.ndarray): (N, H, W, 3) uint8.
+        labels (np.ndarray): (N,) int64.
+        batch_size (int): per-rank batch size.
+        device (torch.device): where batches live.
+        train (bool): shuffle, drop the last partial batch and augment (crop padding 4 + flip). Default: True
+        rank (int): this process's rank. Default: 0
+        world_size (int): number of processes. Default: 1
+        seed (int): seed of the shuffling and augmentation. Default: 0
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, device: torch.device,
+                 train: bool = True, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD) -> None:
+        self.images = normalize(torch.from_numpy(images).to(device), mean, std)  # (N, 3, H, W) float32
+        self.labels = torch.from_numpy(labels).to(device)
+        self.batch_size, self.device, self.train = batch_size, device, train
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.epoch = 0  # set by set_epoch
+        self._augment_generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose permutation the next iteration uses."""
+        self.epoch = epoch
+
+    def _indices(self) -> Tensor:
+        count = len(self.labels)
+        if not self.train:
+            share = torch.arange(count, device=self.device)
+            return share[self.rank::self.world_size]
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        per_rank = count // self.world_size
+        return order[self.rank * per_rank:(self.rank + 1) * per_rank].to(self.device)
+
+    def __len__(self) -> int:
+        count = len(self._indices())
+        return count // self.batch_size if self.train else -(-count // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        indices = self._indices()
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            batch = indices[start:start + self.batch_size]
+            images = self.images[batch]
+            if self.train:
+                images = random_crop_flip(images, 4, self._augment_generator)
+            yield images, self.labels[batch]
+
+
+class FolderLoader:
+    """An ImageFolder split (the ImageNet layout, ``root/<class>/<image>``) through a ``DataLoader``.
+
+    Training uses RandomResizedCrop + horizontal flip, evaluation resize to 1.14× then centre crop, both normalised
+    with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`; a ``DistributedSampler`` shards across ranks.
+
+    Args:
+        root (str or Path): the split's folder.
+        image_size (int): side of the model input in pixels.
+        batch_size (int): per-rank batch size.
+        device (torch.device): where batches are moved.
+        train (bool): training transforms and shuffling. Default: True
+        rank, world_size (int): DDP position. Default: 0, 1
+        seed (int): shuffling seed. Default: 0
+        num_workers (int): loader processes. Default: 8
+    """
+
+    def __init__(self, root: str | os.PathLike, image_size: int, batch_size: int, device: torch.device,
+                 train: bool = True, rank: int = 0, world_size: int = 1, seed: int = 0, num_workers: int = 8) -> None:
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torchvision import datasets, transforms
+
+        resize = [transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()] if train else [
+            transforms.Resize(round(image_size * 1.14)), transforms.CenterCrop(image_size)]
+        transform = transforms.Compose([*resize, transforms.ToTensor(),
+                                        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        self.dataset = datasets.ImageFolder(str(root), transform=transform)
+        self.sampler = DistributedSampler(self.dataset, world_size, rank, shuffle=train, seed=seed, drop_last=train)
+        self.loader = DataLoader(self.dataset, batch_size, sampler=self.sampler, num_workers=num_workers,
+                                 pin_memory=device.type == "cuda", drop_last=train, persistent_workers=num_workers > 0)
+        self.device = device
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shuffle the next iteration uses."""
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for images, labels in self.loader:
+            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)

@@ -1,0 +1,231 @@
+"""Candidate sets, spatial scores and masks for ConvNN on 2-D maps (METHOD §1–3). Stateless.
+
+Index conventions: a map of H×W tokens is flattened in raster order, token ``i`` at ``(row, col) = divmod(i, W)``.
+Window and blend selection work on the map zero-padded by ``p = window_size // 2`` on every side (METHOD §3, the
+padded zero tokens are candidates exactly as in a zero-padded convolution); their key indices address the padded
+grid of ``(H + 2p)·(W + 2p)`` tokens. :func:`padded_to_cells` maps them back to cells of the unpadded map.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernels.reference import neighbor_weights, select_topk, similarity_scores
+
+__all__ = [
+    "SELECTIONS",
+    "blend_scores",
+    "blend_select",
+    "block_sparse_mask",
+    "causal_mask",
+    "coordinate_channels",
+    "pad_map",
+    "padded_to_cells",
+    "query_positions_in_padded",
+    "sample_candidates",
+    "spatial_scores",
+    "to_tokens",
+    "window_indices",
+]
+
+SELECTIONS = ("all", "random", "window", "blend")
+
+
+def to_tokens(x: Tensor) -> Tensor:
+    """(B, C, H, W) feature map → (B, 1, N, C) single-head tokens, a view (no copy)."""
+    return x.flatten(2).transpose(1, 2).unsqueeze(1)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_indices_cpu(height: int, width: int, window_size: int, num_neighbors: int) -> Tensor:
+    pad = window_size // 2
+    offsets = [(dr, dc) for dr in range(-pad, pad + 1) for dc in range(-pad, pad + 1)]  # raster order
+    # The K offsets nearest the centre (Euclidean, ties to raster order), then back in raster order (METHOD §2).
+    nearest = sorted(range(len(offsets)), key=lambda t: (offsets[t][0] ** 2 + offsets[t][1] ** 2, t))
+    taps = sorted(nearest[:num_neighbors])
+    padded_width = width + 2 * pad
+    rows = torch.arange(height).view(height, 1, 1) + pad
+    cols = torch.arange(width).view(1, width, 1) + pad
+    d_row = torch.tensor([offsets[t][0] for t in taps]).view(1, 1, -1)
+    d_col = torch.tensor([offsets[t][1] for t in taps]).view(1, 1, -1)
+    return ((rows + d_row) * padded_width + cols + d_col).reshape(height * width, num_neighbors)
+
+
+def window_indices(height: int, width: int, window_size: int, num_neighbors: int, device=None) -> Tensor:
+    """Spatial selection: each query's K nearest offsets in its R×R window, in raster order (METHOD §2–3).
+
+    With K = R² this is the whole window, so Conv1D tap ``t`` is kernel position ``(t // R, t % R)``.
+
+    Args:
+        height (int): H of the unpadded map.
+        width (int): W of the unpadded map.
+        window_size (int): R, odd.
+        num_neighbors (int): K, 1 ≤ K ≤ R².
+        device (torch.device, optional): where to put the result.
+
+    Returns:
+        Tensor: (H·W, K) int64 indices into the padded grid ((H + 2p)·(W + 2p), p = R // 2).
+    """
+    return _window_indices_cpu(height, width, window_size, num_neighbors).to(device)
+
+
+def query_positions_in_padded(height: int, width: int, pad: int, device=None) -> Tensor:
+    """(H·W,) int64 index of each unpadded token in the grid padded by ``pad``."""
+    rows = torch.arange(height, device=device).view(height, 1) + pad
+    cols = torch.arange(width, device=device).view(1, width) + pad
+    return (rows * (width + 2 * pad) + cols).reshape(-1)
+
+
+def padded_to_cells(idx: Tensor, width: int, pad: int) -> Tensor:
+    """Key indices in a grid padded by ``pad`` → ``(row, col)`` cells of the unpadded map.
+
+    Args:
+        idx (Tensor): (...,) int64 indices into the padded grid (``pad = 0``: the unpadded map itself).
+        width (int): W of the unpadded map.
+        pad (int): padding on each side.
+
+    Returns:
+        Tensor: (..., 2) int64 ``(row, col)``; padded cells lie outside ``[0, H) × [0, W)`` (e.g. row −1).
+    """
+    rows, cols = torch.div(idx, width + 2 * pad, rounding_mode="floor"), idx % (width + 2 * pad)
+    return torch.stack([rows - pad, cols - pad], dim=-1)
+
+
+def coordinate_channels(height: int, width: int, device=None, dtype=None) -> Tensor:
+    """(1, 2, H, W) normalised (row, col) coordinates in [−1, 1] (0 for a side of length 1)."""
+    rows = torch.linspace(-1, 1, height, device=device, dtype=dtype) if height > 1 else torch.zeros(
+        1, device=device, dtype=dtype)
+    cols = torch.linspace(-1, 1, width, device=device, dtype=dtype) if width > 1 else torch.zeros(
+        1, device=device, dtype=dtype)
+    grid = torch.stack(torch.meshgrid(rows, cols, indexing="ij"))  # (2, H, W)
+    return grid.unsqueeze(0)
+
+
+def spatial_scores(height: int, width: int, window_size: int, device=None) -> Tensor:
+    """Normalised spatial similarity of every query to every token of the padded grid (blend selection).
+
+    ``s = exp(−d∞² / (2h²))`` with ``d∞`` the Chebyshev distance in cells and ``h = max(R // 2, 1)`` the window's
+    half-width: 1 at the query, ``e^{−1/2}`` on the window's border, decaying outside. Using the Chebyshev distance
+    makes the R×R window exactly the R² highest-scoring tokens, for every odd R.
+
+    Returns:
+        Tensor: (H·W, (H + 2p)·(W + 2p)) float32 in (0, 1], p = R // 2.
+    """
+    pad = window_size // 2
+    half = max(pad, 1)
+    q_rows = torch.arange(height, device=device).view(-1, 1, 1, 1).float()
+    q_cols = torch.arange(width, device=device).view(1, -1, 1, 1).float()
+    k_rows = torch.arange(-pad, height + pad, device=device).view(1, 1, -1, 1).float()
+    k_cols = torch.arange(-pad, width + pad, device=device).view(1, 1, 1, -1).float()
+    chebyshev = torch.maximum((q_rows - k_rows).abs(), (q_cols - k_cols).abs())  # (H, W, Hp, Wp)
+    return torch.exp(-chebyshev.square() / (2 * half**2)).reshape(height * width, -1)
+
+
+def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) -> Tensor:
+    """``(1 − α)·spatial + α·feature~`` with the feature scores min–max normalised to [0, 1] per query (METHOD §3).
+
+    Args:
+        feature_scores (Tensor): (B, H, Nq, M) raw feature similarities to the padded grid.
+        spatial (Tensor): (Nq, M) output of :func:`spatial_scores`.
+        blend_alpha (float): α ∈ [0, 1]; 0 = spatial (convolution), 1 = feature (attention-style) selection.
+
+    Returns:
+        Tensor: (B, H, Nq, M) blended scores in [0, 1].
+    """
+    low = feature_scores.amin(-1, keepdim=True)
+    high = feature_scores.amax(-1, keepdim=True)
+    feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
+    return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
+
+
+def blend_select(
+    q: Tensor, k_padded: Tensor, height: int, width: int, window_size: int, num_neighbors: int, blend_alpha: float,
+    similarity: str = "cosine", weighting: str = "none", temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Top-K of the blended spatial/feature score over the padded grid, the query itself at rank 0 (METHOD §3).
+
+    Args:
+        q (Tensor): (B, H, N, D) query features of the unpadded map.
+        k_padded (Tensor): (B, H, M, D) key features of the zero-padded map, M = (H + 2p)·(W + 2p).
+        height, width (int): size of the unpadded map.
+        window_size (int): R, sets the padding and the spatial scale.
+        num_neighbors (int): K.
+        blend_alpha (float): α ∈ [0, 1].
+        similarity, weighting, temperature: as in :func:`kernels.knn_aggregate`.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``topk_idx`` (B, H, N, K) int64 into the padded grid and ``topk_weights``
+        (B, H, N, K) from the blended scores.
+    """
+    pad = window_size // 2
+    with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
+        scores = blend_scores(similarity_scores(q, k_padded, similarity),
+                              spatial_scores(height, width, window_size, q.device), blend_alpha)
+        topk_scores, topk_idx = select_topk(scores, num_neighbors,
+                                            query_positions_in_padded(height, width, pad, q.device))
+        return topk_idx, neighbor_weights(topk_scores, weighting, temperature)
+
+
+def sample_candidates(
+    num_tokens: int, num_candidates: int, batch_size: int, generator: torch.Generator, device=None
+) -> Tensor:
+    """Draw r candidate keys uniformly without replacement (METHOD §3, ``random``).
+
+    Args:
+        num_tokens (int): N.
+        num_candidates (int): r, 1 ≤ r ≤ N.
+        batch_size (int): 1 for one draw shared by the batch, B for one draw per sample.
+        generator (torch.Generator): a CPU generator; the draw is reproducible from its state.
+        device (torch.device, optional): where to put the result.
+
+    Returns:
+        Tensor: (batch_size, r) int64 key indices, distinct within a row.
+    """
+    keys = torch.rand(batch_size, num_tokens, generator=generator)
+    return keys.argsort(dim=1)[:, :num_candidates].to(device)
+
+
+def causal_mask(num_tokens: int, device=None) -> Tensor:
+    """(N, N) bool, True where key j ≤ query i (METHOD §2: structured masks; SDPA's ``is_causal``)."""
+    return torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=device).tril()
+
+
+def block_sparse_mask(
+    num_tokens: int, block_size: int, num_global_blocks: int = 1, num_random_blocks: int = 1,
+    window_blocks: int = 1, generator: torch.Generator | None = None, device=None,
+) -> Tensor:
+    """BigBird-style block-sparse mask: local, global and random blocks (METHOD §2 and §4.5).
+
+    Tokens are grouped into ``ceil(N / block_size)`` blocks. Query block ``a`` may attend key block ``b`` when
+    ``|a − b| ≤ window_blocks`` (local), when either is one of the first ``num_global_blocks`` blocks (global), or
+    when ``b`` is one of ``num_random_blocks`` blocks drawn for ``a`` from ``generator`` (random).
+
+    Returns:
+        Tensor: (N, N) bool, True = allowed.
+
+    Raises:
+        ValueError: ``block_size`` < 1 or a negative count.
+    """
+    if block_size < 1 or min(num_global_blocks, num_random_blocks, window_blocks) < 0:
+        raise ValueError(f"block_size must be ≥ 1 and counts ≥ 0, got block_size={block_size}, "
+                         f"global={num_global_blocks}, random={num_random_blocks}, window={window_blocks}")
+    num_blocks = math.ceil(num_tokens / block_size)
+    blocks = torch.arange(num_blocks)
+    allowed = (blocks.view(-1, 1) - blocks.view(1, -1)).abs() <= window_blocks
+    allowed[:num_global_blocks, :] = True
+    allowed[:, :num_global_blocks] = True
+    if num_random_blocks:
+        draws = torch.rand(num_blocks, num_blocks, generator=generator).argsort(dim=1)[:, :num_random_blocks]
+        allowed[blocks.view(-1, 1), draws] = True
+    token_block = torch.arange(num_tokens) // block_size
+    return allowed[token_block][:, token_block].to(device)
+
+
+def pad_map(x: Tensor, pad: int) -> Tensor:
+    """Zero-pad a (B, C, H, W) map by ``pad`` cells on every side."""
+    return F.pad(x, (pad, pad, pad, pad))

@@ -1,0 +1,158 @@
+"""Token-mixing layers for transformers: ConvNN-attention and its baselines, KVT and multi-head self-attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels import WEIGHTINGS, knn_aggregate
+from kernels.dispatch import BACKENDS
+
+from ..recording import _Recordable
+from ._sampling import CandidateSampler
+from ._validation import check_choice
+
+__all__ = ["ATTENTIONS", "ConvNNAttention", "KVTAttention", "MultiheadSelfAttention", "create_attention"]
+
+ATTENTION_SELECTIONS = ("all", "random")
+
+
+class MultiheadSelfAttention(nn.Module):
+    """Multi-head self-attention through ``F.scaled_dot_product_attention`` (the MHSA baseline, METHOD §5).
+
+    Args:
+        dim (int): token width; a multiple of ``num_heads``.
+        num_heads (int): h; head dim d = dim / h. Default: 8
+        qkv_bias (bool): bias of the fused q, k, v projection. Default: True
+        proj_bias (bool): bias of the output projection. Default: True
+
+    Shape:
+        Input (B, N, dim) and an optional bool ``attn_mask`` broadcastable to (B, h, N, N), True = allowed →
+        output (B, N, dim).
+
+    Raises:
+        ValueError: ``dim`` not a multiple of ``num_heads``.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, proj_bias: bool = True, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"dim={dim} must be a positive multiple of num_heads, got num_heads={num_heads}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, N, _ = x.shape
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # b n (three h d)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # three × (B, h, N, d)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        q, k, v = self._qkv(x)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, h, N, d)
+        return self.proj(out.transpose(1, 2).flatten(2))
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, num_heads={self.num_heads}"
+
+
+class ConvNNAttention(_Recordable, MultiheadSelfAttention):
+    """ConvNN-attention: per head, top-K keys by scaled dot product, softmax over the K, depthwise Conv1D over ranks.
+
+    Implements METHOD §5: replaces multi-head self-attention in a ViT. For each head the query picks its K
+    highest-scoring keys (``q·k/√d``, ties to the lower index; among ``num_candidates`` random keys plus itself
+    with ``selection="random"``), weighs them by ρ (softmax by default), and a depthwise Conv1D with kernel K over
+    rank slots (weight (dim, 1, K), no bias) aggregates them; an output projection follows. The Conv1D starts at
+    all ones, so at initialisation the layer equals :class:`KVTAttention` (METHOD §4.4); with K = N it equals
+    MHSA (METHOD §4.3).
+
+    Args:
+        dim (int): token width; a multiple of ``num_heads``.
+        num_heads (int): h. Default: 8
+        num_neighbors (int): K, 1 ≤ K ≤ N (≤ r + 1 with random candidates). Default: 16
+        selection (str): ``"all"`` or ``"random"``. Default: ``"all"``
+        num_candidates (int, optional): r for ``"random"``, ≥ K. Default: None
+        weighting (str): ρ: ``"softmax"``, ``"uniform"`` or ``"none"``. Default: ``"softmax"``
+        temperature (float): softmax temperature, > 0. Default: 1.0
+        qkv_bias (bool): bias of the q, k, v projection. Default: True
+        proj_bias (bool): bias of the output projection. Default: True
+        candidate_sampling (str): ``"batch"`` or ``"sample"`` draws. Default: ``"batch"``
+        seed (int): seed of the candidate generator. Default: 0
+        backend (str): ``"auto"``, ``"reference"`` or ``"triton"``. Default: ``"auto"``
+
+    Shape:
+        Input (B, N, dim), optional bool ``attn_mask`` broadcastable to (B, h, N, N) (reference path) → (B, N, dim).
+
+    Attributes:
+        weight (Tensor): (dim, 1, K) depthwise aggregation kernel over rank slots, initialised to ones.
+
+    Raises:
+        ValueError: an argument outside its range, or K larger than the number of candidates at run time.
+    """
+
+    learnable_kernel = True
+
+    def __init__(self, dim: int, num_heads: int = 8, num_neighbors: int = 16, selection: str = "all",
+                 num_candidates: int | None = None, weighting: str = "softmax", temperature: float = 1.0,
+                 qkv_bias: bool = True, proj_bias: bool = True, candidate_sampling: str = "batch", seed: int = 0,
+                 backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__(dim, num_heads, qkv_bias, proj_bias, device=device, dtype=dtype)
+        check_choice("selection", selection, ATTENTION_SELECTIONS)
+        check_choice("weighting", weighting, WEIGHTINGS)
+        check_choice("backend", backend, BACKENDS)
+        if num_neighbors < 1:
+            raise ValueError(f"num_neighbors must be ≥ 1, got {num_neighbors}")
+        if selection == "random" and (num_candidates is None or num_candidates < num_neighbors):
+            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
+                             f"got {num_candidates}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.num_neighbors, self.selection, self.num_candidates = num_neighbors, selection, num_candidates
+        self.weighting, self.temperature, self.backend = weighting, temperature, backend
+        self._sampler = CandidateSampler(num_candidates if selection == "random" else None, candidate_sampling, seed)
+        kernel = torch.ones(dim, 1, num_neighbors, device=device, dtype=dtype)
+        if self.learnable_kernel:
+            self.weight = nn.Parameter(kernel)
+        else:
+            self.register_buffer("weight", kernel)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        B, N, _ = x.shape
+        q, k, v = self._qkv(x)
+        candidates = self._sampler(N, B, x.device, self.training)
+        result = knn_aggregate(q, k, v, self.weight, num_neighbors=self.num_neighbors, similarity="dot",
+                               weighting=self.weighting, temperature=self.temperature, groups=self.dim,
+                               candidates=candidates, attn_mask=attn_mask, backend=self.backend)
+        self._record(result.topk_idx, result.topk_weights, 1, N, candidates=candidates)
+        return self.proj(result.out.transpose(1, 2))  # (B, dim, N) → (B, N, dim)
+
+    def extra_repr(self) -> str:
+        extra = f", selection={self.selection!r}, num_candidates={self.num_candidates}" if self.num_candidates else ""
+        return f"{super().extra_repr()}, num_neighbors={self.num_neighbors}, weighting={self.weighting!r}{extra}"
+
+
+class KVTAttention(ConvNNAttention):
+    """k-NN attention (KVT): softmax over the top-K scores, the rest masked, then ``@ V`` (METHOD §4.4, §5).
+
+    :class:`ConvNNAttention` with its rank-slot kernel frozen at ones (a buffer, not a parameter): the plain sum
+    of the K weighted values. Same arguments, shapes and errors.
+    """
+
+    learnable_kernel = False
+
+
+ATTENTIONS = {"mhsa": MultiheadSelfAttention, "kvt": KVTAttention, "convnn": ConvNNAttention}
+
+
+def create_attention(kind: str, dim: int, num_heads: int, qkv_bias: bool = True, **knn_options) -> nn.Module:
+    """Build the token mixer ``kind`` (``"mhsa"``, ``"kvt"`` or ``"convnn"``); ``knn_options`` go to the k-NN ones.
+
+    Raises:
+        ValueError: unknown ``kind``, or ``knn_options`` given for ``"mhsa"``.
+    """
+    check_choice("attention", kind, tuple(ATTENTIONS))
+    if kind == "mhsa" and knn_options:
+        raise ValueError(f"attention='mhsa' takes no k-NN options, got {sorted(knn_options)}")
+    return ATTENTIONS[kind](dim, num_heads, qkv_bias=qkv_bias, **knn_options)

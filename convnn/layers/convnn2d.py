@@ -1,0 +1,246 @@
+"""``ConvNN2d``: every pixel aggregates its K selected neighbours with a Conv1D over rank slots (METHOD §2–3, §5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
+from kernels.dispatch import BACKENDS
+from kernels.reference import aggregate_neighbors, neighbor_weights, similarity_scores
+
+from ..functional import (
+    SELECTIONS,
+    blend_select,
+    coordinate_channels,
+    pad_map,
+    to_tokens,
+    window_indices,
+)
+from ..recording import _Recordable
+from ._sampling import CandidateSampler
+from ._validation import check_choice, check_ratio
+
+__all__ = ["ConvNN2d"]
+
+
+class ConvNN2d(_Recordable):
+    """Each pixel aggregates its K selected neighbours with a Conv1D over rank slots (rank 0 = the pixel itself).
+
+    Implements METHOD §2–3 on a 2-D map of N = H·W tokens. For query pixel ``i`` the layer scores candidate
+    pixels ``j``, keeps the top K (the query itself forced to rank 0, ties to the lower index), weighs them by ρ,
+    and applies ``Conv1d(C_in, C_out, kernel_size=K, stride=K)`` to the gathered ``(B, C_in, N·K)`` sequence, so tap
+    ``t`` of the kernel weighs "the t-th nearest neighbour". With ``selection="window"`` and K = R² it equals
+    ``Conv2d(kernel_size=R, padding=R // 2)`` (METHOD §4.1–4.2, see :meth:`load_conv2d_weight`).
+
+    Selection rules (METHOD §3):
+
+    * ``"all"``: every pixel is a candidate; features scored by ``similarity``; O(N²) scores.
+    * ``"random"``: ``num_candidates`` pixels drawn without replacement plus the query; O(N·r). Draws come from the
+      layer's own generator seeded with ``seed``: in training mode each call draws anew; in eval mode every call
+      redraws from ``seed``, so a model in eval mode returns the same output every time. ``r ≥ N`` falls back to
+      ``"all"``.
+    * ``"window"``: the K offsets nearest the query in its R×R window (all of it when K = R²), zero-padded, in raster
+      order: a convolution. Scores are only computed when ``weighting`` needs them.
+    * ``"blend"``: top K of ``(1 − α)·spatial + α·feature`` on normalised scores over the zero-padded map
+      (:func:`convnn.functional.blend_scores`): α = 0 selects the window, α = 1 feature neighbours.
+
+    Args:
+        in_channels (int): C_in.
+        out_channels (int): C_out.
+        num_neighbors (int): K, ≥ 1; K ≤ N at run time, K ≤ R² for ``"window"``, K ≤ r for ``"random"``.
+            Default: 9
+        selection (str): ``"all"``, ``"random"``, ``"window"`` or ``"blend"``. Default: ``"all"``
+        similarity (str): ``"cosine"``, ``"dot"`` (q·k/√d) or ``"euclidean"`` (−‖q − k‖²). Default: ``"cosine"``
+        weighting (str): ρ: ``"none"`` (pure gather), ``"softmax"`` (over the K selected scores) or ``"uniform"``
+            (1/K). Default: ``"none"``
+        num_candidates (int, optional): r for ``"random"``, ≥ K. Default: None
+        window_size (int): R, odd, for ``"window"`` and ``"blend"``. Default: 3
+        blend_alpha (float): α ∈ [0, 1] for ``"blend"``. Default: 0.5
+        temperature (float): softmax temperature, > 0. Default: 1.0
+        coord_channels (bool): append normalised (row, col) ∈ [−1, 1] to the features used for similarity (not to
+            the values). Default: False
+        qk_dim (int, optional): learned 1×1 query/key projections to this many channels; without it the similarity
+            uses the input features themselves. They only receive gradients with ``weighting="softmax"`` (top-K
+            indices carry none). Default: None
+        candidate_sampling (str): ``"batch"`` (one draw shared by the batch, as the paper) or ``"sample"`` (one per
+            sample). Default: ``"batch"``
+        groups (int): Conv1D groups; ``groups=in_channels`` is depthwise aggregation. Default: 1
+        bias (bool): Conv1D bias. Default: True
+        seed (int): seed of the candidate generator (``"random"``). Default: 0
+        backend (str): ``"auto"`` (fused kernel on CUDA, reference elsewhere), ``"reference"`` or ``"triton"``.
+            Default: ``"auto"``
+
+    Shape:
+        Input (B, C_in, H, W), float32, bfloat16 or float16 (float64 on the reference) → output (B, C_out, H, W),
+        same dtype. Internally scores are (B, N, N) or (B, N, r + 1) on the reference (never materialised by the
+        fused kernel) and neighbour indices (B, 1, N, K) int64; indices carry no gradient.
+
+    Attributes:
+        weight (Tensor): (C_out, C_in / groups, K), initialised like ``nn.Conv1d`` (Kaiming-uniform, a = √5).
+        bias (Tensor): (C_out,) or None.
+
+    Raises:
+        ValueError: an argument outside its range (the message names it and the value received), a non-4-D input
+            or one with the wrong channel count, or K larger than the number of candidates of the input.
+
+    Example:
+        >>> ConvNN2d(16, 32, selection="window")(torch.randn(2, 16, 8, 8)).shape
+        torch.Size([2, 32, 8, 8])
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        num_neighbors: int = 9,
+        selection: str = "all",
+        similarity: str = "cosine",
+        weighting: str = "none",
+        num_candidates: int | None = None,
+        window_size: int = 3,
+        blend_alpha: float = 0.5,
+        temperature: float = 1.0,
+        coord_channels: bool = False,
+        qk_dim: int | None = None,
+        candidate_sampling: str = "batch",
+        groups: int = 1,
+        bias: bool = True,
+        seed: int = 0,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        check_choice("selection", selection, SELECTIONS)
+        check_choice("similarity", similarity, SIMILARITIES)
+        check_choice("weighting", weighting, WEIGHTINGS)
+        check_choice("backend", backend, BACKENDS)
+        if in_channels < 1 or out_channels < 1:
+            raise ValueError(f"in_channels and out_channels must be ≥ 1, got {in_channels}, {out_channels}")
+        if num_neighbors < 1:
+            raise ValueError(f"num_neighbors must be ≥ 1, got {num_neighbors}")
+        if window_size < 1 or window_size % 2 == 0:
+            raise ValueError(f"window_size must be an odd integer ≥ 1, got {window_size}")
+        if selection == "window" and num_neighbors > window_size**2:
+            raise ValueError(f"selection='window' needs num_neighbors ≤ window_size**2 = {window_size**2}, "
+                             f"got {num_neighbors}")
+        if selection == "random" and (num_candidates is None or num_candidates < num_neighbors):
+            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
+                             f"got {num_candidates}")
+        check_ratio("blend_alpha", blend_alpha)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups must divide in_channels={in_channels} and out_channels={out_channels}, "
+                             f"got {groups}")
+        if qk_dim is not None and qk_dim < 1:
+            raise ValueError(f"qk_dim must be ≥ 1 or None, got {qk_dim}")
+        factory = {"device": device, "dtype": dtype}
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.num_neighbors, self.selection, self.similarity = num_neighbors, selection, similarity
+        self.weighting, self.num_candidates, self.window_size = weighting, num_candidates, window_size
+        self.blend_alpha, self.temperature, self.coord_channels = blend_alpha, temperature, coord_channels
+        self.qk_dim, self.candidate_sampling, self.groups = qk_dim, candidate_sampling, groups
+        self.seed, self.backend = seed, backend
+        feature_dim = in_channels + (2 if coord_channels else 0)
+        self.q_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
+        self.k_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, num_neighbors, **factory))
+        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
+        self._sampler = CandidateSampler(num_candidates if selection == "random" else None, candidate_sampling, seed)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Conv1d``'s initialisation: Kaiming-uniform weight (a = √5), bias ~ U(±1/√fan_in)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.weight.shape[1] * self.weight.shape[2])
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    @torch.no_grad()
+    def load_conv2d_weight(self, conv: nn.Conv2d) -> None:
+        """Copy a square ``Conv2d``'s kernel into the rank slots: ``W1[o, c, t] = W2[o, c, t // R, t % R]``.
+
+        Together with ``selection="window"``, K = R² and the same ``groups``, the layer then computes exactly
+        ``conv`` with ``padding = R // 2`` (METHOD §4.1–4.2).
+
+        Raises:
+            ValueError: ``conv``'s kernel, channels, groups or bias do not match this layer.
+        """
+        expected = (self.out_channels, self.in_channels // self.groups, self.window_size, self.window_size)
+        if tuple(conv.weight.shape) != expected or conv.groups != self.groups:
+            raise ValueError(f"conv weight must be {expected} with groups={self.groups}, "
+                             f"got {tuple(conv.weight.shape)} with groups={conv.groups}")
+        if self.num_neighbors != self.window_size**2:
+            raise ValueError(f"num_neighbors must be window_size**2 = {self.window_size**2}, got {self.num_neighbors}")
+        if (conv.bias is None) != (self.bias is None):
+            raise ValueError("conv and this layer must both have a bias or both have none")
+        self.weight.copy_(conv.weight.flatten(2))
+        if self.bias is not None:
+            self.bias.copy_(conv.bias)
+
+    def _features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Query and key features, (B, C_f, H, W) each: the input (+ coordinates), or its learned projections."""
+        if self.coord_channels:
+            coords = coordinate_channels(x.shape[2], x.shape[3], x.device, x.dtype).expand(x.shape[0], -1, -1, -1)
+            x = torch.cat([x, coords], dim=1)
+        if self.q_proj is None:
+            return x, x
+        return self.q_proj(x), self.k_proj(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"input must be (B, C_in={self.in_channels}, H, W), got {tuple(x.shape)}")
+        B, _, H, W = x.shape
+        N = H * W
+        q_map, k_map = self._features(x)
+        if self.selection in ("window", "blend"):
+            pad = self.window_size // 2
+            num_keys = (H + 2 * pad) * (W + 2 * pad)
+            if self.num_neighbors > num_keys:
+                raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
+                                 f"got {self.num_neighbors}")
+            q = to_tokens(q_map)
+            if self.selection == "window":
+                topk_idx = window_indices(H, W, self.window_size, self.num_neighbors, x.device).expand(B, 1, N, -1)
+                topk_weights = self._window_weights(q, to_tokens(pad_map(k_map, pad)), topk_idx)
+            else:
+                topk_idx, topk_weights = blend_select(
+                    q, to_tokens(pad_map(k_map, pad)), H, W, self.window_size, self.num_neighbors, self.blend_alpha,
+                    self.similarity, self.weighting, self.temperature)
+            values = to_tokens(pad_map(x, pad))
+            weights_or_none = None if self.weighting == "none" else topk_weights
+            out = aggregate_neighbors(values, topk_idx, weights_or_none, self.weight, self.bias, self.groups)
+            self._record(topk_idx, topk_weights, H, W, padding=pad)
+        else:
+            candidates = self._sampler(N, B, x.device, self.training)
+            result = knn_aggregate(
+                to_tokens(q_map), to_tokens(k_map), to_tokens(x), self.weight, self.bias,
+                num_neighbors=self.num_neighbors, similarity=self.similarity, weighting=self.weighting,
+                temperature=self.temperature, groups=self.groups, candidates=candidates, self_first=True,
+                backend=self.backend)
+            out = result.out
+            self._record(result.topk_idx, result.topk_weights, H, W, candidates=candidates)
+        return out.view(B, self.out_channels, H, W)
+
+    def _window_weights(self, q: Tensor, k_padded: Tensor, topk_idx: Tensor) -> Tensor:
+        """ρ of the window neighbours: ones for ``"none"``/``"uniform"``-free gathers, else from their scores."""
+        if self.weighting == "none":
+            return torch.ones(topk_idx.shape, device=q.device, dtype=torch.promote_types(q.dtype, torch.float32))
+        B, _, N, K = topk_idx.shape
+        k_window = torch.gather(k_padded, 2, topk_idx.reshape(B, 1, N * K, 1).expand(-1, -1, -1, k_padded.shape[-1]))
+        scores = similarity_scores(q.unsqueeze(-2), k_window.view(B, 1, N, K, -1), self.similarity)  # (B,1,N,1,K)
+        return neighbor_weights(scores.squeeze(-2), self.weighting, self.temperature)
+
+    def extra_repr(self) -> str:
+        defaults = {"num_neighbors": 9, "selection": "all", "similarity": "cosine", "weighting": "none",
+                    "num_candidates": None, "window_size": 3, "blend_alpha": 0.5, "temperature": 1.0,
+                    "coord_channels": False, "qk_dim": None, "candidate_sampling": "batch", "groups": 1, "seed": 0,
+                    "backend": "auto"}
+        changed = [f"{name}={getattr(self, name)!r}" for name, default in defaults.items()
+                   if getattr(self, name) != default]
+        return ", ".join([f"{self.in_channels}, {self.out_channels}", *changed] + (
+            ["bias=False"] if self.bias is None else []))

@@ -1,0 +1,86 @@
+"""The hybrid branch layer: a ConvNN branch and a 3×3 convolution side by side, mixed by a 1×1 convolution."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+from ._validation import check_ratio
+from .convnn2d import ConvNN2d
+
+__all__ = ["HybridConvNN2d"]
+
+
+class HybridConvNN2d(nn.Module):
+    """ConvNN branch (``round(λ·C_out)`` channels) ∥ ``kernel_size`` Conv2d branch (the rest) → concat → 1×1 mix.
+
+    Implements METHOD §5 (the paper's hybrid branch layer, §6). Both branches see the whole input. λ =
+    ``branch_ratio`` = 0 is "conv + 1×1", the matched convolutional baseline; λ = 1 is pure ConvNN (+ 1×1); the
+    paper uses λ = 0.5. Output channels ``[0, C_knn)`` of the concatenation come from the ConvNN branch,
+    ``[C_knn, C_out)`` from the convolution.
+
+    Args:
+        in_channels (int): C_in.
+        out_channels (int): C_out.
+        branch_ratio (float): λ ∈ [0, 1], the ConvNN branch's share of C_out (rounded with Python's ``round``).
+            Default: 0.5
+        kernel_size (int): odd kernel size of the convolution branch (padding ``kernel_size // 2``). Default: 3
+        bias (bool): bias of the two branches (the 1×1 mix always has one). Default: True
+        **convnn_options: keyword arguments of :class:`ConvNN2d` (``num_neighbors``, ``selection``, ...), checked
+            against its signature even when λ = 0.
+
+    Shape:
+        Input (B, C_in, H, W) → output (B, C_out, H, W), same dtype.
+
+    Attributes:
+        knn (ConvNN2d or None): the ConvNN branch, None when λ·C_out rounds to 0.
+        conv (nn.Conv2d or None): the convolution branch, None when λ·C_out rounds to C_out.
+        mix (nn.Conv2d): the 1×1 mix, weight (C_out, C_out, 1, 1).
+
+    Raises:
+        ValueError: λ outside [0, 1], an even ``kernel_size``, or an invalid ConvNN option.
+        TypeError: an unknown ConvNN option name.
+
+    Example:
+        >>> HybridConvNN2d(16, 32, branch_ratio=0.5, num_neighbors=9)(torch.randn(2, 16, 8, 8)).shape
+        torch.Size([2, 32, 8, 8])
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        branch_ratio: float = 0.5,
+        kernel_size: int = 3,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        **convnn_options,
+    ) -> None:
+        super().__init__()
+        check_ratio("branch_ratio", branch_ratio)
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be an odd integer ≥ 1, got {kernel_size}")
+        inspect.signature(ConvNN2d).bind(in_channels, out_channels, **convnn_options)  # TypeError on a typo
+        factory = {"device": device, "dtype": dtype}
+        self.in_channels, self.out_channels, self.branch_ratio = in_channels, out_channels, branch_ratio
+        self.knn_channels = round(branch_ratio * out_channels)
+        self.conv_channels = out_channels - self.knn_channels
+        self.knn = (ConvNN2d(in_channels, self.knn_channels, bias=bias, **factory, **convnn_options)
+                    if self.knn_channels else None)
+        self.conv = (nn.Conv2d(in_channels, self.conv_channels, kernel_size, padding=kernel_size // 2, bias=bias,
+                               **factory) if self.conv_channels else None)
+        self.mix = nn.Conv2d(out_channels, out_channels, 1, **factory)
+
+    def branches(self, x: Tensor) -> Tensor:
+        """The concatenated branch outputs before the 1×1 mix: (B, C_out, H, W), ConvNN channels first."""
+        parts = [branch(x) for branch in (self.knn, self.conv) if branch is not None]
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.mix(self.branches(x))
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, branch_ratio={self.branch_ratio}"

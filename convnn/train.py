@@ -1,0 +1,330 @@
+"""Train a ConvNN model: ``python -m convnn.train``, one process or many under ``torchrun`` (DDP).
+
+Single process (GPU if present, else CPU)::
+
+    python -m convnn.train --preset cnn-l0.5 --data-root ../shared/data/cifar10 --out runs
+
+One machine, 4 GPUs (``--batch-size`` is the global batch; each rank gets an equal share)::
+
+    torchrun --standalone --nproc_per_node=4 -m convnn.train --preset cnn-l0.5 --data-root ... --out runs
+
+Several machines (run on each; rank 0's host is the rendezvous endpoint)::
+
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \\
+        -m convnn.train --preset imagenet-resnet50-hybrid --data imagefolder --data-root /data/imagenet --out runs
+
+Writes under ``--out``: ``NAME.log.jsonl`` (one JSON line per epoch: train/test loss and accuracy, learning rate,
+epoch time), ``NAME.resume.pt`` (state to continue with ``--resume``), and at the end the checkpoint
+``NAME.safetensors`` + ``NAME.json`` (the model card). Only rank 0 logs and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from kernels import resolve_backend
+
+from .checkpoint import ModelCard, save_checkpoint
+from .data import (
+    CIFAR10_CLASSES,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    DeviceLoader,
+    FolderLoader,
+    data_fingerprint,
+    load_cifar10,
+)
+from .models import create_model
+from .presets import preset
+
+log = logging.getLogger("convnn.train")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; saved in the model card as the recipe."""
+
+    name: str = "model"
+    model: str = "convnn_resnet_cifar"
+    model_args: dict = field(default_factory=dict)
+    data: str = "cifar10"  # "cifar10" | "imagefolder"
+    data_root: str | None = None
+    lite: bool = False  # read the pack's train_lite.jpg
+    subset: int | None = None  # CIFAR: use only the first n train and n test images (smoke tests)
+    image_size: int = 224  # ImageFolder only
+    epochs: int = 30
+    batch_size: int = 512  # global, over all ranks
+    optimizer: str = "sgd"  # "sgd" (Nesterov) | "adamw"
+    lr: float = 0.2
+    weight_decay: float = 5e-4
+    momentum: float = 0.9
+    warmup_epochs: float = 2.0
+    label_smoothing: float = 0.1
+    mixup_alpha: float = 0.0  # > 0: mixup (half the batches) / cutmix (the other half) with Beta(α, α)
+    seed: int = 0
+    out: str = "runs"
+    backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
+    amp: bool = True  # bf16 autocast on CUDA
+    save_dtype: str = "float16"
+    max_steps: int | None = None  # stop early (smoke tests)
+    num_workers: int = 8  # ImageFolder loader processes
+    resume: bool = False
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults ← ``--preset`` ← ``--config`` JSON ← explicit flags."""
+    parser = argparse.ArgumentParser(prog="python -m convnn.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", help="named preset (convnn/presets.py)")
+    parser.add_argument("--config", help="JSON file of TrainConfig fields")
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif f.name == "model_args":
+            parser.add_argument(flag, type=json.loads, default=None, help="JSON object, merged into the preset's")
+        else:
+            kind = {"int": int, "float": float, "int | None": int}.get(f.type, str)
+            parser.add_argument(flag, type=kind, default=None)
+    args = parser.parse_args(argv)
+    values: dict = preset(args.preset) if args.preset else {}
+    if args.preset:
+        values.setdefault("name", args.preset)
+    if args.config:
+        values.update(json.loads(Path(args.config).read_text()))
+    for f in dataclasses.fields(TrainConfig):
+        given = getattr(args, f.name)
+        if given is None:
+            continue
+        values[f.name] = {**values.get("model_args", {}), **given} if f.name == "model_args" else given
+    unknown = values.keys() - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        parser.error(f"unknown config fields {sorted(unknown)}")
+    if args.name is None and args.seed is not None and "name" in values:
+        values["name"] = f"{values['name']}-s{args.seed}"  # one file per seed of the same preset
+    return TrainConfig(**values)
+
+
+def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD (Nesterov) or AdamW; no weight decay on biases, norms and other 1-D parameters."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=True)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.999))
+    raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {config.optimizer!r}")
+
+
+def mix_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, smoothing: float,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup or CutMix (alternating by a coin flip) with a Beta(α, α) ratio; returns images and soft targets."""
+    targets = F.one_hot(labels, num_classes).float() * (1 - smoothing) + smoothing / num_classes
+    if alpha <= 0:
+        return images, targets
+    ratio = float(torch.distributions.Beta(alpha, alpha).sample())
+    perm = torch.randperm(images.shape[0], generator=generator).to(images.device)
+    if torch.rand(1, generator=generator).item() < 0.5:
+        mixed = ratio * images + (1 - ratio) * images[perm]
+    else:
+        H, W = images.shape[-2:]
+        cut_h, cut_w = int(H * math.sqrt(1 - ratio)), int(W * math.sqrt(1 - ratio))
+        top = int(torch.randint(0, H - cut_h + 1, (1,), generator=generator))
+        left = int(torch.randint(0, W - cut_w + 1, (1,), generator=generator))
+        mixed = images.clone()
+        mixed[..., top:top + cut_h, left:left + cut_w] = images[perm][..., top:top + cut_h, left:left + cut_w]
+        ratio = 1 - cut_h * cut_w / (H * W)
+    return mixed, ratio * targets + (1 - ratio) * targets[perm]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device, amp: bool) -> dict[str, float]:
+    """Top-1 accuracy (percent) and mean cross-entropy on ``loader``, summed over all ranks."""
+    model.eval()
+    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
+    for images, labels in loader:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(images)
+        totals += torch.stack([F.cross_entropy(logits.float(), labels, reduction="sum"),
+                               (logits.argmax(1) == labels).sum(), torch.tensor(len(labels), device=device)]).double()
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    return {"test_loss": (totals[0] / totals[2]).item(), "test_top1": (100 * totals[1] / totals[2]).item()}
+
+
+def _hardware(device: torch.device, world_size: int) -> str:
+    if device.type == "cuda":
+        return f"{world_size}× {torch.cuda.get_device_name(device)}"
+    return f"{world_size}× CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: int):
+    """(train loader, test loader, classes, mean, std, input size, data description)."""
+    per_rank = config.batch_size // world_size
+    if config.data == "cifar10":
+        train_x, train_y = load_cifar10(config.data_root, "train", lite=config.lite)
+        test_x, test_y = load_cifar10(config.data_root, "test")
+        if config.subset is not None:
+            train_x, train_y, test_x, test_y = (a[:config.subset] for a in (train_x, train_y, test_x, test_y))
+        data = {"name": "CIFAR-10", "train": len(train_y), "test": len(test_y), "lite": config.lite,
+                "train_sha256": data_fingerprint(train_x, train_y), "test_sha256": data_fingerprint(test_x, test_y)}
+        return (DeviceLoader(train_x, train_y, per_rank, device, True, rank, world_size, config.seed),
+                DeviceLoader(test_x, test_y, min(1000, per_rank * 2), device, False, rank, world_size),
+                list(CIFAR10_CLASSES), CIFAR10_MEAN, CIFAR10_STD, 32, data)
+    if config.data == "imagefolder":
+        root = Path(config.data_root or ".")
+        options = dict(image_size=config.image_size, device=device, rank=rank, world_size=world_size,
+                       seed=config.seed, num_workers=config.num_workers)
+        train = FolderLoader(root / "train", batch_size=per_rank, train=True, **options)
+        test = FolderLoader(root / "val", batch_size=per_rank, train=False, **options)
+        data = {"name": f"ImageFolder {root}", "train": len(train.dataset), "test": len(test.dataset)}
+        return train, test, train.dataset.classes, IMAGENET_MEAN, IMAGENET_STD, config.image_size, data
+    raise ValueError(f"data must be 'cifar10' or 'imagefolder', got {config.data!r}")
+
+
+def train(config: TrainConfig) -> dict[str, float]:
+    """Run the whole training described by ``config``; returns the final test metrics."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if config.batch_size % world_size:
+        raise ValueError(f"batch_size={config.batch_size} must be divisible by the world size {world_size}")
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.setdefault("CONVNN_BACKEND", config.backend)
+    is_main = rank == 0
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    amp = config.amp and device.type == "cuda"
+    out = Path(config.out)
+    try:
+        train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
+        model = create_model(config.model, num_classes=len(classes), **config.model_args).to(device)
+        ddp_model = DistributedDataParallel(model) if world_size > 1 else model
+        optimizer = make_optimizer(model, config)
+        steps_per_epoch = len(train_loader)
+        total_steps = config.epochs * steps_per_epoch
+        warmup_steps = int(config.warmup_epochs * steps_per_epoch)
+        start_epoch, elapsed = 0, 0.0
+        resume_path = out / f"{config.name}.resume.pt"
+        if config.resume and resume_path.is_file():
+            state = torch.load(resume_path, map_location=device, weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch, elapsed = state["epoch"], state["elapsed"]
+        mix_generator = torch.Generator().manual_seed(config.seed * 7919 + rank)
+        log_path = out / f"{config.name}.log.jsonl"
+        if is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if start_epoch == 0:
+                log_path.write_text("")
+            num_params = sum(p.numel() for p in model.parameters())
+            log.info("%s: %s (%d parameters) on %s", config.name, config.model, num_params,
+                     _hardware(device, world_size))
+        metrics: dict[str, float] = {}
+        step = start_epoch * steps_per_epoch
+        for epoch in range(start_epoch, config.epochs):
+            ddp_model.train()
+            train_loader.set_epoch(epoch)
+            started = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not is_main, leave=False)
+            for images, labels in bar:
+                lr = learning_rate(step, total_steps, warmup_steps, config.lr)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                images, targets = mix_batch(images, labels, len(classes), config.mixup_alpha,
+                                            config.label_smoothing, mix_generator)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                    logits = ddp_model(images)
+                loss = F.cross_entropy(logits.float(), targets)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += loss.detach()
+                step += 1
+                if config.max_steps is not None and step >= config.max_steps:
+                    break
+            num_batches = max(1, step - epoch * steps_per_epoch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            epoch_time = time.perf_counter() - started
+            elapsed += epoch_time
+            metrics = evaluate(ddp_model, test_loader, device, amp)
+            if dist.is_initialized():
+                dist.all_reduce(loss_sum)
+                loss_sum /= world_size
+            if is_main:
+                row = {"epoch": epoch + 1, "train_loss": loss_sum.item() / num_batches, **metrics, "lr": lr,
+                       "epoch_time_s": epoch_time, "images_per_s": num_batches * config.batch_size / epoch_time}
+                with log_path.open("a") as file:
+                    file.write(json.dumps(row) + "\n")
+                log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epoch + 1, config.epochs,
+                         row["train_loss"], metrics["test_top1"], epoch_time)
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                            "elapsed": elapsed}, resume_path)
+            if config.max_steps is not None and step >= config.max_steps:
+                break
+        if is_main:
+            card = ModelCard(
+                name=config.name, model=config.model, model_args={**config.model_args, "num_classes": len(classes)},
+                classes=classes, input_size=input_size, mean=list(mean), std=list(std), metrics=metrics,
+                recipe=dataclasses.asdict(config), data=data,
+                training={"epochs": epoch + 1, "seed": config.seed, "train_time_s": round(elapsed, 1),
+                          "hardware": _hardware(device, world_size), "world_size": world_size,
+                          "versions": _versions(), "date": datetime.date.today().isoformat(),
+                          "backend": resolve_backend("auto", device)})
+            save_checkpoint(model, out / config.name, card, dtype=getattr(torch, config.save_dtype))
+        return metrics
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    train(parse_config(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The checked entry point :func:`knn_aggregate`: validates arguments and picks the fused kernel or the reference.
+
+Backend choice (``backend="auto"``): the fused Triton kernel for CUDA tensors when Triton imports and the call uses
+only what the kernel implements (cosine or scaled-dot-product similarity, all or random candidates, no mask);
+the PyTorch reference otherwise. The environment variable ``CONVNN_BACKEND`` (``reference`` | ``triton``), read at
+call time, overrides ``"auto"``, so a whole training run or app session can be forced onto either path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from .reference import SIMILARITIES, WEIGHTINGS, KnnResult, knn_aggregate_reference
+
+__all__ = ["BACKENDS", "BACKEND_ENV_VAR", "fused_supports", "knn_aggregate", "resolve_backend", "triton_available"]
+
+BACKENDS = ("auto", "reference", "triton")
+BACKEND_ENV_VAR = "CONVNN_BACKEND"
+FUSED_SIMILARITIES = ("cosine", "dot")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether the fused kernel module imports (Triton installed and usable)."""
+    try:
+        from . import knn_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, out_channels: int) -> bool:
+    """Whether the fused kernel implements this configuration.
+
+    It does cosine and scaled-dot-product similarity without masks, with a standard Conv1D on one head or a
+    depthwise one (``groups = C_out = H·Dv``).
+    """
+    aggregation_ok = (groups == 1 and num_heads == 1) or groups == out_channels
+    return similarity in FUSED_SIMILARITIES and attn_mask is None and aggregation_ok
+
+
+def resolve_backend(backend: str, device: torch.device, supported: bool = True) -> str:
+    """Resolve ``"auto"`` (and ``CONVNN_BACKEND``) to ``"reference"`` or ``"triton"`` for tensors on ``device``.
+
+    Args:
+        backend (str): ``"auto"``, ``"reference"`` or ``"triton"``.
+        device (torch.device): where the inputs live.
+        supported (bool): whether the fused kernel implements the requested configuration. Default: True
+
+    Returns:
+        str: ``"reference"`` or ``"triton"``.
+
+    Raises:
+        ValueError: unknown backend, or ``"triton"`` forced where it cannot run (no Triton, CPU tensors without
+            ``TRITON_INTERPRET=1``, or a configuration the kernel does not implement).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
+        if backend not in BACKENDS:
+            raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {backend!r}")
+    runnable = triton_available() and (device.type == "cuda" or _interpreting())
+    if backend == "auto":
+        return "triton" if runnable and supported and device.type == "cuda" else "reference"
+    if backend == "triton" and not (runnable and supported):
+        raise ValueError(
+            "backend='triton' needs Triton, CUDA tensors (or TRITON_INTERPRET=1) and a configuration the fused "
+            f"kernel implements (similarity in {FUSED_SIMILARITIES}, no attn_mask); got device={device}"
+        )
+    return backend
+
+
+def _check_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
+                     attn_mask, self_first) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, Nq, D = q.shape
+    if k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k must be (B={B}, H={H}, Nk, D={D}), got {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be (B={B}, H={H}, Nk={k.shape[2]}, Dv), got {tuple(v.shape)}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    c_in = H * v.shape[3]
+    if groups < 1 or c_in % groups:
+        raise ValueError(f"groups must divide C_in = H·Dv = {c_in}, got {groups}")
+    if weight.dim() != 3 or weight.shape[1] * groups != c_in or weight.shape[2] != num_neighbors:
+        raise ValueError(
+            f"weight must be (C_out, C_in/groups={c_in // groups}, K={num_neighbors}), got {tuple(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
+    num_keys = k.shape[2]
+    if (self_first or candidates is not None) and Nq != num_keys:
+        raise ValueError(f"self_first and candidates need Nq == Nk, got Nq={Nq}, Nk={num_keys}")
+    if candidates is not None:
+        if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
+            raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
+                             f"{tuple(candidates.shape)}")
+        num_keys = candidates.shape[1] + 1  # the query itself is always a candidate
+    if not 1 <= num_neighbors <= num_keys:
+        raise ValueError(f"num_neighbors must be in [1, number of candidates={num_keys}], got {num_neighbors}")
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
+
+
+def knn_aggregate(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    num_neighbors: int,
+    similarity: str = "cosine",
+    weighting: str = "none",
+    temperature: float = 1.0,
+    groups: int = 1,
+    candidates: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    self_first: bool = False,
+    backend: str = "auto",
+) -> KnnResult:
+    """ConvNN k-NN aggregation (METHOD §2–3), on the fused Triton kernel or the PyTorch reference.
+
+    ``out[b, o, i] = bias[o] + Σ_t Σ_c weight[o, c, t] · ρ[b, i, t] · v[b, idx[b, i, t], c]`` with ``idx`` the
+    top-K keys of query ``i`` by similarity (ties to the lower index). Indices carry no gradient; gradients reach
+    ``v``, ``weight``, ``bias`` and, for ``weighting="softmax"``, ``q`` and ``k``.
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries, float32, bfloat16, float16 (or float64 on the reference).
+        k (Tensor): (B, H, Nk, D) keys, same dtype.
+        v (Tensor): (B, H, Nk, Dv) values, same dtype.
+        weight (Tensor): (C_out, H·Dv / groups, K) Conv1D weight; tap ``t`` weighs the rank-``t`` neighbour.
+        bias (Tensor, optional): (C_out,) Conv1D bias. Default: None
+        num_neighbors (int): K, 1 ≤ K ≤ number of candidates.
+        similarity (str): ``"cosine"``, ``"dot"`` (q·k/√D) or ``"euclidean"`` (−‖q−k‖², reference only).
+            Default: ``"cosine"``
+        weighting (str): ρ: ``"none"``, ``"softmax"`` (over the K selected, with ``temperature``) or
+            ``"uniform"`` (1/K). Default: ``"none"``
+        temperature (float): softmax temperature, > 0. Default: 1.0
+        groups (int): Conv1D groups; ``H·Dv`` is depthwise aggregation. Default: 1
+        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled keys per sample; the query itself is added
+            (METHOD §3). None: every key is a candidate. Default: None
+        attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed (reference only).
+        self_first (bool): force each query's own token to rank 0 (needs Nq = Nk). Default: False
+        backend (str): ``"auto"``, ``"reference"`` or ``"triton"``. Default: ``"auto"``
+
+    Returns:
+        KnnResult: ``out`` (B, C_out, Nq) in the input dtype, ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights``
+        (B, H, Nq, K) fp32 (fp64 for fp64 inputs).
+
+    Raises:
+        ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
+    """
+    _check_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
+                     attn_mask, self_first)
+    supported = fused_supports(similarity, attn_mask, groups, q.shape[1], weight.shape[0]) and q.dtype != torch.float64
+    options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
+                   groups=groups, candidates=candidates, self_first=self_first)
+    if resolve_backend(backend, q.device, supported) == "triton":
+        from .knn_triton import knn_aggregate_triton
+
+        return knn_aggregate_triton(q, k, v, weight, bias, **options)
+    return knn_aggregate_reference(q, k, v, weight, bias, attn_mask=attn_mask, **options)

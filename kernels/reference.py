@@ -1,0 +1,254 @@
+"""ConvNN k-nearest-neighbour aggregation in plain PyTorch: the specification, the CPU path and the test oracle.
+
+For every query token ``i`` (METHOD §2):
+
+1. **Similarity** ``S[i, j]`` against each candidate key ``j``: ``"cosine"`` (``q̂_i·k̂_j``), ``"dot"`` (scaled dot
+   product ``q_i·k_j/√d``) or ``"euclidean"`` (``−‖q_i − k_j‖²``); a boolean ``attn_mask`` (``True`` = allowed, the
+   convention of :func:`torch.nn.functional.scaled_dot_product_attention`) sets forbidden pairs to ``−∞``.
+2. **Select** the top-K candidates, most similar first, ties broken by the lower key index (a stable sort, so the
+   result is deterministic); optionally the query itself is forced to rank 0. **Modulate** with ``ρ``: ``"none"``
+   (weights 1, a pure gather), ``"softmax"`` over the K selected scores divided by ``temperature``, or ``"uniform"``
+   (1/K). Selected slots that were masked (score ``−∞``) get weight 0 under every ``ρ``.
+3. **Aggregate**: gather ``V[idx] → (B, C, N·K)`` (token-major, each query's K neighbours contiguous, the t-th slot
+   holding the t-th nearest neighbour) and apply ``F.conv1d(kernel_size=K, stride=K, groups=groups)``.
+
+Indices carry no gradient; with ``ρ = "softmax"`` gradients reach the scores and through them ``q`` and ``k``.
+Everything here materialises the (B, H, Nq, Nk) score matrix: that is what the fused kernel avoids.
+
+Tensor layout (shared with the fused kernel): ``q`` (B, H, Nq, D), ``k`` (B, H, Nk, D), ``v`` (B, H, Nk, Dv), the
+layout of ``scaled_dot_product_attention``; the output is channel-first (B, C_out, Nq) like ``F.conv1d``, with the
+heads' value channels concatenated head-major (``C_in = H·Dv``). These functions assume valid arguments: the checked
+entry point is :func:`kernels.knn_aggregate`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "SIMILARITIES",
+    "WEIGHTINGS",
+    "KnnResult",
+    "aggregate_neighbors",
+    "knn_aggregate_reference",
+    "neighbor_weights",
+    "select_topk",
+    "similarity_scores",
+]
+
+SIMILARITIES = ("cosine", "dot", "euclidean")
+WEIGHTINGS = ("none", "softmax", "uniform")
+
+
+class KnnResult(NamedTuple):
+    """What one ConvNN aggregation computed.
+
+    Attributes:
+        out (Tensor): (B, C_out, Nq), the aggregated output, dtype of the inputs.
+        topk_idx (Tensor): (B, H, Nq, K) int64 key indices of the selected neighbours, rank 0 first.
+        topk_weights (Tensor): (B, H, Nq, K) the weights ρ applied to each selected value (fp32, or fp64 for fp64
+            inputs); all ones for ``weighting="none"`` without masks.
+    """
+
+    out: Tensor
+    topk_idx: Tensor
+    topk_weights: Tensor
+
+
+def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 accumulation for half inputs; fp64 inputs stay fp64 (gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def similarity_scores(q: Tensor, k: Tensor, similarity: str = "cosine") -> Tensor:
+    """Pairwise query–key similarity (METHOD §2 step 1).
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries.
+        k (Tensor): (B, H, Nk, D) keys.
+        similarity (str): ``"cosine"`` (zero vectors score 0), ``"dot"`` (``q·k/√D``) or ``"euclidean"``
+            (``−‖q − k‖²``). Default: ``"cosine"``.
+
+    Returns:
+        Tensor: (B, H, Nq, Nk) scores in fp32 (fp64 for fp64 inputs); larger means more similar.
+    """
+    dtype = _accumulate_dtype(q.dtype)
+    q, k = q.to(dtype), k.to(dtype)
+    if similarity == "cosine":
+        return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+    if similarity == "dot":
+        return (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if similarity == "euclidean":
+        sq_q = q.square().sum(-1, keepdim=True)  # (B, H, Nq, 1)
+        sq_k = k.square().sum(-1).unsqueeze(-2)  # (B, H, 1, Nk)
+        return 2 * (q @ k.transpose(-1, -2)) - sq_q - sq_k
+    raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+
+
+def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The K best candidates per query, most similar first, ties to the lower index (METHOD §2 step 2).
+
+    Args:
+        scores (Tensor): (..., Nq, M) candidate scores; ``−∞`` marks a forbidden candidate.
+        num_neighbors (int): K, 1 ≤ K ≤ M.
+        self_index (Tensor, optional): (Nq,) int64 column of each query's own token; that column is ranked first
+            whatever its score (its real score is still returned). Default: None (rank by score alone).
+
+    Returns:
+        tuple[Tensor, Tensor]: ``topk_scores`` (..., Nq, K) and ``topk_idx`` (..., Nq, K) int64 column indices.
+    """
+    ranking = scores.detach()
+    if self_index is not None:
+        forced = torch.zeros_like(ranking, dtype=torch.bool)
+        forced[..., torch.arange(scores.shape[-2], device=scores.device), self_index] = True
+        ranking = ranking.masked_fill(forced, math.inf)
+    # The result is what a stable descending sort gives (equal scores in index order, METHOD §2); torch.topk is
+    # much faster but leaves ties unordered, so its K are re-ordered by (score, index) and the rare rows with ties
+    # across the K-th place fall back to the full stable sort.
+    topk_vals, topk_idx = torch.topk(ranking, num_neighbors, dim=-1)
+    by_index, perm = topk_idx.sort(dim=-1)
+    order = topk_vals.gather(-1, perm).sort(dim=-1, descending=True, stable=True).indices
+    topk_idx = by_index.gather(-1, order)
+    boundary_ties = (ranking >= topk_vals[..., -1:]).sum(-1) > num_neighbors  # (..., Nq)
+    if boundary_ties.any():
+        rows = ranking[boundary_ties]  # (R, M)
+        topk_idx[boundary_ties] = torch.sort(rows, dim=-1, descending=True, stable=True).indices[:, :num_neighbors]
+    return scores.gather(-1, topk_idx), topk_idx
+
+
+def neighbor_weights(topk_scores: Tensor, weighting: str = "none", temperature: float = 1.0) -> Tensor:
+    """The modulation ρ of the selected values (METHOD §2 step 2).
+
+    Args:
+        topk_scores (Tensor): (..., K) scores of the selected neighbours; ``−∞`` marks a masked slot.
+        weighting (str): ``"none"`` (1), ``"softmax"`` (``softmax(s / temperature)`` over the K slots) or
+            ``"uniform"`` (1/K). Masked slots get 0. Default: ``"none"``.
+        temperature (float): softmax temperature, > 0. Default: 1.0
+
+    Returns:
+        Tensor: (..., K) weights, dtype of ``topk_scores``.
+    """
+    valid = torch.isfinite(topk_scores)
+    if weighting == "softmax":
+        logits = (topk_scores / temperature).masked_fill(~valid, -math.inf)
+        return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    ones = valid.to(topk_scores.dtype)
+    if weighting == "none":
+        return ones
+    if weighting == "uniform":
+        return ones / ones.sum(-1, keepdim=True).clamp_min(1)
+    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+
+
+def aggregate_neighbors(
+    v: Tensor, topk_idx: Tensor, topk_weights: Tensor | None, weight: Tensor, bias: Tensor | None, groups: int = 1
+) -> Tensor:
+    """Gather, weigh and aggregate the selected values with a Conv1D over rank slots (METHOD §2 step 3).
+
+    Args:
+        v (Tensor): (B, H, Nk, Dv) values.
+        topk_idx (Tensor): (B, H, Nq, K) int64 key indices, rank 0 first.
+        topk_weights (Tensor, optional): (B, H, Nq, K) weights ρ; None multiplies by nothing.
+        weight (Tensor): (C_out, H·Dv / groups, K) Conv1D weight; tap ``t`` weighs the rank-``t`` neighbour.
+        bias (Tensor, optional): (C_out,) Conv1D bias.
+        groups (int): Conv1D groups; ``H·Dv`` is depthwise aggregation. Default: 1
+
+    Returns:
+        Tensor: (B, C_out, Nq), ``F.conv1d(neighbors, weight, bias, stride=K, groups=groups)`` where
+        ``neighbors[b, h·Dv + c, i·K + t] = ρ[b, h, i, t] · v[b, h, idx[b, h, i, t], c]``.
+    """
+    B, H, _, Dv = v.shape
+    Nq, K = topk_idx.shape[-2:]
+    flat_idx = topk_idx.reshape(B, H, 1, Nq * K).expand(B, H, Dv, Nq * K)
+    neighbors = torch.gather(v.transpose(-1, -2), -1, flat_idx)  # (B, H, Dv, Nq·K)
+    if topk_weights is not None:
+        neighbors = neighbors * topk_weights.reshape(B, H, 1, Nq * K).to(neighbors.dtype)
+    neighbors = neighbors.reshape(B, H * Dv, Nq * K)
+    return F.conv1d(neighbors, weight.to(neighbors.dtype), None if bias is None else bias.to(neighbors.dtype),
+                    stride=K, groups=groups)
+
+
+def _candidate_scores(
+    q: Tensor, k: Tensor, candidates: Tensor, similarity: str, attn_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Scores against the query itself (column 0) and the r sampled keys (columns 1..r), METHOD §3.
+
+    A sampled key that is the query itself is masked, so the query is a candidate exactly once.
+    Returns ``scores`` (B, H, Nq, r + 1) and the key index of each column, ``key_idx`` (B, 1, Nq, r + 1).
+    """
+    B, H, Nq, D = q.shape
+    r = candidates.shape[-1]
+    cand = candidates.expand(B, r)
+    k_cand = torch.gather(k, 2, cand.view(B, 1, r, 1).expand(B, H, r, D))  # (B, H, r, D)
+    scores = torch.cat([similarity_scores(q.unsqueeze(-2), k.unsqueeze(-2), similarity).squeeze(-1),
+                        similarity_scores(q, k_cand, similarity)], dim=-1)  # (B, H, Nq, r + 1)
+    query_idx = torch.arange(Nq, device=q.device).view(1, 1, Nq, 1).expand(B, 1, Nq, 1)
+    key_idx = torch.cat([query_idx, cand.view(B, 1, 1, r).expand(B, 1, Nq, r)], dim=-1)  # (B, 1, Nq, r + 1)
+    allowed = torch.ones_like(key_idx, dtype=torch.bool)
+    allowed[..., 1:] = key_idx[..., 1:] != query_idx
+    if attn_mask is not None:
+        allowed = allowed & torch.gather(attn_mask.expand(B, H, Nq, k.shape[2]), -1, key_idx.expand(B, H, Nq, r + 1))
+    return scores.masked_fill(~allowed, -math.inf), key_idx
+
+
+def knn_aggregate_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    num_neighbors: int,
+    similarity: str = "cosine",
+    weighting: str = "none",
+    temperature: float = 1.0,
+    groups: int = 1,
+    candidates: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    self_first: bool = False,
+) -> KnnResult:
+    """ConvNN aggregation, unfused (METHOD §2–3): dense scores → stable top-K → ρ → gather → Conv1D.
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries.
+        k (Tensor): (B, H, Nk, D) keys.
+        v (Tensor): (B, H, Nk, Dv) values.
+        weight (Tensor): (C_out, H·Dv / groups, K) Conv1D weight over rank slots.
+        bias (Tensor, optional): (C_out,) Conv1D bias. Default: None
+        num_neighbors (int): K neighbours per query.
+        similarity (str): ``"cosine"``, ``"dot"`` or ``"euclidean"``. Default: ``"cosine"``
+        weighting (str): ρ, ``"none"``, ``"softmax"`` or ``"uniform"``. Default: ``"none"``
+        temperature (float): softmax temperature. Default: 1.0
+        groups (int): Conv1D groups (``H·Dv`` = depthwise). Default: 1
+        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled key indices shared by every query of a sample;
+            the query itself is always a candidate too (METHOD §3, ``random``). None: all Nk keys. Default: None
+        attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True where a pair is allowed.
+        self_first (bool): force each query's own token (key index = query index; needs Nq = Nk) to rank 0.
+            Default: False
+
+    Returns:
+        KnnResult: ``out`` (B, C_out, Nq), ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights`` (B, H, Nq, K).
+    """
+    Nq = q.shape[2]
+    with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
+        if candidates is None:
+            scores = similarity_scores(q, k, similarity)  # (B, H, Nq, Nk)
+            if attn_mask is not None:
+                scores = scores.masked_fill(~attn_mask, -math.inf)
+            key_idx = None
+            self_column = torch.arange(Nq, device=q.device) if self_first else None
+        else:
+            scores, key_idx = _candidate_scores(q, k, candidates, similarity, attn_mask)  # (B, H, Nq, r + 1)
+            self_column = torch.zeros(Nq, dtype=torch.long, device=q.device) if self_first else None
+        topk_scores, topk_idx = select_topk(scores, num_neighbors, self_column)
+        topk_weights = neighbor_weights(topk_scores, weighting, temperature)
+    if key_idx is not None:  # candidate column → key index
+        topk_idx = torch.gather(key_idx.expand(*topk_idx.shape[:-1], key_idx.shape[-1]), -1, topk_idx)
+    weights_or_none = None if weighting == "none" and attn_mask is None else topk_weights
+    out = aggregate_neighbors(v, topk_idx, weights_or_none, weight, bias, groups)
+    return KnnResult(out, topk_idx, topk_weights)
