@@ -37,6 +37,7 @@ __all__ = [
     "normalize",
     "preprocess_image",
     "random_crop_flip",
+    "synthetic_images",
 ]
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -111,6 +112,24 @@ def load_cifar10(root: str | os.PathLike | None = None, split: str = "train", li
         return dataset.data, np.asarray(dataset.targets, dtype=np.int64)
     raise FileNotFoundError(f"{root} holds neither the offline CIFAR-10 pack (meta.npz, *.jpg) nor "
                             f"torchvision's {_TORCHVISION_FOLDER}/")
+
+
+def synthetic_images(count: int, num_classes: int, image_size: int = 32, seed: int = 0
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable stand-in dataset for smoke tests: class ``c`` is a colour gradient at angle 2πc/classes + noise.
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: images (count, size, size, 3) uint8 and balanced labels (count,) int64.
+    """
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count, dtype=np.int64) % num_classes
+    angles = 2 * np.pi * labels / num_classes
+    axis = np.linspace(-1, 1, image_size)
+    ramp = np.cos(angles)[:, None, None] * axis[None, :, None] + np.sin(angles)[:, None, None] * axis[None, None, :]
+    colour = rng.uniform(0.3, 1.0, size=(num_classes, 3))[labels]  # (count, 3)
+    images = 127.5 + 80 * ramp[..., None] * colour[:, None, None, :] + rng.normal(0, 20, (count, image_size,
+                                                                                           image_size, 3))
+    return np.clip(images, 0, 255).astype(np.uint8), labels
 
 
 def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:

@@ -52,6 +52,7 @@ from .data import (
     FolderLoader,
     data_fingerprint,
     load_cifar10,
+    synthetic_images,
 )
 from .models import create_model
 from .presets import preset
@@ -66,11 +67,12 @@ class TrainConfig:
     name: str = "model"
     model: str = "convnn_resnet_cifar"
     model_args: dict = field(default_factory=dict)
-    data: str = "cifar10"  # "cifar10" | "imagefolder"
+    data: str = "cifar10"  # "cifar10" | "imagefolder" | "synthetic" (smoke tests: generated, no files)
     data_root: str | None = None
     lite: bool = False  # read the pack's train_lite.jpg
-    subset: int | None = None  # CIFAR: use only the first n train and n test images (smoke tests)
-    image_size: int = 224  # ImageFolder only
+    subset: int | None = None  # use only the first n train and n test images (smoke tests)
+    image_size: int = 224  # ImageFolder and synthetic data
+    num_classes: int = 10  # synthetic data only
     epochs: int = 30
     batch_size: int = 512  # global, over all ranks
     optimizer: str = "sgd"  # "sgd" (Nesterov) | "adamw"
@@ -210,6 +212,15 @@ def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: i
         return (DeviceLoader(train_x, train_y, per_rank, device, True, rank, world_size, config.seed),
                 DeviceLoader(test_x, test_y, min(1000, per_rank * 2), device, False, rank, world_size),
                 list(CIFAR10_CLASSES), CIFAR10_MEAN, CIFAR10_STD, 32, data)
+    if config.data == "synthetic":
+        count = config.subset or 512
+        train_x, train_y = synthetic_images(count, config.num_classes, config.image_size, config.seed)
+        test_x, test_y = synthetic_images(count, config.num_classes, config.image_size, config.seed + 1)
+        classes = [f"class {c}" for c in range(config.num_classes)]
+        data = {"name": "synthetic", "train": count, "test": count}
+        return (DeviceLoader(train_x, train_y, per_rank, device, True, rank, world_size, config.seed),
+                DeviceLoader(test_x, test_y, per_rank, device, False, rank, world_size),
+                classes, CIFAR10_MEAN, CIFAR10_STD, config.image_size, data)
     if config.data == "imagefolder":
         root = Path(config.data_root or ".")
         options = dict(image_size=config.image_size, device=device, rank=rank, world_size=world_size,
@@ -218,11 +229,16 @@ def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: i
         test = FolderLoader(root / "val", batch_size=per_rank, train=False, **options)
         data = {"name": f"ImageFolder {root}", "train": len(train.dataset), "test": len(test.dataset)}
         return train, test, train.dataset.classes, IMAGENET_MEAN, IMAGENET_STD, config.image_size, data
-    raise ValueError(f"data must be 'cifar10' or 'imagefolder', got {config.data!r}")
+    raise ValueError(f"data must be 'cifar10', 'imagefolder' or 'synthetic', got {config.data!r}")
 
 
-def train(config: TrainConfig) -> dict[str, float]:
-    """Run the whole training described by ``config``; returns the final test metrics."""
+def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
+    """Run the whole training described by ``config``.
+
+    Returns:
+        tuple[nn.Module, dict[str, float]]: this rank's trained model (unwrapped from DDP) and the final test
+        metrics (``test_top1`` in percent, ``test_loss``).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if config.batch_size % world_size:
@@ -239,7 +255,8 @@ def train(config: TrainConfig) -> dict[str, float]:
     out = Path(config.out)
     try:
         train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
-        model = create_model(config.model, num_classes=len(classes), **config.model_args).to(device)
+        model_args = {**config.model_args, "num_classes": len(classes)}
+        model = create_model(config.model, **model_args).to(device)
         ddp_model = DistributedDataParallel(model) if world_size > 1 else model
         optimizer = make_optimizer(model, config)
         steps_per_epoch = len(train_loader)
@@ -307,7 +324,7 @@ def train(config: TrainConfig) -> dict[str, float]:
                 break
         if is_main:
             card = ModelCard(
-                name=config.name, model=config.model, model_args={**config.model_args, "num_classes": len(classes)},
+                name=config.name, model=config.model, model_args=model_args,
                 classes=classes, input_size=input_size, mean=list(mean), std=list(std), metrics=metrics,
                 recipe=dataclasses.asdict(config), data=data,
                 training={"epochs": epoch + 1, "seed": config.seed, "train_time_s": round(elapsed, 1),
@@ -315,7 +332,7 @@ def train(config: TrainConfig) -> dict[str, float]:
                           "versions": _versions(), "date": datetime.date.today().isoformat(),
                           "backend": resolve_backend("auto", device)})
             save_checkpoint(model, out / config.name, card, dtype=getattr(torch, config.save_dtype))
-        return metrics
+        return model, metrics
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,173 @@
+"""ConvNN2d: the exact convolution special cases (METHOD §4.1–4.2), selection rules, the recorder, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from convnn import ConvNN2d, record_neighbors
+from convnn.functional import query_positions_in_padded, window_indices
+from kernels.reference import aggregate_neighbors, select_topk, similarity_scores
+from tests.tolerances import FP32_EXACT
+
+
+@pytest.mark.parametrize("window_size", [1, 3, 5])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("size", [(7, 9), (5, 5), (1, 11), (6, 1)])
+def test_window_selection_with_k_equal_r_squared_is_conv2d(window_size, bias, size):
+    """METHOD §4.1: window selection, K = R², zero padding R//2, raster order, weights copied ⇒ F.conv2d (fp32)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, *size)
+    conv = nn.Conv2d(4, 6, window_size, padding=window_size // 2, bias=bias)
+    knn = ConvNN2d(4, 6, num_neighbors=window_size**2, selection="window", window_size=window_size, bias=bias)
+    knn.load_conv2d_weight(conv)
+    torch.testing.assert_close(knn(x), F.conv2d(x, conv.weight, conv.bias, padding=window_size // 2), **FP32_EXACT)
+
+
+@pytest.mark.parametrize("window_size", [3, 5])
+def test_depthwise_window_selection_is_depthwise_conv2d(window_size):
+    """METHOD §4.2: the same with groups = C ⇒ F.conv2d(groups=C)."""
+    torch.manual_seed(1)
+    x = torch.randn(3, 5, 6, 7)
+    conv = nn.Conv2d(5, 5, window_size, padding=window_size // 2, groups=5)
+    knn = ConvNN2d(5, 5, num_neighbors=window_size**2, selection="window", window_size=window_size, groups=5)
+    knn.load_conv2d_weight(conv)
+    torch.testing.assert_close(knn(x), conv(x), **FP32_EXACT)
+
+
+def test_window_with_fewer_neighbors_takes_the_nearest_offsets_in_raster_order():
+    """K = 5 in a 3×3 window: the centre and its 4-neighbourhood, in raster order (METHOD §2)."""
+    idx = window_indices(4, 4, 3, 5)  # padded grid is 6 wide
+    query = 1 * 4 + 2  # (row 1, col 2) → padded (2, 3)
+    expected = [(1, 3), (2, 2), (2, 3), (2, 4), (3, 3)]
+    assert idx[query].tolist() == [r * 6 + c for r, c in expected]
+
+
+def test_all_selection_picks_the_most_cosine_similar_pixels_with_the_query_first():
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 5, 6)
+    layer = ConvNN2d(3, 4, num_neighbors=7, selection="all")
+    with record_neighbors(layer) as records:
+        layer(x)
+    idx = records[""][0].topk_idx  # (B, 1, N, K)
+    tokens = x.flatten(2).transpose(1, 2)
+    cosine = F.normalize(tokens, dim=-1) @ F.normalize(tokens, dim=-1).transpose(1, 2)  # (B, N, N)
+    assert torch.equal(idx[..., 0], torch.arange(30).expand(2, 1, 30))
+    chosen = cosine.gather(-1, idx[:, 0, :, 1:])
+    unchosen = cosine.scatter(-1, idx[:, 0], -2.0)
+    assert (chosen.amin(-1) >= unchosen.amax(-1)).all()
+
+
+def test_random_selection_is_identical_for_the_same_seed_and_differs_for_another():
+    torch.manual_seed(3)
+    x = torch.randn(2, 4, 8, 8)
+    outputs = {}
+    for seed in (0, 0, 1):
+        layer = ConvNN2d(4, 4, num_neighbors=5, selection="random", num_candidates=12, seed=seed)
+        layer.weight.data.copy_(torch.arange(4 * 4 * 5, dtype=torch.float32).view(4, 4, 5).sin())
+        layer.bias.data.zero_()
+        with record_neighbors(layer) as records:
+            outputs.setdefault(seed, []).append(layer.eval()(x))
+        outputs[seed].append(records[""][0].candidates)
+    first, second = outputs[0][0:2], outputs[0][2:4]
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert not torch.equal(outputs[0][1], outputs[1][1])
+    assert not torch.allclose(outputs[0][0], outputs[1][0])
+
+
+def test_random_selection_in_eval_mode_repeats_and_in_training_mode_redraws():
+    layer = ConvNN2d(3, 3, num_neighbors=4, selection="random", num_candidates=6, seed=5)
+    x = torch.randn(1, 3, 6, 6)
+    with record_neighbors(layer) as records:
+        layer.train()(x)
+        layer(x)
+        layer.eval()(x)
+        layer(x)
+    draws = [r.candidates for r in records[""]]
+    assert not torch.equal(draws[0], draws[1])
+    assert torch.equal(draws[2], draws[3])
+
+
+def test_random_selection_indices_are_the_query_or_its_candidates():
+    layer = ConvNN2d(3, 3, num_neighbors=6, selection="random", num_candidates=10, candidate_sampling="sample")
+    with record_neighbors(layer) as records:
+        layer(torch.randn(3, 3, 7, 5))
+    record = records[""][0]
+    idx, cand = record.topk_idx[:, 0], record.candidates  # (B, N, K), (B, r)
+    assert cand.shape == (3, 10)
+    assert torch.equal(idx[..., 0], torch.arange(35).expand(3, 35))
+    member = (idx[..., 1:, None] == cand[:, None, None, :]).any(-1)
+    assert member.all()
+
+
+def test_random_with_r_at_least_n_falls_back_to_all():
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 4, 4)
+    exhaustive = ConvNN2d(3, 5, num_neighbors=9, selection="all")
+    sampled = ConvNN2d(3, 5, num_neighbors=9, selection="random", num_candidates=16)
+    sampled.load_state_dict(exhaustive.state_dict())
+    torch.testing.assert_close(sampled(x), exhaustive(x), rtol=0, atol=0)
+
+
+def test_recorder_returns_the_indices_the_layer_used():
+    """Re-aggregating the recorded indices reproduces the layer's output bit for bit, and recording changes nothing."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 4, 6, 6)
+    layer = ConvNN2d(4, 8, num_neighbors=9, selection="all")
+    plain = layer(x)
+    with record_neighbors(layer) as records:
+        recorded = layer(x)
+    record = records[""][0]
+    again = aggregate_neighbors(x.flatten(2).transpose(1, 2).unsqueeze(1), record.topk_idx, None, layer.weight,
+                                layer.bias).view_as(plain)
+    torch.testing.assert_close(recorded, plain, rtol=0, atol=0)
+    torch.testing.assert_close(again, plain, rtol=0, atol=0)
+    assert layer._records is None
+
+
+def test_blend_alpha_zero_selects_the_window_and_alpha_one_the_feature_neighbors():
+    """Blend at α = 0 picks exactly the R×R window set, at α = 1 exactly the feature top-K (K = R²)."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 3, 6, 7)
+    for window_size in (3, 5):
+        K, pad = window_size**2, window_size // 2
+        spatial = ConvNN2d(3, 3, num_neighbors=K, selection="blend", window_size=window_size, blend_alpha=0.0)
+        feature = ConvNN2d(3, 3, num_neighbors=K, selection="blend", window_size=window_size, blend_alpha=1.0)
+        with record_neighbors(spatial) as rs, record_neighbors(feature) as rf:
+            spatial(x)
+            feature(x)
+        window = window_indices(6, 7, window_size, K).expand(2, 1, 42, K)
+        assert torch.equal(rs[""][0].topk_idx.sort(-1).values, window.sort(-1).values)
+        tokens = F.pad(x, (pad,) * 4).flatten(2).transpose(1, 2).unsqueeze(1)
+        scores = similarity_scores(x.flatten(2).transpose(1, 2).unsqueeze(1), tokens)
+        _, expected = select_topk(scores, K, query_positions_in_padded(6, 7, pad))
+        assert torch.equal(rf[""][0].topk_idx.sort(-1).values, expected.sort(-1).values)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_neighbors": 10, "selection": "window"}, "num_neighbors"),
+    ({"window_size": 4}, "window_size"),
+    ({"selection": "random", "num_candidates": 4}, "num_candidates"),
+    ({"selection": "random"}, "num_candidates"),
+    ({"blend_alpha": 1.5, "selection": "blend"}, "blend_alpha"),
+    ({"selection": "grid"}, "selection"),
+    ({"similarity": "l1"}, "similarity"),
+    ({"weighting": "max"}, "weighting"),
+    ({"groups": 3}, "groups"),
+    ({"temperature": 0.0}, "temperature"),
+    ({"num_neighbors": 0}, "num_neighbors"),
+])
+def test_impossible_configurations_raise_value_errors_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ConvNN2d(4, 8, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 6), (1, 3, 6, 6), (1, 4, 2, 6, 6)])
+def test_wrong_input_shapes_raise(shape):
+    with pytest.raises(ValueError, match="C_in=4"):
+        ConvNN2d(4, 8)(torch.randn(shape))
+
+
+def test_more_neighbors_than_pixels_raises():
+    with pytest.raises(ValueError, match="num_neighbors"):
+        ConvNN2d(4, 8, num_neighbors=9)(torch.randn(1, 4, 2, 2))

@@ -1,0 +1,44 @@
+"""The hybrid branch layer (METHOD §5)."""
+
+import pytest
+import torch
+from torch import nn
+
+from convnn import HybridConvNN2d
+from tests.tolerances import FP32_EXACT
+
+
+@pytest.mark.parametrize("ratio, knn_channels", [(0.0, 0), (0.25, 2), (0.5, 4), (0.75, 6), (1.0, 8)])
+def test_channel_split_is_round_lambda_times_c_out(ratio, knn_channels):
+    layer = HybridConvNN2d(4, 8, branch_ratio=ratio)
+    assert layer.knn_channels == knn_channels and layer.conv_channels == 8 - knn_channels
+    assert (layer.knn is None) == (knn_channels == 0) and (layer.conv is None) == (knn_channels == 8)
+    assert layer(torch.randn(2, 4, 5, 5)).shape == (2, 8, 5, 5)
+
+
+def test_lambda_zero_is_conv_then_one_by_one_mix():
+    torch.manual_seed(0)
+    layer = HybridConvNN2d(3, 6, branch_ratio=0.0)
+    x = torch.randn(2, 3, 7, 7)
+    expected = nn.functional.conv2d(layer.conv(x), layer.mix.weight, layer.mix.bias)
+    torch.testing.assert_close(layer(x), expected, **FP32_EXACT)
+
+
+def test_branches_put_convnn_channels_first():
+    torch.manual_seed(1)
+    layer = HybridConvNN2d(3, 6, branch_ratio=0.5, num_neighbors=4)
+    x = torch.randn(1, 3, 5, 5)
+    both = layer.branches(x)
+    torch.testing.assert_close(both[:, :3], layer.knn(x), rtol=0, atol=0)
+    torch.testing.assert_close(both[:, 3:], layer.conv(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5])
+def test_lambda_outside_unit_interval_raises(ratio):
+    with pytest.raises(ValueError, match="branch_ratio"):
+        HybridConvNN2d(4, 8, branch_ratio=ratio)
+
+
+def test_unknown_convnn_option_raises_even_without_a_convnn_branch():
+    with pytest.raises(TypeError):
+        HybridConvNN2d(4, 8, branch_ratio=0.0, num_neighbours=9)

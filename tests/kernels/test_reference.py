@@ -1,0 +1,70 @@
+"""The PyTorch reference (the spec): tie-breaking, weighting, gradients (METHOD §2)."""
+
+import pytest
+import torch
+
+from kernels import knn_aggregate
+from kernels.reference import knn_aggregate_reference, neighbor_weights, select_topk
+
+
+def test_select_topk_orders_by_score_and_breaks_ties_by_lower_index():
+    scores = torch.tensor([[3.0, 1.0, 3.0, 2.0, 3.0, 2.0]])
+    topk_scores, idx = select_topk(scores, 4)
+    assert idx.tolist() == [[0, 2, 4, 3]] and topk_scores.tolist() == [[3.0, 3.0, 3.0, 2.0]]
+
+
+def test_select_topk_matches_a_stable_sort_on_integer_scores():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 4, (5, 9, 40), generator=generator).float()
+    for k in (1, 7, 13, 40):
+        expected = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+        assert torch.equal(select_topk(scores, k)[1], expected)
+
+
+def test_self_index_is_forced_to_rank_zero_with_its_real_score():
+    scores = torch.tensor([[0.1, 0.9, 0.5]])
+    topk_scores, idx = select_topk(scores, 2, self_index=torch.tensor([0]))
+    assert idx.tolist() == [[0, 1]] and topk_scores[0].tolist() == pytest.approx([0.1, 0.9])
+
+
+def test_weightings():
+    scores = torch.tensor([[2.0, 1.0, float("-inf")]])
+    assert neighbor_weights(scores, "none").tolist() == [[1.0, 1.0, 0.0]]
+    assert neighbor_weights(scores, "uniform").tolist() == [[0.5, 0.5, 0.0]]
+    soft = neighbor_weights(scores, "softmax", temperature=0.5)
+    torch.testing.assert_close(soft, torch.tensor([[1.0, torch.e**-2, 0.0]]) / (1 + torch.e**-2))
+
+
+@pytest.mark.parametrize("weighting", ["none", "softmax", "uniform"])
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_gradcheck_in_float64_with_the_selection_held_fixed(weighting, similarity):
+    """METHOD §2: gradients reach v, the Conv1D and (softmax) q, k; checked against finite differences."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 7, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    weight = torch.randn(6, 1, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    def run(q, k, v, weight, bias):
+        return knn_aggregate_reference(q, k, v, weight, bias, num_neighbors=3, similarity=similarity,
+                                       weighting=weighting, temperature=0.7, groups=6).out
+
+    assert torch.autograd.gradcheck(run, (q, k, v, weight, bias))
+    if weighting != "softmax":
+        run(q, k, v, weight, bias).sum().backward()
+        assert q.grad is None and k.grad is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_neighbors": 11}, "num_neighbors"),
+    ({"num_neighbors": 5, "candidates": torch.tensor([[1, 2]])}, "num_neighbors"),
+    ({"similarity": "l1"}, "similarity"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"backend": "cuda"}, "backend"),
+])
+def test_knn_aggregate_rejects_impossible_arguments(kwargs, message):
+    q = k = v = torch.randn(1, 1, 10, 4)
+    options = {"num_neighbors": 3, **kwargs}
+    weight = torch.randn(4, 4, options["num_neighbors"])
+    with pytest.raises(ValueError, match=message):
+        knn_aggregate(q, k, v, weight, **options)
