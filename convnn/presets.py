@@ -11,12 +11,12 @@ from __future__ import annotations
 __all__ = ["PRESETS", "preset"]
 
 # One recipe per family (docs: README "Model zoo"): SGD + Nesterov, label smoothing, linear warm-up then cosine.
-_CNN_RECIPE = dict(optimizer="sgd", lr=0.2, weight_decay=5e-4, momentum=0.9, batch_size=512, epochs=30,
+_CNN_RECIPE = dict(optimizer="sgd", lr=0.2, weight_decay=5e-4, momentum=0.9, batch_size=512, epochs=25,
                    warmup_epochs=2, label_smoothing=0.1, mixup_alpha=0.0)
 _CNN_ARCH = dict(widths=[64, 128, 176], depths=[1, 1, 1], num_neighbors=9)
 # ViTs need stronger regularisation on CIFAR: AdamW, mixup, stochastic depth.
-_VIT_RECIPE = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, momentum=0.9, batch_size=512, epochs=100,
-                   warmup_epochs=5, label_smoothing=0.1, mixup_alpha=0.8)
+_VIT_RECIPE = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, momentum=0.9, batch_size=512, epochs=80,
+                   warmup_epochs=5, label_smoothing=0.1, mixup_alpha=0.2)
 _VIT_ARCH = dict(dim=128, depth=6, num_heads=4, drop_path_rate=0.1)
 _IMAGENET_RECIPE = dict(data="imagefolder", batch_size=256, epochs=90, warmup_epochs=5, label_smoothing=0.1)
 

@@ -77,17 +77,18 @@ def similarity_scores(q: Tensor, k: Tensor, similarity: str = "cosine") -> Tenso
     Returns:
         Tensor: (B, H, Nq, Nk) scores in fp32 (fp64 for fp64 inputs); larger means more similar.
     """
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
     dtype = _accumulate_dtype(q.dtype)
     q, k = q.to(dtype), k.to(dtype)
-    if similarity == "cosine":
-        return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    if similarity == "dot":
-        return (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if similarity == "euclidean":
+    with torch.autocast(q.device.type, enabled=False):  # scores decide the selection: keep them in fp32
+        if similarity == "cosine":
+            return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+        if similarity == "dot":
+            return (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         sq_q = q.square().sum(-1, keepdim=True)  # (B, H, Nq, 1)
         sq_k = k.square().sum(-1).unsqueeze(-2)  # (B, H, 1, Nk)
         return 2 * (q @ k.transpose(-1, -2)) - sq_q - sq_k
-    raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
 
 
 def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
