@@ -54,6 +54,8 @@ def run_jobs(jobs: list[Job], num_gpus: int, jobs_per_gpu: int, out: Path, extra
     out.mkdir(parents=True, exist_ok=True)
     pending, running, status = list(jobs), [], {}
     slots = {gpu: jobs_per_gpu for gpu in range(max(num_gpus, 1))}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if num_gpus else []
+    device_ids = visible if len(visible) == num_gpus else [str(gpu) for gpu in range(num_gpus)]
     start = time.monotonic()
     while pending or running:
         for job in list(running):
@@ -69,7 +71,7 @@ def run_jobs(jobs: list[Job], num_gpus: int, jobs_per_gpu: int, out: Path, extra
             command = [sys.executable, "-m", "convnn.train", "--preset", job.preset, "--out", str(out), *extra]
             if job.seed is not None:
                 command += ["--seed", str(job.seed)]
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)} if num_gpus else dict(os.environ)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device_ids[gpu]} if num_gpus else dict(os.environ)
             with (out / f"{job.name}.out").open("w") as console:
                 job.process = subprocess.Popen(command, env=env, stdout=console, stderr=subprocess.STDOUT)
             job.gpu, job.started = gpu, time.monotonic()

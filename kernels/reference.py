@@ -163,15 +163,24 @@ def aggregate_neighbors(
         Tensor: (B, C_out, Nq), ``F.conv1d(neighbors, weight, bias, stride=K, groups=groups)`` where
         ``neighbors[b, h·Dv + c, i·K + t] = ρ[b, h, i, t] · v[b, h, idx[b, h, i, t], c]``.
     """
-    B, H, _, Dv = v.shape
+    B, H, Nk, Dv = v.shape
     Nq, K = topk_idx.shape[-2:]
-    flat_idx = topk_idx.reshape(B, H, 1, Nq * K).expand(B, H, Dv, Nq * K)
-    neighbors = torch.gather(v.transpose(-1, -2), -1, flat_idx)  # (B, H, Dv, Nq·K)
+    C_in, C_out = H * Dv, weight.shape[0]
+    # Row gather through F.embedding: its backward accumulates repeated rows without per-element atomics.
+    row_offset = torch.arange(B * H, device=v.device).view(B, H, 1, 1) * Nk
+    neighbors = F.embedding(topk_idx + row_offset, v.reshape(B * H * Nk, Dv))  # (B, H, Nq, K, Dv)
     if topk_weights is not None:
-        neighbors = neighbors * topk_weights.reshape(B, H, 1, Nq * K).to(neighbors.dtype)
-    neighbors = neighbors.reshape(B, H * Dv, Nq * K)
-    return F.conv1d(neighbors, weight.to(neighbors.dtype), None if bias is None else bias.to(neighbors.dtype),
-                    stride=K, groups=groups)
+        neighbors = neighbors * topk_weights.unsqueeze(-1).to(neighbors.dtype)
+    weight = weight.to(neighbors.dtype)
+    if groups == 1:  # the Conv1D as one GEMM: (B·Nq, K·C_in) @ (K·C_in, C_out)
+        rows = neighbors.permute(0, 2, 3, 1, 4).reshape(B, Nq, K * C_in)  # tap-major, channel h·Dv + c
+        out = (rows @ weight.permute(2, 1, 0).reshape(K * C_in, C_out)).transpose(1, 2)
+    elif groups == C_in == C_out:  # depthwise: out[b, h·Dv + c, i] = Σ_t W[h·Dv + c, 0, t] · neighbor
+        out = torch.einsum("bhitc,hct->bhci", neighbors, weight.view(H, Dv, K)).reshape(B, C_out, Nq)
+    else:  # the definition itself: Conv1d over the (B, C_in, Nq·K) sequence
+        sequence = neighbors.permute(0, 1, 4, 2, 3).reshape(B, C_in, Nq * K)
+        return F.conv1d(sequence, weight, None if bias is None else bias.to(sequence.dtype), stride=K, groups=groups)
+    return out if bias is None else out + bias.to(out.dtype).view(1, C_out, 1)
 
 
 def _candidate_scores(
