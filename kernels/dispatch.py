@@ -37,13 +37,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, out_channels: int) -> bool:
+def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, in_channels: int,
+                   out_channels: int) -> bool:
     """Whether the fused kernel implements this configuration.
 
     It does cosine and scaled-dot-product similarity without masks, with a standard Conv1D on one head or a
-    depthwise one (``groups = C_out = H·Dv``).
+    depthwise one (``groups = C_in = C_out = H·Dv``).
     """
-    aggregation_ok = (groups == 1 and num_heads == 1) or groups == out_channels
+    aggregation_ok = (groups == 1 and num_heads == 1) or groups == in_channels == out_channels
     return similarity in FUSED_SIMILARITIES and attn_mask is None and aggregation_ok
 
 
@@ -168,11 +169,13 @@ def knn_aggregate(
     """
     _check_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
                      attn_mask, self_first)
-    supported = fused_supports(similarity, attn_mask, groups, q.shape[1], weight.shape[0]) and q.dtype != torch.float64
+    supported = (fused_supports(similarity, attn_mask, groups, q.shape[1], q.shape[1] * v.shape[3], weight.shape[0])
+                 and v.dtype != torch.float64)
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
                    groups=groups, candidates=candidates, self_first=self_first)
     if resolve_backend(backend, q.device, supported) == "triton":
         from .knn_triton import knn_aggregate_triton
 
-        return knn_aggregate_triton(q, k, v, weight, bias, **options)
+        # Under autocast q, k (projections) and v (the input) can differ in dtype; the kernel takes one.
+        return knn_aggregate_triton(q.to(v.dtype), k.to(v.dtype), v, weight, bias, **options)
     return knn_aggregate_reference(q, k, v, weight, bias, attn_mask=attn_mask, **options)

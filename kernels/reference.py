@@ -259,6 +259,7 @@ def knn_aggregate_reference(
         topk_weights = neighbor_weights(topk_scores, weighting, temperature)
     if key_idx is not None:  # candidate column → key index
         topk_idx = torch.gather(key_idx.expand(*topk_idx.shape[:-1], key_idx.shape[-1]), -1, topk_idx)
-    weights_or_none = None if weighting == "none" and attn_mask is None else topk_weights
+    # ρ = "none" is a pure gather unless some selected slot may be masked (score −∞ → weight 0).
+    weights_or_none = None if weighting == "none" and attn_mask is None and candidates is None else topk_weights
     out = aggregate_neighbors(v, topk_idx, weights_or_none, weight, bias, groups)
     return KnnResult(out, topk_idx, topk_weights)

@@ -1,0 +1,399 @@
+"""The fused Triton kernel equals the PyTorch reference (METHOD §2–3): selections, outputs and every gradient.
+
+On CPU the kernels run in Triton's interpreter (``conftest.py``) at small N in fp32; on a CUDA machine the same tests
+run on the GPU, plus bf16 and larger-N tests. Random scores are compared near-tie-aware: a row's selection is checked
+only where the fp64 scores of its top K + 1 candidates are separated by more than ``SELECT_GAP`` (fp32 rounding may
+legitimately swap closer ones). Exact ties are tested separately with integer-valued features, where the kernel
+must reproduce the reference's stable lower-index tie-break exactly. Gradients are compared with fp64 autograd of the
+reference evaluated at the kernel's own indices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from kernels import knn_aggregate, knn_triton
+from kernels.knn_triton import knn_aggregate_triton
+from kernels.reference import aggregate_neighbors, knn_aggregate_reference, neighbor_weights, similarity_scores
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CUDA_ONLY = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+
+SELECT_GAP = 1e-5  # fp32 kernel scores vs fp64: closer neighbours may swap ranks
+MIN_SAFE_ROWS = 0.8  # the gap test must leave most rows to compare
+OUT_TOL = dict(atol=1e-4, rtol=1e-4)  # fp32 kernel vs fp64 reference, sums of ≤ K·Dv products
+GRAD_TOL = dict(atol=2e-4, rtol=1e-3)
+BF16_SELECT_GAP = 2e-5  # bf16 products are exact in fp32: only the fp32 sum rounds (vs fp64, same inputs)
+BF16_OUT_TOL = dict(atol=3e-2, rtol=3e-2)  # outputs are rounded to bf16
+BF16_GRAD_REL_NORM = 2e-2  # gradients: grad_out enters the bf16 GEMMs rounded (2^-8 relative per element)
+TEMPERATURE = 0.5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------------------
+def _inputs(*, batch, heads, tokens, dim, value_dim, out_channels, num_neighbors, depthwise, seed,
+            dtype=torch.float32):
+    """q, k, v, weight, bias, groups on DEVICE, leaves requiring grad."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(batch, heads, tokens, dim, generator=gen) for _ in range(2))
+    v = torch.randn(batch, heads, tokens, value_dim, generator=gen)
+    if depthwise:
+        groups, c_out = heads * value_dim, heads * value_dim
+        weight = torch.randn(c_out, 1, num_neighbors, generator=gen)
+    else:
+        groups, c_out = 1, out_channels
+        weight = torch.randn(c_out, value_dim, num_neighbors, generator=gen) / math.sqrt(value_dim)
+    bias = torch.randn(c_out, generator=gen)
+    leaves = [x.to(DEVICE, dtype).requires_grad_() for x in (q, k, v, weight, bias)]
+    return (*leaves, groups)
+
+
+def _random_candidates(batch, tokens, num_candidates, shared, seed):
+    """(B, r) or (1, r) int64 keys drawn without replacement (METHOD §3), unsorted."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 1 if shared else batch
+    return torch.stack([torch.randperm(tokens, generator=gen)[:num_candidates] for _ in range(rows)]).to(DEVICE)
+
+
+def _ranking_scores(q, k, similarity, candidates, self_first):
+    """fp64 (B, H, Nq, Nk) scores as the selection sees them: non-candidates −∞, forced self +∞."""
+    scores = similarity_scores(q.detach().double(), k.detach().double(), similarity)
+    B, H, Nq, Nk = scores.shape
+    own = torch.eye(Nq, Nk, dtype=torch.bool, device=scores.device).expand(B, H, Nq, Nk)
+    if candidates is not None:
+        allowed = torch.zeros(B, Nk, dtype=torch.bool, device=scores.device)
+        allowed.scatter_(1, candidates.expand(B, -1), True)
+        scores = scores.masked_fill(~(allowed[:, None, None, :] | own), -math.inf)
+    if self_first:
+        scores = scores.masked_fill(own, math.inf)
+    return scores
+
+
+def _separated_rows(scores, num_neighbors, gap):
+    """(B, H, Nq) bool: the top K + 1 scores of the row differ pairwise by more than ``gap``."""
+    top = scores.topk(num_neighbors + 1, dim=-1).values
+    diffs = top[..., :-1] - top[..., 1:]
+    return (diffs > gap).all(-1)
+
+
+def _reference_at(q, k, v, weight, bias, topk_idx, similarity, weighting, temperature, groups):
+    """Reference output and weights at given indices (differentiable w.r.t. q, k for softmax)."""
+    topk_scores = similarity_scores(q, k, similarity).gather(-1, topk_idx)
+    weights = neighbor_weights(topk_scores, weighting, temperature)
+    out = aggregate_neighbors(v, topk_idx, None if weighting == "none" else weights, weight, bias, groups)
+    return out, weights
+
+
+def _fp64_leaves(*tensors):
+    return [x.detach().double().requires_grad_() for x in tensors]
+
+
+@contextlib.contextmanager
+def _deterministic(enabled):
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _check_against_reference(q, k, v, weight, bias, groups, *, num_neighbors, similarity, weighting, candidates,
+                             self_first, select_gap=SELECT_GAP, out_tol=OUT_TOL, grad_tol=GRAD_TOL, seed=0):
+    """Selection (near-tie-aware), output, weights and all gradients of the kernel vs the fp64 reference."""
+    options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=TEMPERATURE,
+                   groups=groups, candidates=candidates, self_first=self_first)
+    result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    assert result.out.dtype == q.dtype and result.out.shape == (q.shape[0], weight.shape[0], q.shape[2])
+    assert result.topk_idx.dtype == torch.int64 and result.topk_weights.dtype == torch.float32
+
+    # Selection: exactly the reference's ranking wherever fp32 rounding cannot matter.
+    leaves64 = _fp64_leaves(q, k, v, weight, bias)
+    expected = knn_aggregate_reference(*leaves64, **options)
+    safe = _separated_rows(_ranking_scores(q, k, similarity, candidates, self_first), num_neighbors, select_gap)
+    assert safe.float().mean() >= MIN_SAFE_ROWS
+    torch.testing.assert_close(result.topk_idx[safe], expected.topk_idx[safe], rtol=0, atol=0)
+
+    # Output, weights and gradients, with the kernel's indices plugged into the reference.
+    grad_out = torch.randn(result.out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
+    (result.out.float() * grad_out).sum().backward()
+    out64, weights64 = _reference_at(*leaves64, result.topk_idx, similarity, weighting, TEMPERATURE, groups)
+    (out64 * grad_out.double()).sum().backward()
+    torch.testing.assert_close(result.out.double(), out64.detach(), **out_tol)
+    torch.testing.assert_close(result.topk_weights.double(), weights64.detach(), **out_tol)
+    for name, leaf, leaf64 in zip("q k v weight bias".split(), (q, k, v, weight, bias), leaves64, strict=True):
+        if leaf64.grad is None:
+            assert leaf.grad is None or not leaf.grad.any(), f"unexpected gradient for {name}"
+        else:
+            assert leaf.grad is not None, f"missing gradient for {name}"
+            if grad_tol is None:  # bf16: a sum over B·N rounded products, compared by relative norm
+                error = (leaf.grad.double() - leaf64.grad).norm() / leaf64.grad.norm()
+                assert error <= BF16_GRAD_REL_NORM, f"{name}: relative error {error:.3g}"
+            else:
+                torch.testing.assert_close(leaf.grad.double(), leaf64.grad, **grad_tol,
+                                           msg=lambda m, name=name: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Equivalence with the reference
+# ---------------------------------------------------------------------------------------------------------------
+def _cases():
+    """similarity × weighting × aggregation × candidate set × self_first; K and N cycle through the sizes."""
+    sizes = [(9, 77), (16, 150), (32, 190), (9, 256), (16, 97), (32, 130)]
+    cases = []
+    for similarity in ("cosine", "dot"):
+        for weighting in ("none", "softmax", "uniform"):
+            for aggregation in ("standard", "depthwise"):
+                for candidates in ("all", "random"):
+                    for self_first in (False, True):
+                        num_neighbors, tokens = sizes[len(cases) % len(sizes)]
+                        cases.append((similarity, weighting, aggregation, candidates, self_first, num_neighbors,
+                                      tokens))
+    return cases
+
+
+@pytest.mark.parametrize(
+    "similarity, weighting, aggregation, candidates, self_first, num_neighbors, tokens", _cases(),
+    ids=lambda x: str(x))
+def test_kernel_matches_reference(similarity, weighting, aggregation, candidates, self_first, num_neighbors,
+                                  tokens):
+    """METHOD §2–3: dense scores → stable top-K → ρ → gather → Conv1D, and its gradients, fused."""
+    depthwise = aggregation == "depthwise"
+    seed = tokens * 31 + num_neighbors
+    q, k, v, weight, bias, groups = _inputs(
+        batch=2, heads=2 if depthwise else 1, tokens=tokens, dim=20 if depthwise else 24,
+        value_dim=6 if depthwise else 20, out_channels=12, num_neighbors=num_neighbors, depthwise=depthwise,
+        seed=seed)
+    cand = None
+    if candidates == "random":
+        cand = _random_candidates(2, tokens, max(num_neighbors + 8, tokens // 3), shared=self_first, seed=seed)
+    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity=similarity,
+                             weighting=weighting, candidates=cand, self_first=self_first, seed=seed)
+
+
+@pytest.mark.parametrize("num_neighbors", [1, 2, 64])
+def test_extreme_neighbor_counts(num_neighbors):
+    """K = 1, 2 and 64 (K_PAD = the key tile): same selection, output and gradients as the reference."""
+    q, k, v, weight, bias, groups = _inputs(batch=1, heads=2, tokens=90, dim=16, value_dim=5, out_channels=0,
+                                            num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
+    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity="dot",
+                             weighting="softmax", candidates=None, self_first=False)
+
+
+def _forward_variants(q, k, v, weight, bias, options, **overrides):
+    """The forward launcher with default heuristics and with ``overrides`` (num_splits, config)."""
+    args = (q, k, v, weight, bias, *options.values())
+    with torch.no_grad():
+        return knn_triton._launch_fwd(*args), knn_triton._launch_fwd(*args, **overrides)
+
+
+@pytest.mark.parametrize("candidates", ["all", "random"])
+def test_split_candidate_range_merges_to_the_same_result(candidates):
+    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing."""
+    q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20, out_channels=12,
+                                            num_neighbors=16, depthwise=False, seed=5)
+    cand = _random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
+    options = dict(num_neighbors=16, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
+                   groups=groups, candidates=cand, self_first=True)
+    single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3)
+    for got, expected in zip(split, single, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_neighbors, candidates, self_first", [
+    (2, "all", False), (9, "all", True), (16, "random", False), (5, "random", True)])
+def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first):
+    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped; same result."""
+    q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=160, dim=12, value_dim=4, out_channels=0,
+                                            num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
+    cand = _random_candidates(1, 160, 120, shared=True, seed=1) if candidates == "random" else None
+    options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=TEMPERATURE,
+                   groups=groups, candidates=cand, self_first=self_first)
+    default, tiled = _forward_variants(q, k, v, weight, bias, options, config=dict(BLOCK_M=16, BLOCK_N=16))
+    torch.testing.assert_close(tiled[1], default[1], rtol=0, atol=0)  # indices
+    torch.testing.assert_close(tiled[0], default[0], **OUT_TOL)
+
+
+def test_strided_inputs_give_the_contiguous_result():
+    """q, k, v as transposed (B, N, H, D) views, a permuted weight and an expanded grad_out: same values."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(3, 2, 120, 2, 16, generator=gen).to(DEVICE)  # (3, B, N, H, D)
+    q, k, v = (x.transpose(1, 2) for x in qkv.unbind(0))  # (B, H, N, D) views
+    weight = torch.randn(9, 1, 32, generator=gen).to(DEVICE).permute(2, 1, 0)  # (H·Dv, 1, K), not contiguous
+    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", groups=32)
+    results = []
+    for args in ((q, k, v, weight), tuple(x.contiguous() for x in (q, k, v, weight))):
+        leaves = [x.detach().clone().requires_grad_() for x in args]
+        views = [leaf.transpose(1, 2).transpose(1, 2) if leaf.dim() == 4 else leaf for leaf in leaves]
+        result = knn_aggregate_triton(*views, **options)
+        result.out.sum().backward()  # expanded, stride-0 grad_out
+        results.append((result.out, result.topk_idx, *(leaf.grad for leaf in leaves)))
+    for strided, contiguous in zip(*results, strict=True):
+        torch.testing.assert_close(strided, contiguous, atol=1e-6, rtol=1e-6)
+
+
+def test_gradient_through_returned_weights():
+    """A loss on topk_weights (softmax) reaches q and k as in the reference."""
+    q, k, v, weight, bias, groups = _inputs(batch=1, heads=2, tokens=100, dim=16, value_dim=4, out_channels=0,
+                                            num_neighbors=9, depthwise=True, seed=11)
+    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
+                   groups=groups)
+    result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    gen = torch.Generator().manual_seed(12)
+    grad_out, grad_w = (torch.randn(x.shape, generator=gen).to(DEVICE) for x in (result.out, result.topk_weights))
+    ((result.out * grad_out).sum() + (result.topk_weights * grad_w).sum()).backward()
+    leaves64 = _fp64_leaves(q, k, v, weight, bias)
+    out64, weights64 = _reference_at(*leaves64, result.topk_idx, "cosine", "softmax", TEMPERATURE, groups)
+    ((out64 * grad_out.double()).sum() + (weights64 * grad_w.double()).sum()).backward()
+    for leaf, leaf64 in zip((q, k, v), leaves64[:3], strict=True):
+        torch.testing.assert_close(leaf.grad.double(), leaf64.grad, **GRAD_TOL)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ties: integer-valued features, exact lower-index tie-break
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("candidates", ["all", "random"])
+@pytest.mark.parametrize("self_first", [False, True])
+def test_dot_ties_break_to_the_lower_index(candidates, self_first):
+    """METHOD §2: equal scores rank by lower index (candidate order for sampled keys), exactly as the reference."""
+    gen = torch.Generator().manual_seed(21)
+    q, k = (torch.randint(-1, 2, (2, 1, 140, 4), generator=gen).float().to(DEVICE) for _ in range(2))
+    v = torch.randn(2, 1, 140, 8, generator=gen).to(DEVICE)
+    weight = torch.randn(6, 8, 16, generator=gen).to(DEVICE)
+    cand = _random_candidates(2, 140, 90, shared=False, seed=21) if candidates == "random" else None
+    options = dict(num_neighbors=16, similarity="dot", candidates=cand, self_first=self_first)
+    result = knn_aggregate_triton(q, k, v, weight, **options)
+    expected = knn_aggregate_reference(q, k, v, weight, **options)
+    ties = (similarity_scores(q, k, "dot").gather(-1, expected.topk_idx).diff(dim=-1) == 0).float().mean()
+    assert ties > 0.3  # the test is about ties: most rows must have some
+    torch.testing.assert_close(result.topk_idx, expected.topk_idx, rtol=0, atol=0)
+    torch.testing.assert_close(result.out, expected.out, **OUT_TOL)
+
+
+def test_cosine_ties_between_duplicate_keys_break_to_the_lower_index():
+    """Duplicate key rows (integer features) score exactly alike; the lower index ranks first, as in the reference.
+
+    Zero queries score 0 against every key (F.normalize semantics): a tie over the whole row.
+    """
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(-9, 10, (7, 6), generator=gen).float()  # 7 distinct keys, each repeated ~17 times
+    k = base[torch.randint(0, 7, (1, 1, 120), generator=gen)].to(DEVICE)
+    q = torch.randint(-9, 10, (1, 1, 120, 6), generator=gen).float().to(DEVICE)
+    q[..., :3, :] = 0
+    v = torch.randn(1, 1, 120, 5, generator=gen).to(DEVICE)
+    weight = torch.randn(4, 5, 9, generator=gen).to(DEVICE)
+    # Precondition: distinct keys are far from tying, so any tie the kernel sees is between exact duplicates.
+    per_base = similarity_scores(q[..., 3:, :].double(), base[None, None].double().to(DEVICE), "cosine")[0, 0]
+    gaps = (per_base[:, :, None] - per_base[:, None, :]).abs() + torch.eye(7, device=DEVICE)
+    assert gaps.min() > 1e-4
+    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax")
+    expected = knn_aggregate_reference(q, k, v, weight, **options)
+    result = knn_aggregate_triton(q, k, v, weight, **options)
+    torch.testing.assert_close(result.topk_idx, expected.topk_idx, rtol=0, atol=0)
+    torch.testing.assert_close(result.out, expected.out, **OUT_TOL)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Deterministic backward
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("similarity, aggregation", [("cosine", "standard"), ("dot", "depthwise")])
+def test_deterministic_backward_equals_atomic_backward(similarity, aggregation):
+    """torch.use_deterministic_algorithms(True): key-owned sums, bit-reproducible, equal to the atomic scatter."""
+    depthwise = aggregation == "depthwise"
+    tensors = _inputs(batch=2, heads=2 if depthwise else 1, tokens=110, dim=16, value_dim=6, out_channels=10,
+                      num_neighbors=9, depthwise=depthwise, seed=4)
+    *leaves, groups = tensors
+    cand = _random_candidates(2, 110, 60, shared=True, seed=4) if not depthwise else None
+    options = dict(num_neighbors=9, similarity=similarity, weighting="softmax", groups=groups, candidates=cand)
+
+    def grads(deterministic):
+        fresh = [x.detach().clone().requires_grad_() for x in leaves]
+        with _deterministic(deterministic):
+            result = knn_aggregate_triton(*fresh, **options)
+            result.out.square().sum().backward()
+        return [x.grad for x in fresh]
+
+    atomic, first, second = grads(False), grads(True), grads(True)
+    for a, b, c in zip(atomic, first, second, strict=True):
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments and dispatch
+# ---------------------------------------------------------------------------------------------------------------
+def test_dispatch_backend_triton_calls_the_kernel():
+    q, k, v, weight, bias, _ = _inputs(batch=1, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
+                                            num_neighbors=9, depthwise=False, seed=2)
+    with torch.no_grad():
+        routed = knn_aggregate(q, k, v, weight, bias, num_neighbors=9, backend="triton")
+        direct = knn_aggregate_triton(q, k, v, weight, bias, num_neighbors=9)
+    torch.testing.assert_close(routed.out, direct.out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(groups=3), "groups"),
+    (dict(num_neighbors=200), "num_neighbors"),
+    (dict(similarity="euclidean"), "similarity"),
+    (dict(weighting="max"), "weighting"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(candidates=torch.zeros(1, 4, dtype=torch.int32)), "candidates"),
+])
+def test_invalid_arguments_raise_value_error(change, message):
+    q = k = v = torch.randn(1, 1, 50, 8, device=DEVICE)
+    options = dict(num_neighbors=9, groups=1) | change
+    if "candidates" in options:
+        options["candidates"] = options["candidates"].to(DEVICE)
+    weight = torch.randn(4, 8, options["num_neighbors"], device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        knn_aggregate_triton(q, k, v, weight, **options)
+
+
+def test_standard_conv1d_with_several_heads_raises():
+    q = k = v = torch.randn(1, 2, 50, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="one head"):
+        knn_aggregate_triton(q, k, v, torch.randn(4, 8, 9, device=DEVICE), num_neighbors=9, groups=1)
+
+
+def test_mixed_dtypes_raise():
+    q = torch.randn(1, 1, 50, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="dtype"):
+        knn_aggregate_triton(q, q.double(), q, torch.randn(4, 8, 9, device=DEVICE), num_neighbors=9)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU only: bf16 and sizes the interpreter is too slow for
+# ---------------------------------------------------------------------------------------------------------------
+@CUDA_ONLY
+@pytest.mark.parametrize("similarity, weighting, aggregation, candidates", [
+    ("cosine", "none", "standard", "all"),
+    ("dot", "softmax", "depthwise", "all"),
+    ("dot", "softmax", "depthwise", "random"),
+    ("cosine", "uniform", "standard", "random"),
+])
+def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candidates):
+    """bf16 in, fp32 accumulate: selections near-tie-aware, outputs and gradients to bf16 rounding."""
+    depthwise = aggregation == "depthwise"
+    q, k, v, weight, bias, groups = _inputs(
+        batch=2, heads=2 if depthwise else 1, tokens=1500, dim=64, value_dim=32 if depthwise else 64,
+        out_channels=48, num_neighbors=16, depthwise=depthwise, seed=7, dtype=torch.bfloat16)
+    cand = _random_candidates(2, 1500, 256, shared=False, seed=7) if candidates == "random" else None
+    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=16, similarity=similarity,
+                             weighting=weighting, candidates=cand, self_first=False, select_gap=BF16_SELECT_GAP,
+                             out_tol=BF16_OUT_TOL, grad_tol=None)
+
+
+@CUDA_ONLY
+@pytest.mark.parametrize("num_neighbors", [9, 32])
+def test_large_n_fp32_matches_reference_on_gpu(num_neighbors):
+    """N = 4096, one head: the candidate range is split across programs and merged (fp32, exact IEEE scores)."""
+    q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=4096, dim=64, value_dim=64, out_channels=64,
+                                            num_neighbors=num_neighbors, depthwise=False, seed=num_neighbors)
+    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity="cosine",
+                             weighting="softmax", candidates=None, self_first=True,
+                             grad_tol=dict(atol=1e-3, rtol=1e-3))
