@@ -37,6 +37,7 @@ __all__ = [
     "aggregate_neighbors",
     "knn_aggregate_reference",
     "neighbor_weights",
+    "select_neighbors",
     "select_topk",
     "similarity_scores",
 ]
@@ -206,6 +207,45 @@ def _candidate_scores(
     return scores.masked_fill(~allowed, -math.inf), key_idx
 
 
+def select_neighbors(
+    q: Tensor,
+    k: Tensor,
+    *,
+    num_neighbors: int,
+    similarity: str = "cosine",
+    candidates: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    self_first: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Score the candidates of every query and keep the top K (METHOD §2 steps 1–2, §3 candidate sets).
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries.
+        k (Tensor): (B, H, Nk, D) keys.
+        num_neighbors (int): K.
+        similarity (str): ``"cosine"``, ``"dot"`` or ``"euclidean"``. Default: ``"cosine"``
+        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled keys; the query itself is always a candidate
+            too, ranked first among equal scores. None: all Nk keys. Default: None
+        attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed.
+        self_first (bool): force each query's own token (key index = query index) to rank 0. Default: False
+
+    Returns:
+        tuple[Tensor, Tensor]: ``topk_scores`` (B, H, Nq, K), differentiable w.r.t. ``q`` and ``k`` where grad is
+        enabled, and ``topk_idx`` (B, H, Nq, K) int64 key indices, rank 0 first.
+    """
+    Nq = q.shape[2]
+    if candidates is None:
+        scores = similarity_scores(q, k, similarity)  # (B, H, Nq, Nk)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, -math.inf)
+        self_column = torch.arange(Nq, device=q.device) if self_first else None
+        return select_topk(scores, num_neighbors, self_column)
+    scores, key_idx = _candidate_scores(q, k, candidates, similarity, attn_mask)  # (B, H, Nq, r + 1)
+    self_column = torch.zeros(Nq, dtype=torch.long, device=q.device) if self_first else None
+    topk_scores, columns = select_topk(scores, num_neighbors, self_column)
+    return topk_scores, torch.gather(key_idx.expand(*columns.shape[:-1], key_idx.shape[-1]), -1, columns)
+
+
 def knn_aggregate_reference(
     q: Tensor,
     k: Tensor,
@@ -244,21 +284,10 @@ def knn_aggregate_reference(
     Returns:
         KnnResult: ``out`` (B, C_out, Nq), ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights`` (B, H, Nq, K).
     """
-    Nq = q.shape[2]
     with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
-        if candidates is None:
-            scores = similarity_scores(q, k, similarity)  # (B, H, Nq, Nk)
-            if attn_mask is not None:
-                scores = scores.masked_fill(~attn_mask, -math.inf)
-            key_idx = None
-            self_column = torch.arange(Nq, device=q.device) if self_first else None
-        else:
-            scores, key_idx = _candidate_scores(q, k, candidates, similarity, attn_mask)  # (B, H, Nq, r + 1)
-            self_column = torch.zeros(Nq, dtype=torch.long, device=q.device) if self_first else None
-        topk_scores, topk_idx = select_topk(scores, num_neighbors, self_column)
+        topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
+                                                 candidates=candidates, attn_mask=attn_mask, self_first=self_first)
         topk_weights = neighbor_weights(topk_scores, weighting, temperature)
-    if key_idx is not None:  # candidate column → key index
-        topk_idx = torch.gather(key_idx.expand(*topk_idx.shape[:-1], key_idx.shape[-1]), -1, topk_idx)
     # ρ = "none" is a pure gather unless some selected slot may be masked (score −∞ → weight 0).
     weights_or_none = None if weighting == "none" and attn_mask is None and candidates is None else topk_weights
     out = aggregate_neighbors(v, topk_idx, weights_or_none, weight, bias, groups)

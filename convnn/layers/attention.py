@@ -44,13 +44,14 @@ class MultiheadSelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, N, dim) tokens → queries, keys and values, (B, h, N, d) each (one fused linear projection)."""
         B, N, _ = x.shape
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # b n (three h d)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # three × (B, h, N, d)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
-        q, k, v = self._qkv(x)
+        q, k, v = self.project_qkv(x)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, h, N, d)
         return self.proj(out.transpose(1, 2).flatten(2))
 
@@ -120,7 +121,7 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         B, N, _ = x.shape
-        q, k, v = self._qkv(x)
+        q, k, v = self.project_qkv(x)
         candidates = self._sampler(N, B, x.device, self.training)
         result = knn_aggregate(q, k, v, self.weight, num_neighbors=self.num_neighbors, similarity="dot",
                                weighting=self.weighting, temperature=self.temperature, groups=self.dim,

@@ -182,8 +182,11 @@ class ConvNN2d(_Recordable):
         if self.bias is not None:
             self.bias.copy_(conv.bias)
 
-    def _features(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Query and key features, (B, C_f, H, W) each: the input (+ coordinates), or its learned projections."""
+    def query_key_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The features the similarity compares: (B, C_in, H, W) input → query and key maps (B, C_f, H, W) each.
+
+        ``C_f`` is C_in (+ 2 with ``coord_channels``), or ``qk_dim`` with learned projections.
+        """
         if self.coord_channels:
             coords = coordinate_channels(x.shape[2], x.shape[3], x.device, x.dtype).expand(x.shape[0], -1, -1, -1)
             x = torch.cat([x, coords], dim=1)
@@ -196,7 +199,7 @@ class ConvNN2d(_Recordable):
             raise ValueError(f"input must be (B, C_in={self.in_channels}, H, W), got {tuple(x.shape)}")
         B, _, H, W = x.shape
         N = H * W
-        q_map, k_map = self._features(x)
+        q_map, k_map = self.query_key_features(x)
         if self.selection in ("window", "blend"):
             pad = self.window_size // 2
             num_keys = (H + 2 * pad) * (W + 2 * pad)

@@ -32,7 +32,7 @@ def test_kvt_is_softmax_over_the_top_k_scores_then_values():
     """METHOD §4.4: K < N ⇒ softmax over the top-K scores with the rest masked to −∞, then @ V."""
     x = torch.randn(2, 20, 16)
     mhsa, kvt = _pair(KVTAttention, num_neighbors=5)
-    q, k, v = mhsa._qkv(x)
+    q, k, v = mhsa.project_qkv(x)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     kth = scores.topk(5, dim=-1).values[..., -1:]
     expected = torch.softmax(scores.masked_fill(scores < kth, -math.inf), -1) @ v
@@ -61,7 +61,7 @@ def test_masked_convnn_attention_equals_sdpa_with_the_same_mask(mask_name):
 def test_mhsa_is_torch_sdpa():
     x = torch.randn(2, 10, 16)
     mhsa = MultiheadSelfAttention(16, 2)
-    q, k, v = mhsa._qkv(x)
+    q, k, v = mhsa.project_qkv(x)
     expected = mhsa.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
     torch.testing.assert_close(mhsa(x), expected, rtol=0, atol=0)
 
