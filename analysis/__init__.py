@@ -1,0 +1,93 @@
+"""Analysis behind ConvNN Explorer: pure functions of (model, image, query, options) → arrays, dataclasses, figures.
+
+Imports ``convnn`` and ``kernels``, never ``gradio``; only :mod:`analysis.figures` makes Plotly figures. Results
+are cached per (model, image) in bounded ``lru_cache``s, so repeated clicks are lookups.
+"""
+
+from .attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
+from .checkpoints import LoadedModel, card_summary, compute_path, list_checkpoints, load_model
+from .equivalence import Equivalence, attention_equivalence, conv_equivalence
+from .export import neighbors_to_dict, overlay_png
+from .images import (
+    InputImage,
+    display_factor,
+    display_image,
+    display_to_input_px,
+    image_from_array,
+    load_image,
+    model_input,
+    model_view,
+)
+from .mixing import BranchMix, branch_mix
+from .multihop import ReceptiveField, receptive_field
+from .neighbors import (
+    RULES,
+    NeighborSet,
+    QueryNeighbors,
+    RuleOptions,
+    Selection,
+    cell_rect_px,
+    jaccard,
+    query_cell,
+    query_neighbors,
+    resolve_options,
+    rule_selection,
+)
+from .pixels import PixelNeighbors, pixel_neighbors, pixel_view
+from .probes import ProbeLayer, find_probe_layers
+from .spectrum import SpectrumRow, selection_spectrum
+from .tracing import top_classes, trace_image
+from .weights import AggregationKernel, Contributions, aggregation_kernel, neighbor_contributions
+
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "GRADIENT_NOTE",
+    "RULES",
+    "AggregationKernel",
+    "Attribution",
+    "BranchMix",
+    "Contributions",
+    "Equivalence",
+    "InputImage",
+    "LoadedModel",
+    "NeighborSet",
+    "PixelNeighbors",
+    "ProbeLayer",
+    "QueryNeighbors",
+    "ReceptiveField",
+    "RuleOptions",
+    "Selection",
+    "SpectrumRow",
+    "aggregation_kernel",
+    "attention_equivalence",
+    "attribution_map",
+    "branch_mix",
+    "card_summary",
+    "cell_rect_px",
+    "compute_path",
+    "conv_equivalence",
+    "display_factor",
+    "display_image",
+    "display_to_input_px",
+    "find_probe_layers",
+    "image_from_array",
+    "jaccard",
+    "list_checkpoints",
+    "load_image",
+    "load_model",
+    "model_input",
+    "model_view",
+    "neighbor_contributions",
+    "neighbors_to_dict",
+    "overlay_png",
+    "pixel_neighbors",
+    "pixel_view",
+    "query_cell",
+    "query_neighbors",
+    "receptive_field",
+    "resolve_options",
+    "rule_selection",
+    "selection_spectrum",
+    "top_classes",
+    "trace_image",
+]

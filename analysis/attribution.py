@@ -1,0 +1,94 @@
+"""Which input pixels drive a class score: Captum Saliency, Integrated Gradients and Occlusion.
+
+Gradient methods (Saliency, Integrated Gradients) differentiate through the neighbours the layers selected but hold
+that choice fixed: top-K indices carry no gradient (METHOD §2). Occlusion re-runs the model on masked images, so the
+layers may select different neighbours: it measures the effect of the selection too.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from captum.attr import IntegratedGradients, Occlusion, Saliency
+
+from .checkpoints import LoadedModel
+from .images import InputImage, model_input
+
+__all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
+
+ATTRIBUTION_METHODS = ("saliency", "integrated_gradients", "occlusion")
+GRADIENT_NOTE = ("Saliency and Integrated Gradients hold each layer's neighbour choice fixed (top-K indices carry no "
+                 "gradient); Occlusion re-runs the model on occluded images, so the selected neighbours may change.")
+IG_STEPS = 16  # Riemann steps of Integrated Gradients: a coarse but interactive approximation
+OCCLUSION_WINDOW_PX = 4  # occluding square, pixels (a ViT patch on CIFAR)
+OCCLUSION_STRIDE_PX = 4  # non-overlapping squares: 64 forward passes on a 32×32 input
+_BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """An attribution map for one class.
+
+    Attributes:
+        values (np.ndarray): (S, S) float32 |attribution| summed over the colour channels, ≥ 0 (arbitrary units).
+        target (str): the class name.
+        target_index (int): its index.
+        method (str): one of :data:`ATTRIBUTION_METHODS`.
+        note (str): how the method treats the neighbour choice.
+    """
+
+    values: np.ndarray
+    target: str
+    target_index: int
+    method: str
+    note: str
+
+
+@functools.lru_cache(maxsize=16)
+def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target: str | None = None) -> Attribution:
+    """Attribute the score of ``target`` (default: the predicted class) to the input pixels (cached).
+
+    The baseline of Integrated Gradients and the occluding value is 0 in normalised space: the mean colour.
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        method (str): ``"saliency"``, ``"integrated_gradients"`` or ``"occlusion"``.
+        target (str, optional): class name. Default: the predicted class
+
+    Raises:
+        ValueError: unknown method or class name.
+    """
+    if method not in ATTRIBUTION_METHODS:
+        raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, got {method!r}")
+    classes = loaded.card.classes
+    x = model_input(image, loaded.card).to(loaded.device)
+    with loaded.lock:
+        values, index = _attribute(loaded.model, x, method, target, classes)
+    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], index, method, GRADIENT_NOTE)
+
+
+def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, target: str | None, classes: list[str]
+               ) -> tuple[torch.Tensor, int]:
+    """(1, 3, S, S) attributions and the target index; the caller holds the model's lock."""
+    if target is None:
+        with torch.no_grad():
+            index = int(model(x).argmax(1))
+    elif target in classes:
+        index = classes.index(target)
+    else:
+        raise ValueError(f"class {target!r} is not one of the model's classes {classes}")
+    if method == "saliency":
+        values = Saliency(model).attribute(x.requires_grad_(), target=index, abs=True)
+    elif method == "integrated_gradients":
+        values = IntegratedGradients(model).attribute(x, baselines=torch.zeros_like(x), target=index,
+                                                      n_steps=IG_STEPS, internal_batch_size=_BATCH).abs()
+    else:
+        values = Occlusion(model).attribute(
+            x, sliding_window_shapes=(x.shape[1], OCCLUSION_WINDOW_PX, OCCLUSION_WINDOW_PX),
+            strides=(x.shape[1], OCCLUSION_STRIDE_PX, OCCLUSION_STRIDE_PX), baselines=0.0, target=index,
+            perturbations_per_eval=_BATCH).abs()
+    return values, index

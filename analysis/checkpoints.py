@@ -1,0 +1,169 @@
+"""Which checkpoints the explorer can open, loading them once, and which compute path they run on.
+
+A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`). Models are loaded in eval mode and
+kept in a bounded cache keyed by the card path and the weights file's size and modification time, so switching back
+and forth between checkpoints is instant and a replaced file is reloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from convnn import CheckpointError, ModelCard, load_checkpoint
+from convnn.checkpoint import checkpoint_paths
+from kernels import resolve_backend
+
+from .probes import ProbeLayer, find_probe_layers
+
+__all__ = [
+    "LoadedModel",
+    "card_summary",
+    "compute_path",
+    "list_checkpoints",
+    "load_model",
+]
+
+_MODEL_CACHE_SIZE = 4  # loaded models kept in memory (a CIFAR ResNet or ViT is 5–10 MB of fp32 weights)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A checkpoint loaded for analysis: the model in eval mode, its card and its probe layers.
+
+    Compared and hashed by identity: :func:`load_model` returns the same object for the same unchanged files, so it
+    can key the per-image caches of :mod:`analysis.probes`.
+
+    Attributes:
+        model (nn.Module): the model, eval mode, on ``device``.
+        card (ModelCard): the checkpoint's card.
+        card_path (Path): where the card was read from.
+        probes (tuple[ProbeLayer, ...]): the layers the explorer can open, in forward order.
+        device (torch.device): where the model runs.
+        lock (threading.RLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
+            requests never interleave with the neighbour recorder (which is per-module state).
+    """
+
+    model: nn.Module
+    card: ModelCard
+    card_path: Path
+    probes: tuple[ProbeLayer, ...] = field(default=())
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def probe(self, name: str) -> ProbeLayer:
+        """The probe layer called ``name``.
+
+        Raises:
+            ValueError: no probe layer of that name (the message lists the known ones).
+        """
+        for probe in self.probes:
+            if probe.name == name:
+                return probe
+        raise ValueError(f"layer {name!r} is not a probe layer of {self.card.name}; "
+                         f"choose one of {[p.name for p in self.probes]}")
+
+
+def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
+    """The checkpoints in ``folder``: each ``*.json`` card with a ``.safetensors`` file next to it.
+
+    Args:
+        folder (str or Path): folder to scan (not recursive); a missing folder holds no checkpoints.
+
+    Returns:
+        list[tuple[str, Path]]: ``(label, card path)`` sorted by name; the label is :func:`card_summary`'s first
+        line, or ``"name (unreadable card)"`` for a card that is not valid JSON.
+    """
+    found = []
+    for card_path in sorted(Path(folder).glob("*.json"), key=lambda p: p.stem):
+        weights_path, _ = checkpoint_paths(card_path)
+        if not weights_path.is_file():
+            continue
+        try:
+            card = ModelCard.from_dict(json.loads(card_path.read_text()), str(card_path))
+            label = card_summary(card).splitlines()[0]
+        except (CheckpointError, json.JSONDecodeError, UnicodeDecodeError):
+            label = f"{card_path.stem} (unreadable card)"
+        found.append((label, card_path))
+    return found
+
+
+def card_summary(card: ModelCard) -> str:
+    """A short human description of a card: name, architecture, λ, K, selection and test accuracy.
+
+    Returns:
+        str: one title line, then one line per fact (plain text, no markup).
+    """
+    args = card.model_args
+    if card.model.startswith("convnn_vit"):
+        mixer = args.get("attention", "mhsa")
+        arch = f"ViT, {mixer.upper() if mixer != 'convnn' else 'ConvNN-attention'}"
+        knn = "" if mixer == "mhsa" else f", K={args.get('num_neighbors', 16)}"
+    else:
+        arch = f"ResNet, hybrid λ={args.get('branch_ratio', 0.5)}"
+        knn = "" if args.get("branch_ratio", 0.5) == 0 else f", K={args.get('num_neighbors', 9)}"
+    selection = args.get("selection", "all")
+    if selection == "random":
+        selection += f" (r={args.get('num_candidates')})"
+    elif selection == "blend":
+        selection += f" (α={args.get('blend_alpha', 0.5)})"
+    accuracy = card.metrics.get("test_top1")
+    accuracy_text = f"{accuracy:.2f}%" if isinstance(accuracy, int | float) else "not recorded"
+    title = f"{card.name}: {arch}{knn}" + ("" if knn == "" else f", {selection}")
+    return "\n".join([
+        title,
+        f"architecture: {card.model} {json.dumps(args, sort_keys=True)}",
+        f"λ (ConvNN share of channels): {args.get('branch_ratio', '—')}",
+        f"K (neighbours per query): {args.get('num_neighbors', '—') if knn else '—'}",
+        f"selection: {selection if knn else '—'}",
+        f"test accuracy (top-1): {accuracy_text}",
+        f"input: {card.input_size}×{card.input_size} px, {len(card.classes)} classes",
+    ])
+
+
+@functools.lru_cache(maxsize=_MODEL_CACHE_SIZE)
+def _load_cached(card_path: Path, weights_stamp: tuple[int, int], device: str) -> LoadedModel:
+    model, card = load_checkpoint(card_path, device=device)
+    probes = find_probe_layers(model, card.input_size, device=torch.device(device))
+    return LoadedModel(model, card, card_path, probes, torch.device(device))
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a checkpoint (cached: the same unchanged files give the same :class:`LoadedModel`).
+
+    Args:
+        path (str or Path): the card's ``.json`` path, the ``.safetensors`` path or the stem.
+        device (str or torch.device): where the model runs. Default: ``"cpu"``
+
+    Returns:
+        LoadedModel: the model in eval mode with its card and probe layers.
+
+    Raises:
+        CheckpointError: a missing or corrupt file, or weights that do not fit the card (from
+            :func:`convnn.load_checkpoint`).
+    """
+    weights_path, card_path = checkpoint_paths(path)
+    if not weights_path.is_file() or not card_path.is_file():
+        raise CheckpointError(f"checkpoint {Path(path).name!r} needs both {weights_path.name} and {card_path.name}")
+    stat = weights_path.stat()
+    return _load_cached(card_path.resolve(), (stat.st_size, stat.st_mtime_ns), str(torch.device(device)))
+
+
+def compute_path(device: str | torch.device) -> str:
+    """Which ConvNN compute path runs on ``device``: the fused Triton kernel or the PyTorch reference.
+
+    Resolved by :func:`kernels.resolve_backend` (``"auto"``, honouring ``CONVNN_BACKEND``).
+
+    Returns:
+        str: e.g. ``"fused Triton kernel on cuda:0"`` or ``"PyTorch reference on cpu"``.
+    """
+    device = torch.device(device)
+    backend = resolve_backend("auto", device)
+    name = "fused Triton kernel" if backend == "triton" else "PyTorch reference"
+    return f"{name} on {device}"

@@ -1,0 +1,109 @@
+"""The equivalence demo on this image's own features (METHOD §4.1 and §4.3), with the live max |difference|.
+
+* **Convolution**: ``ConvNN2d(selection="window", K = R²)`` with its rank-slot kernel copied from a ``Conv2d``
+  (``W1[o, c, t] = W2[o, c, t // R, t % R]``) against that ``Conv2d`` on the layer's input feature map. The hybrid
+  layer's own 3×3 branch is used when it has one, else a seeded random convolution.
+* **Attention**: ``ConvNNAttention`` with K = N, softmax weighting and an all-ones depthwise kernel against
+  multi-head attention through ``F.scaled_dot_product_attention``, with the same q, k, v and output projections,
+  on the layer's input tokens (a ViT layer's own projections; a seeded random one-head attention on a map's pixels).
+
+Both run on CPU copies in fp32 on the PyTorch reference path, so the difference is not blurred by TF32 convolutions
+on a GPU, and K = N is not limited by the fused kernel's maximum K.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
+
+from .checkpoints import LoadedModel
+from .images import InputImage
+from .probes import probe_module
+from .tracing import trace_image
+
+__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence"]
+
+DEMO_SEED = 0  # seed of the stand-in weights when the layer has none of the needed kind
+_DEMO_CHANNELS = 16  # output channels of the stand-in convolution
+_DEMO_WEIGHT_STD = 0.05
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """One side-by-side computation.
+
+    Attributes:
+        description (str): what was compared, on which features.
+        max_abs_diff (float): ``max |ConvNN − reference|`` over the output.
+        max_abs_output (float): ``max |reference|``, the scale the difference is relative to.
+        backend (str): compute path of the ConvNN side (always ``"reference"`` on CPU here).
+    """
+
+    description: str
+    max_abs_diff: float
+    max_abs_output: float
+    backend: str
+
+
+def _seeded_(module: nn.Module) -> nn.Module:
+    """Overwrite every parameter with N(0, 0.05²) draws from a generator seeded with :data:`DEMO_SEED`."""
+    generator = torch.Generator().manual_seed(DEMO_SEED)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * _DEMO_WEIGHT_STD)
+    return module
+
+
+def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+    """Window-selection ConvNN2d (K = R²) vs ``Conv2d`` on ``layer``'s input map (METHOD §4.1).
+
+    Raises:
+        ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
+    """
+    probe = loaded.probe(layer)
+    if probe.kind == "attention":
+        raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
+    module = probe_module(loaded.model, probe)
+    x = trace_image(loaded, image).inputs[probe.name].cpu()
+    conv = copy.deepcopy(module.conv).cpu() if getattr(module, "conv", None) is not None else None
+    source = "the layer's own 3×3 conv branch"
+    if conv is None:
+        conv = _seeded_(nn.Conv2d(x.shape[1], _DEMO_CHANNELS, 3, padding=1))
+        source = f"a seeded random 3×3 conv ({_DEMO_CHANNELS} channels)"
+    size = conv.kernel_size[0]
+    knn = ConvNN2d(conv.in_channels, conv.out_channels, num_neighbors=size**2, selection="window", window_size=size,
+                   bias=conv.bias is not None, backend="reference")
+    knn.load_conv2d_weight(conv)
+    with torch.no_grad():
+        expected, got = conv(x), knn(x)
+    return Equivalence(f"ConvNN2d(window, K={size**2}) with {source}'s weights vs conv2d, on the {tuple(x.shape[1:])} "
+                       f"input of {probe.name}", float((got - expected).abs().max()), float(expected.abs().max()),
+                       "reference")
+
+
+def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+    """ConvNN-attention with K = N vs SDPA multi-head attention on ``layer``'s input tokens (METHOD §4.3)."""
+    probe = loaded.probe(layer)
+    module = probe_module(loaded.model, probe)
+    x = trace_image(loaded, image).inputs[probe.name].cpu()
+    if probe.kind == "attention":
+        tokens, dim, heads, source = x, module.dim, module.num_heads, "the layer's own q, k, v and output projections"
+        mhsa = MultiheadSelfAttention(dim, heads)
+        mhsa.load_state_dict({name: t.cpu() for name, t in module.state_dict().items() if name != "weight"})
+    else:
+        tokens = x.flatten(2).transpose(1, 2)  # (1, N, C): every pixel is a token
+        dim, heads, source = tokens.shape[-1], 1, "seeded random one-head projections"
+        mhsa = _seeded_(MultiheadSelfAttention(dim, heads))
+    num_tokens = tokens.shape[1]
+    knn = ConvNNAttention(dim, heads, num_neighbors=num_tokens, backend="reference")  # kernel starts at all ones
+    knn.load_state_dict(mhsa.state_dict(), strict=False)
+    with torch.no_grad():
+        expected, got = mhsa(tokens), knn(tokens)
+    return Equivalence(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
+                       f"with {source}, on the input tokens of {probe.name}", float((got - expected).abs().max()),
+                       float(expected.abs().max()), "reference")

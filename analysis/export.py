@@ -1,0 +1,112 @@
+"""Exports of a query's neighbours: a JSON-ready dict and a PNG overlay rendered with PIL.
+
+Plotly's own PNG export needs Kaleido and a browser, which an offline install may lack; the overlay PNG is drawn
+here instead, pixel for pixel, with the same rank colours as :func:`analysis.figures.rank_colors`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import numpy as np
+from PIL import Image, ImageColor, ImageDraw
+
+from .figures import RULE_TITLES, rank_colors
+from .images import upscale_nearest
+from .neighbors import QueryNeighbors, cell_rect_px
+
+__all__ = ["neighbors_to_dict", "overlay_png"]
+
+_PNG_PANEL_PX = 320  # side of one panel of the PNG overlay (the image is upscaled by an integer factor to about it)
+_CAPTION_PX = 22  # height of the caption strip above each panel
+_PANEL_GAP_PX = 8
+
+
+def neighbors_to_dict(neighbors: QueryNeighbors) -> dict:
+    """A JSON-serialisable description of the query's neighbours under every rule.
+
+    Returns:
+        dict: ``layer``, ``grid`` [H, W], ``query`` (pixel and cell), ``options``, and per rule ``neighbors``
+        (rank, row, col, is_cls, pixel rectangle [top, left, bottom, right) in model-input pixels, similarity),
+        ``mean_distance_cells``, ``window_share``, ``candidates`` (random rule), and ``jaccard`` per pair.
+    """
+    probe = neighbors.layer
+    rules = {}
+    for rule, nset in neighbors.sets.items():
+        items = []
+        for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
+            items.append({"rank": rank, "row": None if prefix else int(r), "col": None if prefix else int(c),
+                          "is_cls": bool(prefix), "rect_px": None if prefix else list(cell_rect_px(probe, r, c)),
+                          "similarity": float(score)})
+        entry = {"neighbors": items, "mean_distance_cells": None if math.isnan(nset.mean_distance)
+                 else nset.mean_distance, "window_share": nset.window_share}
+        if nset.candidates is not None:
+            entry["candidates"] = [None if p else [int(r), int(c)]
+                                   for (r, c), p in zip(nset.candidates, nset.candidate_is_prefix, strict=True)]
+        rules[rule] = entry
+    return {
+        "layer": probe.name,
+        "grid": [probe.height, probe.width],
+        "input_size_px": probe.input_size,
+        "query": {"row_px": neighbors.query_px[0], "col_px": neighbors.query_px[1],
+                  "row": neighbors.query_cell[0], "col": neighbors.query_cell[1]},
+        "options": asdict(neighbors.options),
+        "rules": rules,
+        "jaccard": {f"{a}|{b}": value for (a, b), value in neighbors.overlaps.items()},
+    }
+
+
+def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image.Image:
+    probe, size = neighbors.layer, view.shape[0]
+    factor = max(1, _PNG_PANEL_PX // size)
+    margin = math.ceil(neighbors.options.window_size // 2 * size / probe.height) * factor
+    side = size * factor + 2 * margin
+    panel = Image.new("RGB", (side, side + _CAPTION_PX), (128, 128, 128))
+    panel.paste(Image.fromarray(upscale_nearest(view, factor)), (margin, margin + _CAPTION_PX))
+    draw = ImageDraw.Draw(panel)
+    nset = neighbors.sets[rule]
+    draw.text((4, 4), f"{RULE_TITLES.get(rule, rule)}: {nset.mean_distance:.2f} cells", fill=(255, 255, 255))
+
+    def box(row: int, col: int) -> tuple[int, int, int, int]:
+        top, left, bottom, right = cell_rect_px(probe, row, col)
+        y0 = margin + _CAPTION_PX
+        return left * factor + margin, top * factor + y0, right * factor + margin - 1, bottom * factor + y0 - 1
+
+    if nset.candidates is not None:
+        for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True):
+            if not prefix:
+                draw.rectangle(box(r, c), outline=(200, 200, 200), width=1)
+    colors = [ImageColor.getrgb(color) for color in rank_colors(len(nset.cells))]
+    for rank, ((r, c), prefix) in enumerate(zip(nset.cells, nset.is_prefix, strict=True)):
+        if not prefix:
+            draw.rectangle(box(r, c), outline=colors[rank], width=max(1, factor // 3))
+            if (size // probe.height) * factor >= 16:
+                x0, y0, _, _ = box(r, c)
+                draw.text((x0 + 3, y0 + 2), str(rank), fill=(255, 255, 255))
+    query = box(*neighbors.query_cell)
+    draw.rectangle(query, outline=(255, 255, 255), width=3)
+    draw.rectangle(query, outline=(0, 0, 0), width=1)
+    return panel
+
+
+def overlay_png(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None) -> Image.Image:
+    """The overlays of :func:`analysis.figures.neighbor_panel` as one PIL image, panels side by side.
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8 model view of the image.
+        neighbors (QueryNeighbors): the query's neighbours.
+        rules (tuple[str, ...], optional): which rules, in order. Default: every set in ``neighbors``
+
+    Returns:
+        Image.Image: RGB; each panel is the image upscaled nearest-neighbour to about 320 px, neighbour cells
+        outlined in rank colours, the query cell white with a black inner line, random candidates light grey.
+    """
+    panels = [_draw_panel(view, neighbors, rule) for rule in rules or tuple(neighbors.sets)]
+    width = sum(p.width for p in panels) + _PANEL_GAP_PX * (len(panels) - 1)
+    strip = Image.new("RGB", (width, max(p.height for p in panels)), (255, 255, 255))
+    x = 0
+    for panel in panels:
+        strip.paste(panel, (x, 0))
+        x += panel.width + _PANEL_GAP_PX
+    return strip

@@ -1,0 +1,250 @@
+"""Every Plotly figure of the explorer (the only module that makes figures).
+
+Conventions: fixed heights, units in titles and axis labels, colour-blind-safe palettes (Viridis/Cividis for
+sequential values, a diverging RdBu for signed ones, Okabe–Ito for categories). Images are drawn pixel for pixel
+(``go.Image``: pixel ``(row, col)`` is centred at ``x = col, y = row``), so a cell's outline is its pixel rectangle
+± 0.5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+from plotly.subplots import make_subplots
+
+from .neighbors import NeighborSet, QueryNeighbors, cell_rect_px
+from .probes import ProbeLayer
+
+__all__ = [
+    "OKABE_ITO",
+    "PANEL_HEIGHT",
+    "attribution_figure",
+    "bar_figure",
+    "heatmap_figure",
+    "hop_figure",
+    "mask_panel",
+    "neighbor_panel",
+    "rank_colors",
+    "spectrum_figure",
+]
+
+PANEL_HEIGHT = 380  # px, every image panel
+CHART_HEIGHT = 320  # px, bar charts and heatmaps
+RANK_COLORSCALE = "Viridis"  # rank 0 (dark purple) → rank K−1 (yellow)
+OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+RULE_TITLES = {"window": "window (convolution)", "all": "all tokens (attention)", "random": "random candidates",
+               "blend": "blend", "layer": "what the layer used"}
+_MIN_LABELLED_CELL_PX = 2  # rank numbers are written inside cells at least this many image pixels wide
+
+
+def rank_colors(num_neighbors: int) -> list[str]:
+    """K colours from :data:`RANK_COLORSCALE`, rank 0 first, as ``"rgb(r, g, b)"`` strings."""
+    return sample_colorscale(RANK_COLORSCALE, np.linspace(0, 1, max(num_neighbors, 2)).tolist())[:num_neighbors]
+
+
+def _cell_box(probe: ProbeLayer, row: int, col: int) -> dict:
+    top, left, bottom, right = cell_rect_px(probe, row, col)
+    return dict(x0=left - 0.5, x1=right - 0.5, y0=top - 0.5, y1=bottom - 0.5)
+
+
+def _image_axes(fig: go.Figure, size: int, margin: float, row: int = 1, col: int = 1) -> None:
+    fig.update_xaxes(range=[-0.5 - margin, size - 0.5 + margin], showticklabels=False, showgrid=False,
+                     zeroline=False, row=row, col=col)
+    fig.update_yaxes(range=[size - 0.5 + margin, -0.5 - margin], showticklabels=False, showgrid=False,
+                     zeroline=False, scaleanchor=f"x{'' if (row, col) == (1, 1) else (row - 1) * 100 + col}",
+                     row=row, col=col)
+
+
+def _add_neighbors(fig: go.Figure, probe: ProbeLayer, nset: NeighborSet, query_cell: tuple[int, int], row: int,
+                   col: int) -> None:
+    """Outline the random candidates (faint), the K neighbours (rank colours) and the query (white/black)."""
+    if nset.candidates is not None:
+        for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True):
+            if not prefix:
+                fig.add_shape(type="rect", **_cell_box(probe, r, c), line=dict(color="rgba(255,255,255,0.55)",
+                              width=1, dash="dot"), row=row, col=col)
+    colors = rank_colors(len(nset.cells))
+    cell_px = probe.input_size / probe.height
+    ranks, xs, ys, hover = [], [], [], []
+    for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
+        if prefix:
+            continue
+        box = _cell_box(probe, r, c)
+        fig.add_shape(type="rect", **box, line=dict(color=colors[rank], width=2.5), row=row, col=col)
+        ranks.append(rank)
+        xs.append((box["x0"] + box["x1"]) / 2)
+        ys.append((box["y0"] + box["y1"]) / 2)
+        hover.append(f"rank {rank} · cell ({r}, {c}) · similarity {score:.3f}")
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="text" if cell_px >= _MIN_LABELLED_CELL_PX else "markers",
+                             text=[str(rank) for rank in ranks], hovertext=hover, hoverinfo="text",
+                             textfont=dict(color="white", size=11),
+                             marker=dict(size=4, color=[colors[rank] for rank in ranks]), showlegend=False),
+                  row=row, col=col)
+    query_box = _cell_box(probe, *query_cell)
+    fig.add_shape(type="rect", **query_box, line=dict(color="white", width=4), row=row, col=col)
+    fig.add_shape(type="rect", **query_box, line=dict(color="black", width=1.5), row=row, col=col)
+
+
+def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None) -> go.Figure:
+    """Side-by-side overlays of the query's neighbours under each rule, on the model's view of the image.
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8, the model input as an image (:func:`analysis.images.model_view`).
+        neighbors (QueryNeighbors): the query's neighbour sets.
+        rules (tuple[str, ...], optional): which sets, in order. Default: all of ``neighbors.sets``
+
+    Returns:
+        go.Figure: one subplot per rule, titled with the mean distance (cells) and the window share; the query cell
+        outlined white/black, neighbour cells coloured by rank (Viridis, rank 0 darkest), random candidates dotted.
+    """
+    rules = rules or tuple(neighbors.sets)
+    probe, size = neighbors.layer, view.shape[0]
+    titles = []
+    for rule in rules:
+        nset = neighbors.sets[rule]
+        cls = "" if not nset.is_prefix.any() else f", CLS at rank {int(np.flatnonzero(nset.is_prefix)[0])}"
+        titles.append(f"{RULE_TITLES.get(rule, rule)}<br><sup>mean dist {nset.mean_distance:.2f} cells · "
+                      f"{100 * nset.window_share:.0f}% in {neighbors.options.window_size}×"
+                      f"{neighbors.options.window_size}{cls}</sup>")
+    fig = make_subplots(1, len(rules), subplot_titles=titles, horizontal_spacing=0.02)
+    margin = neighbors.options.window_size // 2 * size / probe.height + 0.5
+    for i, rule in enumerate(rules, start=1):
+        fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=i)
+        _add_neighbors(fig, probe, neighbors.sets[rule], neighbors.query_cell, 1, i)
+        _image_axes(fig, size, margin, 1, i)
+    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=80, b=5), plot_bgcolor="#808080",
+                      title=dict(text=f"K={neighbors.options.num_neighbors} neighbours of cell {neighbors.query_cell} "
+                                 f"in {probe.name} ({probe.height}×{probe.width} cells, "
+                                 f"{size // probe.height} px each)", font=dict(size=14)))
+    return fig
+
+
+def mask_panel(view: np.ndarray, masks: dict[str, np.ndarray], query_px: tuple[int, int], title: str) -> go.Figure:
+    """Image panels with a boolean pixel mask highlighted on each (e.g. "pixels like this one" / "near this one").
+
+    Args:
+        view (np.ndarray): (H, W, 3) uint8 image.
+        masks (dict[str, np.ndarray]): panel title → (H, W) bool mask.
+        query_px (tuple[int, int]): ``(row_px, col_px)`` marked with a cross.
+        title (str): figure title.
+    """
+    fig = make_subplots(1, len(masks), subplot_titles=list(masks), horizontal_spacing=0.02)
+    for i, mask in enumerate(masks.values(), start=1):
+        shaded = np.where(mask[..., None], view, (0.25 * view + 40).astype(np.uint8))
+        fig.add_trace(go.Image(z=shaded, hoverinfo="skip"), row=1, col=i)
+        fig.add_trace(go.Scatter(x=[query_px[1]], y=[query_px[0]], mode="markers", showlegend=False,
+                                 marker=dict(symbol="x-thin", size=16, line=dict(width=3, color=OKABE_ITO[0]))),
+                      row=1, col=i)
+        _image_axes(fig, max(view.shape[:2]), 0.0, 1, i)
+    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=60, b=5), title=dict(text=title))
+    return fig
+
+
+def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, colorbar_title: str,
+                   diverging: bool = False, zrange: tuple[float, float] | None = None,
+                   mark: tuple[int, int] | None = None, image_axes: bool = False) -> go.Figure:
+    """A (rows × columns) heatmap: Cividis, or RdBu centred at 0 when ``diverging``.
+
+    Args:
+        values (np.ndarray): (rows, columns) float.
+        title, x_title, y_title, colorbar_title (str): labels, with units.
+        diverging (bool): signed values around 0. Default: False
+        zrange (tuple[float, float], optional): colour range. Default: the data's
+        mark (tuple[int, int], optional): ``(row, col)`` outlined (e.g. the query's cell). Default: None
+        image_axes (bool): square cells, row 0 at the top (a map over the image). Default: False
+    """
+    limit = float(np.abs(values).max()) if values.size else 1.0
+    colors = dict(colorscale="RdBu", zmid=0, zmin=-limit, zmax=limit) if diverging else dict(colorscale="Cividis")
+    if zrange is not None:
+        colors.update(zmin=zrange[0], zmax=zrange[1])
+    fig = go.Figure(go.Heatmap(z=values, colorbar=dict(title=colorbar_title), **colors,
+                               hovertemplate=f"{x_title} %{{x}}<br>{y_title} %{{y}}<br>%{{z:.4f}}<extra></extra>"))
+    if mark is not None:
+        fig.add_shape(type="rect", x0=mark[1] - 0.5, x1=mark[1] + 0.5, y0=mark[0] - 0.5, y1=mark[0] + 0.5,
+                      line=dict(color=OKABE_ITO[0], width=3))
+    if image_axes:
+        fig.update_xaxes(constrain="domain")
+        fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
+    fig.update_layout(title=title, height=CHART_HEIGHT + (60 if image_axes else 0),
+                      margin=dict(l=60, r=20, t=50, b=50), xaxis_title=x_title, yaxis_title=y_title)
+    return fig
+
+
+def bar_figure(labels: list[str], values: np.ndarray, title: str, y_title: str, x_title: str,
+               colors: list[str] | None = None) -> go.Figure:
+    """A bar chart (one bar per label), optionally coloured per bar (e.g. :func:`rank_colors`)."""
+    fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors or OKABE_ITO[4],
+                           hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+    fig.update_layout(title=title, height=CHART_HEIGHT, margin=dict(l=60, r=20, t=50, b=50),
+                      xaxis_title=x_title, yaxis_title=y_title, xaxis_type="category")
+    return fig
+
+
+def spectrum_figure(layers: list[str], mean_distance: np.ndarray, window_share: np.ndarray,
+                    window_size: int) -> go.Figure:
+    """Per layer: mean neighbour distance (cells) and share inside the R×R window, over all queries of the image.
+
+    Args:
+        layers (list[str]): layer labels, forward order.
+        mean_distance (np.ndarray): (L,) mean distance in cells.
+        window_share (np.ndarray): (L,) share in [0, 1].
+        window_size (int): R of the share.
+    """
+    fig = make_subplots(1, 2, subplot_titles=["mean neighbour distance (cells)",
+                                              f"share of neighbours inside the {window_size}×{window_size} window (%)"])
+    fig.add_trace(go.Bar(x=layers, y=mean_distance, marker_color=OKABE_ITO[4], showlegend=False,
+                         hovertemplate="%{x}<br>%{y:.2f} cells<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=layers, y=100 * window_share, marker_color=OKABE_ITO[0], showlegend=False,
+                         hovertemplate="%{x}<br>%{y:.1f}%<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(range=[0, 100], row=1, col=2)
+    fig.update_layout(height=CHART_HEIGHT + 80, margin=dict(l=50, r=20, t=60, b=120),
+                      title="Convolution ↔ attention: how local are each layer's selections on this image?")
+    return fig
+
+
+def attribution_figure(view: np.ndarray, attribution: np.ndarray, title: str) -> go.Figure:
+    """The image next to an attribution map (|attribution| summed over colour channels, Cividis).
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8.
+        attribution (np.ndarray): (S, S) float, ≥ 0.
+        title (str): figure title (method and class).
+    """
+    fig = make_subplots(1, 2, subplot_titles=["model input", "attribution (a.u.)"], horizontal_spacing=0.08)
+    fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=attribution, colorscale="Cividis", colorbar=dict(title="a.u."),
+                             hovertemplate="row %{y}, col %{x}: %{z:.3g}<extra></extra>"), row=1, col=2)
+    size = view.shape[0]
+    for i in (1, 2):
+        _image_axes(fig, size, 0.0, 1, i)
+    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=70, b=5), title=title)
+    return fig
+
+
+def hop_figure(view: np.ndarray, hops: np.ndarray, query_px: tuple[int, int], layer_names: list[str]) -> go.Figure:
+    """Effective receptive field: each pixel coloured by the first hop that reaches it (0 = the query's cell).
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8.
+        hops (np.ndarray): (S, S) int, hop count, −1 where no hop reaches.
+        query_px (tuple[int, int]): the query pixel.
+        layer_names (list[str]): the layer of each hop (hop h uses ``layer_names[h]``).
+    """
+    num_hops = len(layer_names)
+    z = np.where(hops < 0, np.nan, hops.astype(float))
+    colors = sample_colorscale("Viridis", np.linspace(0, 1, max(num_hops, 2)).tolist())[:num_hops]
+    scale = [[edge, colors[i]] for i in range(num_hops) for edge in (i / num_hops, (i + 1) / num_hops)]
+    fig = make_subplots(1, 2, subplot_titles=["model input", "first hop reaching each pixel"], horizontal_spacing=0.08)
+    fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
+    fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=num_hops - 0.5, colorscale=scale if num_hops > 1 else "Viridis",
+                             colorbar=dict(title="hop", tickvals=list(range(num_hops))),
+                             hovertemplate="row %{y}, col %{x}: hop %{z}<extra></extra>"), row=1, col=2)
+    for i in (1, 2):
+        fig.add_trace(go.Scatter(x=[query_px[1]], y=[query_px[0]], mode="markers", showlegend=False,
+                                 marker=dict(symbol="x-thin", size=14, line=dict(width=3, color=OKABE_ITO[0]))),
+                      row=1, col=i)
+        _image_axes(fig, view.shape[0], 0.0, 1, i)
+    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=70, b=5),
+                      title="Neighbours of neighbours: " + " → ".join(layer_names))
+    return fig

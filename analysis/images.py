@@ -1,0 +1,203 @@
+"""Reading user images safely, the model's view of them, and nearest-neighbour upscaling for display.
+
+Positions follow STYLE §4: ``(row, col)``, with a ``_px`` suffix for image pixels. The images the app shows are the
+model input (e.g. 32×32) upscaled by an integer factor, so a click at display pixel ``(row, col)`` is model-input
+pixel ``(row // factor, col // factor)`` exactly (:func:`display_to_input_px`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+
+from convnn import ModelCard
+from convnn.data import preprocess_image
+
+__all__ = [
+    "MAX_IMAGE_SIDE_PX",
+    "WORKING_SIDE_PX",
+    "InputImage",
+    "display_factor",
+    "display_image",
+    "display_to_input_px",
+    "image_from_array",
+    "load_image",
+    "model_input",
+    "model_view",
+    "upscale_nearest",
+]
+
+MAX_IMAGE_SIDE_PX = 4096  # larger uploads are refused (a 4096² RGB image is 48 MB decoded)
+WORKING_SIDE_PX = 1024  # uploads are downscaled to at most this side on arrival (the models see 32 px anyway)
+DISPLAY_SIDE_PX = 256  # images are shown upscaled to about this side
+
+
+@dataclass(frozen=True, eq=False)
+class InputImage:
+    """An RGB image accepted for analysis; hashed and compared by the sha256 of its pixels.
+
+    Attributes:
+        pixels (np.ndarray): (H, W, 3) uint8 RGB, at most :data:`WORKING_SIDE_PX` a side.
+        digest (str): sha256 of the pixels and shape; the image's cache key.
+        note (str): what was done on arrival (e.g. "downscaled from 3000×2000 px"), or "".
+    """
+
+    pixels: np.ndarray
+    digest: str
+    note: str = ""
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InputImage) and other.digest == self.digest
+
+    @property
+    def pil(self) -> Image.Image:
+        """The pixels as a PIL RGB image."""
+        return Image.fromarray(self.pixels, "RGB")
+
+
+def image_from_array(pixels: np.ndarray, note: str = "") -> InputImage:
+    """Wrap an RGB array as an :class:`InputImage` (downscaled to :data:`WORKING_SIDE_PX` if larger).
+
+    Args:
+        pixels (np.ndarray): (H, W, 3) uint8 RGB, or (H, W) grey / (H, W, 4) RGBA uint8 (converted to RGB).
+        note (str): note to keep with the image. Default: ""
+
+    Raises:
+        ValueError: not a 2-D image with 1, 3 or 4 channels, or an empty or oversized one.
+    """
+    pixels = np.asarray(pixels)
+    if pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3, 4)):
+        raise ValueError(f"an image must be (H, W), (H, W, 3) or (H, W, 4), got shape {pixels.shape}")
+    if pixels.shape[0] == 0 or pixels.shape[1] == 0:
+        raise ValueError("the image is empty (0 pixels)")
+    image = Image.fromarray(pixels.astype(np.uint8).squeeze())
+    return _accept(image, note)
+
+
+def _accept(image: Image.Image, note: str = "") -> InputImage:
+    width, height = image.size
+    if max(width, height) > MAX_IMAGE_SIDE_PX:
+        raise ValueError(f"the image is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a side are "
+                         "accepted: please downscale it first")
+    rgb = image.convert("RGB")
+    if max(width, height) > WORKING_SIDE_PX:
+        rgb.thumbnail((WORKING_SIDE_PX, WORKING_SIDE_PX), Image.Resampling.LANCZOS)
+        note = "; ".join(filter(None, [note, f"downscaled from {width}×{height} to {rgb.width}×{rgb.height} px"]))
+    pixels = np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
+    digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
+    return InputImage(pixels, digest, note)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
+    if stamp[0] == 0:
+        raise ValueError(f"{path.name} is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                if max(width, height) > MAX_IMAGE_SIDE_PX:
+                    raise ValueError(f"{path.name} is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a "
+                                     "side are accepted: please downscale it first")
+                image.load()
+                return _accept(image)
+    except UnidentifiedImageError as err:
+        raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, WebP, BMP, GIF…)") from err
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ValueError(f"{path.name} has too many pixels to open safely: {err}") from err
+    except OSError as err:
+        raise ValueError(f"{path.name} could not be read as an image (truncated or corrupt file?): {err}") from err
+
+
+def load_image(path: str | Path) -> InputImage:
+    """Read an uploaded image file (cached per path, size and modification time).
+
+    Args:
+        path (str or Path): the file.
+
+    Returns:
+        InputImage: RGB pixels, downscaled to at most :data:`WORKING_SIDE_PX` a side (``note`` says so).
+
+    Raises:
+        ValueError: a missing, empty, unreadable or non-image file, or one over :data:`MAX_IMAGE_SIDE_PX` a side.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no image file at {path.name!r}")
+    stat = path.stat()
+    return _load_cached(path.resolve(), (stat.st_size, stat.st_mtime_ns))
+
+
+def model_input(image: InputImage, card: ModelCard) -> Tensor:
+    """The (1, 3, S, S) float32 normalised model input (S = ``card.input_size``), via :func:`preprocess_image`."""
+    return preprocess_image(image.pil, card.input_size, tuple(card.mean), tuple(card.std))
+
+
+def model_view(image: InputImage, size: int) -> np.ndarray:
+    """What the model sees, for display: (S, S, 3) uint8, resized exactly as :func:`preprocess_image` does."""
+    rgb = image.pil
+    if rgb.size != (size, size):
+        rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def display_factor(side_px: int, target_px: int = DISPLAY_SIDE_PX) -> int:
+    """Integer nearest-neighbour upscale factor that brings ``side_px`` to about ``target_px`` (≥ 1)."""
+    return max(1, round(target_px / max(side_px, 1)))
+
+
+def upscale_nearest(pixels: np.ndarray, factor: int) -> np.ndarray:
+    """Nearest-neighbour upscale of an (H, W, ...) array by an integer ``factor`` → (H·f, W·f, ...)."""
+    return pixels.repeat(factor, axis=0).repeat(factor, axis=1)
+
+
+def display_image(pixels: np.ndarray, factor: int, query_px: tuple[int, int] | None = None) -> np.ndarray:
+    """``pixels`` upscaled by ``factor`` (nearest neighbour), with the query pixel outlined if given.
+
+    Args:
+        pixels (np.ndarray): (H, W, 3) uint8.
+        factor (int): integer upscale factor.
+        query_px (tuple[int, int], optional): ``(row_px, col_px)`` in ``pixels``; outlined white with a black inner
+            line, one display pixel each. Default: None
+
+    Returns:
+        np.ndarray: (H·f, W·f, 3) uint8.
+    """
+    shown = upscale_nearest(pixels, factor).copy()
+    if query_px is not None:
+        top, left = query_px[0] * factor, query_px[1] * factor
+        for inset, color in ((0, 255), (1, 0)):
+            y0, x0 = max(top - 2 + inset, 0), max(left - 2 + inset, 0)
+            y1 = min(top + factor + 1 - inset, shown.shape[0] - 1)
+            x1 = min(left + factor + 1 - inset, shown.shape[1] - 1)
+            shown[y0, x0:x1 + 1] = shown[y1, x0:x1 + 1] = color
+            shown[y0:y1 + 1, x0] = shown[y0:y1 + 1, x1] = color
+    return shown
+
+
+def display_to_input_px(x_px: float, y_px: float, factor: int, height: int, width: int) -> tuple[int, int]:
+    """A click at display pixel (x, y) (Gradio's order) → ``(row_px, col_px)`` in the un-upscaled image.
+
+    Args:
+        x_px, y_px (float): column and row in the displayed (upscaled) image's natural pixels.
+        factor (int): the upscale factor of the display.
+        height, width (int): size of the un-upscaled image in pixels.
+
+    Raises:
+        ValueError: the position lies outside the image.
+    """
+    row, col = int(y_px // factor), int(x_px // factor)
+    if not (0 <= row < height and 0 <= col < width):
+        raise ValueError(f"the click (x={x_px}, y={y_px}) is outside the {width * factor}×{height * factor} image")
+    return row, col

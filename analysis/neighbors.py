@@ -1,0 +1,393 @@
+"""Which neighbours a query selects in a layer, under each selection rule, on the same features (METHOD §2–3).
+
+For a probe layer and an image, the rules act on the features the layer itself scores
+(:func:`analysis.probes.layer_query_key`):
+
+* ``"window"``: the R×R window around the query (zero-padded, raster order): a convolution;
+* ``"all"``: the top K by feature similarity over every token: attention-style selection;
+* ``"random"``: the top K among r candidates drawn from ``seed`` (plus the query);
+* ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`);
+* ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
+  hybrid uses its kernel's window, and MHSA (which selects nothing) is shown by its K largest attention weights.
+
+Selections are computed for every query of the layer at once and cached per (model, image, layer, rule, options),
+so each further click is a lookup. Cells are ``(row, col)`` of the layer's grid; window and blend keys may be
+padding cells outside the grid (e.g. row −1); a ViT's CLS token has no cell and is flagged by ``is_prefix``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from convnn.functional import (
+    blend_select,
+    pad_map,
+    padded_to_cells,
+    sample_candidates,
+    to_tokens,
+    window_indices,
+)
+from kernels.reference import select_neighbors, select_topk, similarity_scores
+
+from .checkpoints import LoadedModel
+from .images import InputImage
+from .probes import ProbeLayer, layer_query_key, probe_module
+from .tracing import trace_image
+
+__all__ = [
+    "LAYER_RULE",
+    "RULES",
+    "NeighborSet",
+    "QueryNeighbors",
+    "RuleOptions",
+    "Selection",
+    "cell_rect_px",
+    "distance_stats",
+    "jaccard",
+    "query_cell",
+    "query_neighbors",
+    "resolve_options",
+    "rule_selection",
+]
+
+RULES = ("window", "all", "random", "blend")
+LAYER_RULE = "layer"
+DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
+DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
+_SELECTION_CACHE_SIZE = 128
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """Knobs of the selection rules; ``None`` means "the layer's own value" (see :func:`resolve_options`).
+
+    Attributes:
+        num_neighbors (int, optional): K.
+        window_size (int, optional): R, odd; also the window of the "inside the R×R window" share.
+        num_candidates (int, optional): r of the random rule.
+        seed (int): seed of the random candidates. Default: 0
+        blend_alpha (float): α of the blend rule, 0 = window, 1 = feature similarity. Default: 0.5
+        head (int): attention head whose q, k are used (0 for maps). Default: 0
+    """
+
+    num_neighbors: int | None = None
+    window_size: int | None = None
+    num_candidates: int | None = None
+    seed: int = 0
+    blend_alpha: float = 0.5
+    head: int = 0
+
+
+def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
+    """Fill ``None`` fields from the layer and check every value against the layer's grid.
+
+    K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
+    r to the layer's r, else max(32, K), at most the number of other tokens.
+
+    Returns:
+        RuleOptions: every field set.
+
+    Raises:
+        ValueError: K outside [1, H·W], an even R or R² < K, r outside [K, N − 1], α outside [0, 1], a negative
+            seed or a head out of range; the message names the value and the allowed range.
+    """
+    grid = probe.height * probe.width
+    k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or DEFAULT_NUM_NEIGHBORS
+    if not 1 <= k <= grid:
+        raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the {probe.height}×{probe.width} grid "
+                         f"of {probe.name}, got {k}")
+    window = options.window_size
+    if window is None:
+        window = probe.window_size if probe.window_size**2 >= k else 2 * math.ceil((math.sqrt(k) - 1) / 2) + 1
+    if window < 1 or window % 2 == 0 or window**2 < k:
+        raise ValueError(f"the window side R must be odd with R² ≥ K = {k}, got R = {window}")
+    others = probe.num_tokens - 1
+    candidates = options.num_candidates
+    if candidates is None:
+        candidates = min(probe.num_candidates or max(DEFAULT_NUM_CANDIDATES, k), others)
+    if not k <= candidates <= others:
+        raise ValueError(f"r (random candidates) must be in [K = {k}, {others}] for {probe.name}, got {candidates}")
+    if not 0.0 <= options.blend_alpha <= 1.0:
+        raise ValueError(f"blend α must be in [0, 1], got {options.blend_alpha}")
+    if options.seed < 0:
+        raise ValueError(f"seed must be ≥ 0, got {options.seed}")
+    if not 0 <= options.head < probe.num_heads:
+        raise ValueError(f"head must be in [0, {probe.num_heads - 1}] for {probe.name}, got {options.head}")
+    return replace(options, num_neighbors=k, window_size=window, num_candidates=candidates)
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    """Every query's neighbours in one layer under one rule.
+
+    Attributes:
+        rule (str): one of :data:`RULES` or ``"layer"``.
+        cells (np.ndarray): (H·W, K, 2) int64 ``(row, col)`` per query (raster order) and rank; padding cells lie
+            outside the grid; prefix tokens hold (−1, −1).
+        is_prefix (np.ndarray): (H·W, K) bool, True where the neighbour is a prefix token (CLS).
+        scores (np.ndarray): (H·W, K) float32 feature similarity of the query to each neighbour (the layer's
+            similarity; 0 for a zero padding token under cosine).
+        candidates (np.ndarray or None): (r, 2) int64 cells of the random rule's candidates (shared by all queries).
+        candidate_is_prefix (np.ndarray or None): (r,) bool.
+    """
+
+    rule: str
+    cells: np.ndarray
+    is_prefix: np.ndarray
+    scores: np.ndarray
+    candidates: np.ndarray | None = None
+    candidate_is_prefix: np.ndarray | None = None
+
+
+def _tokens_to_cells(tokens: Tensor, probe: ProbeLayer) -> tuple[np.ndarray, np.ndarray]:
+    """Token indices (prefix first, then the grid in raster order) → ``(cells, is_prefix)``."""
+    grid = tokens - probe.num_prefix_tokens
+    is_prefix = grid < 0
+    cells = torch.stack([grid.div(probe.width, rounding_mode="floor"), grid % probe.width], dim=-1)
+    cells[is_prefix] = -1
+    return cells.cpu().numpy(), is_prefix.cpu().numpy()
+
+
+def _grid_maps(probe: ProbeLayer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """Grid part of single-head tokens (1, 1, N, D) → query tokens (1, 1, H·W, D) and key map (1, D, H, W)."""
+    prefix = probe.num_prefix_tokens
+    q_grid = q[:, :, prefix:]
+    k_map = k[0, 0, prefix:].T.reshape(1, -1, probe.height, probe.width)
+    return q_grid, k_map
+
+
+def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, similarity: str,
+                 blend: bool) -> Selection:
+    q_grid, k_map = _grid_maps(probe, q, k)
+    pad = options.window_size // 2
+    k_padded = to_tokens(pad_map(k_map, pad))
+    if blend:
+        padded_idx, _ = blend_select(q_grid, k_padded, probe.height, probe.width, options.window_size,
+                                     options.num_neighbors, options.blend_alpha, similarity)
+        padded_idx = padded_idx[0, 0]
+    else:
+        padded_idx = window_indices(probe.height, probe.width, options.window_size, options.num_neighbors, q.device)
+    scores = similarity_scores(q_grid, k_padded, similarity)[0, 0].gather(1, padded_idx)
+    cells = padded_to_cells(padded_idx, probe.width, pad).cpu().numpy()
+    return Selection("blend" if blend else "window", cells, np.zeros(cells.shape[:2], dtype=bool),
+                     scores.cpu().numpy())
+
+
+def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, similarity: str, rule: str,
+                  num_neighbors: int) -> Selection:
+    prefix, self_first = probe.num_prefix_tokens, probe.kind != "attention"
+    num_tokens = q.shape[2]
+    if rule == "all":
+        scores = similarity_scores(q[:, :, prefix:], k, similarity)  # (1, 1, H·W, N)
+        self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
+        _, topk_idx = select_topk(scores, num_neighbors, self_index)
+        topk_idx = topk_idx[0, 0]
+        candidates = candidate_cells = candidate_is_prefix = None
+    else:  # random: r sampled keys plus the query itself (METHOD §3)
+        generator = torch.Generator().manual_seed(options.seed)
+        candidates = sample_candidates(num_tokens, options.num_candidates, 1, generator, q.device)
+        _, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
+                                       candidates=candidates, self_first=self_first)
+        topk_idx = topk_idx[0, 0, prefix:]
+        scores = similarity_scores(q[:, :, prefix:], k, similarity)
+        candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
+    cells, is_prefix = _tokens_to_cells(topk_idx, probe)
+    return Selection(rule, cells, is_prefix, scores[0, 0].gather(1, topk_idx).cpu().numpy(), candidate_cells,
+                     candidate_is_prefix)
+
+
+def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Selection:
+    idx = record.topk_idx[0, head]  # (Nq, K), Nq = tokens of the layer
+    if probe.kind == "attention":
+        idx = idx[probe.num_prefix_tokens:]
+        cells, is_prefix = _tokens_to_cells(idx, probe)
+        scores = similarity_scores(q[:, :, probe.num_prefix_tokens:], k, probe.similarity)[0, 0].gather(1, idx)
+    else:
+        cells = padded_to_cells(idx, record.width, record.padding).cpu().numpy()
+        is_prefix = np.zeros(cells.shape[:2], dtype=bool)
+        q_grid, k_map = _grid_maps(probe, q, k)
+        k_keys = to_tokens(pad_map(k_map, record.padding))
+        scores = similarity_scores(q_grid, k_keys, probe.similarity)[0, 0].gather(1, idx)
+    return Selection(LAYER_RULE, cells, is_prefix, scores.cpu().numpy())
+
+
+@functools.lru_cache(maxsize=_SELECTION_CACHE_SIZE)
+def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
+    """Every query's neighbours in ``layer`` under ``rule`` (cached).
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        layer (str): probe layer name.
+        rule (str): one of :data:`RULES`, or ``"layer"`` for what the layer really selected (its own K, and for
+            attention the options' head).
+        options (RuleOptions): resolved or not (:func:`resolve_options` is applied).
+
+    Returns:
+        Selection: cells, prefix flags and scores for all H·W queries.
+
+    Raises:
+        ValueError: unknown layer or rule, or options outside their ranges.
+    """
+    probe = loaded.probe(layer)
+    options = resolve_options(probe, options)
+    if rule not in (*RULES, LAYER_RULE):
+        raise ValueError(f"rule must be one of {(*RULES, LAYER_RULE)}, got {rule!r}")
+    trace = trace_image(loaded, image)
+    q, k = layer_query_key(probe_module(loaded.model, probe), probe, trace.inputs[probe.name], options.head)
+    similarity = probe.similarity
+    with torch.no_grad():
+        if rule == LAYER_RULE:
+            if probe.name in trace.records:
+                return _recorded(probe, trace.records[probe.name], q, k, options.head)
+            if probe.mixer == "conv":  # a convolution uses its whole kernel window
+                size = probe.window_size
+                window = replace(options, num_neighbors=size**2, window_size=size)
+                return replace(_window_rule(probe, q, k, window, similarity, blend=False), rule=LAYER_RULE)
+            layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
+            return replace(_feature_rule(probe, q, k, options, similarity, "all", layer_k), rule=LAYER_RULE)
+        if rule in ("window", "blend"):
+            return _window_rule(probe, q, k, options, similarity, blend=rule == "blend")
+        return _feature_rule(probe, q, k, options, similarity, rule, options.num_neighbors)
+
+
+def distance_stats(cells: np.ndarray, is_prefix: np.ndarray, query_cells: np.ndarray, window_size: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean spatial distance to the query and share inside the query's R×R window, per query.
+
+    Args:
+        cells (np.ndarray): (Q, K, 2) neighbour cells.
+        is_prefix (np.ndarray): (Q, K) bool; prefix tokens have no position: they are left out of the distance
+            and count as outside the window.
+        query_cells (np.ndarray): (Q, 2) the queries' cells.
+        window_size (int): R.
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: mean Euclidean distance in cells over the K neighbours (rank 0, the query
+        itself, counts as 0; NaN when all are prefix tokens), and the share in [0, 1] of the K inside the window
+        (Chebyshev distance ≤ R // 2). Both (Q,) float64.
+    """
+    offsets = (cells - query_cells[:, None, :]).astype(np.float64)
+    distance = np.where(is_prefix, np.nan, np.hypot(offsets[..., 0], offsets[..., 1]))
+    inside = (np.abs(offsets).max(-1) <= window_size // 2) & ~is_prefix
+    counted = (~is_prefix).sum(-1)
+    mean = np.where(counted > 0, np.nansum(distance, -1) / np.maximum(counted, 1), np.nan)
+    return mean, inside.mean(-1)
+
+
+@dataclass(frozen=True)
+class NeighborSet:
+    """One query's K neighbours under one rule.
+
+    Attributes:
+        rule (str): the rule.
+        cells (np.ndarray): (K, 2) int64 ``(row, col)``, rank 0 first (window/blend: raster order of the window).
+        is_prefix (np.ndarray): (K,) bool, CLS tokens.
+        scores (np.ndarray): (K,) float32 feature similarity to the query.
+        mean_distance (float): mean Euclidean distance to the query in cells (NaN if none is on the grid).
+        window_share (float): share of the K inside the query's R×R window, in [0, 1].
+        candidates (np.ndarray or None): (r, 2) random candidates' cells; ``candidate_is_prefix`` (r,) bool.
+    """
+
+    rule: str
+    cells: np.ndarray
+    is_prefix: np.ndarray
+    scores: np.ndarray
+    mean_distance: float
+    window_share: float
+    candidates: np.ndarray | None = None
+    candidate_is_prefix: np.ndarray | None = None
+
+    def keys(self) -> set:
+        """The neighbours as a set of ``(row, col)`` tuples, ``"CLS"`` for prefix tokens (for :func:`jaccard`)."""
+        return {"CLS" if p else (int(r), int(c)) for (r, c), p in zip(self.cells, self.is_prefix, strict=True)}
+
+
+def jaccard(a: set, b: set) -> float:
+    """``|a ∩ b| / |a ∪ b|`` in [0, 1]; 1.0 for two empty sets."""
+    union = a | b
+    return len(a & b) / len(union) if union else 1.0
+
+
+@dataclass(frozen=True)
+class QueryNeighbors:
+    """The neighbours of one query in one layer under several rules.
+
+    Attributes:
+        layer (ProbeLayer): the layer.
+        options (RuleOptions): the resolved options used.
+        query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
+        query_cell (tuple[int, int]): ``(row, col)`` in the layer's grid.
+        sets (dict[str, NeighborSet]): rule → neighbours, in the requested order, then ``"layer"``.
+        overlaps (dict[tuple[str, str], float]): Jaccard overlap of each pair of rules.
+    """
+
+    layer: ProbeLayer
+    options: RuleOptions
+    query_px: tuple[int, int]
+    query_cell: tuple[int, int]
+    sets: dict[str, NeighborSet]
+    overlaps: dict[tuple[str, str], float]
+
+
+def query_cell(probe: ProbeLayer, row_px: int, col_px: int) -> tuple[int, int]:
+    """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
+
+    Raises:
+        ValueError: the pixel lies outside the ``input_size`` square.
+    """
+    size = probe.input_size
+    if not (0 <= row_px < size and 0 <= col_px < size):
+        raise ValueError(f"query pixel (row={row_px}, col={col_px}) is outside the {size}×{size} model input")
+    return row_px * probe.height // size, col_px * probe.width // size
+
+
+def cell_rect_px(probe: ProbeLayer, row: int, col: int) -> tuple[int, int, int, int]:
+    """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
+
+    Cells outside the grid (padding) map to the same-size square outside the image. A 16×16 layer on a 32×32
+    input maps cell (r, c) to rows [2r, 2r + 2) and columns [2c, 2c + 2).
+    """
+    size = probe.input_size
+    return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
+            math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
+
+
+def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
+                    options: RuleOptions = RuleOptions(), rules: tuple[str, ...] = RULES) -> QueryNeighbors:
+    """The neighbours of the query pixel ``query_px`` in ``layer`` under ``rules`` and under the layer itself.
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        layer (str): probe layer name.
+        query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
+        options (RuleOptions): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
+        rules (tuple[str, ...]): rules to compute, from :data:`RULES`. Default: all four
+
+    Returns:
+        QueryNeighbors: per rule sets with distances, plus ``"layer"``, and pairwise Jaccard overlaps.
+
+    Raises:
+        ValueError: unknown layer or rule, a pixel outside the image, or options outside their ranges.
+    """
+    probe = loaded.probe(layer)
+    options = resolve_options(probe, options)
+    row, col = query_cell(probe, *query_px)
+    index = row * probe.width + col
+    sets = {}
+    for rule in (*rules, LAYER_RULE):
+        sel = rule_selection(loaded, image, layer, rule, options)
+        mean, share = distance_stats(sel.cells[index:index + 1], sel.is_prefix[index:index + 1],
+                                     np.array([[row, col]]), options.window_size)
+        sets[rule] = NeighborSet(rule, sel.cells[index], sel.is_prefix[index], sel.scores[index], float(mean[0]),
+                                 float(share[0]), sel.candidates, sel.candidate_is_prefix)
+    overlaps = {(a, b): jaccard(sets[a].keys(), sets[b].keys()) for a, b in itertools.combinations(sets, 2)}
+    return QueryNeighbors(probe, options, tuple(query_px), (row, col), sets, overlaps)

@@ -1,0 +1,105 @@
+"""The input-level view: ConvNN selection on raw pixels, no trained model needed.
+
+Each pixel of the (downsampled) upload is a token whose features are its RGB colour in [0, 1], optionally with its
+position (:func:`convnn.functional.coordinate_channels`, scaled by ``position_weight``). For a clicked pixel:
+
+* "pixels like this one": the top K by feature similarity over all pixels (negative squared Euclidean distance,
+  the query first), i.e. attention-style selection;
+* "pixels near this one": the K nearest offsets in the R×R window (R the smallest odd side with R² ≥ K), i.e. a
+  convolution's receptive field.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, window_indices
+from kernels.reference import select_topk, similarity_scores
+
+from .images import InputImage
+from .neighbors import distance_stats, jaccard
+
+__all__ = ["PIXEL_VIEW_SIDE_PX", "PixelNeighbors", "pixel_neighbors", "pixel_view"]
+
+PIXEL_VIEW_SIDE_PX = 192  # the upload is downsampled to at most this side for the input-level view
+_MAX_NEIGHBORS = 4096
+
+
+@functools.lru_cache(maxsize=16)
+def pixel_view(image: InputImage, max_side: int = PIXEL_VIEW_SIDE_PX) -> np.ndarray:
+    """The upload downsampled (Lanczos) to at most ``max_side`` a side, aspect kept: (h, w, 3) uint8."""
+    pil = image.pil
+    pil.thumbnail((max_side, max_side))
+    return np.asarray(pil, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class PixelNeighbors:
+    """A clicked pixel's feature and spatial neighbours in the input-level view.
+
+    Attributes:
+        like (np.ndarray): (h, w) bool, the K most similar pixels.
+        near (np.ndarray): (h, w) bool, the K pixels of the window.
+        like_distance (float): mean distance of ``like`` to the query, pixels.
+        near_distance (float): mean distance of ``near`` to the query, pixels.
+        overlap (float): Jaccard overlap of the two sets.
+        window_size (int): R.
+    """
+
+    like: np.ndarray
+    near: np.ndarray
+    like_distance: float
+    near_distance: float
+    overlap: float
+    window_size: int
+
+
+def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors: int = 64,
+                    position_weight: float = 0.0, max_side: int = PIXEL_VIEW_SIDE_PX) -> PixelNeighbors:
+    """Feature vs spatial neighbours of the pixel ``query_px`` of :func:`pixel_view`.
+
+    Args:
+        image (InputImage): the upload.
+        query_px (tuple[int, int]): ``(row_px, col_px)`` in the downsampled view.
+        num_neighbors (int): K, in [1, min(h·w, 4096)]. Default: 64
+        position_weight (float): weight of the two position channels (each in [−1, 1]) next to RGB in [0, 1];
+            0 = colour only. Default: 0.0
+        max_side (int): side of the view. Default: 192
+
+    Raises:
+        ValueError: a pixel outside the view, K out of range or a negative ``position_weight``.
+    """
+    view = pixel_view(image, max_side)
+    height, width = view.shape[:2]
+    row, col = query_px
+    if not (0 <= row < height and 0 <= col < width):
+        raise ValueError(f"pixel (row={row}, col={col}) is outside the {width}×{height} view")
+    if not 1 <= num_neighbors <= min(height * width, _MAX_NEIGHBORS):
+        raise ValueError(f"K must be in [1, {min(height * width, _MAX_NEIGHBORS)}], got {num_neighbors}")
+    if position_weight < 0:
+        raise ValueError(f"position_weight must be ≥ 0, got {position_weight}")
+    features = torch.from_numpy(view.copy()).permute(2, 0, 1).unsqueeze(0).float() / 255  # (1, 3, h, w)
+    if position_weight:
+        features = torch.cat([features, position_weight * coordinate_channels(height, width)], dim=1)
+    tokens = to_tokens(features)  # (1, 1, N, C)
+    index = row * width + col
+    scores = similarity_scores(tokens[:, :, index:index + 1], tokens, "euclidean")  # (1, 1, 1, N)
+    _, like_idx = select_topk(scores, num_neighbors, torch.tensor([index]))
+    like_cells = np.stack(np.divmod(like_idx[0, 0, 0].numpy(), width), axis=-1)
+    size = 2 * math.ceil((math.sqrt(num_neighbors) - 1) / 2) + 1
+    near_cells = padded_to_cells(window_indices(height, width, size, num_neighbors)[index], width, size // 2).numpy()
+    near_cells = near_cells[(near_cells >= 0).all(1) & (near_cells[:, 0] < height) & (near_cells[:, 1] < width)]
+    masks, distances = [], []
+    for cells in (like_cells, near_cells):
+        mask = np.zeros((height, width), dtype=bool)
+        mask[cells[:, 0], cells[:, 1]] = True
+        masks.append(mask)
+        mean, _ = distance_stats(cells[None], np.zeros((1, len(cells)), bool), np.array([[row, col]]), size)
+        distances.append(float(mean[0]))
+    overlap = jaccard({tuple(c) for c in like_cells.tolist()}, {tuple(c) for c in near_cells.tolist()})
+    return PixelNeighbors(masks[0], masks[1], distances[0], distances[1], overlap, size)

@@ -1,0 +1,430 @@
+"""ConvNN Explorer: pick a model and an image, click a pixel, and see which neighbours each selection rule picks.
+
+    python app.py [--port 7860] [--checkpoints checkpoints/]
+
+Binds 127.0.0.1; the port comes from ``--port``, else ``$PORT`` / ``$GRADIO_SERVER_PORT``, else 7860. Runs on CPU;
+with a GPU the models run there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
+number and figure comes from :mod:`analysis`, and every user action has an ``api_name`` for ``gradio_client``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import torch
+
+import analysis as an
+from analysis import figures
+
+REPO = Path(__file__).resolve().parent
+CHECKPOINT_DIR = REPO / "checkpoints"
+EXAMPLES_DIR = REPO / "examples"
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # uploaded checkpoints and exports
+DEFAULT_PORT = 7860
+DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
+GUIDE = [
+    "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
+    "**2 · Read the prediction.** The five most probable classes for the image the model sees (32×32).",
+    "**3 · Click a pixel.** Each panel outlines the K cells one rule picks for that pixel, rank 0 darkest.",
+    "**4 · Compare rules.** Window = convolution, all tokens = attention, random = r sampled candidates, blend = α.",
+    "**5 · Open the tabs.** How neighbours are weighed, how the branches mix, and where the model looks.",
+]
+
+
+def user_errors(fn):
+    """Turn the errors a user can cause (ValueError, CheckpointError, OSError) into an error message in the page."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, OSError) as err:
+            raise gr.Error(str(err), print_exception=False) from err
+    return wrapper
+
+
+class Explorer:
+    """The app's handlers: thin adapters from UI values (paths, numbers, ``gr.SelectData``) to :mod:`analysis`.
+
+    Args:
+        checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
+        device (str): where models run. Default: CUDA if available, else CPU
+    """
+
+    def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None) -> None:
+        self.checkpoint_dir = Path(checkpoint_dir).resolve()
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
+
+    # -- resolving UI values ---------------------------------------------------------------------------------------
+    def model(self, checkpoint: str | None) -> an.LoadedModel:
+        if not checkpoint:
+            raise ValueError("Choose a model first (or upload a .safetensors + .json checkpoint).")
+        path = Path(checkpoint)
+        if path.suffix != ".json":
+            path = self.checkpoint_dir / f"{path.name}.json"
+        path = path.resolve()
+        if not any(path.is_relative_to(root) for root in (self.checkpoint_dir, WORK_DIR.resolve())):
+            raise ValueError(f"unknown checkpoint {checkpoint!r}: choose one from the list or upload one")
+        return an.load_model(path, self.device)
+
+    @staticmethod
+    def image(image_path: str | None) -> an.InputImage:
+        if not image_path:
+            raise ValueError("Pick an example or upload an image first.")
+        return an.load_image(image_path)
+
+    def choices(self, uploads: list[str]) -> list[tuple[str, str]]:
+        shipped = [(label, str(path)) for label, path in an.list_checkpoints(self.checkpoint_dir)]
+        return shipped + [(f"uploaded: {Path(p).stem}", p) for p in uploads]
+
+    # -- model, image, prediction ------------------------------------------------------------------------------------
+    @user_errors
+    def on_model(self, checkpoint: str | None):
+        loaded = self.model(checkpoint)
+        probes = loaded.probes
+        default = next((p for p in probes if p.height < loaded.card.input_size), probes[0]) if probes else None
+        card = "```\n" + an.card_summary(loaded.card) + "\n```"
+        heads = max((p.num_heads for p in probes), default=1)
+        return (card, gr.update(choices=[(p.label, p.name) for p in probes], value=default and default.name),
+                gr.update(maximum=heads - 1, value=0, visible=heads > 1))
+
+    @user_errors
+    def on_checkpoint_upload(self, files: list[str] | None, uploads: list[str]):
+        paths = [Path(f) for f in files or []]
+        cards = [p for p in paths if p.suffix == ".json"]
+        weights = [p for p in paths if p.suffix == ".safetensors"]
+        if len(cards) != 1 or len(weights) != 1:
+            raise ValueError("upload exactly two files: the weights (.safetensors) and the model card (.json)")
+        folder = WORK_DIR / "checkpoints" / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        card_path = folder / cards[0].name
+        shutil.copyfile(cards[0], card_path)
+        shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
+        try:
+            self.model(str(card_path))
+        except ValueError:
+            shutil.rmtree(folder)
+            raise
+        uploads = [*uploads, str(card_path)]
+        return gr.update(choices=self.choices(uploads), value=str(card_path)), uploads
+
+    def on_example(self, evt: gr.SelectData) -> str:
+        return self.examples[evt.index]
+
+    @user_errors
+    def on_image_upload(self, path: str | None) -> str:
+        self.image(path)  # refuse what cannot be read before it replaces the current image
+        return path
+
+    @user_errors
+    def on_image(self, checkpoint: str | None, image_path: str | None):
+        loaded, image = self.model(checkpoint), self.image(image_path)
+        if image.note:
+            gr.Warning(image.note)
+        view = an.model_view(image, loaded.card.input_size)
+        return an.display_image(view, an.display_factor(view.shape[0])), an.top_classes(loaded, image)
+
+    # -- the query ---------------------------------------------------------------------------------------------------
+    @user_errors
+    def on_click(self, checkpoint: str | None, evt: gr.SelectData) -> tuple[int, int]:
+        size = self.model(checkpoint).card.input_size
+        return an.display_to_input_px(evt.index[0], evt.index[1], an.display_factor(size), size, size)
+
+    @staticmethod
+    def options(k: float, window: float, candidates: float, seed: float, alpha: float, head: float) -> an.RuleOptions:
+        return an.RuleOptions(int(k) or None, int(window) or None, int(candidates) or None, int(seed), float(alpha),
+                              int(head))
+
+    @user_errors
+    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+        loaded, image = self.model(checkpoint), self.image(image_path)
+        query_px = (int(row_px), int(col_px))
+        result = an.query_neighbors(loaded, image, layer, query_px, self.options(k, window, candidates, seed, alpha,
+                                                                                  head))
+        view = an.model_view(image, loaded.card.input_size)
+        data = an.neighbors_to_dict(result) | {"checkpoint": loaded.card.name, "image_sha256": image.digest}
+        name = f"{loaded.card.name}-{image.digest[:10]}-{layer}-{query_px[0]}-{query_px[1]}".replace(".", "_")
+        stem = WORK_DIR / "exports" / name
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        an.overlay_png(view, result).save(stem.with_suffix(".png"))
+        stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+        rows = ["| rule | mean distance (cells) | in R×R window | neighbour cells, rank order |", "|---|---|---|---|"]
+        for rule, nset in result.sets.items():
+            cells = ", ".join("CLS" if p else f"({r},{c})" for (r, c), p in zip(nset.cells, nset.is_prefix,
+                                                                                 strict=True))
+            rows.append(f"| {figures.RULE_TITLES[rule]} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% "
+                        f"| {cells} |")
+        overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in result.overlaps.items())
+        stats = "\n".join(rows) + f"\n\n**Jaccard overlap:** {overlaps}"
+        factor = an.display_factor(view.shape[0])
+        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result), stats, data,
+                [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))])
+
+    # -- the tabs ----------------------------------------------------------------------------------------------------
+    @user_errors
+    def on_weights(self, checkpoint, image_path, layer, row_px, col_px, head):
+        loaded = self.model(checkpoint)
+        probe = loaded.probe(layer)
+        if probe.mixer == "mhsa":
+            return None, None, None, f"{probe.name} is plain attention: no rank-slot kernel to show."
+        kernel = an.aggregation_kernel(loaded, layer)
+        heat = figures.heatmap_figure(kernel.kernel, f"Aggregation kernel: {kernel.description}", "rank slot t",
+                                      "output channel", "weight" if kernel.signed else "‖W[o,:,t]‖",
+                                      diverging=kernel.signed)
+        slots = [str(t) for t in range(len(kernel.slot_norms))]
+        bars = figures.bar_figure(slots, kernel.slot_norms, "How much does the t-th neighbour matter? ‖W[:,:,t]‖",
+                                  "Frobenius norm", "rank slot t", figures.rank_colors(len(slots)))
+        if probe.record_name is None:
+            return heat, bars, None, "A conv-only layer: its taps are the window's rank slots (METHOD §4.1)."
+        contrib = an.neighbor_contributions(loaded, self.image(image_path), layer, (int(row_px), int(col_px)),
+                                            int(head))
+        labels = [f"{t}: " + ("CLS" if p else f"({r},{c})")
+                  for t, ((r, c), p) in enumerate(zip(contrib.cells, contrib.is_prefix, strict=True))]
+        contrib_bars = figures.bar_figure(labels, contrib.norms, "Contribution of each selected neighbour to the "
+                                          "query's output, ‖W[:,:,t]·ρ_t·v_t‖", "L2 norm", "rank: cell",
+                                          figures.rank_colors(len(labels)))
+        check = float(np.abs(contrib.vectors.sum(0) + contrib.bias - contrib.output).max())
+        return heat, bars, contrib_bars, f"Σ contributions + bias vs the layer's own output: max |diff| = {check:.2e}"
+
+    @user_errors
+    def on_mix(self, checkpoint, image_path, layer, row_px, col_px):
+        loaded = self.model(checkpoint)
+        probe = loaded.probe(layer)
+        if probe.kind != "hybrid":
+            return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
+        mix = an.branch_mix(loaded, self.image(image_path), layer)
+        row, col = an.query_cell(probe, int(row_px), int(col_px))
+        fig = figures.heatmap_figure(mix.share, f"ConvNN share of the 1×1 mix output per cell, {probe.name}",
+                                     "column (cells)", "row (cells)", "share", zrange=(0, 1), mark=(row, col),
+                                     image_axes=True)
+        text = (f"λ = {mix.branch_ratio}: {mix.knn_channels} ConvNN channels + {mix.conv_channels} conv channels. "
+                f"At cell ({row}, {col}): ‖ConvNN part‖ = {mix.knn_norm[row, col]:.3f}, ‖conv part‖ = "
+                f"{mix.conv_norm[row, col]:.3f}, ConvNN share = {100 * mix.share[row, col]:.1f}% "
+                f"(image mean {100 * mix.share.mean():.1f}%).")
+        return fig, text
+
+    @user_errors
+    def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head):
+        loaded, image = self.model(checkpoint), self.image(image_path)
+        field = an.receptive_field(loaded, image, layer, (int(row_px), int(col_px)), int(hops), int(head))
+        view = an.model_view(image, loaded.card.input_size)
+        counts = ", ".join(f"hop {h}: {n} px" for h, n in enumerate(field.pixel_counts))
+        return figures.hop_figure(view, field.hops, (int(row_px), int(col_px)), ["query", *field.layers]), counts
+
+    @user_errors
+    def on_spectrum(self, checkpoint, image_path):
+        rows = an.selection_spectrum(self.model(checkpoint), self.image(image_path))
+        return figures.spectrum_figure([r.layer for r in rows], np.array([r.mean_distance for r in rows]),
+                                       np.array([r.window_share for r in rows]), rows[0].window_size if rows else 3)
+
+    @user_errors
+    def on_attribution(self, checkpoint, image_path, method, target):
+        loaded, image = self.model(checkpoint), self.image(image_path)
+        result = an.attribution_map(loaded, image, method, target or None)
+        view = an.model_view(image, loaded.card.input_size)
+        title = f"{method.replace('_', ' ')} for class '{result.target}' (|attribution|, a.u.)"
+        return figures.attribution_figure(view, result.values, title), result.note
+
+    @user_errors
+    def on_equivalence(self, checkpoint, image_path, layer):
+        loaded, image = self.model(checkpoint), self.image(image_path)
+        results = [an.attention_equivalence(loaded, image, layer)]
+        if loaded.probe(layer).kind != "attention":
+            results.insert(0, an.conv_equivalence(loaded, image, layer))
+        return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} "
+                           f"(output scale {r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)"
+                           for r in results)
+
+    @user_errors
+    def on_pixel_image(self, image_path):
+        view = an.pixel_view(self.image(image_path))
+        return an.display_image(view, an.display_factor(max(view.shape[:2]), 384))
+
+    @user_errors
+    def on_pixel_click(self, image_path, evt: gr.SelectData) -> tuple[int, int]:
+        view = an.pixel_view(self.image(image_path))
+        factor = an.display_factor(max(view.shape[:2]), 384)
+        return an.display_to_input_px(evt.index[0], evt.index[1], factor, *view.shape[:2])
+
+    @user_errors
+    def on_pixels(self, image_path, row_px, col_px, k, position_weight):
+        image = self.image(image_path)
+        view = an.pixel_view(image)
+        result = an.pixel_neighbors(image, (int(row_px), int(col_px)), int(k), float(position_weight))
+        fig = figures.mask_panel(view, {f"pixels like this one ({result.like_distance:.1f} px away on average)":
+                                        result.like,
+                                        f"pixels near this one ({result.window_size}×{result.window_size})":
+                                        result.near}, (int(row_px), int(col_px)),
+                                 f"K={int(k)} of {view.shape[0] * view.shape[1]} pixels; overlap {result.overlap:.2f}")
+        return fig
+
+
+def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
+    """The page: model and image pickers, prediction, the click-to-query panel and the analysis tabs."""
+    ex = explorer or Explorer()
+    choices = ex.choices([])
+    default = next((path for _, path in choices if Path(path).stem == DEFAULT_CHECKPOINT),
+                   choices[0][1] if choices else None)
+    with gr.Blocks(title="ConvNN Explorer") as demo:
+        uploads = gr.State([])
+        gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation. "
+                    f"Compute path: **{an.compute_path(ex.device)}**.")
+        guided = gr.Checkbox(value=True, label="Guided mode (numbered steps)")
+        guide = [gr.Markdown(text) for text in GUIDE[:1]]
+        with gr.Row():
+            with gr.Column(scale=1):
+                checkpoint = gr.Dropdown(choices, value=default, label="Model",
+                                         allow_custom_value=True, elem_id="checkpoint")
+                card = gr.Markdown(elem_id="card")
+                checkpoint_files = gr.File(file_count="multiple", file_types=[".safetensors", ".json"],
+                                           label="…or upload your checkpoint (.safetensors + .json)")
+            with gr.Column(scale=1):
+                examples = gr.Gallery(ex.examples, columns=5, height=150, allow_preview=False, label="Examples",
+                                      elem_id="examples")
+                with gr.Row():
+                    image_file = gr.File(ex.examples[0] if ex.examples else None, file_types=["image"],
+                                         label="Image (pick an example or upload)", elem_id="image_file", scale=3)
+                    image_upload = gr.UploadButton("Upload an image", file_types=["image"], elem_id="image_upload",
+                                                   scale=1)
+                guide.append(gr.Markdown(GUIDE[1]))
+                prediction = gr.Label(num_top_classes=5, label="Top-5 prediction", elem_id="prediction")
+        guide += [gr.Markdown(GUIDE[2]), gr.Markdown(GUIDE[3])]
+        with gr.Row():
+            with gr.Column(scale=1, min_width=280):
+                query_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
+                                       elem_id="query_image")
+                with gr.Row():
+                    row_px = gr.Number(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px")
+                    col_px = gr.Number(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px")
+                neighbors_button = gr.Button("Show neighbours", elem_id="neighbors_button")
+            with gr.Column(scale=3):
+                layer = gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer")
+                with gr.Row():
+                    num_neighbors = gr.Number(0, precision=0, minimum=0, label="K (0 = layer's)")
+                    window_size = gr.Number(0, precision=0, minimum=0, label="window R (0 = auto)")
+                    num_candidates = gr.Number(0, precision=0, minimum=0, label="random r (0 = layer's / 32)")
+                    seed = gr.Number(0, precision=0, minimum=0, label="seed")
+                    head = gr.Number(0, precision=0, minimum=0, label="attention head", visible=False)
+                blend_alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
+                                        elem_id="blend_alpha")
+        neighbor_plot = gr.Plot(elem_id="neighbor_plot", label="Neighbours by rule")
+        stats = gr.Markdown(elem_id="stats")
+        with gr.Accordion("Export (PNG overlay, JSON of indices)", open=False):
+            exports = gr.File(file_count="multiple", label="Downloads", elem_id="exports")
+            neighbors_data = gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data")
+        guide.append(gr.Markdown(GUIDE[4]))
+        with gr.Tabs():
+            with gr.Tab("Aggregation weights"):
+                weights_note = gr.Markdown()
+                with gr.Row():
+                    kernel_plot, slot_plot = gr.Plot(label="kernel"), gr.Plot(label="per rank slot")
+                contribution_plot = gr.Plot(label="contributions")
+            with gr.Tab("λ mix"):
+                mix_note, mix_plot = gr.Markdown(), gr.Plot(label="ConvNN share")
+            with gr.Tab("Attribution"):
+                with gr.Row():
+                    method = gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method")
+                    target = gr.Textbox("", label="class (empty = predicted)")
+                    attribution_button = gr.Button("Compute attribution")
+                attribution_note, attribution_plot = gr.Markdown(an.GRADIENT_NOTE), gr.Plot(label="attribution")
+            with gr.Tab("Spectrum"):
+                spectrum_plot = gr.Plot(label="spectrum", elem_id="spectrum_plot")
+            with gr.Tab("Equivalence demo"):
+                equivalence_button = gr.Button("Run on this layer's features")
+                equivalence_text = gr.Markdown()
+            with gr.Tab("Multi-hop"):
+                hops = gr.Slider(1, 4, value=2, step=1, label="hops (towards the input)")
+                hop_note, hop_plot = gr.Markdown(), gr.Plot(label="receptive field")
+            with gr.Tab("Input-level view"):
+                gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
+                with gr.Row():
+                    pixel_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False,
+                                           buttons=[], elem_id="pixel_image")
+                    with gr.Column():
+                        pixel_k = gr.Slider(1, 1024, value=64, step=1, label="K")
+                        position_weight = gr.Slider(0, 4, value=0, step=0.1, label="position weight")
+                        pixel_row, pixel_col = gr.Number(0, precision=0, label="row"), gr.Number(0, precision=0,
+                                                                                                 label="col")
+                pixel_plot = gr.Plot(label="like vs near")
+
+        query = [checkpoint, image_file, layer, row_px, col_px]
+        rule_inputs = [*query, num_neighbors, window_size, num_candidates, seed, blend_alpha, head]
+        rule_outputs = [query_image, neighbor_plot, stats, neighbors_data, exports]
+        tab_updates = [
+            ("weights", ex.on_weights, [*query, head], [kernel_plot, slot_plot, contribution_plot, weights_note]),
+            ("mix", ex.on_mix, query, [mix_plot, mix_note]),
+            (None, ex.on_multihop, [*query, hops, head], [hop_plot, hop_note]),
+        ]
+
+        def after_query(event, public: bool = False):
+            """Chain the query-dependent tabs after a neighbours update (named in the API once, when ``public``)."""
+            for api_name, fn, inputs, outputs in tab_updates:
+                visible = public and api_name is not None
+                event = event.then(fn, inputs, outputs, api_name=api_name if visible else None,
+                                   api_visibility="public" if visible else "private")
+            return event
+
+        guided.change(lambda on: [gr.update(visible=on)] * len(guide), guided, guide, api_visibility="private")
+        checkpoint.change(ex.on_model, checkpoint, [card, layer, head], api_name="load_model").then(
+            ex.on_image, [checkpoint, image_file], [query_image, prediction], api_visibility="private").then(
+            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_visibility="private")
+        checkpoint_files.upload(ex.on_checkpoint_upload, [checkpoint_files, uploads], [checkpoint, uploads],
+                                api_name="upload_checkpoint")
+        examples.select(ex.on_example, None, image_file, api_visibility="private")
+        image_upload.upload(ex.on_image_upload, image_upload, image_file, api_visibility="private")
+        after_query(image_file.change(ex.on_image, [checkpoint, image_file], [query_image, prediction],
+                                      api_name="predict").then(
+            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_name="spectrum").then(
+            ex.on_pixel_image, image_file, pixel_image, api_name="pixel_image").then(
+            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+        after_query(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private").then(
+            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+        after_query(neighbors_button.click(ex.on_neighbors, rule_inputs, rule_outputs, api_name="neighbors"), True)
+        for control in (layer, num_neighbors, window_size, num_candidates, seed, head):
+            after_query(control.change(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+        after_query(blend_alpha.release(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+        hops.release(ex.on_multihop, [*query, hops, head], [hop_plot, hop_note], api_name="multihop")
+        attribution_button.click(ex.on_attribution, [checkpoint, image_file, method, target],
+                                 [attribution_plot, attribution_note], api_name="attribution")
+        equivalence_button.click(ex.on_equivalence, [checkpoint, image_file, layer], equivalence_text,
+                                 api_name="equivalence")
+        pixel_inputs = [image_file, pixel_row, pixel_col, pixel_k, position_weight]
+        pixel_image.select(ex.on_pixel_click, image_file, [pixel_row, pixel_col], api_visibility="private").then(
+            ex.on_pixels, pixel_inputs, pixel_plot, api_name="pixel_neighbors")
+        for control in (pixel_k, position_weight):
+            control.release(ex.on_pixels, pixel_inputs, pixel_plot, api_visibility="private")
+        after_query(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private").then(
+            ex.on_image, [checkpoint, image_file], [query_image, prediction], api_visibility="private").then(
+            ex.on_pixel_image, image_file, pixel_image, api_visibility="private").then(
+            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_visibility="private").then(
+            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+    return demo
+
+
+def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False):
+    """Serve ``demo`` on 127.0.0.1:``port`` (the examples folder is served too)."""
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
+                       allowed_paths=[str(EXAMPLES_DIR), str(WORK_DIR)], quiet=prevent_thread_lock)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT
+    parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")
+    parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR, help="folder of shipped checkpoints")
+    args = parser.parse_args()
+    launch(build_demo(Explorer(args.checkpoints)), args.port)
+
+
+if __name__ == "__main__":
+    main()

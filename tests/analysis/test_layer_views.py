@@ -1,0 +1,97 @@
+"""Aggregation weights, λ mix, spectrum, multi-hop, equivalence and attribution on small models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis import (
+    aggregation_kernel,
+    attention_equivalence,
+    attribution_map,
+    branch_mix,
+    conv_equivalence,
+    neighbor_contributions,
+    receptive_field,
+    selection_spectrum,
+    top_classes,
+)
+from tests.tolerances import FP32_EXACT
+
+EQUIVALENCE_TOL = FP32_EXACT["atol"]  # METHOD §4: fp32 ≤ 1e-5
+
+
+def test_kernel_summaries_match_the_weights(load_small):
+    loaded = load_small("cnn-l0.5")
+    probe = loaded.probes[3]
+    weight = loaded.model.get_submodule(probe.name).knn.weight.detach().numpy()  # (8, 16, 9)
+    kernel = aggregation_kernel(loaded, probe.name)
+    assert kernel.kernel.shape == (8, 9) and not kernel.signed
+    np.testing.assert_allclose(kernel.kernel, np.linalg.norm(weight, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(kernel.slot_norms, np.sqrt((weight**2).sum(axis=(0, 1))), rtol=1e-6)
+    vit = load_small("vit-convnn")
+    assert aggregation_kernel(vit, "blocks.0.attn").signed
+    with pytest.raises(ValueError, match="no rank-slot kernel"):
+        aggregation_kernel(load_small("vit-mhsa"), "blocks.0.attn")
+
+
+@pytest.mark.parametrize(("name", "layer", "head"), [("cnn-l0.5", "stages.1.0.conv2", 0),
+                                                     ("cnn-random", "stages.0.0.conv1", 0),
+                                                     ("vit-convnn", "blocks.1.attn", 1)])
+def test_contributions_plus_bias_equal_the_layer_output(load_small, image, name, layer, head):
+    contributions = neighbor_contributions(load_small(name), image, layer, (13, 7), head)
+    np.testing.assert_allclose(contributions.vectors.sum(0) + contributions.bias, contributions.output, atol=1e-5)
+    np.testing.assert_allclose(contributions.norms, np.linalg.norm(contributions.vectors, axis=1), rtol=1e-5)
+
+
+def test_branch_mix_shares(load_small, image):
+    mix = branch_mix(load_small("cnn-l0.5"), image, "stages.1.0.conv1")
+    assert (mix.knn_channels, mix.conv_channels, mix.share.shape) == (8, 8, (16, 16))
+    np.testing.assert_allclose(mix.share, mix.knn_norm / (mix.knn_norm + mix.conv_norm), rtol=1e-5)
+    conv_only = branch_mix(load_small("cnn-l0"), image, "stages.1.0.conv1")
+    assert conv_only.knn_channels == 0 and np.all(conv_only.share == 0)
+    with pytest.raises(ValueError, match="not a hybrid layer"):
+        branch_mix(load_small("vit-convnn"), image, "blocks.0.attn")
+
+
+def test_spectrum_of_a_convolution_is_fully_local(load_small, image):
+    rows = selection_spectrum(load_small("cnn-l0"), image)
+    assert [r.window_share for r in rows] == [1.0] * 8
+    assert all(r.mean_distance == pytest.approx((4 + 4 * math.sqrt(2)) / 9) for r in rows)
+    knn_rows = selection_spectrum(load_small("cnn-l0.5"), image)
+    assert all(r.window_share < 1.0 for r in knn_rows)
+
+
+def test_multihop_through_two_convolutions_grows_the_window(load_small, image):
+    """Two 3×3 hops at 8×8 (4 px cells) from cell (4, 4): 3×3 cells = 12×12 px, then 5×5 cells = 20×20 px."""
+    field = receptive_field(load_small("cnn-l0"), image, "stages.2.0.conv2", (16, 16), num_hops=2)
+    assert field.layers == ["stages.2.0.conv2", "stages.2.0.conv1"]
+    assert field.pixel_counts == [16, 144, 400]
+    assert (field.hops[8:28, 8:28] >= 0).all() and (field.hops[16:20, 16:20] == 0).all()
+
+
+def test_equivalence_demo_differences_are_zero(load_small, image):
+    cnn = load_small("cnn-l0.5")
+    assert conv_equivalence(cnn, image, "stages.1.0.conv1").max_abs_diff < EQUIVALENCE_TOL
+    assert conv_equivalence(load_small("cnn-l0.5"), image, "stages.2.0.conv2").max_abs_output > 0
+    assert attention_equivalence(cnn, image, "stages.2.0.conv1").max_abs_diff < EQUIVALENCE_TOL
+    for vit in ("vit-convnn", "vit-mhsa"):
+        assert attention_equivalence(load_small(vit), image, "blocks.1.attn").max_abs_diff < EQUIVALENCE_TOL
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "occlusion"])
+def test_attribution_maps(load_small, image, method):
+    loaded = load_small("vit-convnn")
+    result = attribution_map(loaded, image, method)
+    assert result.values.shape == (32, 32) and (result.values >= 0).all() and result.values.max() > 0
+    assert result.target == next(iter(top_classes(loaded, image)))
+
+
+def test_attribution_rejects_unknown_classes_and_methods(load_small, image):
+    loaded = load_small("vit-convnn")
+    with pytest.raises(ValueError, match="not one of the model's classes"):
+        attribution_map(loaded, image, "saliency", "unicorn")
+    with pytest.raises(ValueError, match="method must be one of"):
+        attribution_map(loaded, image, "lime")

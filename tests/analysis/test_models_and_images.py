@@ -1,0 +1,115 @@
+"""Probe layers, checkpoint listing and loading, image intake and display mapping (probes/checkpoints/images)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from analysis import (
+    card_summary,
+    compute_path,
+    display_factor,
+    display_image,
+    display_to_input_px,
+    image_from_array,
+    list_checkpoints,
+    load_image,
+    load_model,
+    model_input,
+    query_neighbors,
+    top_classes,
+)
+from convnn import CheckpointError
+from tests.small_models import REPO_ROOT
+
+
+def test_resnet_probe_layers_in_forward_order_with_their_grids(load_small):
+    probes = load_small("cnn-l0.5").probes
+    assert [p.name for p in probes] == ["stages.0.0.conv1", "stages.0.0.conv2", "stages.0.1.0", "stages.1.0.conv1",
+                                        "stages.1.0.conv2", "stages.1.1.0", "stages.2.0.conv1", "stages.2.0.conv2"]
+    assert [p.height for p in probes] == [32, 32, 32, 16, 16, 16, 8, 8]
+    assert {(p.kind, p.record_name is not None, p.num_neighbors) for p in probes} == {("hybrid", True, 9)}
+
+
+def test_vit_probe_layers_are_the_attention_blocks(load_small):
+    for name, mixer in (("vit-convnn", "convnn"), ("vit-mhsa", "mhsa")):
+        probes = load_small(name).probes
+        assert [p.name for p in probes] == ["blocks.0.attn", "blocks.1.attn"]
+        assert {(p.kind, p.mixer, p.height, p.width, p.num_prefix_tokens, p.num_heads) for p in probes} == {
+            ("attention", mixer, 8, 8, 1, 2)}
+
+
+def test_listing_and_cards(checkpoint_dir):
+    listed = list_checkpoints(checkpoint_dir)
+    assert [path.stem for _, path in listed] == ["cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn", "vit-mhsa"]
+    summary = card_summary(load_model(checkpoint_dir / "cnn-random.json").card)
+    assert "hybrid λ=0.5, K=9, random (r=12)" in summary and "10.00%" in summary
+    assert compute_path("cpu") == "PyTorch reference on cpu"
+
+
+def test_load_model_is_cached_and_refuses_corrupt_weights(checkpoint_dir, tmp_path):
+    assert load_model(checkpoint_dir / "cnn-l0.json") is load_model(checkpoint_dir / "cnn-l0.safetensors")
+    card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps(card))
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_model(tmp_path / "bad.json")
+    with pytest.raises(CheckpointError, match="needs both"):
+        load_model(tmp_path / "missing.json")
+
+
+def test_top_classes_equal_the_model_softmax(load_small, image):
+    loaded = load_small("vit-convnn")
+    probabilities = torch.softmax(loaded.model(model_input(image, loaded.card)), dim=1)[0]
+    top = top_classes(loaded, image)
+    values, indices = probabilities.topk(5)
+    assert list(top) == [loaded.card.classes[i] for i in indices.tolist()]
+    np.testing.assert_allclose(list(top.values()), values.detach().numpy(), rtol=1e-5)
+
+
+def test_image_intake_errors(tmp_path):
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "empty.png").write_bytes(b"")
+    Image.new("RGB", (4100, 8)).save(tmp_path / "huge.png")
+    with pytest.raises(ValueError, match="not an image that can be read"):
+        load_image(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="empty"):
+        load_image(tmp_path / "empty.png")
+    with pytest.raises(ValueError, match="up to 4096 px a side"):
+        load_image(tmp_path / "huge.png")
+    with pytest.raises(ValueError, match="empty"):
+        image_from_array(np.zeros((0, 5, 3), np.uint8))
+
+
+def test_large_images_are_downscaled_with_a_note(tmp_path):
+    Image.new("RGB", (2048, 1024), (10, 20, 30)).save(tmp_path / "wide.png")
+    image = load_image(tmp_path / "wide.png")
+    assert image.pixels.shape == (512, 1024, 3)
+    assert "downscaled from 2048×1024 to 1024×512 px" in image.note
+    assert load_image(tmp_path / "wide.png") == image_from_array(np.full((512, 1024, 3), (10, 20, 30), np.uint8))
+
+
+def test_display_mapping_round_trips_every_pixel_centre():
+    factor = display_factor(32)
+    assert factor == 8
+    for row, col in [(0, 0), (10, 20), (31, 31)]:
+        assert display_to_input_px(col * factor + 3.6, row * factor + 7.9, factor, 32, 32) == (row, col)
+    with pytest.raises(ValueError, match="outside"):
+        display_to_input_px(256, 0, factor, 32, 32)
+    shown = display_image(np.zeros((32, 32, 3), np.uint8), factor, (10, 20))
+    assert shown.shape == (256, 256, 3)
+    assert shown[78, 158:170].min() == 255  # white outline just above the query pixel's block (rows 80..87)
+
+
+@pytest.mark.parametrize("card_path", sorted((REPO_ROOT / "checkpoints").glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_checkpoints_open_and_answer_a_click(card_path, image):
+    """Every shipped checkpoint (if any) loads, predicts and shows a window around a click in every layer."""
+    loaded = load_model(card_path)
+    assert abs(sum(top_classes(loaded, image, count=len(loaded.card.classes)).values()) - 1) < 1e-4
+    for probe in loaded.probes:
+        result = query_neighbors(loaded, image, probe.name, (16, 16))
+        assert result.sets["window"].window_share == 1.0 and "layer" in result.sets

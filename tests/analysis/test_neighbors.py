@@ -1,0 +1,144 @@
+"""Neighbour sets under each rule, their pixel rectangles, overlaps and distances (analysis/neighbors.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis import RuleOptions, cell_rect_px, jaccard, query_cell, query_neighbors, rule_selection, trace_image
+from analysis.neighbors import NeighborSet, distance_stats
+from convnn.functional import pad_map, to_tokens
+from kernels.reference import aggregate_neighbors
+from tests.tolerances import FP32_EXACT
+
+
+def test_window_neighbors_of_a_16x16_layer_are_the_3x3_cells_around_the_query(load_small, image):
+    """32×32 image, 16×16 layer: pixel (10, 20) is cell (5, 10); its window is cells 4..6 × 9..11, 2×2 px each."""
+    loaded = load_small("cnn-l0.5")
+    layer = next(p for p in loaded.probes if (p.height, p.width) == (16, 16))
+    result = query_neighbors(loaded, image, layer.name, (10, 20), RuleOptions(num_neighbors=9))
+    assert result.query_cell == (5, 10)
+    window = result.sets["window"]
+    expected = [(r, c) for r in (4, 5, 6) for c in (9, 10, 11)]  # raster order = Conv1D tap order
+    assert [tuple(cell) for cell in window.cells.tolist()] == expected
+    rects = [cell_rect_px(layer, r, c) for r, c in expected]
+    assert rects[0] == (8, 18, 10, 20)  # (top, left, bottom, right), bottom/right exclusive
+    assert rects[4] == (10, 20, 12, 22)  # the query's own cell holds pixel (10, 20)
+    assert rects[8] == (12, 22, 14, 24)
+    assert window.mean_distance == pytest.approx((4 + 4 * math.sqrt(2)) / 9)
+    assert window.window_share == 1.0
+
+
+def test_window_at_the_border_includes_padding_cells(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    layer = loaded.probes[0]  # 32×32
+    cells = query_neighbors(loaded, image, layer.name, (0, 0), RuleOptions(num_neighbors=9)).sets["window"].cells
+    assert [tuple(c) for c in cells.tolist()][:4] == [(-1, -1), (-1, 0), (-1, 1), (0, -1)]
+    assert cell_rect_px(layer, -1, -1) == (-1, -1, 0, 0)
+
+
+def test_layer_selection_equals_the_all_rule_for_an_exhaustive_layer(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    for probe in loaded.probes:
+        layer_sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions())
+        all_sel = rule_selection(loaded, image, probe.name, "all", RuleOptions())
+        np.testing.assert_array_equal(layer_sel.cells, all_sel.cells)
+        grid = np.stack(np.divmod(np.arange(probe.height * probe.width), probe.width), axis=-1)
+        np.testing.assert_array_equal(layer_sel.cells[:, 0], grid)  # the query itself is rank 0
+
+
+def test_recorded_selection_reaggregated_equals_the_layer_output(load_small, image):
+    """What the recorder says the layer used, gathered and aggregated again, is the layer's own output."""
+    loaded = load_small("cnn-random")
+    trace = trace_image(loaded, image)
+    for probe in loaded.probes:
+        knn = loaded.model.get_submodule(probe.name).knn
+        x, record = trace.inputs[probe.name], trace.records[probe.name]
+        values = to_tokens(pad_map(x, record.padding))
+        out = aggregate_neighbors(values, record.topk_idx, None, knn.weight, knn.bias, knn.groups)
+        torch.testing.assert_close(out.view_as(knn(x)), knn(x), **FP32_EXACT)
+
+
+def test_random_rule_reproduces_the_layer_with_its_seed_and_candidates(load_small, image):
+    loaded = load_small("cnn-random")  # r = 12, seed 0
+    probe = loaded.probes[3]
+    random_sel = rule_selection(loaded, image, probe.name, "random", RuleOptions())
+    layer_sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions())
+    np.testing.assert_array_equal(random_sel.cells, layer_sel.cells)
+    candidates = {tuple(c) for c in random_sel.candidates.tolist()}
+    assert len(candidates) == 12
+    for query, cells in enumerate(random_sel.cells.tolist()):
+        query_rc = divmod(query, probe.width)
+        assert tuple(cells[0]) == query_rc
+        assert {tuple(c) for c in cells[1:]} <= candidates | {query_rc}
+    other = rule_selection(loaded, image, probe.name, "random", RuleOptions(seed=1))
+    assert {tuple(c) for c in other.candidates.tolist()} != candidates
+
+
+def test_blend_alpha_zero_is_the_window(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    probe = loaded.probes[3]
+    blend = rule_selection(loaded, image, probe.name, "blend", RuleOptions(num_neighbors=9, blend_alpha=0.0))
+    window = rule_selection(loaded, image, probe.name, "window", RuleOptions(num_neighbors=9))
+    assert all({tuple(c) for c in b} == {tuple(c) for c in w}
+               for b, w in zip(blend.cells.tolist(), window.cells.tolist(), strict=True))
+
+
+def test_conv_only_layer_uses_its_whole_window(load_small, image):
+    loaded = load_small("cnn-l0")
+    result = query_neighbors(loaded, image, loaded.probes[4].name, (17, 9))
+    assert result.overlaps[("window", "layer")] == 1.0
+
+
+def test_vit_patches_map_to_4x4_pixel_cells_and_cls_is_flagged(load_small, image):
+    loaded = load_small("vit-convnn")
+    probe = loaded.probes[0]
+    assert (probe.height, probe.width, probe.num_prefix_tokens) == (8, 8, 1)
+    assert query_cell(probe, 10, 21) == (2, 5)
+    assert cell_rect_px(probe, 2, 5) == (8, 20, 12, 24)
+    trace = trace_image(loaded, image)
+    for head in range(probe.num_heads):
+        sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions(head=head))
+        recorded = trace.records[probe.name].topk_idx[0, head, 1:].numpy()  # patch queries, CLS row dropped
+        tokens = np.where(sel.is_prefix, 0, sel.cells[..., 0] * 8 + sel.cells[..., 1] + 1)
+        np.testing.assert_array_equal(tokens, recorded)
+
+
+def test_jaccard_on_constructed_sets():
+    assert jaccard({(0, 0), (0, 1)}, {(0, 1), (1, 1)}) == pytest.approx(1 / 3)
+    assert jaccard({(0, 0)}, {(0, 0)}) == 1.0
+    assert jaccard({(0, 0)}, {(5, 5)}) == 0.0
+    a = NeighborSet("all", np.array([[0, 0], [-1, -1]]), np.array([False, True]), np.zeros(2), 0.0, 1.0)
+    b = NeighborSet("all", np.array([[0, 0], [1, 1]]), np.array([False, False]), np.zeros(2), 0.0, 1.0)
+    assert a.keys() == {(0, 0), "CLS"}
+    assert jaccard(a.keys(), b.keys()) == pytest.approx(1 / 3)
+
+
+def test_distance_stats_leave_cls_out_of_the_distance():
+    cells = np.array([[[2, 2], [2, 5], [-1, -1]]])
+    mean, share = distance_stats(cells, np.array([[False, False, True]]), np.array([[2, 2]]), 3)
+    assert mean[0] == pytest.approx(1.5)  # (0 + 3) / 2
+    assert share[0] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (RuleOptions(num_neighbors=300), "K (neighbours per query) must be in [1, 256]"),
+    (RuleOptions(num_neighbors=9, window_size=4), "R must be odd"),
+    (RuleOptions(num_neighbors=9, window_size=1), "R² ≥ K = 9"),
+    (RuleOptions(num_neighbors=16, num_candidates=8), "r (random candidates) must be in [K = 16"),
+    (RuleOptions(blend_alpha=1.5), "blend α must be in [0, 1]"),
+    (RuleOptions(head=1), "head must be in [0, 0]"),
+])
+def test_impossible_options_raise_clear_errors(load_small, image, options, message):
+    loaded = load_small("cnn-l0.5")
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        query_neighbors(loaded, image, loaded.probes[3].name, (3, 3), options)
+
+
+def test_query_outside_the_image_is_refused(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    with pytest.raises(ValueError, match="outside the 32×32"):
+        query_neighbors(loaded, image, loaded.probes[0].name, (32, 0))

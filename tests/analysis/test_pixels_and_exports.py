@@ -1,0 +1,56 @@
+"""Input-level view, JSON/PNG exports and figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from analysis import (
+    image_from_array,
+    model_view,
+    neighbors_to_dict,
+    overlay_png,
+    pixel_neighbors,
+    query_neighbors,
+)
+from analysis.figures import neighbor_panel
+
+
+def test_pixels_like_this_one_stay_in_the_same_colour_region():
+    pixels = np.zeros((20, 20, 3), np.uint8)
+    pixels[:, :10] = (200, 30, 30)  # red left half
+    pixels[:, 10:] = (30, 30, 200)  # blue right half
+    pixels[5, 3] = (250, 0, 0)  # the reddest pixel: the query
+    result = pixel_neighbors(image_from_array(pixels), (5, 3), num_neighbors=25)
+    assert result.like.sum() == 25 and result.like[:, 10:].sum() == 0
+    assert result.near.sum() == 25 and result.near[3:8, 1:6].all()
+    assert result.window_size == 5
+
+
+def test_input_level_view_refuses_impossible_k():
+    image = image_from_array(np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"K must be in \[1, 16\]"):
+        pixel_neighbors(image, (0, 0), num_neighbors=17)
+
+
+def test_exports_describe_the_overlay(load_small, image):
+    loaded = load_small("cnn-random")
+    result = query_neighbors(loaded, image, "stages.1.0.conv1", (10, 20))
+    data = json.loads(json.dumps(neighbors_to_dict(result)))
+    assert data["query"] == {"row_px": 10, "col_px": 20, "row": 5, "col": 10}
+    assert set(data["rules"]) == {"window", "all", "random", "blend", "layer"}
+    first = data["rules"]["window"]["neighbors"][0]
+    assert first == {"rank": 0, "row": 4, "col": 9, "is_cls": False, "rect_px": [8, 18, 10, 20],
+                     "similarity": pytest.approx(first["similarity"])}
+    assert len(data["rules"]["random"]["candidates"]) == 12
+    png = overlay_png(model_view(image, 32), result)
+    assert png.mode == "RGB" and png.width > 5 * 320 and png.height > 320
+
+
+def test_neighbor_panel_draws_every_neighbour(load_small, image):
+    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.2.0.conv1", (16, 16))
+    fig = neighbor_panel(model_view(image, 32), result, ("window", "all"))
+    assert len(fig.layout.shapes) == 2 * (9 + 2)  # K outlines + the query's two outlines, per panel
+    assert fig.layout.height == 380

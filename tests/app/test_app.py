@@ -1,0 +1,126 @@
+"""The app's handlers (called directly), its API through gradio_client, and one click in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import analysis as an
+
+CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
+NO_OVERRIDES = dict(k=0, window=0, candidates=0, seed=0, alpha=0.5, head=0)
+
+
+def click(x_px: float, y_px: float) -> gr.SelectData:
+    """What Gradio passes to a ``.select`` handler for a click at display pixel (x, y)."""
+    return gr.SelectData(None, {"index": [x_px, y_px], "value": None})
+
+
+def test_click_handler_returns_the_window_around_the_clicked_cell(explorer, checkpoint_dir, example_image):
+    checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
+    row_px, col_px = explorer.on_click(checkpoint, click(20 * 8 + 4, 10 * 8 + 4))  # display is 8× upscaled
+    assert (row_px, col_px) == (10, 20)
+    shown, _, stats, data, files = explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, row_px, col_px,
+                                                         **NO_OVERRIDES)
+    assert data["query"]["row"] == 5 and data["query"]["col"] == 10
+    window = [(n["row"], n["col"]) for n in data["rules"]["window"]["neighbors"]]
+    assert window == [(r, c) for r in (4, 5, 6) for c in (9, 10, 11)]
+    assert data["rules"]["window"]["neighbors"][4]["rect_px"] == [10, 20, 12, 22]
+    assert shown.shape == (256, 256, 3) and "Jaccard" in stats
+    assert json.loads(Path(files[1]).read_text())["query"] == data["query"]
+    assert Image.open(files[0]).width > 1000
+
+
+def test_bad_images_give_clear_messages(explorer, checkpoint_dir, tmp_path):
+    checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
+    (tmp_path / "notes.png").write_text("this is text, not a picture")
+    (tmp_path / "empty.png").write_bytes(b"")
+    Image.new("RGB", (5000, 10)).save(tmp_path / "huge.png")
+    for name, message in [("notes.png", "not an image that can be read"), ("empty.png", "empty"),
+                          ("huge.png", "up to 4096 px a side")]:
+        with pytest.raises(gr.Error, match=message):
+            explorer.on_image(checkpoint, str(tmp_path / name))
+        with pytest.raises(gr.Error, match=message):  # the upload button refuses it before it replaces the image
+            explorer.on_image_upload(str(tmp_path / name))
+    with pytest.raises(gr.Error, match="Pick an example or upload an image first"):
+        explorer.on_image(checkpoint, None)
+
+
+def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_dir, example_image, tmp_path):
+    card = tmp_path / "mine.json"
+    shutil.copyfile(checkpoint_dir / "cnn-l0.json", card)
+    (tmp_path / "mine.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(gr.Error, match="sha256"):
+        explorer.on_checkpoint_upload([str(card), str(tmp_path / "mine.safetensors")], [])
+    with pytest.raises(gr.Error, match="upload exactly two files"):
+        explorer.on_checkpoint_upload([str(card)], [])
+    with pytest.raises(gr.Error, match="unknown checkpoint"):
+        explorer.on_model("/etc/some.json")
+    with pytest.raises(gr.Error, match="Choose a model first"):
+        explorer.on_model(None)
+    checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
+    with pytest.raises(gr.Error, match=r"K \(neighbours per query\) must be in \[1, 256\]"):
+        explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "k": 999})
+
+
+def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
+    update, uploads = explorer.on_checkpoint_upload(
+        [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")], [])
+    assert update["value"] == uploads[0] and ("uploaded: vit-mhsa", uploads[0]) in update["choices"]
+    card, layers, head = explorer.on_model(uploads[0])
+    assert "MHSA" in card and layers["value"] == "blocks.0.attn" and head["visible"]
+
+
+def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
+    checkpoint = str(checkpoint_dir / "vit-mhsa.json")
+    heat, _, _, note = explorer.on_weights(checkpoint, str(example_image), "blocks.0.attn", 5, 5, 0)
+    assert heat is None and "no rank-slot kernel" in note
+    figure, note = explorer.on_mix(checkpoint, str(example_image), "blocks.0.attn", 5, 5)
+    assert figure is None and "not a hybrid layer" in note
+
+
+def test_app_starts_and_predicts_through_gradio_client(app_url, checkpoint_dir, example_image):
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    checkpoint = str(checkpoint_dir / "vit-convnn.json")
+    _, label = client.predict(checkpoint, handle_file(str(example_image)), api_name="/predict")
+    loaded = an.load_model(checkpoint)
+    with torch.no_grad():
+        probabilities = torch.softmax(loaded.model(an.model_input(an.load_image(example_image), loaded.card)), 1)[0]
+    values, indices = probabilities.topk(5)
+    assert label["label"] == loaded.card.classes[int(indices[0])]
+    got = {c["label"]: c["confidence"] for c in label["confidences"]}
+    expected = {loaded.card.classes[i]: v for i, v in zip(indices.tolist(), values.tolist(), strict=True)}
+    assert list(got) == list(expected)
+    np.testing.assert_allclose(list(got.values()), list(expected.values()), rtol=1e-5)
+
+
+@pytest.mark.browser
+def test_clicking_the_image_updates_the_overlay(app_url):
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("needs /usr/bin/chromium (apt-get install -y chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--disable-quic", "--no-first-run"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=args)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(app_url)
+        title = page.locator("#neighbor_plot .gtitle")
+        expect(title).to_contain_text("cell (8, 8)", timeout=60_000)  # the default query, pixel (16, 16)
+        image = page.locator("#query_image img")
+        scale = image.bounding_box()["width"] / image.evaluate("img => img.naturalWidth")
+        image.click(position={"x": (20 * 8 + 4) * scale, "y": (10 * 8 + 4) * scale})  # pixel (10, 20)
+        expect(title).to_contain_text("cell (5, 10)", timeout=30_000)
+        expect(page.locator("#row_px input")).to_have_value("10")
+        expect(page.locator("#col_px input")).to_have_value("20")
+        browser.close()
