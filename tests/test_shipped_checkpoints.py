@@ -1,0 +1,42 @@
+"""The checkpoints shipped in checkpoints/: they load, their cards are complete, and they classify the samples."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from convnn import load_checkpoint
+from convnn.data import preprocess_image
+from tests.conftest import ROOT
+
+CARDS = sorted((ROOT / "checkpoints").glob("*.json"))
+SAMPLES = sorted((ROOT / "examples").glob("*_[01].png"))  # CIFAR-10 test images, 2 per class, named CLASS_i.png
+CARD_FIELDS = {"epochs", "seed", "train_time_s", "hardware", "date", "versions"}
+MAX_CHECKPOINT_BYTES = 3_000_000
+MAX_TOTAL_BYTES = 20_000_000
+
+
+def test_checkpoints_are_shipped_and_small():
+    assert {card.stem for card in CARDS} >= {"cnn-l0", "cnn-l0.5"}
+    sizes = [card.with_suffix(".safetensors").stat().st_size for card in CARDS]
+    assert max(sizes) <= MAX_CHECKPOINT_BYTES and sum(sizes) <= MAX_TOTAL_BYTES
+
+
+@pytest.mark.parametrize("card_path", CARDS, ids=[c.stem for c in CARDS])
+def test_shipped_checkpoint_classifies_at_least_17_of_the_20_samples(card_path: Path):
+    model, card = load_checkpoint(card_path)
+    assert CARD_FIELDS <= card.training.keys() and card.data["train_sha256"] and card.metrics["test_top1"] > 0
+    images = torch.cat([preprocess_image(Image.open(path), card.input_size, tuple(card.mean), tuple(card.std))
+                        for path in SAMPLES])
+    truth = torch.tensor([card.classes.index(path.stem.rsplit("_", 1)[0]) for path in SAMPLES])
+    with torch.no_grad():
+        predicted = model(images).argmax(1)
+    assert len(SAMPLES) == 20 and (predicted == truth).sum() >= 17
+
+
+@pytest.mark.parametrize("name", ["cnn-l0", "cnn-l0.5"])
+def test_the_hybrid_pair_reaches_90_percent_on_cifar10_test(name):
+    card = json.loads((ROOT / "checkpoints" / f"{name}.json").read_text())
+    assert card["metrics"]["test_top1"] >= 90.0 and card["data"]["test"] == 10_000
