@@ -14,13 +14,13 @@ import os
 import torch
 from torch import Tensor
 
-from .reference import SIMILARITIES, WEIGHTINGS, KnnResult, knn_aggregate_reference
+from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments
+from .reference import KnnResult, knn_aggregate_reference
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "fused_supports", "knn_aggregate", "resolve_backend", "triton_available"]
 
 BACKENDS = ("auto", "reference", "triton")
 BACKEND_ENV_VAR = "CONVNN_BACKEND"
-FUSED_SIMILARITIES = ("cosine", "dot")
 
 
 @functools.cache
@@ -38,14 +38,15 @@ def _interpreting() -> bool:
 
 
 def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, in_channels: int,
-                   out_channels: int) -> bool:
+                   out_channels: int, num_neighbors: int) -> bool:
     """Whether the fused kernel implements this configuration.
 
-    It does cosine and scaled-dot-product similarity without masks, with a standard Conv1D on one head or a
-    depthwise one (``groups = C_in = C_out = H·Dv``).
+    It does cosine and scaled-dot-product similarity without masks, K ≤ 128, with a standard Conv1D on one head or
+    a depthwise one (``groups = C_in = C_out = H·Dv``).
     """
     aggregation_ok = (groups == 1 and num_heads == 1) or groups == in_channels == out_channels
-    return similarity in FUSED_SIMILARITIES and attn_mask is None and aggregation_ok
+    return (similarity in FUSED_SIMILARITIES and attn_mask is None and aggregation_ok
+            and num_neighbors <= FUSED_MAX_NEIGHBORS)
 
 
 def resolve_backend(backend: str, device: torch.device, supported: bool = True) -> str:
@@ -78,44 +79,6 @@ def resolve_backend(backend: str, device: torch.device, supported: bool = True) 
             f"kernel implements (similarity in {FUSED_SIMILARITIES}, no attn_mask); got device={device}"
         )
     return backend
-
-
-def _check_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                     attn_mask, self_first) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, Nq, D = q.shape
-    if k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(f"k must be (B={B}, H={H}, Nk, D={D}), got {tuple(k.shape)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must be (B={B}, H={H}, Nk={k.shape[2]}, Dv), got {tuple(v.shape)}")
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    c_in = H * v.shape[3]
-    if groups < 1 or c_in % groups:
-        raise ValueError(f"groups must divide C_in = H·Dv = {c_in}, got {groups}")
-    if weight.dim() != 3 or weight.shape[1] * groups != c_in or weight.shape[2] != num_neighbors:
-        raise ValueError(
-            f"weight must be (C_out, C_in/groups={c_in // groups}, K={num_neighbors}), got {tuple(weight.shape)}"
-        )
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
-    num_keys = k.shape[2]
-    if (self_first or candidates is not None) and Nq != num_keys:
-        raise ValueError(f"self_first and candidates need Nq == Nk, got Nq={Nq}, Nk={num_keys}")
-    if candidates is not None:
-        if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
-            raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
-                             f"{tuple(candidates.shape)}")
-        num_keys = candidates.shape[1] + 1  # the query itself is always a candidate
-    if not 1 <= num_neighbors <= num_keys:
-        raise ValueError(f"num_neighbors must be in [1, number of candidates={num_keys}], got {num_neighbors}")
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
 
 
 def knn_aggregate(
@@ -167,10 +130,10 @@ def knn_aggregate(
     Raises:
         ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
     """
-    _check_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                     attn_mask, self_first)
-    supported = (fused_supports(similarity, attn_mask, groups, q.shape[1], q.shape[1] * v.shape[3], weight.shape[0])
-                 and v.dtype != torch.float64)
+    check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
+                        candidates, attn_mask, self_first)
+    supported = (fused_supports(similarity, attn_mask, groups, q.shape[1], q.shape[1] * v.shape[3], weight.shape[0],
+                                num_neighbors) and v.dtype != torch.float64)
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
                    groups=groups, candidates=candidates, self_first=self_first)
     if resolve_backend(backend, q.device, supported) == "triton":

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments
 from .reference import KnnResult
 
 __all__ = ["knn_aggregate_triton"]
@@ -62,8 +63,6 @@ _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))  # the ranking score of a forced (self_first) candidate
 _FEW_ENTRIES = tl.constexpr(8)  # a tile with at most this many new entries per row is inserted row-max by row-max
 
-MAX_NEIGHBORS = 128  # K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 accumulator in registers
-_SIMILARITIES = ("cosine", "dot")
 _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
@@ -633,53 +632,28 @@ def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.de
 
 def _check_inputs(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
                   self_first) -> None:
+    """The shared argument checks, then what only this kernel restricts: device, dtype, aggregation, K, size."""
+    check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
+                        candidates, None, self_first)
     if q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device={q.device}")
-    for name, x in (("k", k), ("v", v), ("weight", weight)) + ((("bias", bias),) if bias is not None else ()):
-        if x.device != q.device:
+    tensors = (("k", k), ("v", v), ("weight", weight), ("bias", bias), ("candidates", candidates))
+    for name, x in tensors:
+        if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on {q.device}, got {x.device}")
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one dtype in {_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, Nq, D = q.shape
-    Nk, Dv = k.shape[2], v.shape[3]
-    if k.shape != (B, H, Nk, D) or v.shape[:3] != (B, H, Nk):
-        raise ValueError(f"k must be (B, H, Nk, D) and v (B, H, Nk, Dv) matching q {tuple(q.shape)}, "
-                         f"got {tuple(k.shape)}, {tuple(v.shape)}")
-    if min(B, H, Nq, Nk, D, Dv) < 1:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if similarity not in _SIMILARITIES:
-        raise ValueError(f"similarity must be one of {_SIMILARITIES} on the Triton kernel, got {similarity!r}")
-    if weighting not in _WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {tuple(_WEIGHTINGS)}, got {weighting!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if groups == 1:
-        if H != 1:
-            raise ValueError(f"groups=1 (standard Conv1D) needs one head, got H={H}")
-        if weight.dim() != 3 or weight.shape[1:] != (Dv, num_neighbors):
-            raise ValueError(f"weight must be (C_out, Dv={Dv}, K={num_neighbors}), got {tuple(weight.shape)}")
-    elif groups == H * Dv:
-        if weight.shape != (H * Dv, 1, num_neighbors):
-            raise ValueError(f"weight must be (H·Dv={H * Dv}, 1, K={num_neighbors}), got {tuple(weight.shape)}")
-    else:
-        raise ValueError(f"groups must be 1 or H·Dv={H * Dv} (depthwise) on the Triton kernel, got {groups}")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
-    if (self_first or candidates is not None) and Nq != Nk:
-        raise ValueError(f"self_first and candidates need Nq == Nk, got Nq={Nq}, Nk={Nk}")
-    num_cols = Nk
-    if candidates is not None:
-        if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
-            raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
-                             f"{tuple(candidates.shape)}")
-        if candidates.device != q.device:
-            raise ValueError(f"candidates must be on {q.device}, got {candidates.device}")
-        num_cols = candidates.shape[1] + 1
-    if not 1 <= num_neighbors <= min(num_cols, MAX_NEIGHBORS):
-        raise ValueError(f"num_neighbors must be in [1, min(candidates={num_cols}, {MAX_NEIGHBORS})], "
-                         f"got {num_neighbors}")
+    if similarity not in FUSED_SIMILARITIES:
+        raise ValueError(f"similarity must be one of {FUSED_SIMILARITIES} on the Triton kernel, got {similarity!r}")
+    B, H, Nq, _ = q.shape
+    Dv = v.shape[3]
+    if groups == 1 and H != 1:
+        raise ValueError(f"groups=1 (standard Conv1D) needs one head on the Triton kernel, got H={H}")
+    if groups not in (1, H * Dv) or (groups > 1 and weight.shape[0] != H * Dv):
+        raise ValueError(f"groups must be 1 or H·Dv={H * Dv} with C_out = H·Dv (depthwise) on the Triton kernel, "
+                         f"got groups={groups}, C_out={weight.shape[0]}")
+    if num_neighbors > FUSED_MAX_NEIGHBORS:
+        raise ValueError(f"num_neighbors must be ≤ {FUSED_MAX_NEIGHBORS} on the Triton kernel, got {num_neighbors}")
     if max(q.numel(), k.numel(), v.numel(), B * H * Nq * num_neighbors) >= 2**31:
         raise ValueError("inputs with 2**31 or more elements are not supported by the Triton kernel")
 

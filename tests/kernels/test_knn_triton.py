@@ -357,7 +357,7 @@ def test_invalid_arguments_raise_value_error(change, message):
 def test_standard_conv1d_with_several_heads_raises():
     q = k = v = torch.randn(1, 2, 50, 8, device=DEVICE)
     with pytest.raises(ValueError, match="one head"):
-        knn_aggregate_triton(q, k, v, torch.randn(4, 8, 9, device=DEVICE), num_neighbors=9, groups=1)
+        knn_aggregate_triton(q, k, v, torch.randn(4, 16, 9, device=DEVICE), num_neighbors=9, groups=1)
 
 
 def test_mixed_dtypes_raise():

@@ -1,0 +1,54 @@
+"""Argument checks shared by the reference dispatch and the fused kernel's launcher (STYLE §6)."""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import SIMILARITIES, WEIGHTINGS
+
+FUSED_SIMILARITIES = ("cosine", "dot")  # what the fused kernel scores with
+FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 top-K accumulator in registers
+
+def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
+                        candidates, attn_mask, self_first) -> None:
+    """Raise ``ValueError`` for arguments of :func:`kernels.knn_aggregate` that no backend can run.
+
+    Checks ranks and shapes (q, k, v, weight, bias, candidates), the option names, ``temperature > 0``, that
+    ``groups`` divides C_in = H·Dv, and ``1 ≤ K ≤`` the number of candidates; the message names the argument.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, Nq, D = q.shape
+    if min(*q.shape, *k.shape, *v.shape) < 1:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k must be (B={B}, H={H}, Nk, D={D}), got {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be (B={B}, H={H}, Nk={k.shape[2]}, Dv), got {tuple(v.shape)}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    c_in = H * v.shape[3]
+    if groups < 1 or c_in % groups:
+        raise ValueError(f"groups must divide C_in = H·Dv = {c_in}, got {groups}")
+    if weight.dim() != 3 or weight.shape[1] * groups != c_in or weight.shape[2] != num_neighbors:
+        raise ValueError(
+            f"weight must be (C_out, C_in/groups={c_in // groups}, K={num_neighbors}), got {tuple(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
+    num_keys = k.shape[2]
+    if (self_first or candidates is not None) and Nq != num_keys:
+        raise ValueError(f"self_first and candidates need Nq == Nk, got Nq={Nq}, Nk={num_keys}")
+    if candidates is not None:
+        if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
+            raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
+                             f"{tuple(candidates.shape)}")
+        num_keys = candidates.shape[1] + 1  # the query itself is always a candidate
+    if not 1 <= num_neighbors <= num_keys:
+        raise ValueError(f"num_neighbors must be in [1, number of candidates={num_keys}], got {num_neighbors}")
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
