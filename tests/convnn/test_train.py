@@ -65,3 +65,24 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert learning_rate(9, 100, 10, peak) == pytest.approx(peak)
     assert learning_rate(55, 100, 10, peak) == pytest.approx(peak / 2)
     assert learning_rate(100, 100, 10, peak) == pytest.approx(0.0)
+
+
+def test_imagefolder_data_trains_and_evaluates(tmp_path):
+    """The ImageNet layout (ROOT/train/<class>/*, ROOT/val/<class>/*) through ``--data imagefolder``."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for label in ("cat", "dog"):
+            folder = tmp_path / "data" / split / label
+            folder.mkdir(parents=True)
+            for i in range(4):
+                pixels = torch.randint(0, 256, (20, 24, 3), generator=generator, dtype=torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    config = parse_config(["--preset", "cnn-l0", "--data", "imagefolder", "--data-root", str(tmp_path / "data"),
+                           "--image-size", "16", "--batch-size", "4", "--epochs", "1", "--num-workers", "0",
+                           "--model-args", '{"widths": [8, 16], "depths": [1, 0]}', "--out", str(tmp_path)])
+    model, metrics = train(config)
+    _, card = load_checkpoint(tmp_path / "cnn-l0")
+    assert card.classes == ["cat", "dog"] and card.input_size == 16 and card.data["test"] == 8
+    assert 0.0 <= metrics["test_top1"] <= 100.0 and model.head.out_features == 2
