@@ -164,7 +164,8 @@ class Explorer:
             rows.append(f"| {figures.RULE_TITLES[rule]} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% "
                         f"| {cells} |")
         overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in result.overlaps.items())
-        stats = "\n".join(rows) + f"\n\n**Jaccard overlap:** {overlaps}"
+        stats = "\n".join(rows) + (f"\n\n**Jaccard overlap:** {overlaps}\n\nCells outside the map, such as (-1,-1), "
+                                   "are zero-padding positions: candidates exactly as in a zero-padded convolution.")
         factor = an.display_factor(view.shape[0])
         return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result), stats, data,
                 [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))])
