@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -24,6 +25,7 @@ from .models import create_model
 __all__ = ["CARD_VERSION", "CheckpointError", "ModelCard", "checkpoint_paths", "load_checkpoint", "save_checkpoint"]
 
 CARD_VERSION = 1
+MAX_INPUT_SIZE = 512  # pixels a side: exhaustive ConvNN layers allocate N² scores on the reference path
 
 
 class CheckpointError(ValueError):
@@ -81,7 +83,38 @@ class ModelCard:
             raise CheckpointError(f"{source}: model card has unknown fields {sorted(unknown)}")
         if data.get("format_version", CARD_VERSION) != CARD_VERSION:
             raise CheckpointError(f"{source}: card format {data['format_version']} is not {CARD_VERSION}")
-        return cls(**data)
+        card = cls(**data)
+        card.check(source)
+        return card
+
+    def check(self, source: str = "card") -> None:
+        """Raise :class:`CheckpointError` for a field of the wrong type or outside its range (named in the message)."""
+        def fail(field_name: str, expected: str) -> None:
+            value = repr(getattr(self, field_name))
+            raise CheckpointError(f"{source}: {field_name} must be {expected}, got "
+                                  f"{value if len(value) <= 80 else value[:77] + '...'}")
+
+        for name in ("name", "model"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                fail(name, "a non-empty string")
+        for name in ("model_args", "metrics", "recipe", "data", "training"):
+            if not isinstance(getattr(self, name), dict):
+                fail(name, "a JSON object")
+        if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)
+                or not all(isinstance(c, str) for c in self.classes)):
+            fail("classes", "a non-empty list of distinct class names")
+        if self.model_args.get("num_classes", len(self.classes)) != len(self.classes):
+            fail("classes", f"{self.model_args['num_classes']} names (model_args.num_classes)")
+        if isinstance(self.input_size, bool) or not isinstance(self.input_size, int) or not (
+                1 <= self.input_size <= MAX_INPUT_SIZE):
+            fail("input_size", f"an integer in [1, {MAX_INPUT_SIZE}] (pixels)")
+        for name, low in (("mean", -math.inf), ("std", 0.0)):
+            values = getattr(self, name)
+            if not isinstance(values, list) or not values or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and low < v < math.inf for v in values):
+                fail(name, "a non-empty list of finite numbers" + (" > 0" if low == 0.0 else ""))
+        if len(self.mean) != len(self.std):
+            fail("std", f"as long as mean ({len(self.mean)} channels)")
 
 
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -157,9 +190,13 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
     own = model.state_dict()
-    state = {name: t.to(own[name].dtype) if name in own else t for name, t in state.items()}
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(f"{weights_path}: weights do not fit {card.model!r} ({err})") from err
+    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+    misshaped = sorted(name for name in own.keys() & state.keys() if own[name].shape != state[name].shape)
+    if missing or unexpected or misshaped:
+        problems = [f"{len(names)} {kind} (e.g. {names[0]})"
+                    for kind, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
+                    if names]
+        raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
+                              + ", ".join(problems))
+    model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
     return model.to(device).eval(), card

@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from kernels import resolve_backend
+from kernels import BACKEND_ENV_VAR, BACKENDS, resolve_backend
 
 from .checkpoint import ModelCard, save_checkpoint
 from .data import (
@@ -54,7 +54,7 @@ from .data import (
     load_cifar10,
     synthetic_images,
 )
-from .models import create_model
+from .models import create_model, list_models
 from .presets import preset
 
 log = logging.getLogger("convnn.train")
@@ -91,6 +91,30 @@ class TrainConfig:
     num_workers: int = 8  # ImageFolder loader processes
     resume: bool = False
 
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first field outside its range (before any data is loaded)."""
+        choices = {"data": ("cifar10", "imagefolder", "synthetic"), "optimizer": ("sgd", "adamw"),
+                   "backend": BACKENDS, "save_dtype": SAVE_DTYPES, "model": tuple(list_models())}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.model_args, dict):
+            raise ValueError(f"model_args must be a JSON object, got {self.model_args!r}")
+        ranges = {"epochs": (1, math.inf), "batch_size": (1, math.inf), "seed": (0, 2**32 - 1),
+                  "image_size": (1, 4096), "num_classes": (1, math.inf), "num_workers": (0, math.inf),
+                  "subset": (1, math.inf), "max_steps": (1, math.inf), "lr": (0, math.inf),
+                  "weight_decay": (0, math.inf), "momentum": (0, 1), "warmup_epochs": (0, math.inf),
+                  "label_smoothing": (0, 1), "mixup_alpha": (0, math.inf)}
+        for name, (low, high) in ranges.items():
+            value = getattr(self, name)
+            if value is not None and not low <= value <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+        if self.lr == 0 or self.label_smoothing == 1:
+            raise ValueError(f"lr must be > 0 and label_smoothing < 1, got {self.lr}, {self.label_smoothing}")
+
+
+SAVE_DTYPES = ("float16", "bfloat16", "float32")
+
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Defaults ← ``--preset`` ← ``--config`` JSON ← explicit flags."""
@@ -112,18 +136,31 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     if args.preset:
         values.setdefault("name", args.preset)
     if args.config:
-        values.update(json.loads(Path(args.config).read_text()))
+        try:
+            loaded = json.loads(Path(args.config).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            parser.error(f"--config {args.config}: {err}")
+        if not isinstance(loaded, dict):
+            parser.error(f"--config {args.config}: must hold a JSON object of TrainConfig fields")
+        values.update(loaded)
     for f in dataclasses.fields(TrainConfig):
         given = getattr(args, f.name)
         if given is None:
             continue
+        if f.name == "model_args" and not isinstance(given, dict):
+            parser.error(f"--model-args must be a JSON object, got {given!r}")
         values[f.name] = {**values.get("model_args", {}), **given} if f.name == "model_args" else given
     unknown = values.keys() - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
         parser.error(f"unknown config fields {sorted(unknown)}")
     if args.name is None and args.seed is not None and "name" in values:
         values["name"] = f"{values['name']}-s{args.seed}"  # one file per seed of the same preset
-    return TrainConfig(**values)
+    config = TrainConfig(**values)
+    try:
+        config.check()
+    except ValueError as err:
+        parser.error(str(err))
+    return config
 
 
 def learning_rate(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
@@ -213,7 +250,7 @@ def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: i
                 DeviceLoader(test_x, test_y, min(1000, per_rank * 2), device, False, rank, world_size),
                 list(CIFAR10_CLASSES), CIFAR10_MEAN, CIFAR10_STD, 32, data)
     if config.data == "synthetic":
-        count = config.subset or 512
+        count = 512 if config.subset is None else config.subset
         train_x, train_y = synthetic_images(count, config.num_classes, config.image_size, config.seed)
         test_x, test_y = synthetic_images(count, config.num_classes, config.image_size, config.seed + 1)
         classes = [f"class {c}" for c in range(config.num_classes)]
@@ -232,13 +269,82 @@ def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: i
     raise ValueError(f"data must be 'cifar10', 'imagefolder' or 'synthetic', got {config.data!r}")
 
 
+@dataclass
+class _Run:
+    """What the epochs of one run share: model, optimiser, data, schedule and where to write."""
+
+    config: TrainConfig
+    model: nn.Module  # unwrapped
+    ddp_model: nn.Module  # what the forward goes through (DDP wrapper or the model itself)
+    optimizer: torch.optim.Optimizer
+    train_loader: DeviceLoader | FolderLoader
+    test_loader: DeviceLoader | FolderLoader
+    num_classes: int
+    device: torch.device
+    amp: bool
+    is_main: bool
+    mix_generator: torch.Generator
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.train_loader)
+
+    def steps_planned(self) -> int:
+        total = self.config.epochs * self.steps_per_epoch
+        return total if self.config.max_steps is None else min(total, self.config.max_steps)
+
+
+def train_epoch(run: _Run, epoch: int) -> tuple[float, float, int]:
+    """One pass over the training data; returns (mean loss over ranks, last learning rate, steps taken)."""
+    config, step = run.config, epoch * run.steps_per_epoch
+    total_steps = config.epochs * run.steps_per_epoch
+    warmup_steps = int(config.warmup_epochs * run.steps_per_epoch)
+    run.ddp_model.train()
+    run.train_loader.set_epoch(epoch)
+    loss_sum, lr, taken = torch.zeros((), device=run.device), config.lr, 0
+    bar = tqdm(run.train_loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not run.is_main, leave=False)
+    for images, labels in bar:
+        if step + taken >= run.steps_planned():
+            break
+        lr = learning_rate(step + taken, total_steps, warmup_steps, config.lr)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        images, targets = mix_batch(images, labels, run.num_classes, config.mixup_alpha, config.label_smoothing,
+                                    run.mix_generator)
+        with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+            logits = run.ddp_model(images)
+        loss = F.cross_entropy(logits.float(), targets)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.optimizer.step()
+        loss_sum += loss.detach()
+        taken += 1
+    if dist.is_initialized():
+        dist.all_reduce(loss_sum)
+        loss_sum /= dist.get_world_size()
+    return loss_sum.item() / max(taken, 1), lr, taken
+
+
+def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> tuple[nn.Module, dict]:
+    model_args = {**config.model_args, "num_classes": num_classes}
+    try:
+        return create_model(config.model, **model_args).to(device), model_args
+    except TypeError as err:  # an argument the constructor does not take
+        raise ValueError(f"model_args do not fit {config.model!r}: {err}") from err
+
+
 def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
-    """Run the whole training described by ``config``.
+    """Run the whole training described by ``config`` (checked first with :meth:`TrainConfig.check`).
 
     Returns:
         tuple[nn.Module, dict[str, float]]: this rank's trained model (unwrapped from DDP) and the final test
         metrics (``test_top1`` in percent, ``test_loss``).
+
+    Raises:
+        ValueError: a configuration field outside its range, a batch larger than the data, or model arguments the
+            model does not take.
     """
+    config.check()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if config.batch_size % world_size:
@@ -249,86 +355,58 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN pick the fastest algorithms
-    os.environ.setdefault("CONVNN_BACKEND", config.backend)
-    is_main = rank == 0
+    if config.backend != "auto":  # an explicit --backend wins over $CONVNN_BACKEND
+        os.environ[BACKEND_ENV_VAR] = config.backend
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    amp = config.amp and device.type == "cuda"
     out = Path(config.out)
     try:
         train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
-        model_args = {**config.model_args, "num_classes": len(classes)}
-        model = create_model(config.model, **model_args).to(device)
-        ddp_model = DistributedDataParallel(model) if world_size > 1 else model
-        optimizer = make_optimizer(model, config)
-        steps_per_epoch = len(train_loader)
-        total_steps = config.epochs * steps_per_epoch
-        warmup_steps = int(config.warmup_epochs * steps_per_epoch)
-        start_epoch, elapsed = 0, 0.0
-        resume_path = out / f"{config.name}.resume.pt"
+        if len(train_loader) == 0:
+            raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images")
+        model, model_args = _build_model(config, len(classes), device)
+        run = _Run(config, model, DistributedDataParallel(model) if world_size > 1 else model,
+                   make_optimizer(model, config), train_loader, test_loader, len(classes), device,
+                   config.amp and device.type == "cuda", rank == 0,
+                   torch.Generator().manual_seed(config.seed * 7919 + rank))
+        epochs_done, elapsed = 0, 0.0
+        resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
         if config.resume and resume_path.is_file():
             state = torch.load(resume_path, map_location=device, weights_only=True)
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch, elapsed = state["epoch"], state["elapsed"]
-        mix_generator = torch.Generator().manual_seed(config.seed * 7919 + rank)
-        log_path = out / f"{config.name}.log.jsonl"
-        if is_main:
+            run.optimizer.load_state_dict(state["optimizer"])
+            epochs_done, elapsed = state["epoch"], state["elapsed"]
+        if run.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            if start_epoch == 0:
+            if epochs_done == 0:
                 log_path.write_text("")
-            num_params = sum(p.numel() for p in model.parameters())
-            log.info("%s: %s (%d parameters) on %s", config.name, config.model, num_params,
-                     _hardware(device, world_size))
+            log.info("%s: %s (%d parameters) on %s, from epoch %d", config.name, config.model,
+                     sum(p.numel() for p in model.parameters()), _hardware(device, world_size), epochs_done + 1)
         metrics: dict[str, float] = {}
-        step = start_epoch * steps_per_epoch
-        for epoch in range(start_epoch, config.epochs):
-            ddp_model.train()
-            train_loader.set_epoch(epoch)
+        while epochs_done < config.epochs and epochs_done * run.steps_per_epoch < run.steps_planned():
             started = time.perf_counter()
-            loss_sum = torch.zeros((), device=device)
-            bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not is_main, leave=False)
-            for images, labels in bar:
-                lr = learning_rate(step, total_steps, warmup_steps, config.lr)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                images, targets = mix_batch(images, labels, len(classes), config.mixup_alpha,
-                                            config.label_smoothing, mix_generator)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                    logits = ddp_model(images)
-                loss = F.cross_entropy(logits.float(), targets)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += loss.detach()
-                step += 1
-                if config.max_steps is not None and step >= config.max_steps:
-                    break
-            num_batches = max(1, step - epoch * steps_per_epoch)
+            train_loss, lr, steps = train_epoch(run, epochs_done)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             epoch_time = time.perf_counter() - started
             elapsed += epoch_time
-            metrics = evaluate(ddp_model, test_loader, device, amp)
-            if dist.is_initialized():
-                dist.all_reduce(loss_sum)
-                loss_sum /= world_size
-            if is_main:
-                row = {"epoch": epoch + 1, "train_loss": loss_sum.item() / num_batches, **metrics, "lr": lr,
-                       "epoch_time_s": epoch_time, "images_per_s": num_batches * config.batch_size / epoch_time}
+            epochs_done += 1
+            metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+            if run.is_main:
+                row = {"epoch": epochs_done, "train_loss": train_loss, **metrics, "lr": lr, "epoch_time_s": epoch_time,
+                       "images_per_s": steps * config.batch_size / epoch_time}
                 with log_path.open("a") as file:
                     file.write(json.dumps(row) + "\n")
-                log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epoch + 1, config.epochs,
-                         row["train_loss"], metrics["test_top1"], epoch_time)
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
-                            "elapsed": elapsed}, resume_path)
-            if config.max_steps is not None and step >= config.max_steps:
-                break
-        if is_main:
+                log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epochs_done, config.epochs,
+                         train_loss, metrics["test_top1"], epoch_time)
+                torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                            "epoch": epochs_done, "elapsed": elapsed}, resume_path)
+        if not metrics:  # resumed after the last epoch: report the finished model
+            metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+        if run.is_main:
             card = ModelCard(
-                name=config.name, model=config.model, model_args=model_args,
-                classes=classes, input_size=input_size, mean=list(mean), std=list(std), metrics=metrics,
-                recipe=dataclasses.asdict(config), data=data,
-                training={"epochs": epoch + 1, "seed": config.seed, "train_time_s": round(elapsed, 1),
+                name=config.name, model=config.model, model_args=model_args, classes=classes, input_size=input_size,
+                mean=list(mean), std=list(std), metrics=metrics, recipe=dataclasses.asdict(config), data=data,
+                training={"epochs": epochs_done, "seed": config.seed, "train_time_s": round(elapsed, 1),
                           "hardware": _hardware(device, world_size), "world_size": world_size,
                           "versions": _versions(), "date": datetime.date.today().isoformat(),
                           "backend": resolve_backend("auto", device)})

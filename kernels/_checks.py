@@ -21,6 +21,9 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
     B, H, Nq, D = q.shape
     if min(*q.shape, *k.shape, *v.shape) < 1:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("weight", weight)):
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"k must be (B={B}, H={H}, Nk, D={D}), got {tuple(k.shape)}")
     if v.shape[:3] != k.shape[:3]:
@@ -47,8 +50,17 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
         if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
             raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
                              f"{tuple(candidates.shape)}")
+        if candidates.numel() and (candidates.min() < 0 or candidates.max() >= num_keys):
+            raise ValueError(f"candidates must be key indices in [0, Nk={num_keys}), got values in "
+                             f"[{int(candidates.min())}, {int(candidates.max())}]")
         num_keys = candidates.shape[1] + 1  # the query itself is always a candidate
     if not 1 <= num_neighbors <= num_keys:
         raise ValueError(f"num_neighbors must be in [1, number of candidates={num_keys}], got {num_neighbors}")
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool:
+            raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (B, H, Nq, k.shape[2]))
+        except RuntimeError as err:
+            raise ValueError(f"attn_mask must broadcast to (B, H, Nq, Nk) = {(B, H, Nq, k.shape[2])}, "
+                             f"got {tuple(attn_mask.shape)}") from err

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..functional import sample_candidates
-from ._validation import check_choice
+from ._validation import SEED_RANGE, check_choice, check_int
 
 CANDIDATE_SAMPLINGS = ("batch", "sample")
 
@@ -25,6 +25,7 @@ class CandidateSampler:
 
     def __init__(self, num_candidates: int | None, candidate_sampling: str, seed: int) -> None:
         check_choice("candidate_sampling", candidate_sampling, CANDIDATE_SAMPLINGS)
+        check_int("seed", seed, *SEED_RANGE)
         self.num_candidates, self.candidate_sampling, self.seed = num_candidates, candidate_sampling, seed
         self._generator = torch.Generator().manual_seed(seed)
 

@@ -1,5 +1,13 @@
 """Argument checks shared by the layer constructors (STYLE §6: the message names the argument and the range)."""
 
+from __future__ import annotations
+
+import math
+
+import torch
+
+SEED_RANGE = (0, 2**63 - 1)  # what torch.Generator.manual_seed accepts without wrapping
+
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
@@ -9,5 +17,24 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def check_ratio(name: str, value: float) -> None:
     """Raise ``ValueError`` unless ``0 ≤ value ≤ 1``."""
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+def check_int(name: str, value, low: int, high: float = math.inf) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer (not a bool or float) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        bound = "∞" if high == math.inf else str(high)
+        raise ValueError(f"{name} must be an integer in [{low}, {bound}], got {value!r}")
+
+
+def check_positive(name: str, value) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_floating_input(x: torch.Tensor) -> None:
+    """Raise ``ValueError`` for integer or boolean inputs (their products would silently truncate)."""
+    if not x.is_floating_point():
+        raise ValueError(f"input must be a floating-point tensor, got {x.dtype}")

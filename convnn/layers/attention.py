@@ -11,7 +11,7 @@ from kernels.dispatch import BACKENDS
 
 from ..recording import _Recordable
 from ._sampling import CandidateSampler
-from ._validation import check_choice
+from ._validation import check_choice, check_floating_input, check_int, check_positive
 
 __all__ = ["ATTENTIONS", "ConvNNAttention", "KVTAttention", "MultiheadSelfAttention", "create_attention"]
 
@@ -38,8 +38,10 @@ class MultiheadSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, proj_bias: bool = True, device=None,
                  dtype=None) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"dim={dim} must be a positive multiple of num_heads, got num_heads={num_heads}")
+        check_int("dim", dim, 1)
+        check_int("num_heads", num_heads, 1)
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be a multiple of num_heads, got num_heads={num_heads}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
@@ -50,7 +52,24 @@ class MultiheadSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # b n (three h d)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # three × (B, h, N, d)
 
+    def check_input(self, x: Tensor, attn_mask: Tensor | None) -> None:
+        """Raise ``ValueError`` unless ``x`` is float (B, N, dim) and ``attn_mask`` bool, broadcast to (B, h, N, N)."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"input must be (B, N, dim={self.dim}), got {tuple(x.shape)}")
+        check_floating_input(x)
+        if attn_mask is None:
+            return
+        shape = (x.shape[0], self.num_heads, x.shape[1], x.shape[1])
+        try:
+            torch.broadcast_shapes(attn_mask.shape, shape)
+        except RuntimeError as err:
+            raise ValueError(f"attn_mask must broadcast to (B, h, N, N) = {shape}, "
+                             f"got {tuple(attn_mask.shape)}") from err
+        if attn_mask.dtype != torch.bool:
+            raise ValueError(f"attn_mask must be bool (True = allowed), got {attn_mask.dtype}")
+
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        self.check_input(x, attn_mask)
         q, k, v = self.project_qkv(x)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, h, N, d)
         return self.proj(out.transpose(1, 2).flatten(2))
@@ -103,13 +122,13 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
         check_choice("selection", selection, ATTENTION_SELECTIONS)
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
-        if num_neighbors < 1:
-            raise ValueError(f"num_neighbors must be ≥ 1, got {num_neighbors}")
-        if selection == "random" and (num_candidates is None or num_candidates < num_neighbors):
-            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
-                             f"got {num_candidates}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        check_int("num_neighbors", num_neighbors, 1)
+        if selection == "random":
+            if num_candidates is None:
+                raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
+                                 "got None")
+            check_int("num_candidates", num_candidates, num_neighbors)
+        check_positive("temperature", temperature)
         self.num_neighbors, self.selection, self.num_candidates = num_neighbors, selection, num_candidates
         self.weighting, self.temperature, self.backend = weighting, temperature, backend
         self._sampler = CandidateSampler(num_candidates if selection == "random" else None, candidate_sampling, seed)
@@ -120,6 +139,7 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
             self.register_buffer("weight", kernel)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        self.check_input(x, attn_mask)
         B, N, _ = x.shape
         q, k, v = self.project_qkv(x)
         candidates = self._sampler(N, B, x.device, self.training)

@@ -21,7 +21,7 @@ from ..functional import (
 )
 from ..recording import _Recordable
 from ._sampling import CandidateSampler
-from ._validation import check_choice, check_ratio
+from ._validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
 
 __all__ = ["ConvNN2d"]
 
@@ -118,26 +118,28 @@ class ConvNN2d(_Recordable):
         check_choice("similarity", similarity, SIMILARITIES)
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
-        if in_channels < 1 or out_channels < 1:
-            raise ValueError(f"in_channels and out_channels must be ≥ 1, got {in_channels}, {out_channels}")
-        if num_neighbors < 1:
-            raise ValueError(f"num_neighbors must be ≥ 1, got {num_neighbors}")
-        if window_size < 1 or window_size % 2 == 0:
+        check_int("in_channels", in_channels, 1)
+        check_int("out_channels", out_channels, 1)
+        check_int("num_neighbors", num_neighbors, 1)
+        check_int("window_size", window_size, 1)
+        if window_size % 2 == 0:
             raise ValueError(f"window_size must be an odd integer ≥ 1, got {window_size}")
         if selection == "window" and num_neighbors > window_size**2:
             raise ValueError(f"selection='window' needs num_neighbors ≤ window_size**2 = {window_size**2}, "
                              f"got {num_neighbors}")
-        if selection == "random" and (num_candidates is None or num_candidates < num_neighbors):
-            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
-                             f"got {num_candidates}")
+        if selection == "random":
+            if num_candidates is None:
+                raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
+                                 "got None")
+            check_int("num_candidates", num_candidates, num_neighbors)
         check_ratio("blend_alpha", blend_alpha)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if groups < 1 or in_channels % groups or out_channels % groups:
+        check_positive("temperature", temperature)
+        check_int("groups", groups, 1)
+        if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups must divide in_channels={in_channels} and out_channels={out_channels}, "
                              f"got {groups}")
-        if qk_dim is not None and qk_dim < 1:
-            raise ValueError(f"qk_dim must be ≥ 1 or None, got {qk_dim}")
+        if qk_dim is not None:
+            check_int("qk_dim", qk_dim, 1)
         factory = {"device": device, "dtype": dtype}
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_neighbors, self.selection, self.similarity = num_neighbors, selection, similarity
@@ -197,6 +199,7 @@ class ConvNN2d(_Recordable):
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"input must be (B, C_in={self.in_channels}, H, W), got {tuple(x.shape)}")
+        check_floating_input(x)
         B, _, H, W = x.shape
         N = H * W
         q_map, k_map = self.query_key_features(x)

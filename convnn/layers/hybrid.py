@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_ratio
+from ._validation import check_int, check_ratio
 from .convnn2d import ConvNN2d
 
 __all__ = ["HybridConvNN2d"]
@@ -61,15 +59,18 @@ class HybridConvNN2d(nn.Module):
     ) -> None:
         super().__init__()
         check_ratio("branch_ratio", branch_ratio)
-        if kernel_size < 1 or kernel_size % 2 == 0:
+        check_int("in_channels", in_channels, 1)
+        check_int("out_channels", out_channels, 1)
+        check_int("kernel_size", kernel_size, 1)
+        if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be an odd integer ≥ 1, got {kernel_size}")
-        inspect.signature(ConvNN2d).bind(in_channels, out_channels, **convnn_options)  # TypeError on a typo
         factory = {"device": device, "dtype": dtype}
         self.in_channels, self.out_channels, self.branch_ratio = in_channels, out_channels, branch_ratio
         self.knn_channels = round(branch_ratio * out_channels)
         self.conv_channels = out_channels - self.knn_channels
-        self.knn = (ConvNN2d(in_channels, self.knn_channels, bias=bias, **factory, **convnn_options)
-                    if self.knn_channels else None)
+        # Built even at λ = 0 (then with one channel, discarded) so that invalid options raise either way.
+        knn = ConvNN2d(in_channels, max(self.knn_channels, 1), bias=bias, **factory, **convnn_options)
+        self.knn = knn if self.knn_channels else None
         self.conv = (nn.Conv2d(in_channels, self.conv_channels, kernel_size, padding=kernel_size // 2, bias=bias,
                                **factory) if self.conv_channels else None)
         self.mix = nn.Conv2d(out_channels, out_channels, 1, **factory)

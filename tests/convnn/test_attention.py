@@ -103,3 +103,16 @@ def test_attention_configuration_errors(kwargs, message):
 def test_more_neighbors_than_tokens_raises():
     with pytest.raises(ValueError, match="num_neighbors"):
         ConvNNAttention(16, 4, num_neighbors=20)(torch.randn(1, 10, 16))
+
+
+@pytest.mark.parametrize("cls", [MultiheadSelfAttention, ConvNNAttention])
+@pytest.mark.parametrize("shape, mask_shape, message", [
+    ((10, 16), None, "dim=16"),
+    ((1, 10, 8), None, "dim=16"),
+    ((1, 10, 16), (3, 3), "attn_mask"),
+])
+def test_attention_inputs_and_masks_of_the_wrong_shape_raise(cls, shape, mask_shape, message):
+    layer = cls(16, 4) if cls is MultiheadSelfAttention else cls(16, 4, num_neighbors=4)
+    mask = None if mask_shape is None else torch.ones(mask_shape, dtype=torch.bool)
+    with pytest.raises(ValueError, match=message):
+        layer(torch.randn(shape), attn_mask=mask)

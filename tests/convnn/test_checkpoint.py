@@ -86,3 +86,34 @@ def test_missing_or_non_json_files_are_refused(saved, tmp_path):
     path.with_suffix(".json").write_text("{broken")
     with pytest.raises(CheckpointError, match="JSON"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("classes", ["a", "b", "c"], "classes"),
+    ("classes", ["cat"] * 10, "classes"),
+    ("metrics", [1], "metrics"),
+    ("mean", "abc", "mean"),
+    ("std", [0.0, 0.0, 0.0], "std"),
+    ("input_size", "32", "input_size"),
+    ("input_size", 100000, "input_size"),
+    ("model_args", [1], "model_args"),
+])
+def test_card_fields_of_the_wrong_type_or_range_are_refused(saved, field, value, message):
+    _, path = saved
+    card = json.loads(path.with_suffix(".json").read_text())
+    card[field] = value
+    if field == "classes":
+        card["model_args"]["num_classes"] = 10
+    path.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+def test_weights_that_do_not_fit_give_a_short_message_without_the_folder(saved):
+    _, path = saved
+    card = json.loads(path.with_suffix(".json").read_text())
+    card["model_args"]["widths"] = [8, 32]
+    path.with_suffix(".json").write_text(json.dumps(card))
+    with pytest.raises(CheckpointError, match="mis-shaped") as info:
+        load_checkpoint(path)
+    assert str(path.parent) not in str(info.value) and len(str(info.value)) < 300

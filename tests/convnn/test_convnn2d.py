@@ -171,3 +171,20 @@ def test_wrong_input_shapes_raise(shape):
 def test_more_neighbors_than_pixels_raises():
     with pytest.raises(ValueError, match="num_neighbors"):
         ConvNN2d(4, 8, num_neighbors=9)(torch.randn(1, 4, 2, 2))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_neighbors": 9.0}, "num_neighbors"),
+    ({"window_size": 3.0, "selection": "window"}, "window_size"),
+    ({"selection": "random", "num_candidates": 9.5}, "num_candidates"),
+    ({"seed": 2**70}, "seed"),
+    ({"temperature": float("nan")}, "temperature"),
+])
+def test_non_integer_and_out_of_range_arguments_name_themselves(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ConvNN2d(4, 4, **kwargs)
+
+
+def test_integer_inputs_are_refused_rather_than_truncated():
+    with pytest.raises(ValueError, match="floating-point"):
+        ConvNN2d(4, 4, selection="window")(torch.randint(0, 5, (1, 4, 5, 5)))

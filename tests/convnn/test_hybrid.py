@@ -42,3 +42,10 @@ def test_lambda_outside_unit_interval_raises(ratio):
 def test_unknown_convnn_option_raises_even_without_a_convnn_branch():
     with pytest.raises(TypeError):
         HybridConvNN2d(4, 8, branch_ratio=0.0, num_neighbours=9)
+
+
+def test_invalid_convnn_options_raise_even_without_a_convnn_branch():
+    with pytest.raises(ValueError, match="selection"):
+        HybridConvNN2d(4, 8, branch_ratio=0.0, selection="bogus")
+    with pytest.raises(ValueError, match="out_channels"):
+        HybridConvNN2d(4, 0)

@@ -86,3 +86,35 @@ def test_imagefolder_data_trains_and_evaluates(tmp_path):
     _, card = load_checkpoint(tmp_path / "cnn-l0")
     assert card.classes == ["cat", "dog"] and card.input_size == 16 and card.data["test"] == 8
     assert 0.0 <= metrics["test_top1"] <= 100.0 and model.head.out_features == 2
+
+
+def test_resuming_a_finished_run_rewrites_its_checkpoint_without_training(tmp_path):
+    args = ["--preset", "cnn-l0", "--name", "done", "--out", str(tmp_path), "--epochs", "1", *TINY]
+    _, first = train(parse_config(args))
+    _, again = train(parse_config([*args, "--resume"]))
+    rows = (tmp_path / "done.log.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and again["test_top1"] == first["test_top1"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "epochs"),
+    (["--batch-size", "0"], "batch_size"),
+    (["--save-dtype", "int8"], "save_dtype"),
+    (["--backend", "cuda"], "backend"),
+    (["--label-smoothing", "2"], "label_smoothing"),
+    (["--subset", "0"], "subset"),
+    (["--model-args", "[1, 2]"], "model-args"),
+    (["--config", "/nonexistent.json"], "config"),
+])
+def test_cli_refuses_bad_flags_before_any_work(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--preset", "cnn-l0", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_batch_larger_than_the_data_and_unknown_model_arguments_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="larger than the 128 training images"):
+        train(parse_config(["--preset", "cnn-l0", "--out", str(tmp_path), *TINY, "--batch-size", "256"]))
+    with pytest.raises(ValueError, match="model_args"):
+        train(parse_config(["--preset", "cnn-l0", "--out", str(tmp_path), *TINY,
+                            "--model-args", '{"num_neighbours": 4}']))

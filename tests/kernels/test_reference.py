@@ -68,3 +68,15 @@ def test_knn_aggregate_rejects_impossible_arguments(kwargs, message):
     weight = torch.randn(4, 4, options["num_neighbors"])
     with pytest.raises(ValueError, match=message):
         knn_aggregate(q, k, v, weight, **options)
+
+
+def test_candidate_indices_outside_the_keys_are_refused():
+    q = torch.randn(1, 1, 20, 4)
+    with pytest.raises(ValueError, match=r"candidates must be key indices in \[0, Nk=20\)"):
+        knn_aggregate(q, q, q, torch.randn(4, 4, 3), num_neighbors=3, candidates=torch.tensor([[1, 2, 999]]))
+
+
+def test_integer_values_are_refused():
+    q = torch.randn(1, 1, 20, 4)
+    with pytest.raises(ValueError, match="floating-point"):
+        knn_aggregate(q, q, q.long(), torch.randn(4, 4, 3), num_neighbors=3)
