@@ -31,6 +31,7 @@ EXAMPLES_DIR = REPO / "examples"
 WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # uploaded checkpoints and exports
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
+MAX_UPLOAD_MB = 50  # larger uploads are refused by the server before they are stored
 GUIDE = [
     "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
     "**2 · Read the prediction.** The five most probable classes for the image the model sees (32×32).",
@@ -107,12 +108,14 @@ class Explorer:
         folder = WORK_DIR / "checkpoints" / uuid.uuid4().hex
         folder.mkdir(parents=True)
         card_path = folder / cards[0].name
-        shutil.copyfile(cards[0], card_path)
-        shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
         try:
+            shutil.copyfile(cards[0], card_path)
+            shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
             self.model(str(card_path))
-        except ValueError:
-            shutil.rmtree(folder)
+        except Exception as err:  # whatever refused the checkpoint, no half-accepted upload stays behind
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(err, ValueError):  # name the user's file, not the server's upload folder
+                raise ValueError(str(err).replace(f"{folder}{os.sep}", "")) from err
             raise
         uploads = [*uploads, str(card_path)]
         return gr.update(choices=self.choices(uploads), value=str(card_path)), uploads
@@ -157,18 +160,9 @@ class Explorer:
         stem.parent.mkdir(parents=True, exist_ok=True)
         an.overlay_png(view, result).save(stem.with_suffix(".png"))
         stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
-        rows = ["| rule | mean distance (cells) | in R×R window | neighbour cells, rank order |", "|---|---|---|---|"]
-        for rule, nset in result.sets.items():
-            cells = ", ".join("CLS" if p else f"({r},{c})" for (r, c), p in zip(nset.cells, nset.is_prefix,
-                                                                                 strict=True))
-            rows.append(f"| {figures.RULE_TITLES[rule]} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% "
-                        f"| {cells} |")
-        overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in result.overlaps.items())
-        stats = "\n".join(rows) + (f"\n\n**Jaccard overlap:** {overlaps}\n\nCells outside the map, such as (-1,-1), "
-                                   "are zero-padding positions: candidates exactly as in a zero-padded convolution.")
         factor = an.display_factor(view.shape[0])
-        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result), stats, data,
-                [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))])
+        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result),
+                an.neighbors_summary(result), data, [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))])
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
@@ -287,15 +281,17 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                          allow_custom_value=True, elem_id="checkpoint")
                 card = gr.Markdown(elem_id="card")
                 checkpoint_files = gr.File(file_count="multiple", file_types=[".safetensors", ".json"],
-                                           label="…or upload your checkpoint (.safetensors + .json)")
+                                           label="…or upload your checkpoint (.safetensors + .json, "
+                                                 f"up to {MAX_UPLOAD_MB} MB)")
             with gr.Column(scale=1):
                 examples = gr.Gallery(ex.examples, columns=5, height=150, allow_preview=False, label="Examples",
                                       elem_id="examples")
                 with gr.Row():
                     image_file = gr.File(ex.examples[0] if ex.examples else None, file_types=["image"],
-                                         label="Image (pick an example or upload)", elem_id="image_file", scale=3)
-                    image_upload = gr.UploadButton("Upload an image", file_types=["image"], elem_id="image_upload",
-                                                   scale=1)
+                                         label=f"Image (pick an example or upload, up to {MAX_UPLOAD_MB} MB)",
+                                         elem_id="image_file", scale=3)
+                    image_upload = gr.UploadButton(f"Upload an image (≤ {MAX_UPLOAD_MB} MB)", file_types=["image"],
+                                                   elem_id="image_upload", scale=1)
                 guide.append(gr.Markdown(GUIDE[1]))
                 prediction = gr.Label(num_top_classes=5, label="Top-5 prediction", elem_id="prediction")
         guide += [gr.Markdown(GUIDE[2]), gr.Markdown(GUIDE[3])]
@@ -312,7 +308,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 with gr.Row():
                     num_neighbors = gr.Number(0, precision=0, minimum=0, label="K (0 = layer's)")
                     window_size = gr.Number(0, precision=0, minimum=0, label="window R (0 = auto)")
-                    num_candidates = gr.Number(0, precision=0, minimum=0, label="random r (0 = layer's / 32)")
+                    num_candidates = gr.Number(0, precision=0, minimum=0,
+                                               label="random r ≥ K (0 = layer's / 32; ≥ N = all)")
                     seed = gr.Number(0, precision=0, minimum=0, label="seed")
                     head = gr.Number(0, precision=0, minimum=0, label="attention head", visible=False)
                 blend_alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
@@ -412,10 +409,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False):
-    """Serve ``demo`` on 127.0.0.1:``port`` (the examples folder is served too)."""
+    """Serve ``demo`` on 127.0.0.1:``port`` (the examples folder is served too; uploads up to MAX_UPLOAD_MB)."""
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
-                       allowed_paths=[str(EXAMPLES_DIR), str(WORK_DIR)], quiet=prevent_thread_lock)
+                       allowed_paths=[str(EXAMPLES_DIR), str(WORK_DIR)], quiet=prevent_thread_lock,
+                       max_file_size=f"{MAX_UPLOAD_MB}mb")
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ are cached per (model, image) in bounded ``lru_cache``s, so repeated clicks are 
 from .attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
 from .checkpoints import LoadedModel, card_summary, compute_path, list_checkpoints, load_model
 from .equivalence import Equivalence, attention_equivalence, conv_equivalence
-from .export import neighbors_to_dict, overlay_png
+from .export import neighbors_summary, neighbors_to_dict, overlay_png
 from .images import (
     InputImage,
     display_factor,
@@ -78,6 +78,7 @@ __all__ = [
     "model_input",
     "model_view",
     "neighbor_contributions",
+    "neighbors_summary",
     "neighbors_to_dict",
     "overlay_png",
     "pixel_neighbors",

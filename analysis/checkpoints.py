@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,8 @@ __all__ = [
     "list_checkpoints",
     "load_model",
 ]
+
+logger = logging.getLogger(__name__)
 
 _MODEL_CACHE_SIZE = 4  # loaded models kept in memory (a CIFAR ResNet or ViT is 5–10 MB of fp32 weights)
 
@@ -71,14 +75,16 @@ class LoadedModel:
 
 
 def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
-    """The checkpoints in ``folder``: each ``*.json`` card with a ``.safetensors`` file next to it.
+    """The checkpoints in ``folder``: each readable ``*.json`` card with a ``.safetensors`` file next to it.
+
+    A card that cannot be read (not JSON, not UTF-8, not a valid model card, an unreadable file) is skipped with a
+    logged warning, so one bad file never hides the others.
 
     Args:
         folder (str or Path): folder to scan (not recursive); a missing folder holds no checkpoints.
 
     Returns:
-        list[tuple[str, Path]]: ``(label, card path)`` sorted by name; the label is :func:`card_summary`'s first
-        line, or ``"name (unreadable card)"`` for a card that is not valid JSON.
+        list[tuple[str, Path]]: ``(label, card path)`` sorted by name; the label is :func:`card_summary`'s first line.
     """
     found = []
     for card_path in sorted(Path(folder).glob("*.json"), key=lambda p: p.stem):
@@ -86,43 +92,54 @@ def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
         if not weights_path.is_file():
             continue
         try:
-            card = ModelCard.from_dict(json.loads(card_path.read_text()), str(card_path))
-            label = card_summary(card).splitlines()[0]
-        except (CheckpointError, json.JSONDecodeError, UnicodeDecodeError):
-            label = f"{card_path.stem} (unreadable card)"
-        found.append((label, card_path))
+            card = ModelCard.from_dict(json.loads(card_path.read_text(encoding="utf-8")), card_path.name)
+        except (CheckpointError, json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+            logger.warning("skipping checkpoint %s: %s", card_path.name, err)
+            continue
+        found.append((card_summary(card).splitlines()[0], card_path))
     return found
+
+
+def _accuracy_text(value: object) -> str:
+    """A recorded accuracy in percent as text: ``"93.10%"``, ``"n/a"`` when not a finite number, or "not recorded"."""
+    if value is None:
+        return "not recorded"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.2f}%"
 
 
 def card_summary(card: ModelCard) -> str:
     """A short human description of a card: name, architecture, λ, K, selection and test accuracy.
 
+    Fields of an unexpected type are shown as missing (e.g. ``metrics`` that is not a JSON object) and a test
+    accuracy that is not a finite number as "n/a", so any card that loads can be described.
+
     Returns:
         str: one title line, then one line per fact (plain text, no markup).
     """
-    args = card.model_args
-    if card.model.startswith("convnn_vit"):
-        mixer = args.get("attention", "mhsa")
+    args = card.model_args if isinstance(card.model_args, dict) else {}
+    metrics = card.metrics if isinstance(card.metrics, dict) else {}
+    if str(card.model).startswith("convnn_vit"):
+        mixer = str(args.get("attention", "mhsa"))
         arch = f"ViT, {mixer.upper() if mixer != 'convnn' else 'ConvNN-attention'}"
         knn = "" if mixer == "mhsa" else f", K={args.get('num_neighbors', 16)}"
     else:
         arch = f"ResNet, hybrid λ={args.get('branch_ratio', 0.5)}"
         knn = "" if args.get("branch_ratio", 0.5) == 0 else f", K={args.get('num_neighbors', 9)}"
-    selection = args.get("selection", "all")
+    selection = str(args.get("selection", "all"))
     if selection == "random":
         selection += f" (r={args.get('num_candidates')})"
     elif selection == "blend":
         selection += f" (α={args.get('blend_alpha', 0.5)})"
-    accuracy = card.metrics.get("test_top1")
-    accuracy_text = f"{accuracy:.2f}%" if isinstance(accuracy, int | float) else "not recorded"
     title = f"{card.name}: {arch}{knn}" + ("" if knn == "" else f", {selection}")
     return "\n".join([
         title,
-        f"architecture: {card.model} {json.dumps(args, sort_keys=True)}",
+        f"architecture: {card.model} {json.dumps(args, sort_keys=True, default=str)}",
         f"λ (ConvNN share of channels): {args.get('branch_ratio', '—')}",
         f"K (neighbours per query): {args.get('num_neighbors', '—') if knn else '—'}",
         f"selection: {selection if knn else '—'}",
-        f"test accuracy (top-1): {accuracy_text}",
+        f"test accuracy (top-1): {_accuracy_text(metrics.get('test_top1'))}",
         f"input: {card.input_size}×{card.input_size} px, {len(card.classes)} classes",
     ])
 

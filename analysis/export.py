@@ -1,4 +1,4 @@
-"""Exports of a query's neighbours: a JSON-ready dict and a PNG overlay rendered with PIL.
+"""Exports of a query's neighbours: a JSON-ready dict, a Markdown summary and a PNG overlay rendered with PIL.
 
 Plotly's own PNG export needs Kaleido and a browser, which an offline install may lack; the overlay PNG is drawn
 here instead, pixel for pixel, with the same rank colours as :func:`analysis.figures.rank_colors`.
@@ -16,11 +16,12 @@ from .figures import RULE_TITLES, rank_colors
 from .images import upscale_nearest
 from .neighbors import QueryNeighbors, cell_rect_px
 
-__all__ = ["neighbors_to_dict", "overlay_png"]
+__all__ = ["MAX_LISTED_CELLS", "neighbors_summary", "neighbors_to_dict", "overlay_png"]
 
 _PNG_PANEL_PX = 320  # side of one panel of the PNG overlay (the image is upscaled by an integer factor to about it)
 _CAPTION_PX = 22  # height of the caption strip above each panel
 _PANEL_GAP_PX = 8
+MAX_LISTED_CELLS = 32  # neighbour cells listed per rule in the summary (all of them are in the JSON export)
 
 
 def neighbors_to_dict(neighbors: QueryNeighbors) -> dict:
@@ -55,6 +56,35 @@ def neighbors_to_dict(neighbors: QueryNeighbors) -> dict:
         "rules": rules,
         "jaccard": {f"{a}|{b}": value for (a, b), value in neighbors.overlaps.items()},
     }
+
+
+def neighbors_summary(neighbors: QueryNeighbors) -> str:
+    """The query's neighbours as Markdown: a table of rules, the Jaccard overlaps and notes on what is shown.
+
+    Returns:
+        str: per rule the mean distance (cells), the share in the R×R window and the first :data:`MAX_LISTED_CELLS`
+        cells in rank order; the overlaps; a note when r ≥ N made the random rule the all rule; and what cells
+        outside the grid are (zero padding of a map, or, for a ViT, padding the layer itself cannot select).
+    """
+    rows = ["| rule | mean distance (cells) | in R×R window | neighbour cells, rank order |", "|---|---|---|---|"]
+    for rule, nset in neighbors.sets.items():
+        cells = ["CLS" if p else f"({r},{c})" for (r, c), p in zip(nset.cells, nset.is_prefix, strict=True)]
+        more = len(cells) - MAX_LISTED_CELLS
+        listed = ", ".join(cells[:MAX_LISTED_CELLS]) + (f", … {more} more (in the JSON export)" if more > 0 else "")
+        rows.append(f"| {RULE_TITLES[rule]} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% | {listed} |")
+    overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in neighbors.overlaps.items())
+    notes = [f"**Jaccard overlap:** {overlaps}"]
+    if neighbors.random_uses_all_tokens:
+        notes.append(f"r = {neighbors.options.num_candidates} ≥ N = {neighbors.layer.num_tokens} tokens: the random "
+                     "rule draws every token, so it equals the all-tokens rule (METHOD §3).")
+    if neighbors.layer.kind == "attention":
+        notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
+                     "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "
+                     "select (the all-tokens rule and the layer's own selection never contain them).")
+    else:
+        notes.append("Cells outside the map, such as (-1,-1), are zero-padding positions: candidates exactly as in a "
+                     "zero-padded convolution.")
+    return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
 
 def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image.Image:

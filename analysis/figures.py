@@ -17,6 +17,7 @@ from .neighbors import NeighborSet, QueryNeighbors, cell_rect_px
 from .probes import ProbeLayer
 
 __all__ = [
+    "MAX_LABELLED_RANKS",
     "OKABE_ITO",
     "PANEL_HEIGHT",
     "attribution_figure",
@@ -36,6 +37,7 @@ OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "
 RULE_TITLES = {"window": "window (convolution)", "all": "all tokens (attention)", "random": "random candidates",
                "blend": "blend", "layer": "what the layer used"}
 _MIN_LABELLED_CELL_PX = 2  # rank numbers are written inside cells at least this many image pixels wide
+MAX_LABELLED_RANKS = 32  # above this K, ranks are shown by colour and on hover only (numbers would overlap)
 
 
 def rank_colors(num_neighbors: int) -> list[str]:
@@ -56,34 +58,50 @@ def _image_axes(fig: go.Figure, size: int, margin: float, row: int = 1, col: int
                      row=row, col=col)
 
 
-def _add_neighbors(fig: go.Figure, probe: ProbeLayer, nset: NeighborSet, query_cell: tuple[int, int], row: int,
-                   col: int) -> None:
-    """Outline the random candidates (faint), the K neighbours (rank colours) and the query (white/black)."""
+def _axis_refs(col: int) -> dict:
+    """``xref``/``yref`` of the subplot in column ``col`` of a one-row :func:`make_subplots` figure."""
+    suffix = "" if col == 1 else str(col)
+    return dict(xref=f"x{suffix}", yref=f"y{suffix}")
+
+
+def _neighbor_overlay(probe: ProbeLayer, nset: NeighborSet, query_cell: tuple[int, int], col: int
+                      ) -> tuple[list[dict], go.Scatter]:
+    """Outlines of the random candidates (faint), the K neighbours (rank colours) and the query (white/black).
+
+    Returns the outlines as layout shape dicts for subplot ``col`` (the caller assigns all panels' shapes at once:
+    adding shapes one by one is quadratic in Plotly) and one trace marking each neighbour, with its rank as text
+    when K ≤ :data:`MAX_LABELLED_RANKS` and the cells are big enough, else as a hover label only.
+    """
+    refs = _axis_refs(col)
+    shapes = []
     if nset.candidates is not None:
-        for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True):
-            if not prefix:
-                fig.add_shape(type="rect", **_cell_box(probe, r, c), line=dict(color="rgba(255,255,255,0.55)",
-                              width=1, dash="dot"), row=row, col=col)
+        faint = dict(color="rgba(255,255,255,0.55)", width=1, dash="dot")
+        shapes += [dict(type="rect", **_cell_box(probe, r, c), **refs, line=faint)
+                   for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True) if not prefix]
     colors = rank_colors(len(nset.cells))
-    cell_px = probe.input_size / probe.height
     ranks, xs, ys, hover = [], [], [], []
     for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
         if prefix:
             continue
         box = _cell_box(probe, r, c)
-        fig.add_shape(type="rect", **box, line=dict(color=colors[rank], width=2.5), row=row, col=col)
+        shapes.append(dict(type="rect", **box, **refs, line=dict(color=colors[rank], width=2.5)))
         ranks.append(rank)
         xs.append((box["x0"] + box["x1"]) / 2)
         ys.append((box["y0"] + box["y1"]) / 2)
         hover.append(f"rank {rank} · cell ({r}, {c}) · similarity {score:.3f}")
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="text" if cell_px >= _MIN_LABELLED_CELL_PX else "markers",
-                             text=[str(rank) for rank in ranks], hovertext=hover, hoverinfo="text",
-                             textfont=dict(color="white", size=11),
-                             marker=dict(size=4, color=[colors[rank] for rank in ranks]), showlegend=False),
-                  row=row, col=col)
     query_box = _cell_box(probe, *query_cell)
-    fig.add_shape(type="rect", **query_box, line=dict(color="white", width=4), row=row, col=col)
-    fig.add_shape(type="rect", **query_box, line=dict(color="black", width=1.5), row=row, col=col)
+    shapes += [dict(type="rect", **query_box, **refs, line=dict(color="white", width=4)),
+               dict(type="rect", **query_box, **refs, line=dict(color="black", width=1.5))]
+    labelled = _ranks_labelled(probe, len(nset.cells))
+    marks = go.Scatter(x=xs, y=ys, mode="text" if labelled else "markers", text=[str(rank) for rank in ranks],
+                       hovertext=hover, hoverinfo="text", textfont=dict(color="white", size=11),
+                       marker=dict(size=4, color=[colors[rank] for rank in ranks]), showlegend=False)
+    return shapes, marks
+
+
+def _ranks_labelled(probe: ProbeLayer, num_neighbors: int) -> bool:
+    """Whether rank numbers are written in the cells (few neighbours, cells wide enough to hold a number)."""
+    return num_neighbors <= MAX_LABELLED_RANKS and probe.input_size / probe.height >= _MIN_LABELLED_CELL_PX
 
 
 def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None) -> go.Figure:
@@ -99,24 +117,29 @@ def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str
         outlined white/black, neighbour cells coloured by rank (Viridis, rank 0 darkest), random candidates dotted.
     """
     rules = rules or tuple(neighbors.sets)
-    probe, size = neighbors.layer, view.shape[0]
+    probe, size, window = neighbors.layer, view.shape[0], neighbors.options.window_size
     titles = []
     for rule in rules:
         nset = neighbors.sets[rule]
         cls = "" if not nset.is_prefix.any() else f", CLS at rank {int(np.flatnonzero(nset.is_prefix)[0])}"
-        titles.append(f"{RULE_TITLES.get(rule, rule)}<br><sup>mean dist {nset.mean_distance:.2f} cells · "
-                      f"{100 * nset.window_share:.0f}% in {neighbors.options.window_size}×"
-                      f"{neighbors.options.window_size}{cls}</sup>")
+        fallback = " (r ≥ N: same as all)" if rule == "random" and neighbors.random_uses_all_tokens else ""
+        titles.append(f"{RULE_TITLES.get(rule, rule)}{fallback}<br><sup>mean dist {nset.mean_distance:.2f} cells · "
+                      f"{100 * nset.window_share:.0f}% in {window}×{window}{cls}</sup>")
     fig = make_subplots(1, len(rules), subplot_titles=titles, horizontal_spacing=0.02)
-    margin = neighbors.options.window_size // 2 * size / probe.height + 0.5
+    margin = window // 2 * size / probe.height + 0.5
+    shapes = []
     for i, rule in enumerate(rules, start=1):
         fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=i)
-        _add_neighbors(fig, probe, neighbors.sets[rule], neighbors.query_cell, 1, i)
+        panel_shapes, marks = _neighbor_overlay(probe, neighbors.sets[rule], neighbors.query_cell, i)
+        shapes += panel_shapes
+        fig.add_trace(marks, row=1, col=i)
         _image_axes(fig, size, margin, 1, i)
-    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=80, b=5), plot_bgcolor="#808080",
-                      title=dict(text=f"K={neighbors.options.num_neighbors} neighbours of cell {neighbors.query_cell} "
-                                 f"in {probe.name} ({probe.height}×{probe.width} cells, "
-                                 f"{size // probe.height} px each)", font=dict(size=14)))
+    num_neighbors = neighbors.options.num_neighbors
+    ranks = "" if _ranks_labelled(probe, num_neighbors) else " · rank by colour (hover a cell for its number)"
+    fig.update_layout(shapes=shapes, height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=80, b=5), plot_bgcolor="#808080",
+                      title=dict(text=f"K={num_neighbors} neighbours of cell {neighbors.query_cell} in {probe.name} "
+                                 f"({probe.height}×{probe.width} cells, {size // probe.height} px each){ranks}",
+                                 font=dict(size=14)))
     return fig
 
 

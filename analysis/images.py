@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
@@ -37,6 +37,8 @@ __all__ = [
 MAX_IMAGE_SIDE_PX = 4096  # larger uploads are refused (a 4096² RGB image is 48 MB decoded)
 WORKING_SIDE_PX = 1024  # uploads are downscaled to at most this side on arrival (the models see 32 px anyway)
 DISPLAY_SIDE_PX = 256  # images are shown upscaled to about this side
+MAX_ASPECT_RATIO = 2.0  # longer side / shorter side beyond which the note says the model sees a squashed image
+_UINT16_TO_UINT8 = 257  # 65535 / 255: a 16-bit value → 8 bits
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +48,8 @@ class InputImage:
     Attributes:
         pixels (np.ndarray): (H, W, 3) uint8 RGB, at most :data:`WORKING_SIDE_PX` a side.
         digest (str): sha256 of the pixels and shape; the image's cache key.
-        note (str): what was done on arrival (e.g. "downscaled from 3000×2000 px"), or "".
+        note (str): what was done on arrival (e.g. "downscaled from 3000×2000 px", "a 16-bit image, reduced to
+            8 bits per pixel", a far-from-square shape), or "".
     """
 
     pixels: np.ndarray
@@ -84,15 +87,43 @@ def image_from_array(pixels: np.ndarray, note: str = "") -> InputImage:
     return _accept(image, note)
 
 
+def _to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
+    """16-bit and 32-bit int/float grey images → 8-bit grey ("L"), so ``convert("RGB")`` does not clip them white.
+
+    ``I;16*`` modes are scaled by their range (65535 → 255, ÷ :data:`_UINT16_TO_UINT8`); ``I`` and ``F`` (whose
+    range is not fixed) are stretched from their min–max to 0–255 (NaN → 0). Other modes are returned unchanged.
+    Returns the image and a note ("" when nothing was done).
+    """
+    if image.mode.startswith("I;16"):
+        values = np.asarray(image, dtype=np.float64) / _UINT16_TO_UINT8
+        note = "a 16-bit image, reduced to 8 bits per pixel"
+    elif image.mode in ("I", "F"):
+        values = np.asarray(image, dtype=np.float64)
+        finite = values[np.isfinite(values)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        scale = 255.0 / (high - low) if high > low else 0.0
+        values = np.nan_to_num((values - low) * scale, nan=0.0, posinf=255.0, neginf=0.0)
+        kind = "a 32-bit integer" if image.mode == "I" else "a floating-point"
+        note = f"{kind} image: its values {low:.4g}…{high:.4g} were stretched to 8 bits (0–255)"
+    else:
+        return image, ""
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L"), note
+
+
 def _accept(image: Image.Image, note: str = "") -> InputImage:
     width, height = image.size
     if max(width, height) > MAX_IMAGE_SIDE_PX:
         raise ValueError(f"the image is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a side are "
                          "accepted: please downscale it first")
+    image, depth_note = _to_8bit(image)
+    notes = [note, depth_note]
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        notes.append(f"the image is {width}×{height} px, far from square: the model sees it squashed to a square")
     rgb = image.convert("RGB")
     if max(width, height) > WORKING_SIDE_PX:
         rgb.thumbnail((WORKING_SIDE_PX, WORKING_SIDE_PX), Image.Resampling.LANCZOS)
-        note = "; ".join(filter(None, [note, f"downscaled from {width}×{height} to {rgb.width}×{rgb.height} px"]))
+        notes.append(f"downscaled from {width}×{height} to {rgb.width}×{rgb.height} px")
+    note = "; ".join(filter(None, notes))
     pixels = np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
     digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
     return InputImage(pixels, digest, note)
@@ -111,7 +142,7 @@ def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
                     raise ValueError(f"{path.name} is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a "
                                      "side are accepted: please downscale it first")
                 image.load()
-                return _accept(image)
+                return _accept(ImageOps.exif_transpose(image))  # upright as a photo viewer shows it
     except UnidentifiedImageError as err:
         raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, WebP, BMP, GIF…)") from err
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -127,7 +158,8 @@ def load_image(path: str | Path) -> InputImage:
         path (str or Path): the file.
 
     Returns:
-        InputImage: RGB pixels, downscaled to at most :data:`WORKING_SIDE_PX` a side (``note`` says so).
+        InputImage: RGB pixels, turned upright by the EXIF orientation, 16-bit and float images rescaled to 8 bits,
+        downscaled to at most :data:`WORKING_SIDE_PX` a side (``note`` says what was done).
 
     Raises:
         ValueError: a missing, empty, unreadable or non-image file, or one over :data:`MAX_IMAGE_SIDE_PX` a side.

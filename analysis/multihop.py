@@ -13,7 +13,7 @@ import numpy as np
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, cell_rect_px, query_cell, rule_selection
+from .neighbors import LAYER_RULE, RuleOptions, cell_rect_px, check_head, query_cell, rule_selection
 from .probes import ProbeLayer
 
 __all__ = ["ReceptiveField", "receptive_field"]
@@ -64,22 +64,24 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
         layer (str): the probe layer of hop 1.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
         num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
-        head (int): attention head whose selections are followed. Default: 0
+        head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
+            Default: 0
 
     Raises:
-        ValueError: ``num_hops`` < 1, an unknown layer or a pixel outside the image.
+        ValueError: ``num_hops`` < 1, an unknown layer, a head out of range or a pixel outside the image.
     """
     if num_hops < 1:
         raise ValueError(f"num_hops must be ≥ 1, got {num_hops}")
     names = [p.name for p in loaded.probes]
     start = names.index(loaded.probe(layer).name)
     probe = loaded.probes[start]
+    check_head(probe, head)
     frontier = _cells_to_mask(probe, np.array([query_cell(probe, *query_px)]))
     hops = np.where(frontier, 0, -1)
     layers, counts = [], [int(frontier.sum())]
     for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
         probe = loaded.probes[index]
-        sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=min(head, probe.num_heads - 1)))
+        sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
         queries = _mask_to_cells(probe, frontier)
         frontier = _cells_to_mask(probe, sel.cells[queries][~sel.is_prefix[queries]])
         hops = np.where((hops < 0) & frontier, hop, hops)

@@ -49,6 +49,7 @@ __all__ = [
     "RuleOptions",
     "Selection",
     "cell_rect_px",
+    "check_head",
     "distance_stats",
     "jaccard",
     "query_cell",
@@ -85,18 +86,30 @@ class RuleOptions:
     head: int = 0
 
 
+def check_head(probe: ProbeLayer, head: int) -> None:
+    """Check an attention head index against the layer (maps have one "head", 0).
+
+    Raises:
+        ValueError: ``head`` outside [0, num_heads − 1]; the message names the layer and the allowed range.
+    """
+    if not 0 <= head < probe.num_heads:
+        raise ValueError(f"head must be in [0, {probe.num_heads - 1}] for {probe.name} ({probe.num_heads} "
+                         f"head{'s' if probe.num_heads > 1 else ''}), got {head}")
+
+
 def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
     K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
-    r to the layer's r, else max(32, K), at most the number of other tokens.
+    r to the layer's r (else 32), raised to K. As in the layers (METHOD §3), r ≥ N (every token) makes the random
+    rule the "all" rule, so r is capped at N (:attr:`QueryNeighbors.random_uses_all_tokens`).
 
     Returns:
         RuleOptions: every field set.
 
     Raises:
-        ValueError: K outside [1, H·W], an even R or R² < K, r outside [K, N − 1], α outside [0, 1], a negative
-            seed or a head out of range; the message names the value and the allowed range.
+        ValueError: K outside [1, H·W], an even R or R² < K, r < K, α outside [0, 1], a negative seed or a head out
+            of range; the message names the value and the allowed range.
     """
     grid = probe.height * probe.width
     k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or DEFAULT_NUM_NEIGHBORS
@@ -108,19 +121,18 @@ def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
         window = probe.window_size if probe.window_size**2 >= k else 2 * math.ceil((math.sqrt(k) - 1) / 2) + 1
     if window < 1 or window % 2 == 0 or window**2 < k:
         raise ValueError(f"the window side R must be odd with R² ≥ K = {k}, got R = {window}")
-    others = probe.num_tokens - 1
     candidates = options.num_candidates
     if candidates is None:
-        candidates = min(probe.num_candidates or max(DEFAULT_NUM_CANDIDATES, k), others)
-    if not k <= candidates <= others:
-        raise ValueError(f"r (random candidates) must be in [K = {k}, {others}] for {probe.name}, got {candidates}")
+        candidates = max(probe.num_candidates or DEFAULT_NUM_CANDIDATES, k)
+    if candidates < k:
+        raise ValueError(f"r (random candidates) must be ≥ K = {k} (r ≥ N = {probe.num_tokens} uses every token of "
+                         f"{probe.name}, as the all rule), got {candidates}")
     if not 0.0 <= options.blend_alpha <= 1.0:
         raise ValueError(f"blend α must be in [0, 1], got {options.blend_alpha}")
     if options.seed < 0:
         raise ValueError(f"seed must be ≥ 0, got {options.seed}")
-    if not 0 <= options.head < probe.num_heads:
-        raise ValueError(f"head must be in [0, {probe.num_heads - 1}] for {probe.name}, got {options.head}")
-    return replace(options, num_neighbors=k, window_size=window, num_candidates=candidates)
+    check_head(probe, options.head)
+    return replace(options, num_neighbors=k, window_size=window, num_candidates=min(candidates, probe.num_tokens))
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,7 +196,7 @@ def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions,
                   num_neighbors: int) -> Selection:
     prefix, self_first = probe.num_prefix_tokens, probe.kind != "attention"
     num_tokens = q.shape[2]
-    if rule == "all":
+    if rule == "all" or options.num_candidates >= num_tokens:  # r ≥ N: every token is a candidate (METHOD §3)
         scores = similarity_scores(q[:, :, prefix:], k, similarity)  # (1, 1, H·W, N)
         self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
         _, topk_idx = select_topk(scores, num_neighbors, self_index)
@@ -335,6 +347,11 @@ class QueryNeighbors:
     query_cell: tuple[int, int]
     sets: dict[str, NeighborSet]
     overlaps: dict[tuple[str, str], float]
+
+    @property
+    def random_uses_all_tokens(self) -> bool:
+        """Whether r ≥ N, so that the random rule drew every token and equals the "all" rule (METHOD §3)."""
+        return self.options.num_candidates >= self.layer.num_tokens
 
 
 def query_cell(probe: ProbeLayer, row_px: int, col_px: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from convnn.functional import pad_map, to_tokens
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, query_cell, rule_selection
+from .neighbors import LAYER_RULE, RuleOptions, check_head, query_cell, rule_selection
 from .probes import ProbeLayer, probe_module
 from .tracing import trace_image
 
@@ -117,18 +117,20 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
         image (InputImage): the image.
         layer (str): probe layer with a ConvNN branch or k-NN attention.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
-        head (int): attention head. Default: 0
+        head (int): attention head, in [0, num_heads − 1] (0 for maps). Default: 0
 
     Returns:
         Contributions: per neighbour vectors and norms, the bias and the layer's output at the query.
 
     Raises:
-        ValueError: a layer without ConvNN selection (MHSA, conv-only hybrid), or a pixel outside the image.
+        ValueError: a layer without ConvNN selection (MHSA, conv-only hybrid), a head out of range, or a pixel
+            outside the image.
     """
     probe = loaded.probe(layer)
     if probe.record_name is None:
         raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
                          "or k-NN attention")
+    check_head(probe, head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
     trace = trace_image(loaded, image)

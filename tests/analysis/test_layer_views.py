@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from analysis import (
+    RuleOptions,
     aggregation_kernel,
     attention_equivalence,
     attribution_map,
@@ -15,6 +16,7 @@ from analysis import (
     conv_equivalence,
     neighbor_contributions,
     receptive_field,
+    rule_selection,
     selection_spectrum,
     top_classes,
 )
@@ -44,6 +46,26 @@ def test_contributions_plus_bias_equal_the_layer_output(load_small, image, name,
     contributions = neighbor_contributions(load_small(name), image, layer, (13, 7), head)
     np.testing.assert_allclose(contributions.vectors.sum(0) + contributions.bias, contributions.output, atol=1e-5)
     np.testing.assert_allclose(contributions.norms, np.linalg.norm(contributions.vectors, axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("head", [2, -1])
+def test_a_head_outside_the_layer_is_refused_by_contributions_and_multihop(load_small, image, head):
+    """vit-convnn has 2 heads: head 2 or −1 is refused with the range, never an IndexError or a silent clamp."""
+    loaded = load_small("vit-convnn")
+    message = rf"head must be in \[0, 1\] for blocks.1.attn \(2 heads\), got {head}"
+    with pytest.raises(ValueError, match=message):
+        neighbor_contributions(loaded, image, "blocks.1.attn", (13, 7), head)
+    with pytest.raises(ValueError, match=message):
+        receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=2, head=head)
+
+
+def test_multihop_follows_the_chosen_head(load_small, image):
+    loaded = load_small("vit-convnn")
+    fields = [receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=1, head=h).hops for h in (0, 1)]
+    for head, hops in enumerate(fields):
+        cells = rule_selection(loaded, image, "blocks.1.attn", "layer", RuleOptions(head=head)).cells[3 * 8 + 1]
+        expected = {(int(r), int(c)) for r, c in cells if r >= 0} - {(3, 1)}  # the query's own cell is hop 0
+        assert {(r // 4, c // 4) for r, c in zip(*np.nonzero(hops == 1), strict=True)} == expected
 
 
 def test_branch_mix_shares(load_small, image):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -51,6 +54,29 @@ def test_listing_and_cards(checkpoint_dir):
     assert compute_path("cpu") == "PyTorch reference on cpu"
 
 
+def test_listing_skips_malformed_cards_with_a_warning(checkpoint_dir, tmp_path, caplog):
+    """One bad card in the folder (wrong field type, not JSON) must not hide the good ones."""
+    shutil.copyfile(checkpoint_dir / "cnn-l0.json", tmp_path / "good.json")
+    card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps(card | {"metrics": [1]}))
+    (tmp_path / "broken.json").write_text("{not json")
+    for stem in ("good", "bad", "broken"):
+        shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / f"{stem}.safetensors")
+    with caplog.at_level(logging.WARNING, logger="analysis.checkpoints"):
+        listed = list_checkpoints(tmp_path)
+    assert listed == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
+    assert [m.split(":")[0] for m in caplog.messages] == ["skipping checkpoint bad.json",
+                                                          "skipping checkpoint broken.json"]
+
+
+def test_card_summary_tolerates_odd_metrics(checkpoint_dir):
+    card = load_model(checkpoint_dir / "cnn-l0.json").card
+    for metrics, shown in [({"test_top1": float("nan")}, "n/a"), ({"test_top1": "93%"}, "n/a"),
+                           ([1], "not recorded"), ({}, "not recorded"), ({"test_top1": 93.1}, "93.10%")]:
+        summary = card_summary(dataclasses.replace(card, metrics=metrics))
+        assert summary.splitlines()[5] == f"test accuracy (top-1): {shown}"
+
+
 def test_load_model_is_cached_and_refuses_corrupt_weights(checkpoint_dir, tmp_path):
     assert load_model(checkpoint_dir / "cnn-l0.json") is load_model(checkpoint_dir / "cnn-l0.safetensors")
     card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
@@ -91,6 +117,39 @@ def test_large_images_are_downscaled_with_a_note(tmp_path):
     assert image.pixels.shape == (512, 1024, 3)
     assert "downscaled from 2048×1024 to 1024×512 px" in image.note
     assert load_image(tmp_path / "wide.png") == image_from_array(np.full((512, 1024, 3), (10, 20, 30), np.uint8))
+
+
+def test_16_bit_and_float_images_keep_their_gradient(tmp_path):
+    """convert("RGB") clips 16-bit and float pixels to white; they are rescaled to 8 bits first."""
+    ramp = np.arange(256)
+    Image.fromarray(np.tile(ramp * 257, (128, 1)).astype(np.uint16)).save(tmp_path / "gray16.png")
+    Image.fromarray(np.tile(ramp * 4.0 + 1.0, (128, 1)).astype(np.float32), "F").save(tmp_path / "float.tiff")
+    sixteen = load_image(tmp_path / "gray16.png")
+    np.testing.assert_array_equal(sixteen.pixels, np.tile(ramp.astype(np.uint8)[None, :, None], (128, 1, 3)))
+    assert sixteen.note == "a 16-bit image, reduced to 8 bits per pixel"
+    floating = load_image(tmp_path / "float.tiff")
+    np.testing.assert_array_equal(floating.pixels, sixteen.pixels)  # 1…1021 stretched to 0…255
+    assert floating.note == "a floating-point image: its values 1…1021 were stretched to 8 bits (0–255)"
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    """EXIF orientation 6 (rotate 90° clockwise to show): a stored 64×32 image is shown 32 wide, 64 tall."""
+    stored = np.zeros((32, 64, 3), np.uint8)
+    stored[:, :32] = (255, 0, 0)  # left half red → top half once upright
+    stored[:, 32:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation tag
+    Image.fromarray(stored).save(tmp_path / "phone.jpg", exif=exif, quality=95)
+    pixels = load_image(tmp_path / "phone.jpg").pixels.astype(int)
+    assert pixels.shape == (64, 32, 3)
+    assert pixels[:28, :, 0].min() > 200 and pixels[:28, :, 2].max() < 60
+    assert pixels[36:, :, 2].min() > 200 and pixels[36:, :, 0].max() < 60
+
+
+def test_far_from_square_images_get_a_note():
+    assert image_from_array(np.zeros((3, 4096, 3), np.uint8)).note.startswith(
+        "the image is 4096×3 px, far from square: the model sees it squashed to a square")
+    assert image_from_array(np.zeros((30, 60, 3), np.uint8)).note == ""
 
 
 def test_display_mapping_round_trips_every_pixel_centre():

@@ -8,7 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import RuleOptions, cell_rect_px, jaccard, query_cell, query_neighbors, rule_selection, trace_image
+from analysis import (
+    RuleOptions,
+    cell_rect_px,
+    jaccard,
+    model_view,
+    neighbors_summary,
+    query_cell,
+    query_neighbors,
+    rule_selection,
+    trace_image,
+)
+from analysis.figures import neighbor_panel
 from analysis.neighbors import NeighborSet, distance_stats
 from convnn.functional import pad_map, to_tokens
 from kernels.reference import aggregate_neighbors
@@ -128,9 +139,11 @@ def test_distance_stats_leave_cls_out_of_the_distance():
     (RuleOptions(num_neighbors=300), "K (neighbours per query) must be in [1, 256]"),
     (RuleOptions(num_neighbors=9, window_size=4), "R must be odd"),
     (RuleOptions(num_neighbors=9, window_size=1), "R² ≥ K = 9"),
-    (RuleOptions(num_neighbors=16, num_candidates=8), "r (random candidates) must be in [K = 16"),
+    (RuleOptions(num_neighbors=16, num_candidates=8),
+     "r (random candidates) must be ≥ K = 16 (r ≥ N = 256 uses every token of stages.1.0.conv1, as the all rule), "
+     "got 8"),
     (RuleOptions(blend_alpha=1.5), "blend α must be in [0, 1]"),
-    (RuleOptions(head=1), "head must be in [0, 0]"),
+    (RuleOptions(head=1), "head must be in [0, 0] for stages.1.0.conv1 (1 head), got 1"),
 ])
 def test_impossible_options_raise_clear_errors(load_small, image, options, message):
     loaded = load_small("cnn-l0.5")
@@ -142,3 +155,38 @@ def test_query_outside_the_image_is_refused(load_small, image):
     loaded = load_small("cnn-l0.5")
     with pytest.raises(ValueError, match="outside the 32×32"):
         query_neighbors(loaded, image, loaded.probes[0].name, (32, 0))
+
+
+def test_k_equal_to_n_makes_the_random_rule_the_all_rule(load_small, image):
+    """METHOD §3: r ≥ N falls back to all. K = N = 1024 on a 32×32 map needs r = N, so random = all."""
+    loaded = load_small("cnn-l0.5")
+    result = query_neighbors(loaded, image, "stages.0.0.conv1", (16, 16), RuleOptions(num_neighbors=1024))
+    assert result.options.num_candidates == 1024 and result.random_uses_all_tokens
+    random, every = result.sets["random"], result.sets["all"]
+    np.testing.assert_array_equal(random.cells, every.cells)
+    assert random.candidates is None and len(random.keys()) == 1024
+    assert result.options.window_size == 33 and result.sets["window"].window_share == 1.0
+    assert "r = 1024 ≥ N = 1024 tokens: the random rule draws every token" in neighbors_summary(result)
+    explicit = query_neighbors(loaded, image, "stages.0.0.conv1", (16, 16), RuleOptions(num_candidates=5000))
+    assert explicit.options.num_candidates == 1024  # any r ≥ N means every token
+
+
+def test_neighbor_panel_for_k_equal_to_n_draws_every_outline_and_ranks_by_colour(load_small, image):
+    """K = N = 1024 under five rules: ~4000 outlines, assigned in one layout update (speed: bench/RESULTS.md §6)."""
+    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.0.0.conv1", (16, 16),
+                             RuleOptions(num_neighbors=1024))
+    fig = neighbor_panel(model_view(image, 32), result)
+    assert len(fig.layout.shapes) == 4 * 1024 + 9 + 5 * 2  # K outlines per rule, the layer's own K = 9, query × 2
+    assert "random candidates (r ≥ N: same as all)" in fig.layout.annotations[2].text
+    assert "hover a cell for its number" in fig.layout.title.text
+    assert [trace.mode for trace in fig.data if trace.type == "scatter"] == ["markers"] * 5  # rank by colour
+
+
+def test_neighbor_panel_with_many_random_candidates_draws_each_candidate_dotted(load_small, image):
+    """K = 200 and r = 1023 on a 32×32 map: ~1800 outlines, built in one assignment."""
+    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.0.0.conv1", (16, 16),
+                             RuleOptions(num_neighbors=200, num_candidates=1023))
+    assert result.options.num_candidates == 1023 and len(result.sets["random"].candidates) == 1023
+    fig = neighbor_panel(model_view(image, 32), result)
+    assert len(fig.layout.shapes) == 4 * 200 + 1023 + 9 + 5 * 2
+    assert sum(shape.line.dash == "dot" for shape in fig.layout.shapes) == 1023  # the random candidates, dotted

@@ -54,3 +54,5 @@ def test_neighbor_panel_draws_every_neighbour(load_small, image):
     fig = neighbor_panel(model_view(image, 32), result, ("window", "all"))
     assert len(fig.layout.shapes) == 2 * (9 + 2)  # K outlines + the query's two outlines, per panel
     assert fig.layout.height == 380
+    assert [trace.mode for trace in fig.data if trace.type == "scatter"] == ["text", "text"]  # K ≤ 32: rank numbers
+    assert fig.data[1].text == tuple(str(t) for t in range(9))

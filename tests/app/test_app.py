@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import analysis as an
+import app
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 NO_OVERRIDES = dict(k=0, window=0, candidates=0, seed=0, alpha=0.5, head=0)
@@ -70,6 +71,74 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
         explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "k": 999})
 
 
+def test_a_refused_checkpoint_upload_leaves_no_folder_behind(explorer, checkpoint_dir, tmp_path, monkeypatch):
+    """Whatever the validation raises (here an unexpected RuntimeError), the copied files are removed."""
+    monkeypatch.setattr(app, "WORK_DIR", tmp_path)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(an, "load_model", fail)
+    files = [str(checkpoint_dir / "cnn-l0.json"), str(checkpoint_dir / "cnn-l0.safetensors")]
+    with pytest.raises(RuntimeError, match="unexpected"):
+        explorer.on_checkpoint_upload(files, [])
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_a_refused_checkpoint_upload_names_the_file_not_the_server_folder(explorer, checkpoint_dir, tmp_path):
+    card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
+    (tmp_path / "mine.json").write_text(json.dumps(card | {"metrics": [1]}))
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / "mine.safetensors")
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_checkpoint_upload([str(tmp_path / "mine.json"), str(tmp_path / "mine.safetensors")], [])
+    assert refused.value.message.startswith("mine.json: metrics must be a JSON object")
+
+
+def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path):
+    """A card that cannot be read is skipped at startup; a NaN accuracy is shown as n/a, not nan%."""
+    card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
+    (tmp_path / "good.json").write_text(json.dumps(card | {"metrics": {"test_top1": float("nan")}}))
+    (tmp_path / "bad.json").write_text(json.dumps(card | {"metrics": [1]}))
+    for stem in ("good", "bad"):
+        shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / f"{stem}.safetensors")
+    explorer = app.Explorer(tmp_path, device="cpu")
+    demo = app.build_demo(explorer)
+    dropdown = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "checkpoint")
+    assert [choice[1] for choice in dropdown.choices] == [str(tmp_path / "good.json")]
+    shown, _, _ = explorer.on_model(str(tmp_path / "good.json"))
+    assert "test accuracy (top-1): n/a" in shown and "nan%" not in shown
+
+
+def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example_image):
+    checkpoint, image = str(checkpoint_dir / "vit-convnn.json"), str(example_image)
+    message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
+    with pytest.raises(gr.Error, match=message):
+        explorer.on_weights(checkpoint, image, "blocks.0.attn", 5, 5, 2)
+    with pytest.raises(gr.Error, match=message):
+        explorer.on_multihop(checkpoint, image, "blocks.0.attn", 5, 5, 2, 2)
+    with pytest.raises(gr.Error, match=message):
+        explorer.on_neighbors(checkpoint, image, "blocks.0.attn", 5, 5, **{**NO_OVERRIDES, "head": 2})
+
+
+def test_k_equal_to_n_shows_every_rule_and_explains_the_random_fallback(explorer, checkpoint_dir, example_image):
+    """K = 1024 on a 32×32 map: random needs r = N, which is the all rule (METHOD §3), instead of an error."""
+    checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
+    _, figure, stats, data, _ = explorer.on_neighbors(checkpoint, str(example_image), "stages.0.0.conv1", 16, 16,
+                                                      **{**NO_OVERRIDES, "k": 1024})
+    assert data["options"]["num_candidates"] == 1024 and len(data["rules"]["random"]["neighbors"]) == 1024
+    assert "the random rule draws every token, so it equals the all-tokens rule" in stats
+    assert "… 992 more (in the JSON export)" in stats  # 32 cells listed per rule
+    assert "(r ≥ N: same as all)" in figure.layout.annotations[2].text
+
+
+def test_vit_stats_explain_that_padding_cells_do_not_exist_there(explorer, checkpoint_dir, example_image):
+    _, _, stats, data, _ = explorer.on_neighbors(str(checkpoint_dir / "vit-convnn.json"), str(example_image),
+                                                 "blocks.0.attn", 0, 0, **NO_OVERRIDES)
+    first = data["rules"]["window"]["neighbors"][0]
+    assert (first["row"], first["col"]) == (-1, -1)  # the window at the corner reaches a padding cell
+    assert "A ViT has no zero padding" in stats and "exactly as in a zero-padded convolution" not in stats
+
+
 def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
     update, uploads = explorer.on_checkpoint_upload(
         [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")], [])
@@ -101,6 +170,15 @@ def test_app_starts_and_predicts_through_gradio_client(app_url, checkpoint_dir, 
     expected = {loaded.card.classes[i]: v for i, v in zip(indices.tolist(), values.tolist(), strict=True)}
     assert list(got) == list(expected)
     np.testing.assert_allclose(list(got.values()), list(expected.values()), rtol=1e-5)
+
+
+def test_uploads_over_the_size_limit_are_refused(app_url):
+    import httpx
+
+    too_big = b"\0" * (app.MAX_UPLOAD_MB * 1024 * 1024 + 1)
+    response = httpx.post(f"{app_url}gradio_api/upload", files={"files": ("big.png", too_big)})
+    assert response.status_code == 413
+    assert response.text == f"File size exceeded maximum allowed size of {app.MAX_UPLOAD_MB * 1024 * 1024} bytes."
 
 
 @pytest.mark.browser
