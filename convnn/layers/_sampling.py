@@ -29,6 +29,22 @@ class CandidateSampler:
         self.num_candidates, self.candidate_sampling, self.seed = num_candidates, candidate_sampling, seed
         self._generator = torch.Generator().manual_seed(seed)
 
+    @classmethod
+    def for_selection(cls, selection: str, num_candidates: int | None, num_neighbors: int, candidate_sampling: str,
+                      seed: int) -> CandidateSampler:
+        """The sampler of a layer: draws only for ``selection="random"``, which needs ``num_candidates ≥ K``.
+
+        Raises:
+            ValueError: ``selection="random"`` without an integer ``num_candidates ≥ num_neighbors``, or a bad
+                ``candidate_sampling`` or ``seed``.
+        """
+        if selection != "random":
+            return cls(None, candidate_sampling, seed)
+        if num_candidates is None:
+            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, got None")
+        check_int("num_candidates", num_candidates, num_neighbors)
+        return cls(num_candidates, candidate_sampling, seed)
+
     def __call__(self, num_tokens: int, batch_size: int, device, training: bool) -> Tensor | None:
         """(1 or B, r) int64 candidate keys, or None when every key is a candidate."""
         if self.num_candidates is None or self.num_candidates >= num_tokens:

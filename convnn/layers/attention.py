@@ -123,15 +123,11 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
         check_int("num_neighbors", num_neighbors, 1)
-        if selection == "random":
-            if num_candidates is None:
-                raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
-                                 "got None")
-            check_int("num_candidates", num_candidates, num_neighbors)
         check_positive("temperature", temperature)
         self.num_neighbors, self.selection, self.num_candidates = num_neighbors, selection, num_candidates
         self.weighting, self.temperature, self.backend = weighting, temperature, backend
-        self._sampler = CandidateSampler(num_candidates if selection == "random" else None, candidate_sampling, seed)
+        self._sampler = CandidateSampler.for_selection(selection, num_candidates, num_neighbors, candidate_sampling,
+                                                       seed)
         kernel = torch.ones(dim, 1, num_neighbors, device=device, dtype=dtype)
         if self.learnable_kernel:
             self.weight = nn.Parameter(kernel)

@@ -127,11 +127,6 @@ class ConvNN2d(_Recordable):
         if selection == "window" and num_neighbors > window_size**2:
             raise ValueError(f"selection='window' needs num_neighbors ≤ window_size**2 = {window_size**2}, "
                              f"got {num_neighbors}")
-        if selection == "random":
-            if num_candidates is None:
-                raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, "
-                                 "got None")
-            check_int("num_candidates", num_candidates, num_neighbors)
         check_ratio("blend_alpha", blend_alpha)
         check_positive("temperature", temperature)
         check_int("groups", groups, 1)
@@ -152,7 +147,8 @@ class ConvNN2d(_Recordable):
         self.k_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, num_neighbors, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self._sampler = CandidateSampler(num_candidates if selection == "random" else None, candidate_sampling, seed)
+        self._sampler = CandidateSampler.for_selection(selection, num_candidates, num_neighbors, candidate_sampling,
+                                                       seed)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
