@@ -13,7 +13,7 @@ import numpy as np
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, cell_rect_px, check_head, query_cell, rule_selection
+from .neighbors import LAYER_RULE, RuleOptions, cell_rect_px, query_cell, rule_selection
 from .probes import ProbeLayer
 
 __all__ = ["ReceptiveField", "receptive_field"]
@@ -75,7 +75,7 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
     names = [p.name for p in loaded.probes]
     start = names.index(loaded.probe(layer).name)
     probe = loaded.probes[start]
-    check_head(probe, head)
+    probe.check_head(head)
     frontier = _cells_to_mask(probe, np.array([query_cell(probe, *query_px)]))
     hops = np.where(frontier, 0, -1)
     layers, counts = [], [int(frontier.sum())]

@@ -33,8 +33,9 @@ from convnn.functional import (
     sample_candidates,
     to_tokens,
     window_indices,
+    window_size_for,
 )
-from kernels.reference import select_neighbors, select_topk, similarity_scores
+from kernels.reference import neighbor_scores, select_neighbors, select_topk, similarity_scores
 
 from .checkpoints import LoadedModel
 from .images import InputImage
@@ -49,7 +50,6 @@ __all__ = [
     "RuleOptions",
     "Selection",
     "cell_rect_px",
-    "check_head",
     "distance_stats",
     "jaccard",
     "query_cell",
@@ -86,17 +86,6 @@ class RuleOptions:
     head: int = 0
 
 
-def check_head(probe: ProbeLayer, head: int) -> None:
-    """Check an attention head index against the layer (maps have one "head", 0).
-
-    Raises:
-        ValueError: ``head`` outside [0, num_heads − 1]; the message names the layer and the allowed range.
-    """
-    if not 0 <= head < probe.num_heads:
-        raise ValueError(f"head must be in [0, {probe.num_heads - 1}] for {probe.name} ({probe.num_heads} "
-                         f"head{'s' if probe.num_heads > 1 else ''}), got {head}")
-
-
 def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
@@ -118,7 +107,7 @@ def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
                          f"of {probe.name}, got {k}")
     window = options.window_size
     if window is None:
-        window = probe.window_size if probe.window_size**2 >= k else 2 * math.ceil((math.sqrt(k) - 1) / 2) + 1
+        window = probe.window_size if probe.window_size**2 >= k else window_size_for(k)
     if window < 1 or window % 2 == 0 or window**2 < k:
         raise ValueError(f"the window side R must be odd with R² ≥ K = {k}, got R = {window}")
     candidates = options.num_candidates
@@ -131,7 +120,7 @@ def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
         raise ValueError(f"blend α must be in [0, 1], got {options.blend_alpha}")
     if options.seed < 0:
         raise ValueError(f"seed must be ≥ 0, got {options.seed}")
-    check_head(probe, options.head)
+    probe.check_head(options.head)
     return replace(options, num_neighbors=k, window_size=window, num_candidates=min(candidates, probe.num_tokens))
 
 
@@ -186,7 +175,7 @@ def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, 
         padded_idx = padded_idx[0, 0]
     else:
         padded_idx = window_indices(probe.height, probe.width, options.window_size, options.num_neighbors, q.device)
-    scores = similarity_scores(q_grid, k_padded, similarity)[0, 0].gather(1, padded_idx)
+    scores = neighbor_scores(q_grid, k_padded, padded_idx[None, None], similarity)[0, 0]
     cells = padded_to_cells(padded_idx, probe.width, pad).cpu().numpy()
     return Selection("blend" if blend else "window", cells, np.zeros(cells.shape[:2], dtype=bool),
                      scores.cpu().numpy())
@@ -199,20 +188,17 @@ def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions,
     if rule == "all" or options.num_candidates >= num_tokens:  # r ≥ N: every token is a candidate (METHOD §3)
         scores = similarity_scores(q[:, :, prefix:], k, similarity)  # (1, 1, H·W, N)
         self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
-        _, topk_idx = select_topk(scores, num_neighbors, self_index)
-        topk_idx = topk_idx[0, 0]
+        topk_scores, topk_idx = select_topk(scores, num_neighbors, self_index)
         candidates = candidate_cells = candidate_is_prefix = None
     else:  # random: r sampled keys plus the query itself (METHOD §3)
         generator = torch.Generator().manual_seed(options.seed)
         candidates = sample_candidates(num_tokens, options.num_candidates, 1, generator, q.device)
-        _, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
-                                       candidates=candidates, self_first=self_first)
-        topk_idx = topk_idx[0, 0, prefix:]
-        scores = similarity_scores(q[:, :, prefix:], k, similarity)
+        topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
+                                                 candidates=candidates, self_first=self_first)
+        topk_scores, topk_idx = topk_scores[:, :, prefix:], topk_idx[:, :, prefix:]
         candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
-    cells, is_prefix = _tokens_to_cells(topk_idx, probe)
-    return Selection(rule, cells, is_prefix, scores[0, 0].gather(1, topk_idx).cpu().numpy(), candidate_cells,
-                     candidate_is_prefix)
+    cells, is_prefix = _tokens_to_cells(topk_idx[0, 0], probe)
+    return Selection(rule, cells, is_prefix, topk_scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
 
 
 def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Selection:
@@ -220,13 +206,13 @@ def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Sel
     if probe.kind == "attention":
         idx = idx[probe.num_prefix_tokens:]
         cells, is_prefix = _tokens_to_cells(idx, probe)
-        scores = similarity_scores(q[:, :, probe.num_prefix_tokens:], k, probe.similarity)[0, 0].gather(1, idx)
+        q_grid, keys = q[:, :, probe.num_prefix_tokens:], k
     else:
         cells = padded_to_cells(idx, record.width, record.padding).cpu().numpy()
         is_prefix = np.zeros(cells.shape[:2], dtype=bool)
         q_grid, k_map = _grid_maps(probe, q, k)
-        k_keys = to_tokens(pad_map(k_map, record.padding))
-        scores = similarity_scores(q_grid, k_keys, probe.similarity)[0, 0].gather(1, idx)
+        keys = to_tokens(pad_map(k_map, record.padding))
+    scores = neighbor_scores(q_grid, keys, idx[None, None], probe.similarity)[0, 0]
     return Selection(LAYER_RULE, cells, is_prefix, scores.cpu().numpy())
 
 

@@ -12,13 +12,12 @@ position (:func:`convnn.functional.coordinate_channels`, scaled by ``position_we
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, window_indices
+from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, window_indices, window_size_for
 from kernels.reference import select_topk, similarity_scores
 
 from .images import InputImage
@@ -91,7 +90,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     scores = similarity_scores(tokens[:, :, index:index + 1], tokens, "euclidean")  # (1, 1, 1, N)
     _, like_idx = select_topk(scores, num_neighbors, torch.tensor([index]))
     like_cells = np.stack(np.divmod(like_idx[0, 0, 0].numpy(), width), axis=-1)
-    size = 2 * math.ceil((math.sqrt(num_neighbors) - 1) / 2) + 1
+    size = window_size_for(num_neighbors)
     near_cells = padded_to_cells(window_indices(height, width, size, num_neighbors)[index], width, size // 2).numpy()
     near_cells = near_cells[(near_cells >= 0).all(1) & (near_cells[:, 0] < height) & (near_cells[:, 1] < width)]
     masks, distances = [], []

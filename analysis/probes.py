@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention, NeighborRecord, record_neighbors
+from convnn.functional import to_tokens
 from convnn.layers import ConvNNAttention, KVTAttention
 
 __all__ = ["ProbeLayer", "Trace", "find_probe_layers", "layer_query_key", "probe_module", "run_trace"]
@@ -70,6 +71,12 @@ class ProbeLayer:
     def num_tokens(self) -> int:
         """Keys a feature selection can pick from: H·W plus the prefix tokens."""
         return self.height * self.width + self.num_prefix_tokens
+
+    def check_head(self, head: int) -> None:
+        """Raise ``ValueError`` unless ``head`` is in [0, num_heads − 1] (maps have one "head", 0)."""
+        if not 0 <= head < self.num_heads:
+            raise ValueError(f"head must be in [0, {self.num_heads - 1}] for {self.name} ({self.num_heads} "
+                             f"head{'s' if self.num_heads > 1 else ''}), got {head}")
 
     @property
     def label(self) -> str:
@@ -219,13 +226,11 @@ def layer_query_key(module: nn.Module, probe: ProbeLayer, x: Tensor, head: int =
     Raises:
         ValueError: ``head`` out of range.
     """
-    if not 0 <= head < probe.num_heads:
-        raise ValueError(f"head must be in [0, {probe.num_heads - 1}], got {head}")
+    probe.check_head(head)
     with torch.no_grad():
         if probe.kind == "attention":
             q, k, _ = module.project_qkv(x)  # (B, h, N, d) each
             return q[:, head:head + 1].float(), k[:, head:head + 1].float()
         knn = module.knn if probe.kind == "hybrid" else module
         q_map, k_map = (x, x) if knn is None else knn.query_key_features(x)
-        return (q_map.flatten(2).transpose(1, 2).unsqueeze(1).float(),
-                k_map.flatten(2).transpose(1, 2).unsqueeze(1).float())
+        return to_tokens(q_map).float(), to_tokens(k_map).float()

@@ -18,7 +18,7 @@ from convnn.functional import pad_map, to_tokens
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, check_head, query_cell, rule_selection
+from .neighbors import LAYER_RULE, RuleOptions, query_cell, rule_selection
 from .probes import ProbeLayer, probe_module
 from .tracing import trace_image
 
@@ -130,7 +130,7 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     if probe.record_name is None:
         raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
                          "or k-NN attention")
-    check_head(probe, head)
+    probe.check_head(head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
     trace = trace_image(loaded, image)

@@ -31,6 +31,7 @@ __all__ = [
     "spatial_scores",
     "to_tokens",
     "window_indices",
+    "window_size_for",
 ]
 
 SELECTIONS = ("all", "random", "window", "blend")
@@ -72,6 +73,11 @@ def window_indices(height: int, width: int, window_size: int, num_neighbors: int
         Tensor: (H·W, K) int64 indices into the padded grid ((H + 2p)·(W + 2p), p = R // 2).
     """
     return _window_indices_cpu(height, width, window_size, num_neighbors).to(device)
+
+
+def window_size_for(num_neighbors: int) -> int:
+    """The smallest odd window side R with R² ≥ K: the window that holds K spatial neighbours."""
+    return 2 * math.ceil((math.sqrt(num_neighbors) - 1) / 2) + 1
 
 
 def query_positions_in_padded(height: int, width: int, pad: int, device=None) -> Tensor:

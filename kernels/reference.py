@@ -36,6 +36,7 @@ __all__ = [
     "KnnResult",
     "aggregate_neighbors",
     "knn_aggregate_reference",
+    "neighbor_scores",
     "neighbor_weights",
     "select_neighbors",
     "select_topk",
@@ -90,6 +91,24 @@ def similarity_scores(q: Tensor, k: Tensor, similarity: str = "cosine") -> Tenso
         sq_q = q.square().sum(-1, keepdim=True)  # (B, H, Nq, 1)
         sq_k = k.square().sum(-1).unsqueeze(-2)  # (B, H, 1, Nk)
         return 2 * (q @ k.transpose(-1, -2)) - sq_q - sq_k
+
+
+def neighbor_scores(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str = "cosine") -> Tensor:
+    """Similarity of each query to its selected keys only, without the (Nq, Nk) matrix.
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries.
+        k (Tensor): (B, H, Nk, D) keys.
+        topk_idx (Tensor): (B, H, Nq, K) int64 key indices per query.
+        similarity (str): as in :func:`similarity_scores`. Default: ``"cosine"``
+
+    Returns:
+        Tensor: (B, H, Nq, K) scores, fp32 (fp64 for fp64 inputs), equal to
+        ``similarity_scores(q, k).gather(-1, topk_idx)``.
+    """
+    B, H, Nq, K = topk_idx.shape
+    keys = torch.gather(k, 2, topk_idx.reshape(B, H, Nq * K, 1).expand(-1, -1, -1, k.shape[-1]))
+    return similarity_scores(q.unsqueeze(-2), keys.view(B, H, Nq, K, -1), similarity).squeeze(-2)
 
 
 def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = None) -> tuple[Tensor, Tensor]:

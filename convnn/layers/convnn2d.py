@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
-from kernels.reference import aggregate_neighbors, neighbor_weights, similarity_scores
+from kernels.reference import aggregate_neighbors, neighbor_scores, neighbor_weights
 
 from ..functional import (
     SELECTIONS,
@@ -229,13 +229,11 @@ class ConvNN2d(_Recordable):
         return out.view(B, self.out_channels, H, W)
 
     def _window_weights(self, q: Tensor, k_padded: Tensor, topk_idx: Tensor) -> Tensor:
-        """ρ of the window neighbours: ones for ``"none"``/``"uniform"``-free gathers, else from their scores."""
+        """ρ of the window neighbours: ones for ``"none"``, else from their scores (no N×N matrix)."""
         if self.weighting == "none":
             return torch.ones(topk_idx.shape, device=q.device, dtype=torch.promote_types(q.dtype, torch.float32))
-        B, _, N, K = topk_idx.shape
-        k_window = torch.gather(k_padded, 2, topk_idx.reshape(B, 1, N * K, 1).expand(-1, -1, -1, k_padded.shape[-1]))
-        scores = similarity_scores(q.unsqueeze(-2), k_window.view(B, 1, N, K, -1), self.similarity)  # (B,1,N,1,K)
-        return neighbor_weights(scores.squeeze(-2), self.weighting, self.temperature)
+        scores = neighbor_scores(q, k_padded, topk_idx, self.similarity)
+        return neighbor_weights(scores, self.weighting, self.temperature)
 
     def extra_repr(self) -> str:
         defaults = {"num_neighbors": 9, "selection": "all", "similarity": "cosine", "weighting": "none",

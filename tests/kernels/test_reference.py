@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels import knn_aggregate
-from kernels.reference import knn_aggregate_reference, neighbor_weights, select_topk
+from kernels.reference import knn_aggregate_reference, neighbor_scores, neighbor_weights, select_topk, similarity_scores
 
 
 def test_select_topk_orders_by_score_and_breaks_ties_by_lower_index():
@@ -80,3 +80,12 @@ def test_integer_values_are_refused():
     q = torch.randn(1, 1, 20, 4)
     with pytest.raises(ValueError, match="floating-point"):
         knn_aggregate(q, q, q.long(), torch.randn(4, 4, 3), num_neighbors=3)
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_neighbor_scores_equal_the_gathered_score_matrix(similarity):
+    generator = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 3, 7, 5, generator=generator), torch.randn(2, 3, 9, 5, generator=generator)
+    idx = torch.randint(0, 9, (2, 3, 7, 4), generator=generator)
+    expected = similarity_scores(q, k, similarity).gather(-1, idx)
+    torch.testing.assert_close(neighbor_scores(q, k, idx, similarity), expected, rtol=1e-6, atol=1e-6)
