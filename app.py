@@ -147,22 +147,35 @@ class Explorer:
         return an.RuleOptions(int(k) or None, int(window) or None, int(candidates) or None, int(seed), float(alpha),
                               int(head))
 
-    @user_errors
-    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+    def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+        """The model, image, query pixel, :func:`analysis.query_neighbors` result and its JSON for the UI's values."""
         loaded, image = self.model(checkpoint), self.image(image_path)
         query_px = (int(row_px), int(col_px))
         result = an.query_neighbors(loaded, image, layer, query_px, self.options(k, window, candidates, seed, alpha,
                                                                                   head))
-        view = an.model_view(image, loaded.card.input_size)
         data = an.neighbors_to_dict(result) | {"checkpoint": loaded.card.name, "image_sha256": image.digest}
+        return loaded, image, query_px, result, data
+
+    @user_errors
+    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+        loaded, image, query_px, result, data = self.query(checkpoint, image_path, layer, row_px, col_px, k, window,
+                                                           candidates, seed, alpha, head)
+        view = an.model_view(image, loaded.card.input_size)
+        factor = an.display_factor(view.shape[0])
+        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result),
+                an.neighbors_summary(result), data)
+
+    @user_errors
+    def on_export(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+        """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click."""
+        loaded, image, query_px, result, data = self.query(checkpoint, image_path, layer, row_px, col_px, k, window,
+                                                           candidates, seed, alpha, head)
         name = f"{loaded.card.name}-{image.digest[:10]}-{layer}-{query_px[0]}-{query_px[1]}".replace(".", "_")
         stem = WORK_DIR / "exports" / name
         stem.parent.mkdir(parents=True, exist_ok=True)
-        an.overlay_png(view, result).save(stem.with_suffix(".png"))
+        an.overlay_png(an.model_view(image, loaded.card.input_size), result).save(stem.with_suffix(".png"))
         stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
-        factor = an.display_factor(view.shape[0])
-        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result),
-                an.neighbors_summary(result), data, [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))])
+        return [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))]
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
@@ -317,6 +330,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         neighbor_plot = gr.Plot(elem_id="neighbor_plot", label="Neighbours by rule")
         stats = gr.Markdown(elem_id="stats")
         with gr.Accordion("Export (PNG overlay, JSON of indices)", open=False):
+            export_button = gr.Button("Export this query", elem_id="export_button")
             exports = gr.File(file_count="multiple", label="Downloads", elem_id="exports")
             neighbors_data = gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data")
         guide.append(gr.Markdown(GUIDE[4]))
@@ -356,7 +370,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
         query = [checkpoint, image_file, layer, row_px, col_px]
         rule_inputs = [*query, num_neighbors, window_size, num_candidates, seed, blend_alpha, head]
-        rule_outputs = [query_image, neighbor_plot, stats, neighbors_data, exports]
+        rule_outputs = [query_image, neighbor_plot, stats, neighbors_data]
         tab_updates = [
             ("weights", ex.on_weights, [*query, head], [kernel_plot, slot_plot, contribution_plot, weights_note]),
             ("mix", ex.on_mix, query, [mix_plot, mix_note]),
@@ -387,6 +401,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         after_query(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private").then(
             ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
         after_query(neighbors_button.click(ex.on_neighbors, rule_inputs, rule_outputs, api_name="neighbors"), True)
+        export_button.click(ex.on_export, rule_inputs, exports, api_name="export")
         for control in (layer, num_neighbors, window_size, num_candidates, seed, head):
             after_query(control.change(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
         after_query(blend_alpha.release(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))

@@ -16,6 +16,7 @@ from captum.attr import IntegratedGradients, Occlusion, Saliency
 
 from .checkpoints import LoadedModel
 from .images import InputImage, model_input
+from .tracing import trace_image
 
 __all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
 
@@ -65,22 +66,20 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, got {method!r}")
     classes = loaded.card.classes
-    x = model_input(image, loaded.card).to(loaded.device)
-    with loaded.lock:
-        values, index = _attribute(loaded.model, x, method, target, classes)
-    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], index, method, GRADIENT_NOTE)
-
-
-def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, target: str | None, classes: list[str]
-               ) -> tuple[torch.Tensor, int]:
-    """(1, 3, S, S) attributions and the target index; the caller holds the model's lock."""
     if target is None:
-        with torch.no_grad():
-            index = int(model(x).argmax(1))
+        index = int(trace_image(loaded, image).logits.argmax())  # the prediction already computed for the image
     elif target in classes:
         index = classes.index(target)
     else:
         raise ValueError(f"class {target!r} is not one of the model's classes {classes}")
+    x = model_input(image, loaded.card).to(loaded.device)
+    with loaded.lock:
+        values = _attribute(loaded.model, x, method, index)
+    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], index, method, GRADIENT_NOTE)
+
+
+def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int) -> torch.Tensor:
+    """(1, 3, S, S) attributions of class ``index``; the caller holds the model's lock."""
     if method == "saliency":
         values = Saliency(model).attribute(x.requires_grad_(), target=index, abs=True)
     elif method == "integrated_gradients":
@@ -91,4 +90,4 @@ def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, target: str
             x, sliding_window_shapes=(x.shape[1], OCCLUSION_WINDOW_PX, OCCLUSION_WINDOW_PX),
             strides=(x.shape[1], OCCLUSION_STRIDE_PX, OCCLUSION_STRIDE_PX), baselines=0.0, target=index,
             perturbations_per_eval=_BATCH).abs()
-    return values, index
+    return values

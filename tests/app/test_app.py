@@ -28,8 +28,9 @@ def test_click_handler_returns_the_window_around_the_clicked_cell(explorer, chec
     checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
     row_px, col_px = explorer.on_click(checkpoint, click(20 * 8 + 4, 10 * 8 + 4))  # display is 8× upscaled
     assert (row_px, col_px) == (10, 20)
-    shown, _, stats, data, files = explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, row_px, col_px,
-                                                         **NO_OVERRIDES)
+    shown, _, stats, data = explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, row_px, col_px,
+                                                  **NO_OVERRIDES)
+    files = explorer.on_export(checkpoint, str(example_image), CELL_LAYER, row_px, col_px, **NO_OVERRIDES)
     assert data["query"]["row"] == 5 and data["query"]["col"] == 10
     window = [(n["row"], n["col"]) for n in data["rules"]["window"]["neighbors"]]
     assert window == [(r, c) for r in (4, 5, 6) for c in (9, 10, 11)]
@@ -123,7 +124,7 @@ def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example
 def test_k_equal_to_n_shows_every_rule_and_explains_the_random_fallback(explorer, checkpoint_dir, example_image):
     """K = 1024 on a 32×32 map: random needs r = N, which is the all rule (METHOD §3), instead of an error."""
     checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
-    _, figure, stats, data, _ = explorer.on_neighbors(checkpoint, str(example_image), "stages.0.0.conv1", 16, 16,
+    _, figure, stats, data = explorer.on_neighbors(checkpoint, str(example_image), "stages.0.0.conv1", 16, 16,
                                                       **{**NO_OVERRIDES, "k": 1024})
     assert data["options"]["num_candidates"] == 1024 and len(data["rules"]["random"]["neighbors"]) == 1024
     assert "the random rule draws every token, so it equals the all-tokens rule" in stats
@@ -132,7 +133,7 @@ def test_k_equal_to_n_shows_every_rule_and_explains_the_random_fallback(explorer
 
 
 def test_vit_stats_explain_that_padding_cells_do_not_exist_there(explorer, checkpoint_dir, example_image):
-    _, _, stats, data, _ = explorer.on_neighbors(str(checkpoint_dir / "vit-convnn.json"), str(example_image),
+    _, _, stats, data = explorer.on_neighbors(str(checkpoint_dir / "vit-convnn.json"), str(example_image),
                                                  "blocks.0.attn", 0, 0, **NO_OVERRIDES)
     first = data["rules"]["window"]["neighbors"][0]
     assert (first["row"], first["col"]) == (-1, -1)  # the window at the corner reaches a padding cell
