@@ -226,8 +226,11 @@ class DeviceLoader:
         return order[self.rank * per_rank:(self.rank + 1) * per_rank].to(self.device)
 
     def __len__(self) -> int:
-        count = len(self._indices())
-        return count // self.batch_size if self.train else -(-count // self.batch_size)
+        count = len(self.labels)
+        if self.train:  # equal shares, partial batch dropped
+            return count // self.world_size // self.batch_size
+        share = len(range(self.rank, count, self.world_size))
+        return -(-share // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         indices = self._indices()

@@ -301,10 +301,10 @@ def train_epoch(run: _Run, epoch: int) -> tuple[float, float, int]:
     warmup_steps = int(config.warmup_epochs * run.steps_per_epoch)
     run.ddp_model.train()
     run.train_loader.set_epoch(epoch)
-    loss_sum, lr, taken = torch.zeros((), device=run.device), config.lr, 0
+    loss_sum, lr, taken, last_step = torch.zeros((), device=run.device), config.lr, 0, run.steps_planned()
     bar = tqdm(run.train_loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=not run.is_main, leave=False)
     for images, labels in bar:
-        if step + taken >= run.steps_planned():
+        if step + taken >= last_step:
             break
         lr = learning_rate(step + taken, total_steps, warmup_steps, config.lr)
         for group in run.optimizer.param_groups:
