@@ -18,7 +18,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
-from convnn.data import preprocess_image
+from convnn.data import preprocess_image, resize_image
 
 __all__ = [
     "MAX_IMAGE_SIDE_PX",
@@ -177,11 +177,8 @@ def model_input(image: InputImage, card: ModelCard) -> Tensor:
 
 
 def model_view(image: InputImage, size: int) -> np.ndarray:
-    """What the model sees, for display: (S, S, 3) uint8, resized exactly as :func:`preprocess_image` does."""
-    rgb = image.pil
-    if rgb.size != (size, size):
-        rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
-    return np.asarray(rgb, dtype=np.uint8)
+    """What the model sees, for display: (S, S, 3) uint8, as :func:`convnn.data.resize_image` makes it."""
+    return resize_image(image.pil, size)
 
 
 def display_factor(side_px: int, target_px: int = DISPLAY_SIDE_PX) -> int:

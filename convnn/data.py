@@ -37,6 +37,7 @@ __all__ = [
     "normalize",
     "preprocess_image",
     "random_crop_flip",
+    "resize_image",
     "synthetic_images",
 ]
 
@@ -149,16 +150,21 @@ def normalize(images: Tensor, mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple
     return (images - mean_t) / std_t
 
 
-def preprocess_image(image: Image.Image, size: int, mean: tuple[float, ...] = CIFAR10_MEAN,
-                     std: tuple[float, ...] = CIFAR10_STD) -> Tensor:
-    """A PIL image → the (1, 3, size, size) float32 model input: RGB, resized (bicubic, antialiased), normalised.
+def resize_image(image: Image.Image, size: int) -> np.ndarray:
+    """What a model sees of a PIL image: RGB resized to ``size``×``size`` (bicubic, antialiased), (S, S, 3) uint8.
 
     Images already ``size``×``size`` are used pixel for pixel, as in training.
     """
     rgb = image.convert("RGB")
     if rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
-    return normalize(torch.from_numpy(np.asarray(rgb).copy()).unsqueeze(0), mean, std)
+    return np.array(rgb, dtype=np.uint8)
+
+
+def preprocess_image(image: Image.Image, size: int, mean: tuple[float, ...] = CIFAR10_MEAN,
+                     std: tuple[float, ...] = CIFAR10_STD) -> Tensor:
+    """A PIL image → the (1, 3, size, size) float32 model input: :func:`resize_image`, then :func:`normalize`."""
+    return normalize(torch.from_numpy(resize_image(image, size)).unsqueeze(0), mean, std)
 
 
 def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
