@@ -61,7 +61,6 @@ _INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # low half of the packed key: column ^ m
 _PAD_KEY = tl.constexpr(-(2**63))  # an empty slot: below the packed −inf of every real candidate
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))  # the ranking score of a forced (self_first) candidate
-_FEW_ENTRIES = tl.constexpr(8)  # a tile with at most this many new entries per row is inserted row-max by row-max
 
 _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -126,20 +125,27 @@ def _kth_key(acc, slots, num_neighbors, K_PAD: tl.constexpr):
 
 
 @triton.jit
-def _merge_tile(acc, s, start, mask_n, slots, num_neighbors, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+def _threshold(acc, slots, num_neighbors, K_PAD: tl.constexpr):
+    """Per row: the score a candidate must beat to enter the top K (fp32), and whether K candidates are held."""
+    kth = _kth_key(acc, slots, num_neighbors, K_PAD)
+    return _unpack_score(kth), kth != _PAD_KEY
+
+
+@triton.jit
+def _merge_tile(acc, threshold, full, s, start, mask_n, slots, num_neighbors, K_PAD: tl.constexpr,
+                BLOCK_N: tl.constexpr, FEW_ENTRIES: tl.constexpr):
     """Merge a [rows, BLOCK_N] score tile into the ascending running top-K keys (slots of the top K stay exact).
 
-    Only scores above a row's current K-th can enter; equal scores cannot, since every earlier candidate has a
-    lower column. Tiles without such scores cost a compare; rows with few are inserted one row maximum at a time
-    (argmax with the lower column on ties, exactly the key order); otherwise the tile is packed and its top K_PAD
-    merged: max(ascending acc, descending topk) holds the top K_PAD of the union as a bitonic sequence.
+    Only scores above a row's current K-th (``threshold``, kept up to date here) can enter; equal scores cannot,
+    since every earlier candidate has a lower column. Tiles without such scores cost a compare; rows with at most
+    FEW_ENTRIES are inserted one row maximum at a time (argmax with the lower column on ties, exactly the key
+    order); otherwise the tile is packed and its top K_PAD merged: max(ascending acc, descending topk) holds the
+    top K_PAD of the union as a bitonic sequence. Returns (acc, threshold, full).
     """
-    kth = _kth_key(acc, slots, num_neighbors, K_PAD)  # [rows] int64
-    full = kth != _PAD_KEY  # rows that already hold K candidates
-    above = (s > _unpack_score(kth)[:, None]) & mask_n[None, :]  # [rows, BLOCK_N]
-    count = tl.where(full, tl.sum(above.to(tl.int32), axis=1), _FEW_ENTRIES + 1)
+    above = (s > threshold[:, None]) & mask_n[None, :]  # [rows, BLOCK_N]
+    count = tl.where(full, tl.sum(above.to(tl.int32), axis=1), FEW_ENTRIES + 1)
     most = tl.max(count, axis=0)
-    if most > _FEW_ENTRIES:
+    if most > FEW_ENTRIES:
         keys = tl.where(mask_n[None, :], _pack_score_index(s, start + tl.arange(0, BLOCK_N)), _PAD_KEY)
         acc = tl.bitonic_merge(tl.maximum(acc, tl.topk(keys, K_PAD)))
     elif most > 0:
@@ -150,7 +156,9 @@ def _merge_tile(acc, s, start, mask_n, slots, num_neighbors, K_PAD: tl.constexpr
             new = tl.where(best > _NEG_INF, _pack_score_index(best, start + best_at), _PAD_KEY)
             acc = tl.bitonic_merge(tl.maximum(acc, tl.where(slots[None, :] == 0, new[:, None], _PAD_KEY)))
             above = above & (offs_n[None, :] != best_at[:, None])
-    return acc
+    if most > 0:
+        threshold, full = _threshold(acc, slots, num_neighbors, K_PAD)
+    return acc, threshold, full
 
 
 @triton.jit
@@ -282,7 +290,7 @@ def _knn_fwd(
     SPLIT: tl.constexpr,
     # blocks
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr, FEW_ENTRIES: tl.constexpr,
 ):
     """Scores + streaming top-K over one split of the candidates; without a split also weights and Conv1D."""
     tl.static_assert(BLOCK_N >= K_PAD)
@@ -319,6 +327,7 @@ def _knn_fwd(
             self_key = _pack_score_index(s_self, tl.zeros([BLOCK_M], tl.int32))
             acc = tl.where(slots[None, :] == K_PAD - 1, self_key[:, None], acc)
 
+    threshold, full = _threshold(acc, slots, num_neighbors, K_PAD)
     for start in range(col_lo, col_hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask_n = cols < col_hi
@@ -332,13 +341,13 @@ def _knn_fwd(
         s = s * q_scale[:, None]
         if COSINE:
             s = s * _inv_norm(k.to(tl.float32))[None, :]
-        s = tl.where(s == 0.0, 0.0, s)  # −0.0 and +0.0 tie
         if CANDIDATES:  # a sampled key equal to the query is masked: the query is column 0 already
             s = tl.where(key_rows[None, :] == offs_m[:, None], _NEG_INF, s)
         else:
             if self_first != 0:
                 s = tl.where(cols[None, :] == offs_m[:, None], _POS_INF, s)
-        acc = _merge_tile(acc, s, start, mask_n, slots, num_neighbors, K_PAD, BLOCK_N)
+        acc, threshold, full = _merge_tile(acc, threshold, full, s, start, mask_n, slots, num_neighbors, K_PAD,
+                                           BLOCK_N, FEW_ENTRIES)
     acc = tl.bitonic_merge(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
 
     if SPLIT:
@@ -615,7 +624,7 @@ def _fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, dtype: torch.dt
     k_pad = _next_pow2(num_neighbors, 2)
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=4 if k_pad <= 16 else 8, num_stages=2)
+                num_warps=4 if k_pad <= 16 else 8, num_stages=2, FEW_ENTRIES=8)
 
 
 def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.device) -> int:
@@ -696,7 +705,7 @@ def _launch_fwd(q, k, v, weight, bias, num_neighbors, similarity, weighting, tem
     launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     _knn_fwd[(grid_m, B * H, num_splits)](
         *tensors, H, Nq, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, *strides, *scalars,
-        **flags, SPLIT=split, BLOCK_N=block_n, **blocks, **launch)
+        **flags, SPLIT=split, BLOCK_N=block_n, FEW_ENTRIES=cfg["FEW_ENTRIES"], **blocks, **launch)
     if split:
         _knn_fwd_merge[(grid_m, B * H)](
             *tensors, H, Nq, num_splits, num_neighbors, D, Dv, C_out, *strides, *scalars, **flags, **blocks,
