@@ -619,8 +619,9 @@ def _interpreting() -> bool:
 
 
 def _fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, dtype: torch.dtype) -> dict:
-    """Block sizes of the forward: 64×64 query×key blocks; 4 warps up to K = 16 (bench/RESULTS.md sweep on the
-    H200: 1.20 ms against 1.73 ms for 128×64 with 8 warps at N = 16384, K = 9), 8 warps for larger K."""
+    """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K; rows with
+    at most 8 new entries in a key tile insert them one by one. The best of the H200 sweep in bench/RESULTS.md §1
+    (query blocks of 16–128, key blocks of 32–128, 1–8 warps) at every benchmarked size."""
     k_pad = _next_pow2(num_neighbors, 2)
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
