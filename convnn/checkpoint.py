@@ -1,9 +1,17 @@
 """Checkpoints: weights as safetensors next to a JSON model card that can rebuild the model.
 
-A checkpoint ``name`` is two files: ``name.safetensors`` (the state dict, optionally stored in fp16) and
-``name.json``, the card: the registered model name and its arguments (so :func:`convnn.models.create_model`
-rebuilds it), the class names and input normalisation, and what a reader needs to trust it (metrics, recipe, data
-checksum, hardware, date, and the sha256 of the weights file).
+A checkpoint ``name`` is two files: ``name.safetensors`` (the state dict, optionally stored in fp16, bf16 or
+int8) and ``name.json``, the card: the registered model name and its arguments (so
+:func:`convnn.models.create_model` rebuilds it), the class names and input normalisation, and what a reader needs to
+trust it (metrics, recipe, data checksum, hardware, date, the storage dtype and the sha256 of the weights file).
+
+int8 storage (card ``weights_dtype == "int8"``): every floating tensor with two or more dims (conv, linear and
+Conv1D weights, position and class embeddings) is stored as int8 ``q`` with one symmetric scale per slice along
+dim 0 (per output channel), ``scale[o] = max|w[o]| / 127`` (1 for an all-zero slice) and
+``q = round(w / scale).clamp(-127, 127)``, so ``|q · scale - w| ≤ scale / 2``; the scales are an fp32 tensor of
+shape (C_out,) in the same file under the key ``<name>::scale`` (:data:`INT8_SCALE_SUFFIX`). Other floating tensors
+(biases, norm weights, running statistics) are stored in fp16, integer buffers as they are. Loading multiplies back
+(:func:`load_checkpoint` returns an ordinary float model).
 """
 
 from __future__ import annotations
@@ -22,10 +30,14 @@ from torch import nn
 
 from .models import create_model
 
-__all__ = ["CARD_VERSION", "CheckpointError", "ModelCard", "checkpoint_paths", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CARD_VERSION", "INT8_SCALE_SUFFIX", "CheckpointError", "ModelCard", "checkpoint_paths", "load_checkpoint",
+           "save_checkpoint"]
 
 CARD_VERSION = 1
 MAX_INPUT_SIZE = 512  # pixels a side: exhaustive ConvNN layers allocate N² scores on the reference path
+INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
+_INT8_MAX = 127  # symmetric range [-127, 127]: -128 unused, so q and -q are both representable
+_UNQUANTIZED_DTYPE = torch.float16  # int8 storage: how the floating tensors with ndim < 2 are stored
 
 
 class CheckpointError(ValueError):
@@ -48,7 +60,8 @@ class ModelCard:
         recipe (dict): the training configuration.
         data (dict): dataset name, splits and checksum.
         training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
-        weights_dtype (str): dtype the weights are stored in.
+        weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
+            ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).
         weights_sha256 (str): sha256 of the ``.safetensors`` file.
         format_version (int): :data:`CARD_VERSION`.
     """
@@ -116,6 +129,10 @@ class ModelCard:
         if len(self.mean) != len(self.std):
             fail("std", f"as long as mean ({len(self.mean)} channels)")
 
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the card as indented JSON to ``path`` (the ``.json`` file)."""
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
 
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """``(weights, card)`` paths of a checkpoint given as its stem, its ``.json`` or its ``.safetensors``."""
@@ -128,6 +145,88 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _describe(problems: dict[str, list[str]]) -> str:
+    """``{"missing": [a, b]}`` → ``"2 missing (e.g. a)"``, kinds without names left out, joined by commas."""
+    return ", ".join(f"{len(names)} {kind} (e.g. {names[0]})" for kind, names in problems.items() if names)
+
+
+def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 quantisation of a floating tensor with ndim ≥ 2 (module docstring).
+
+    The quotient ``w / scale`` is taken in float64, where it is exact enough for fp32 weights that ``q`` is ``w /
+    scale`` rounded to nearest, hence ``|q · scale - w| ≤ scale / 2`` holds exactly.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``q`` (same shape, int8) and ``scale`` (C_out,) float32, C_out = ``weight.shape[0]``.
+
+    Raises:
+        ValueError: a non-finite value in ``weight`` (``name`` is in the message).
+    """
+    weight = weight.double()
+    scale = (weight.abs().amax(dim=tuple(range(1, weight.dim()))) / _INT8_MAX).float()
+    if not torch.isfinite(scale).all():
+        raise ValueError(f"{name}: a weight is inf or NaN, it cannot be stored as int8")
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero slice: q = 0, exact
+    q = torch.round(weight / scale.double().view(-1, *[1] * (weight.dim() - 1))).clamp(-_INT8_MAX, _INT8_MAX)
+    return q.to(torch.int8), scale
+
+
+def _storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring)."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu()
+        if dtype == torch.int8 and tensor.is_floating_point() and tensor.dim() >= 2:
+            state[name], state[name + INT8_SCALE_SUFFIX] = _quantize_int8(tensor, name)
+        elif dtype is not None and tensor.is_floating_point():
+            state[name] = tensor.to(_UNQUANTIZED_DTYPE if dtype == torch.int8 else dtype)
+        else:
+            state[name] = tensor
+    return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def _dequantize(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], weights_dtype: str,
+                source: str) -> dict[str, torch.Tensor]:
+    """The stored state with its int8 tensors multiplied back by their scales (float64), the scales removed.
+
+    Args:
+        state (dict[str, Tensor]): the tensors of the weights file.
+        own (dict[str, Tensor]): the state dict of the model built from the card (which tensors are floating).
+        weights_dtype (str): the card's ``weights_dtype``.
+        source (str): the file name, for messages.
+
+    Raises:
+        CheckpointError: int8 tensors or scales while the card does not say ``"int8"``; or, when it does, an int8
+            tensor without a scale, a scale without an int8 tensor, a scale that is not a floating (C_out,) tensor,
+            or a floating tensor of two or more dims that is not stored as int8.
+    """
+    scales = {name.removesuffix(INT8_SCALE_SUFFIX): tensor for name, tensor in state.items()
+              if name.endswith(INT8_SCALE_SUFFIX)}
+    state = {name: tensor for name, tensor in state.items() if not name.endswith(INT8_SCALE_SUFFIX)}
+    floating = {name for name, tensor in own.items() if tensor.is_floating_point()}
+    quantized = {name for name in floating & state.keys() if state[name].dtype == torch.int8}
+    if weights_dtype != "int8":
+        if scales or quantized:
+            raise CheckpointError(f"{source}: holds {len(quantized)} int8 tensors and {len(scales)} scales, but the "
+                                  f"card says weights_dtype={weights_dtype!r}, not 'int8'")
+        return state
+    problems = {
+        "int8 tensors without a scale": sorted(quantized - scales.keys()),
+        "scales without an int8 tensor": sorted(scales.keys() - quantized),
+        "scales not of shape (C_out,) or not floating": sorted(
+            name for name in quantized & scales.keys()
+            if scales[name].shape != state[name].shape[:1] or not scales[name].is_floating_point()),
+        "floating tensors with ndim ≥ 2 not stored as int8": sorted(
+            name for name in (floating & state.keys()) - quantized if state[name].dim() >= 2),
+    }
+    if any(problems.values()):
+        raise CheckpointError(f"{source}: the card says weights_dtype='int8' but the file has "
+                              f"{_describe(problems)} (scales are stored as '<name>{INT8_SCALE_SUFFIX}')")
+    for name in quantized:
+        state[name] = state[name].double() * scales[name].double().view(-1, *[1] * (state[name].dim() - 1))
+    return state
+
+
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
                     dtype: torch.dtype | None = None) -> tuple[Path, Path]:
     """Write ``model``'s state dict as safetensors and ``card`` as JSON.
@@ -136,28 +235,36 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
         model (nn.Module): the model (unwrap DDP first).
         path (str or Path): checkpoint stem (or either file's path).
         card (ModelCard): the card; ``name``, ``weights_dtype`` and ``weights_sha256`` are filled in here.
-        dtype (torch.dtype, optional): store floating-point tensors in this dtype (e.g. ``torch.float16``);
-            None keeps each tensor's dtype, so a save → load round-trips bit-exactly. Default: None
+        dtype (torch.dtype, optional): store floating-point tensors in this dtype (e.g. ``torch.float16``), or
+            ``torch.int8``: floating tensors with ndim ≥ 2 as int8 with per-output-channel scales, the others in
+            fp16 (module docstring); None keeps each tensor's dtype, so a save → load round-trips bit-exactly.
+            Default: None
 
     Returns:
         tuple[Path, Path]: the weights and card paths.
+
+    Raises:
+        ValueError: ``dtype`` neither floating nor ``torch.int8``, or an inf or NaN weight to store as int8.
     """
+    if dtype is not None and not (dtype.is_floating_point or dtype == torch.int8):
+        raise ValueError(f"dtype must be a floating dtype or torch.int8, got {dtype}")
     weights_path, card_path = checkpoint_paths(path)
     weights_path.parent.mkdir(parents=True, exist_ok=True)
-    state = {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().cpu().contiguous()
-             for name, t in model.state_dict().items()}
+    state = _storage_state(model, dtype)
     save_file(state, str(weights_path), metadata={"model": card.model, "format_version": str(CARD_VERSION)})
     card.name = weights_path.stem
     card.weights_dtype = str(dtype or next(iter(state.values())).dtype).removeprefix("torch.")
     card.weights_sha256 = _sha256(weights_path)
-    card_path.write_text(json.dumps(asdict(card), indent=2) + "\n")
+    card.write(card_path)
     return weights_path, card_path
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelCard]:
     """Rebuild a model from its card and load its weights, in eval mode.
 
-    Stored fp16 weights are cast to the dtype of the model's own parameters (fp32).
+    Stored fp16 weights are cast to the dtype of the model's own parameters (fp32); int8 weights (card
+    ``weights_dtype == "int8"``) are multiplied by their scales first (module docstring), so the model is the same
+    kind of float model either way.
 
     Args:
         path (str or Path): checkpoint stem, ``.json`` or ``.safetensors`` path.
@@ -168,8 +275,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
 
     Raises:
         CheckpointError: a missing file, a card that is not valid JSON or lacks fields, a weights file whose
-            sha256 differs from the card's, an unreadable safetensors file, an unknown model, or weights that do
-            not fit the model (missing, unexpected or mis-shaped tensors).
+            sha256 differs from the card's, an unreadable safetensors file, an unknown model, int8 tensors and
+            scales that do not match each other or the card's ``weights_dtype``, or weights that do not fit the
+            model (missing, unexpected or mis-shaped tensors).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):
@@ -190,13 +298,12 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
     own = model.state_dict()
-    missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-    misshaped = sorted(name for name in own.keys() & state.keys() if own[name].shape != state[name].shape)
-    if missing or unexpected or misshaped:
-        problems = [f"{len(names)} {kind} (e.g. {names[0]})"
-                    for kind, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
-                    if names]
+    state = _dequantize(state, own, card.weights_dtype, weights_path.name)
+    common = own.keys() & state.keys()
+    problems = {"missing": sorted(own.keys() - state.keys()), "unexpected": sorted(state.keys() - own.keys()),
+                "mis-shaped": sorted(name for name in common if own[name].shape != state[name].shape)}
+    if any(problems.values()):
         raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
-                              + ", ".join(problems))
+                              + _describe(problems))
     model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
     return model.to(device).eval(), card

@@ -86,7 +86,7 @@ class TrainConfig:
     out: str = "runs"
     backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
     amp: bool = True  # bf16 autocast on CUDA
-    save_dtype: str = "float16"
+    save_dtype: str = "float16"  # SAVE_DTYPES; with "int8" the card's metrics are still the float model's
     max_steps: int | None = None  # stop early (smoke tests)
     num_workers: int = 8  # ImageFolder loader processes
     resume: bool = False
@@ -113,7 +113,7 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0 and label_smoothing < 1, got {self.lr}, {self.label_smoothing}")
 
 
-SAVE_DTYPES = ("float16", "bfloat16", "float32")
+SAVE_DTYPES = ("float16", "bfloat16", "float32", "int8")  # torch dtype names for save_checkpoint
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

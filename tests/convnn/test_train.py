@@ -52,6 +52,13 @@ def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_int8_save_dtype_writes_an_int8_checkpoint(tmp_path):
+    train(parse_config(["--preset", "cnn-l0", "--name", "q", "--out", str(tmp_path), "--epochs", "1",
+                        "--save-dtype", "int8", *TINY]))
+    _, card = load_checkpoint(tmp_path / "q")
+    assert card.weights_dtype == "int8" and card.recipe["save_dtype"] == "int8"
+
+
 def test_preset_seed_names_the_run_and_flags_override():
     config = parse_config(["--preset", "cnn-l0.5", "--seed", "2", "--epochs", "7",
                            "--model-args", '{"num_neighbors": 4}'])
@@ -99,7 +106,7 @@ def test_resuming_a_finished_run_rewrites_its_checkpoint_without_training(tmp_pa
 @pytest.mark.parametrize("flags, message", [
     (["--epochs", "0"], "epochs"),
     (["--batch-size", "0"], "batch_size"),
-    (["--save-dtype", "int8"], "save_dtype"),
+    (["--save-dtype", "int16"], "save_dtype"),
     (["--backend", "cuda"], "backend"),
     (["--label-smoothing", "2"], "label_smoothing"),
     (["--subset", "0"], "subset"),

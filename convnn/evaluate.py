@@ -1,0 +1,177 @@
+"""Evaluate checkpoints on the CIFAR-10 test split, and what a storage dtype costs: ``python -m convnn.evaluate``.
+
+Evaluate (GPU if present, else CPU)::
+
+    python -m convnn.evaluate checkpoints/cnn-l0.json checkpoints/vit-mhsa.json --data-root ../shared/data/cifar10
+
+Store int8 weights (per-channel scales, :mod:`convnn.checkpoint`) and evaluate what was stored::
+
+    python -m convnn.evaluate checkpoints/*.json --data-root ../shared/data/cifar10 --save-dtype int8 --out int8
+
+Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` returns it, with training's test
+pipeline (:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then
+:func:`convnn.train.evaluate`) in fp32 without autocast, so the last digit can differ from the card's numbers,
+which training measured under bf16 autocast on a GPU. With ``--save-dtype`` and ``--out`` each checkpoint is saved
+again in that dtype as ``OUT/NAME``, loaded back from there and evaluated. The new card is the old one but for the
+storage fields and the metrics: ``test_top1`` and ``test_loss`` are the stored weights', and those of the checkpoint
+it was made from (measured here) become ``test_top1_before_quantization`` and ``test_loss_before_quantization``,
+unless the card has them already (re-saving an int8 checkpoint keeps the float model's). The table of results goes
+to stdout, one row per checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .checkpoint import ModelCard, checkpoint_paths, load_checkpoint, save_checkpoint
+from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
+from .train import SAVE_DTYPES, evaluate
+
+__all__ = ["BEFORE_SUFFIX", "EvaluationData", "main", "resave"]
+
+log = logging.getLogger("convnn.evaluate")
+
+BEFORE_SUFFIX = "_before_quantization"  # new card: metrics of the checkpoint it was made from, e.g. test_top1<suffix>
+_METRICS = ("test_top1", "test_loss")
+
+
+@dataclass
+class EvaluationData:
+    """The CIFAR-10 test images and how to run them through a model.
+
+    Attributes:
+        images (np.ndarray): (N, H, W, 3) uint8.
+        labels (np.ndarray): (N,) int64, in :data:`~convnn.data.CIFAR10_CLASSES` order.
+        batch_size (int): images per forward pass.
+        device (torch.device): where images and model run.
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    batch_size: int
+    device: torch.device
+
+    def metrics(self, model: nn.Module, card: ModelCard) -> dict[str, float]:
+        """``model``'s ``test_top1`` (percent) and ``test_loss`` (mean cross-entropy), in fp32.
+
+        Raises:
+            ValueError: a card whose classes are not CIFAR-10's or whose input size is not the images' side.
+        """
+        side = self.images.shape[1]
+        if tuple(card.classes) != CIFAR10_CLASSES or card.input_size != side:
+            raise ValueError(f"{card.name}: not a CIFAR-10 model: classes {card.classes[:2]}..., input_size "
+                             f"{card.input_size} (CIFAR-10: {list(CIFAR10_CLASSES[:2])}..., {side} px)")
+        loader = DeviceLoader(self.images, self.labels, self.batch_size, self.device, train=False,
+                              mean=tuple(card.mean), std=tuple(card.std))
+        return evaluate(model, loader, self.device, amp=False)
+
+
+def resave(source: Path, model: nn.Module, card: ModelCard, metrics: dict[str, float], out: Path,
+           dtype: torch.dtype, data: EvaluationData) -> tuple[Path, dict[str, float]]:
+    """Save ``model`` in ``dtype`` as ``out/<source's name>``, load it back, evaluate it, note that in its card.
+
+    Args:
+        source (Path): the checkpoint ``model`` was loaded from (never overwritten).
+        model (nn.Module): the loaded checkpoint.
+        card (ModelCard): its card (left unmodified).
+        metrics (dict[str, float]): ``model``'s test metrics; the new card keeps them with :data:`BEFORE_SUFFIX`.
+        out (Path): folder of the new checkpoint (created if needed).
+        dtype (torch.dtype): storage dtype, e.g. ``torch.int8``.
+        data (EvaluationData): the test data.
+
+    Returns:
+        tuple[Path, dict[str, float]]: the new weights file and the stored weights' test metrics.
+
+    Raises:
+        ValueError: ``out`` holds ``source`` itself.
+        CheckpointError: the written checkpoint does not load back.
+    """
+    source_weights, source_card = checkpoint_paths(source)
+    weights_path, card_path = checkpoint_paths(out / source_weights.stem)
+    if card_path.resolve() == source_card.resolve():
+        raise ValueError(f"--out {out} holds {source} itself: choose another folder, the source is kept")
+    save_checkpoint(model, weights_path, replace(card), dtype=dtype)
+    stored_model, stored_card = load_checkpoint(card_path, data.device)
+    stored = data.metrics(stored_model, stored_card)
+    before = {name + BEFORE_SUFFIX: metrics[name] for name in _METRICS}
+    stored_card.metrics = {**before, **card.metrics, **stored}
+    stored_card.write(card_path)
+    return weights_path, stored
+
+
+def _format_table(rows: list[dict[str, str]]) -> str:
+    """Rows with the same keys → a text table, the keys as header, each column as wide as its widest entry."""
+    widths = {key: max(len(key), *(len(row[key]) for row in rows)) for key in rows[0]}
+    lines = [[key.ljust(width) for key, width in widths.items()]]
+    lines += [[row[key].ljust(width) for key, width in widths.items()] for row in rows]
+    return "\n".join("  ".join(cells).rstrip() for cells in lines)
+
+
+def _megabytes(path: Path) -> str:
+    return f"{path.stat().st_size / 1e6:.2f} MB"  # decimal MB, as the repository's size limits
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m convnn.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cards", nargs="+", metavar="CARD.json", help="checkpoints (card, weights or stem)")
+    parser.add_argument("--data-root", help="CIFAR-10 folder (convnn.data.load_cifar10). Default: $CONVNN_CIFAR10")
+    parser.add_argument("--lite", action="store_true",
+                        help="read the pack as convnn.train --lite does (that changes the train file only; the test "
+                             "split, the one evaluated, is the same)")
+    parser.add_argument("--save-dtype", choices=SAVE_DTYPES, help="re-save each checkpoint in this dtype (with --out)")
+    parser.add_argument("--out", type=Path, help="folder for the re-saved checkpoints (with --save-dtype)")
+    parser.add_argument("--batch-size", type=int, default=1000, help="images per forward pass. Default: 1000")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="Default: cuda when there is a GPU, else cpu")
+    args = parser.parse_args(argv)
+    if (args.save_dtype is None) != (args.out is None):
+        parser.error("--save-dtype and --out go together")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but PyTorch sees no CUDA GPU")
+    return args
+
+
+def _evaluate_one(source: Path, args: argparse.Namespace, data: EvaluationData, fingerprint: str) -> dict[str, str]:
+    """Evaluate (and with ``--out`` re-save) one checkpoint; returns its table row."""
+    model, card = load_checkpoint(source, data.device)
+    if card.data.get("test_sha256", fingerprint) != fingerprint:
+        log.warning("%s: the card's test_sha256 is not that of these test images", card.name)
+    metrics = data.metrics(model, card)
+    row = {"checkpoint": card.name, "stored": card.weights_dtype, "size": _megabytes(checkpoint_paths(source)[0]),
+           "card top-1": f"{card.metrics['test_top1']:.2f}" if "test_top1" in card.metrics else "-",
+           "top-1": f"{metrics['test_top1']:.2f}", "loss": f"{metrics['test_loss']:.4f}"}
+    if args.out is not None:
+        weights, stored = resave(source, model, card, metrics, args.out, getattr(torch, args.save_dtype), data)
+        row.update({"saved as": args.save_dtype, "new size": _megabytes(weights),
+                    "new top-1": f"{stored['test_top1']:.2f}", "new loss": f"{stored['test_loss']:.4f}",
+                    "Δ top-1": f"{stored['test_top1'] - metrics['test_top1']:+.2f}"})
+    log.info("%s: %s", card.name, ", ".join(f"{key} {value}" for key, value in row.items() if "top-1" in key))
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = _parse_args(argv)
+    try:
+        images, labels = load_cifar10(args.data_root, "test", lite=args.lite)
+        data = EvaluationData(images, labels, args.batch_size, torch.device(args.device))
+        fingerprint = data_fingerprint(images, labels)
+        rows = [_evaluate_one(Path(source), args, data, fingerprint) for source in args.cards]
+    except (ValueError, FileNotFoundError) as err:  # CheckpointError is a ValueError
+        sys.exit(f"python -m convnn.evaluate: {err}")
+    print(_format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The evaluation CLI on generated images: its metrics, the int8 re-save and the card it writes."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convnn import ModelCard, create_model, load_checkpoint, save_checkpoint
+from convnn import evaluate as evaluate_cli
+from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, normalize, synthetic_images
+from tests.small_models import SMALL_MODELS
+
+NUM_IMAGES = 48
+IMAGES, LABELS = synthetic_images(NUM_IMAGES, len(CIFAR10_CLASSES), 32, seed=3)
+
+
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    """A small fp16 checkpoint with a trained-looking card, and the CLI reading the generated images as CIFAR-10."""
+    monkeypatch.setattr(evaluate_cli, "load_cifar10", lambda root, split, lite: (IMAGES, LABELS))
+    model_name, args = SMALL_MODELS["vit-mhsa"]
+    torch.manual_seed(0)
+    card = ModelCard(name="vit", model=model_name, model_args=args, classes=list(CIFAR10_CLASSES), input_size=32,
+                     mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD), metrics={"test_top1": 55.5, "test_loss": 1.5},
+                     recipe={"epochs": 3, "save_dtype": "float16"}, data={"name": "CIFAR-10", "test": 10_000},
+                     training={"seed": 0, "hardware": "1× H200"})
+    _, card_path = save_checkpoint(create_model(model_name, **args), tmp_path / "src" / "vit", card,
+                                   dtype=torch.float16)
+    return card_path
+
+
+def _metrics(path) -> tuple[float, float]:
+    """Top-1 (percent) and mean cross-entropy of a checkpoint on the generated images, computed directly."""
+    model, card = load_checkpoint(path)
+    with torch.no_grad():
+        logits = model(normalize(torch.from_numpy(IMAGES), tuple(card.mean), tuple(card.std)))
+    labels = torch.from_numpy(LABELS)
+    return 100 * (logits.argmax(1) == labels).sum().item() / NUM_IMAGES, F.cross_entropy(logits, labels).item()
+
+
+def test_int8_resave_writes_the_stored_weights_metrics_and_keeps_the_rest_of_the_card(source, tmp_path, capsys):
+    out = tmp_path / "int8"
+    before = source.read_bytes(), source.with_suffix(".safetensors").read_bytes()
+    evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "int8", "--out", str(out),
+                       "--batch-size", "20", "--device", "cpu"])
+    old, new = json.loads(source.read_text()), json.loads((out / "vit.json").read_text())
+    (top1, loss), (stored_top1, stored_loss) = _metrics(source), _metrics(out / "vit.json")
+    assert new["weights_dtype"] == "int8" and new["name"] == "vit"
+    assert new["metrics"] == pytest.approx({"test_top1": stored_top1, "test_loss": stored_loss,
+                                            "test_top1_before_quantization": top1,
+                                            "test_loss_before_quantization": loss}, rel=1e-5)
+    changed = {"metrics", "weights_dtype", "weights_sha256"}
+    assert {key: value for key, value in new.items() if key not in changed} == {
+        key: value for key, value in old.items() if key not in changed}
+    assert (source.read_bytes(), source.with_suffix(".safetensors").read_bytes()) == before
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 and table[1].split()[:2] == ["vit", "float16"] and "int8" in table[1]
+
+
+def test_resaving_an_int8_checkpoint_keeps_the_float_models_numbers(source, tmp_path):
+    first, second = tmp_path / "int8", tmp_path / "again"
+    options = ["--data-root", "unused", "--save-dtype", "int8", "--device", "cpu"]
+    evaluate_cli.main([str(source), *options, "--out", str(first)])
+    evaluate_cli.main([str(first / "vit.json"), *options, "--out", str(second)])
+    metrics = json.loads((second / "vit.json").read_text())["metrics"]
+    assert metrics["test_top1_before_quantization"] == pytest.approx(_metrics(source)[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--save-dtype", "int8"], None),  # argparse: --out missing
+    (["--save-dtype", "int8", "--out", "SOURCE"], "holds"),
+])
+def test_refuses_half_a_resave_request_and_overwriting_the_source(source, argv, message, capsys):
+    argv = [str(source.parent) if arg == "SOURCE" else arg for arg in argv]
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", *argv])
+    if message is None:
+        assert info.value.code == 2 and "go together" in capsys.readouterr().err
+    else:
+        assert message in str(info.value.code)
