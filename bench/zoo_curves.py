@@ -2,9 +2,9 @@
 
     python bench/zoo_curves.py --out docs/curves.png
 
-Writes the Plotly figure as HTML next to ``--out`` and, when Chromium and Playwright are installed, renders it to
-PNG (Plotly's own PNG export needs kaleido, which downloads a browser). Runs that were stopped before their last
-epoch are drawn dashed and end where they stopped.
+Renders the Plotly figure to PNG with Chromium and Playwright (Plotly's own PNG export needs kaleido, which downloads
+a browser); without them it writes the HTML next to ``--out`` instead. Each preset is the mean of its finished seeds
+with a min–max band; runs stopped before their last epoch are left out.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each panel: its presets, the first one the baseline that the lower row subtracts.
 PANELS = {"CNN: λ = 0 (conv + 1×1) vs hybrid λ = 0.5": ("cnn-l0", "cnn-l0.5"),
           "ViT: MHSA vs KVT vs ConvNN-attention (K = 16)": ("vit-mhsa", "vit-kvt16", "vit-convnn16")}
 COLORS = {"cnn-l0": "#0072B2", "cnn-l0.5": "#D55E00", "vit-mhsa": "#0072B2", "vit-kvt16": "#009E73",
@@ -27,24 +30,44 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--disable-quic", "--no-first-run"]
 
 
+def seed_curves(logs: Path, preset: str) -> np.ndarray:
+    """Test top-1 (%) per epoch of every finished seed of ``preset``: (seeds, epochs); stopped runs are left out."""
+    paths = sorted(logs.glob(f"{preset}.log.jsonl")) + sorted(logs.glob(f"{preset}-s*.log.jsonl"))
+    runs = [[json.loads(line)["test_top1"] for line in path.read_text().splitlines()] for path in paths]
+    runs = [run for run in runs if len(run) == PLANNED_EPOCHS[preset.split("-")[0]]]
+    if not runs:
+        raise ValueError(f"no finished run of {preset} in {logs}")
+    return np.array(runs)
+
+
+def _band(color: str) -> str:
+    red, green, blue = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},0.18)"
+
+
 def curves(logs: Path) -> go.Figure:
-    """One subplot per headline comparison; one line per run (seeds share their preset's colour)."""
-    figure = make_subplots(rows=1, cols=len(PANELS), subplot_titles=list(PANELS), horizontal_spacing=0.08)
+    """Upper row: mean test top-1 over seeds with the min–max band; lower row: each preset's mean minus the
+    baseline's mean (points), the view in which "trails early, overtakes late" would show."""
+    figure = make_subplots(rows=2, cols=len(PANELS), subplot_titles=list(PANELS), horizontal_spacing=0.08,
+                           vertical_spacing=0.1, row_heights=[0.62, 0.38], shared_xaxes=True)
     for col, presets in enumerate(PANELS.values(), start=1):
+        baseline = seed_curves(logs, presets[0]).mean(0)
         for preset in presets:
-            for path in sorted(logs.glob(f"{preset}.log.jsonl")) + sorted(logs.glob(f"{preset}-s*.log.jsonl")):
-                rows = [json.loads(line) for line in path.read_text().splitlines()]
-                complete = len(rows) == PLANNED_EPOCHS[preset.split("-")[0]]
-                run = path.name.removesuffix(".log.jsonl")
-                figure.add_trace(go.Scatter(
-                    x=[r["epoch"] for r in rows], y=[r["test_top1"] for r in rows], mode="lines",
-                    name=run + ("" if complete else " (stopped)"),
-                    line={"color": COLORS[preset], "dash": "solid" if complete else "dash", "width": 2}),
-                    row=1, col=col)
-        figure.update_xaxes(title_text="epoch", row=1, col=col)
-        figure.update_yaxes(title_text="CIFAR-10 test top-1 (%)", range=[40, 95], row=1, col=col)
-    figure.update_layout(height=460, width=1300, template="plotly_white", legend={"font": {"size": 11}},
-                         title="Test accuracy vs epoch (cosine schedules of 25 and 80 epochs; dashed = run stopped)")
+            runs = seed_curves(logs, preset)
+            epochs = np.arange(1, runs.shape[1] + 1)
+            mean, color = runs.mean(0), COLORS[preset]
+            figure.add_trace(go.Scatter(x=np.r_[epochs, epochs[::-1]], y=np.r_[runs.max(0), runs.min(0)[::-1]],
+                                        fill="toself", fillcolor=_band(color), line={"width": 0}, hoverinfo="skip",
+                                        showlegend=False), row=1, col=col)
+            figure.add_trace(go.Scatter(x=epochs, y=mean, mode="lines", line={"color": color, "width": 2},
+                                        name=f"{preset} (mean of {len(runs)} seeds, band min–max)"), row=1, col=col)
+            figure.add_trace(go.Scatter(x=epochs, y=mean - baseline, mode="lines", showlegend=False,
+                                        line={"color": color, "width": 2}), row=2, col=col)
+        figure.update_xaxes(title_text="epoch", row=2, col=col)
+        figure.update_yaxes(title_text="test top-1 (%)", range=[40, 95], row=1, col=col)
+        figure.update_yaxes(title_text=f"− {presets[0]} (points)", range=[-10, 4], row=2, col=col)
+    figure.update_layout(height=640, width=1300, template="plotly_white", legend={"font": {"size": 11}},
+                         title="CIFAR-10 test accuracy vs epoch (cosine schedules of 25 and 80 epochs)")
     return figure
 
 
@@ -59,7 +82,7 @@ def render_png(html: Path, png: Path) -> bool:
         return False
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1320, "height": 480})
+        page = browser.new_page(viewport={"width": 1320, "height": 660})
         page.goto(html.resolve().as_uri())
         page.wait_for_selector(".main-svg")
         page.screenshot(path=str(png))
@@ -72,10 +95,15 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, default=ROOT / "checkpoints" / "logs")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "curves.png")
     args = parser.parse_args()
+    figure = curves(args.logs)
+    with tempfile.TemporaryDirectory() as folder:
+        html = Path(folder) / "curves.html"
+        figure.write_html(html, include_plotlyjs=True)
+        if render_png(html, args.out):
+            return
     html = args.out.with_suffix(".html")
-    curves(args.logs).write_html(html, include_plotlyjs=True)
-    if not render_png(html, args.out):
-        print(f"wrote {html}; install chromium and playwright to render {args.out}")
+    figure.write_html(html, include_plotlyjs=True)
+    print(f"wrote {html}; install chromium and playwright to render {args.out}")
 
 
 if __name__ == "__main__":
