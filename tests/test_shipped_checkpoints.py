@@ -9,6 +9,7 @@ from PIL import Image
 
 from convnn import load_checkpoint
 from convnn.data import preprocess_image
+from convnn.presets import PRESETS
 from tests.conftest import ROOT
 
 CARDS = sorted((ROOT / "checkpoints").glob("*.json"))
@@ -40,3 +41,18 @@ def test_shipped_checkpoint_classifies_at_least_17_of_the_20_samples(card_path: 
 def test_the_hybrid_pair_reaches_90_percent_on_cifar10_test(name):
     card = json.loads((ROOT / "checkpoints" / f"{name}.json").read_text())
     assert card["metrics"]["test_top1"] >= 90.0 and card["data"]["test"] == 10_000
+
+
+SEED_CARDS = sorted((ROOT / "checkpoints" / "logs").glob("*.card.json"))
+
+
+@pytest.mark.parametrize("card_path", CARDS + SEED_CARDS, ids=[c.name for c in CARDS + SEED_CARDS])
+def test_each_zoo_run_used_its_presets_recipe_unchanged(card_path: Path):
+    """One recipe per family, identical but for the named change: every field a preset sets is what the run used;
+    runs are named PRESET (seed 0) or PRESET-sSEED (python -m convnn.zoo)."""
+    card = json.loads(card_path.read_text())
+    recipe = card["recipe"]
+    seed = recipe["seed"]
+    expected = PRESETS[recipe["name"].removesuffix(f"-s{seed}") if seed else recipe["name"]]
+    assert {key: recipe[key] for key in expected} == expected and card["model"] == expected["model"]
+    assert card["training"]["seed"] == seed
