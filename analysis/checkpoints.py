@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from convnn import CheckpointError, ModelCard, load_checkpoint
-from convnn.checkpoint import checkpoint_paths
+from convnn.checkpoint import BEFORE_SUFFIX, checkpoint_paths
 from kernels import resolve_backend
 
 from .probes import ProbeLayer, find_probe_layers
@@ -77,8 +77,8 @@ class LoadedModel:
 def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
     """The checkpoints in ``folder``: each readable ``*.json`` card with a ``.safetensors`` file next to it.
 
-    A card that cannot be read (not JSON, not UTF-8, not a valid model card, an unreadable file) is skipped with a
-    logged warning, so one bad file never hides the others.
+    A card that cannot be read (not JSON, not UTF-8, nested too deeply, not a valid model card, an unreadable file:
+    :meth:`convnn.ModelCard.read`) is skipped with a logged warning, so one bad file never hides the others.
 
     Args:
         folder (str or Path): folder to scan (not recursive); a missing folder holds no checkpoints.
@@ -92,8 +92,8 @@ def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
         if not weights_path.is_file():
             continue
         try:
-            card = ModelCard.from_dict(json.loads(card_path.read_text(encoding="utf-8")), card_path.name)
-        except (CheckpointError, json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+            card = ModelCard.read(card_path)
+        except CheckpointError as err:
             logger.warning("skipping checkpoint %s: %s", card_path.name, err)
             continue
         found.append((card_summary(card).splitlines()[0], card_path))
@@ -110,7 +110,7 @@ def _accuracy_text(value: object) -> str:
 
 
 def card_summary(card: ModelCard) -> str:
-    """A short human description of a card: name, architecture, λ, K, selection and test accuracy.
+    """A short human description of a card: name, architecture, λ, K, selection, test accuracy and storage dtype.
 
     Fields of an unexpected type are shown as missing (e.g. ``metrics`` that is not a JSON object) and a test
     accuracy that is not a finite number as "n/a", so any card that loads can be described.
@@ -141,6 +141,9 @@ def card_summary(card: ModelCard) -> str:
         f"selection: {selection if knn else '—'}",
         f"test accuracy (top-1): {_accuracy_text(metrics.get('test_top1'))}",
         f"input: {card.input_size}×{card.input_size} px, {len(card.classes)} classes",
+        f"weights stored as: {card.weights_dtype}" + (
+            f" (per-channel scales; before quantisation: {_accuracy_text(metrics.get('test_top1' + BEFORE_SUFFIX))})"
+            if card.weights_dtype == "int8" else ""),
     ])
 
 

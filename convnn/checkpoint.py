@@ -11,7 +11,12 @@ dim 0 (per output channel), ``scale[o] = max|w[o]| / 127`` (1 for an all-zero sl
 ``q = round(w / scale).clamp(-127, 127)``, so ``|q · scale - w| ≤ scale / 2``; the scales are an fp32 tensor of
 shape (C_out,) in the same file under the key ``<name>::scale`` (:data:`INT8_SCALE_SUFFIX`). Other floating tensors
 (biases, norm weights, running statistics) are stored in fp16, integer buffers as they are. Loading multiplies back
-(:func:`load_checkpoint` returns an ordinary float model).
+(:func:`load_checkpoint` returns an ordinary float model), after checking that every scale is finite and > 0 and
+every product finite.
+
+Metrics of a stored checkpoint (:func:`measure_stored`): ``test_top1`` and ``test_loss`` are always those of the
+weights as stored; an int8 card also keeps the float model's as ``test_top1_before_quantization`` and
+``test_loss_before_quantization`` (:data:`BEFORE_SUFFIX`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import hashlib
 import json
 import math
 import os
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -30,14 +37,18 @@ from torch import nn
 
 from .models import create_model
 
-__all__ = ["CARD_VERSION", "INT8_SCALE_SUFFIX", "CheckpointError", "ModelCard", "checkpoint_paths", "load_checkpoint",
-           "save_checkpoint"]
+__all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES", "CheckpointError",
+           "ModelCard", "checkpoint_paths", "load_checkpoint", "measure_stored", "save_checkpoint"]
 
 CARD_VERSION = 1
 MAX_INPUT_SIZE = 512  # pixels a side: exhaustive ConvNN layers allocate N² scores on the reference path
 INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
 _INT8_MAX = 127  # symmetric range [-127, 127]: -128 unused, so q and -q are both representable
 _UNQUANTIZED_DTYPE = torch.float16  # int8 storage: how the floating tensors with ndim < 2 are stored
+WEIGHTS_DTYPES = ("float32", "float16", "bfloat16", "int8")  # the card's weights_dtype: torch dtype names
+_MAX_CARD_NESTING = 16  # JSON levels a card may nest; cards use 4 (card → recipe → model_args → widths)
+STORED_METRICS = ("test_top1", "test_loss")  # the metrics measure_stored replaces by the stored weights'
+BEFORE_SUFFIX = "_before_quantization"  # int8 card: the float model's metrics, e.g. test_top1<suffix>
 
 
 class CheckpointError(ValueError):
@@ -62,7 +73,8 @@ class ModelCard:
         training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
         weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
             ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).
-        weights_sha256 (str): sha256 of the ``.safetensors`` file.
+        weights_sha256 (str): sha256 of the ``.safetensors`` file (64 lowercase hex digits), or ``""``: not
+            recorded, so not checked on load.
         format_version (int): :data:`CARD_VERSION`.
     """
 
@@ -82,10 +94,31 @@ class ModelCard:
     format_version: int = CARD_VERSION
 
     @classmethod
+    def read(cls, path: str | os.PathLike) -> ModelCard:
+        """Read and check the card at ``path`` (the ``.json`` file).
+
+        Raises:
+            CheckpointError: the file cannot be read, is not UTF-8 JSON (or nests too deeply to parse), or is not a
+                valid card (:meth:`from_dict`); the message names the file.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
+        return cls.from_dict(data, str(path))
+
+    @classmethod
     def from_dict(cls, data: dict, source: str = "card") -> ModelCard:
-        """Build a card from parsed JSON. Raises :class:`CheckpointError` on missing or unknown fields."""
+        """Build a card from parsed JSON.
+
+        Raises:
+            CheckpointError: not a JSON object, nested deeper than ``_MAX_CARD_NESTING`` levels, missing or unknown
+                fields, or a field :meth:`check` refuses.
+        """
         if not isinstance(data, dict):
             raise CheckpointError(f"{source}: a model card must be a JSON object, got {type(data).__name__}")
+        if _nesting(data) > _MAX_CARD_NESTING:
+            raise CheckpointError(f"{source}: the model card nests more than {_MAX_CARD_NESTING} levels deep")
         known = {f.name for f in fields(cls)}
         required = {"name", "model", "model_args", "classes", "input_size", "mean", "std"}
         missing = required - data.keys()
@@ -94,8 +127,6 @@ class ModelCard:
         unknown = data.keys() - known
         if unknown:
             raise CheckpointError(f"{source}: model card has unknown fields {sorted(unknown)}")
-        if data.get("format_version", CARD_VERSION) != CARD_VERSION:
-            raise CheckpointError(f"{source}: card format {data['format_version']} is not {CARD_VERSION}")
         card = cls(**data)
         card.check(source)
         return card
@@ -128,10 +159,27 @@ class ModelCard:
                 fail(name, "a non-empty list of finite numbers" + (" > 0" if low == 0.0 else ""))
         if len(self.mean) != len(self.std):
             fail("std", f"as long as mean ({len(self.mean)} channels)")
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            fail("weights_dtype", f"one of {list(WEIGHTS_DTYPES)}")
+        if not isinstance(self.weights_sha256, str) or not re.fullmatch("|[0-9a-f]{64}", self.weights_sha256):
+            fail("weights_sha256", "64 lowercase hex digits, or '' (not recorded)")
+        if type(self.format_version) is not int or self.format_version != CARD_VERSION:
+            fail("format_version", f"the integer {CARD_VERSION} (the card format this code reads)")
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the card as indented JSON to ``path`` (the ``.json`` file)."""
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def _nesting(value: object) -> int:
+    """How many JSON objects and arrays ``value`` nests (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -150,6 +198,14 @@ def _describe(problems: dict[str, list[str]]) -> str:
     return ", ".join(f"{len(names)} {kind} (e.g. {names[0]})" for kind, names in problems.items() if names)
 
 
+def _require_finite(tensor: torch.Tensor, name: str, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming ``name`` when ``tensor``, as stored for ``dtype``, holds an inf or NaN."""
+    if not torch.isfinite(tensor).all():
+        hint = " (float16 ends at ±65504)" if tensor.dtype == torch.float16 else ""
+        raise ValueError(f"{name}: a value is inf or NaN once stored with dtype={dtype}{hint}, so the checkpoint is "
+                         f"not saved")
+
+
 def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8 quantisation of a floating tensor with ndim ≥ 2 (module docstring).
 
@@ -160,19 +216,26 @@ def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch
         tuple[Tensor, Tensor]: ``q`` (same shape, int8) and ``scale`` (C_out,) float32, C_out = ``weight.shape[0]``.
 
     Raises:
-        ValueError: a non-finite value in ``weight`` (``name`` is in the message).
+        ValueError: ``weight`` has no elements, or holds an inf or NaN (or a value beyond fp32 · 127); ``name`` is
+            in the message.
     """
+    if weight.numel() == 0:
+        raise ValueError(f"{name}: shape {tuple(weight.shape)} has no elements, so it has no int8 scale")
     weight = weight.double()
     scale = (weight.abs().amax(dim=tuple(range(1, weight.dim()))) / _INT8_MAX).float()
-    if not torch.isfinite(scale).all():
-        raise ValueError(f"{name}: a weight is inf or NaN, it cannot be stored as int8")
+    _require_finite(scale, name, torch.int8)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero slice: q = 0, exact
     q = torch.round(weight / scale.double().view(-1, *[1] * (weight.dim() - 1))).clamp(-_INT8_MAX, _INT8_MAX)
     return q.to(torch.int8), scale
 
 
 def _storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring)."""
+    """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring).
+
+    Raises:
+        ValueError: with a ``dtype``, a floating tensor that holds an inf or NaN once cast (e.g. beyond ±65504 in
+            fp16), or an empty tensor to store as int8; the message names it.
+    """
     state = {}
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().cpu()
@@ -180,29 +243,49 @@ def _storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, tor
             state[name], state[name + INT8_SCALE_SUFFIX] = _quantize_int8(tensor, name)
         elif dtype is not None and tensor.is_floating_point():
             state[name] = tensor.to(_UNQUANTIZED_DTYPE if dtype == torch.int8 else dtype)
+            _require_finite(state[name], name, dtype)
         else:
             state[name] = tensor
     return {name: tensor.contiguous() for name, tensor in state.items()}
 
 
-def _dequantize(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], weights_dtype: str,
-                source: str) -> dict[str, torch.Tensor]:
-    """The stored state with its int8 tensors multiplied back by their scales (float64), the scales removed.
+def _card_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> str:
+    """The card's ``weights_dtype`` of ``state`` stored with ``dtype``; None: the one dtype of its floating tensors.
+
+    Raises:
+        ValueError: ``state`` has no floating tensor, or (``dtype`` None) floating tensors of several dtypes or of
+            one that is not in :data:`WEIGHTS_DTYPES`.
+    """
+    found = sorted({str(t.dtype).removeprefix("torch.") for t in state.values() if t.is_floating_point()})
+    if not found:
+        raise ValueError(f"the model's state dict has no floating-point tensor ({len(state)} tensors): nothing to save")
+    if dtype is not None:
+        return str(dtype).removeprefix("torch.")
+    if len(found) != 1 or found[0] not in WEIGHTS_DTYPES:
+        raise ValueError(f"dtype=None keeps each tensor's dtype, but the floating tensors are {found} and a card "
+                         f"records one of {list(WEIGHTS_DTYPES)}: pass dtype")
+    return found[0]
+
+
+def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+                weights_dtype: str, source: str) -> dict[str, torch.Tensor]:
+    """The stored state with its int8 tensors multiplied back by their scales (in float64, then cast to the model's
+    dtype).
 
     Args:
-        state (dict[str, Tensor]): the tensors of the weights file.
-        own (dict[str, Tensor]): the state dict of the model built from the card (which tensors are floating).
+        state (dict[str, Tensor]): the tensors of the weights file without the scales, each of the model's shape.
+        scales (dict[str, Tensor]): the scales, keyed by their tensor's name (``INT8_SCALE_SUFFIX`` removed).
+        own (dict[str, Tensor]): the state dict of the model built from the card (which tensors are floating, and
+            their dtype).
         weights_dtype (str): the card's ``weights_dtype``.
         source (str): the file name, for messages.
 
     Raises:
         CheckpointError: int8 tensors or scales while the card does not say ``"int8"``; or, when it does, an int8
-            tensor without a scale, a scale without an int8 tensor, a scale that is not a floating (C_out,) tensor,
-            or a floating tensor of two or more dims that is not stored as int8.
+            tensor without a scale, a scale without an int8 tensor, a scale that is not a floating (C_out,) tensor
+            of finite values > 0, a floating tensor of two or more dims that is not stored as int8, or a product
+            that is not finite in the model's dtype. The message names the file and a tensor.
     """
-    scales = {name.removesuffix(INT8_SCALE_SUFFIX): tensor for name, tensor in state.items()
-              if name.endswith(INT8_SCALE_SUFFIX)}
-    state = {name: tensor for name, tensor in state.items() if not name.endswith(INT8_SCALE_SUFFIX)}
     floating = {name for name, tensor in own.items() if tensor.is_floating_point()}
     quantized = {name for name in floating & state.keys() if state[name].dtype == torch.int8}
     if weights_dtype != "int8":
@@ -210,50 +293,61 @@ def _dequantize(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], we
             raise CheckpointError(f"{source}: holds {len(quantized)} int8 tensors and {len(scales)} scales, but the "
                                   f"card says weights_dtype={weights_dtype!r}, not 'int8'")
         return state
+    paired = quantized & scales.keys()
+    misshaped = {name for name in paired
+                 if scales[name].shape != state[name].shape[:1] or not scales[name].is_floating_point()}
     problems = {
         "int8 tensors without a scale": sorted(quantized - scales.keys()),
         "scales without an int8 tensor": sorted(scales.keys() - quantized),
-        "scales not of shape (C_out,) or not floating": sorted(
-            name for name in quantized & scales.keys()
-            if scales[name].shape != state[name].shape[:1] or not scales[name].is_floating_point()),
+        "scales not of shape (C_out,) or not floating": sorted(misshaped),
+        "scales not finite and > 0": sorted(
+            name for name in paired - misshaped
+            if not (torch.isfinite(scales[name]).all() and (scales[name] > 0).all())),
         "floating tensors with ndim ≥ 2 not stored as int8": sorted(
             name for name in (floating & state.keys()) - quantized if state[name].dim() >= 2),
     }
     if any(problems.values()):
         raise CheckpointError(f"{source}: the card says weights_dtype='int8' but the file has "
                               f"{_describe(problems)} (scales are stored as '<name>{INT8_SCALE_SUFFIX}')")
-    for name in quantized:
-        state[name] = state[name].double() * scales[name].double().view(-1, *[1] * (state[name].dim() - 1))
+    for name in sorted(quantized):
+        scale = scales[name].double().view(-1, *[1] * (state[name].dim() - 1))
+        state[name] = (state[name].double() * scale).to(own[name].dtype)
+        if not torch.isfinite(state[name]).all():
+            raise CheckpointError(f"{source}: {name} times its scales is inf in {own[name].dtype}: a scale is too "
+                                  f"large")
     return state
 
 
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
                     dtype: torch.dtype | None = None) -> tuple[Path, Path]:
-    """Write ``model``'s state dict as safetensors and ``card`` as JSON.
+    """Write ``model``'s state dict as safetensors and ``card`` as JSON; nothing is written when it raises.
 
     Args:
         model (nn.Module): the model (unwrap DDP first).
         path (str or Path): checkpoint stem (or either file's path).
         card (ModelCard): the card; ``name``, ``weights_dtype`` and ``weights_sha256`` are filled in here.
-        dtype (torch.dtype, optional): store floating-point tensors in this dtype (e.g. ``torch.float16``), or
-            ``torch.int8``: floating tensors with ndim ≥ 2 as int8 with per-output-channel scales, the others in
-            fp16 (module docstring); None keeps each tensor's dtype, so a save → load round-trips bit-exactly.
-            Default: None
+        dtype (torch.dtype, optional): store floating-point tensors in this dtype (``torch.float32``,
+            ``torch.float16`` or ``torch.bfloat16``), or ``torch.int8``: floating tensors with ndim ≥ 2 as int8 with
+            per-output-channel scales, the others in fp16 (module docstring); None keeps each tensor's dtype, so a
+            save → load round-trips bit-exactly. Default: None
 
     Returns:
         tuple[Path, Path]: the weights and card paths.
 
     Raises:
-        ValueError: ``dtype`` neither floating nor ``torch.int8``, or an inf or NaN weight to store as int8.
+        ValueError: ``dtype`` not one of :data:`WEIGHTS_DTYPES`; a model without floating tensors; with ``dtype``,
+            a tensor that is inf or NaN once stored (or empty, for int8); with None, floating tensors of several
+            dtypes or of one outside :data:`WEIGHTS_DTYPES`. The message names the tensor or dtypes.
     """
-    if dtype is not None and not (dtype.is_floating_point or dtype == torch.int8):
-        raise ValueError(f"dtype must be a floating dtype or torch.int8, got {dtype}")
+    if dtype is not None and str(dtype).removeprefix("torch.") not in WEIGHTS_DTYPES:
+        raise ValueError(f"dtype must be None or one of {[f'torch.{name}' for name in WEIGHTS_DTYPES]}, got {dtype}")
     weights_path, card_path = checkpoint_paths(path)
-    weights_path.parent.mkdir(parents=True, exist_ok=True)
     state = _storage_state(model, dtype)
+    weights_dtype = _card_dtype(state, dtype)
+    weights_path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(weights_path), metadata={"model": card.model, "format_version": str(CARD_VERSION)})
     card.name = weights_path.stem
-    card.weights_dtype = str(dtype or next(iter(state.values())).dtype).removeprefix("torch.")
+    card.weights_dtype = weights_dtype
     card.weights_sha256 = _sha256(weights_path)
     card.write(card_path)
     return weights_path, card_path
@@ -264,7 +358,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
 
     Stored fp16 weights are cast to the dtype of the model's own parameters (fp32); int8 weights (card
     ``weights_dtype == "int8"``) are multiplied by their scales first (module docstring), so the model is the same
-    kind of float model either way.
+    kind of float model either way. Shapes are checked before anything is dequantized.
 
     Args:
         path (str or Path): checkpoint stem, ``.json`` or ``.safetensors`` path.
@@ -274,19 +368,16 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         tuple[nn.Module, ModelCard]: the model (eval mode) and its card.
 
     Raises:
-        CheckpointError: a missing file, a card that is not valid JSON or lacks fields, a weights file whose
-            sha256 differs from the card's, an unreadable safetensors file, an unknown model, int8 tensors and
-            scales that do not match each other or the card's ``weights_dtype``, or weights that do not fit the
-            model (missing, unexpected or mis-shaped tensors).
+        CheckpointError: a missing file, a card that is not valid JSON or lacks fields (:meth:`ModelCard.read`), a
+            weights file whose sha256 differs from the card's, an unreadable safetensors file, an unknown model,
+            weights that do not fit the model (missing, unexpected or mis-shaped tensors), or int8 tensors and
+            scales that do not match each other or the card's ``weights_dtype`` or are not finite (``_dequantize``).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):
         if not file.is_file():
             raise CheckpointError(f"checkpoint file {file} does not exist")
-    try:
-        card = ModelCard.from_dict(json.loads(card_path.read_text()), str(card_path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{card_path}: not a valid JSON model card ({err})") from err
+    card = ModelCard.read(card_path)
     if card.weights_sha256 and _sha256(weights_path) != card.weights_sha256:
         raise CheckpointError(f"{weights_path}: sha256 differs from the card's: the file is corrupt or replaced")
     try:
@@ -298,12 +389,44 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
     own = model.state_dict()
-    state = _dequantize(state, own, card.weights_dtype, weights_path.name)
+    scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
+              if name.endswith(INT8_SCALE_SUFFIX)}
     common = own.keys() & state.keys()
     problems = {"missing": sorted(own.keys() - state.keys()), "unexpected": sorted(state.keys() - own.keys()),
                 "mis-shaped": sorted(name for name in common if own[name].shape != state[name].shape)}
     if any(problems.values()):
         raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
                               + _describe(problems))
+    state = _dequantize(state, scales, own, card.weights_dtype, weights_path.name)
     model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
     return model.to(device).eval(), card
+
+
+def measure_stored(path: str | os.PathLike, metrics: dict[str, float],
+                   measure: Callable[[nn.Module, ModelCard], dict[str, float]],
+                   device: str | torch.device = "cpu") -> tuple[ModelCard, dict[str, float]]:
+    """Load a checkpoint just saved from a model, measure it, and return its card with the metrics updated.
+
+    So that a card's :data:`STORED_METRICS` (``test_top1``, ``test_loss``) are always those of the weights as
+    stored, they become ``measure``'s; when the weights are stored as int8, the model's own ``metrics`` are kept as
+    ``<name>`` + :data:`BEFORE_SUFFIX`, unless the card has those keys already (an int8 checkpoint saved again as
+    int8 keeps the original float model's). The card is not written.
+
+    Args:
+        path (str or Path): the saved checkpoint (stem, ``.json`` or ``.safetensors``).
+        metrics (dict[str, float]): the saved model's :data:`STORED_METRICS`, measured before saving.
+        measure (Callable[[nn.Module, ModelCard], dict[str, float]]): a loaded model's :data:`STORED_METRICS`,
+            e.g. :meth:`convnn.evaluate.EvaluationData.metrics`.
+        device (str or torch.device): where the stored model is loaded and measured. Default: ``"cpu"``
+
+    Returns:
+        tuple[ModelCard, dict[str, float]]: the card with the new metrics, and the stored weights' metrics.
+
+    Raises:
+        CheckpointError: the checkpoint does not load (:func:`load_checkpoint`).
+    """
+    model, card = load_checkpoint(path, device)
+    stored = measure(model, card)
+    before = {name + BEFORE_SUFFIX: metrics[name] for name in STORED_METRICS} if card.weights_dtype == "int8" else {}
+    card.metrics = {**before, **card.metrics, **stored}
+    return card, stored

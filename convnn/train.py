@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from kernels import BACKEND_ENV_VAR, BACKENDS, resolve_backend
 
-from .checkpoint import ModelCard, save_checkpoint
+from .checkpoint import WEIGHTS_DTYPES, ModelCard, checkpoint_paths, measure_stored, save_checkpoint
 from .data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -86,7 +86,7 @@ class TrainConfig:
     out: str = "runs"
     backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
     amp: bool = True  # bf16 autocast on CUDA
-    save_dtype: str = "float16"  # SAVE_DTYPES; with "int8" the card's metrics are still the float model's
+    save_dtype: str = "float16"  # SAVE_DTYPES; with "int8" the card's metrics are the stored weights' (measure_stored)
     max_steps: int | None = None  # stop early (smoke tests)
     num_workers: int = 8  # ImageFolder loader processes
     resume: bool = False
@@ -113,7 +113,7 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0 and label_smoothing < 1, got {self.lr}, {self.label_smoothing}")
 
 
-SAVE_DTYPES = ("float16", "bfloat16", "float32", "int8")  # torch dtype names for save_checkpoint
+SAVE_DTYPES = WEIGHTS_DTYPES  # --save-dtype: the dtypes a card can record
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
@@ -333,6 +333,23 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
         raise ValueError(f"model_args do not fit {config.model!r}: {err}") from err
 
 
+def _record_int8_metrics(run: _Run, path: Path, metrics: dict[str, float]) -> None:
+    """Evaluate the int8 checkpoint rank 0 saved at ``path`` and make its card's metrics the stored weights'.
+
+    The float model's ``metrics`` stay in the card with :data:`~convnn.checkpoint.BEFORE_SUFFIX`
+    (:func:`~convnn.checkpoint.measure_stored`). Every rank loads the file (as ``--resume`` does, the ranks share
+    ``--out``) and evaluates its shard of the test loader; rank 0 writes the card.
+    """
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 has written the checkpoint
+    card, stored = measure_stored(path, metrics, lambda model, _: evaluate(model, run.test_loader, run.device, run.amp),
+                                  run.device)
+    if run.is_main:
+        card.write(checkpoint_paths(path)[1])
+        log.info("int8 weights as stored: test top-1 %.2f%% (float model %.2f%%)", stored["test_top1"],
+                 metrics["test_top1"])
+
+
 def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
     """Run the whole training described by ``config`` (checked first with :meth:`TrainConfig.check`).
 
@@ -411,6 +428,8 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
                           "versions": _versions(), "date": datetime.date.today().isoformat(),
                           "backend": resolve_backend("auto", device)})
             save_checkpoint(model, out / config.name, card, dtype=getattr(torch, config.save_dtype))
+        if config.save_dtype == "int8":
+            _record_int8_metrics(run, out / config.name, metrics)
         return model, metrics
     finally:
         if dist.is_initialized():

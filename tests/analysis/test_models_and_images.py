@@ -55,18 +55,22 @@ def test_listing_and_cards(checkpoint_dir):
 
 
 def test_listing_skips_malformed_cards_with_a_warning(checkpoint_dir, tmp_path, caplog):
-    """One bad card in the folder (wrong field type, not JSON) must not hide the good ones."""
+    """One bad card in the folder (wrong field type, not JSON, nested too deeply to parse) must not hide the good
+    ones."""
     shutil.copyfile(checkpoint_dir / "cnn-l0.json", tmp_path / "good.json")
     card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
     (tmp_path / "bad.json").write_text(json.dumps(card | {"metrics": [1]}))
     (tmp_path / "broken.json").write_text("{not json")
-    for stem in ("good", "bad", "broken"):
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for stem in ("good", "bad", "broken", "deep"):
         shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / f"{stem}.safetensors")
     with caplog.at_level(logging.WARNING, logger="analysis.checkpoints"):
         listed = list_checkpoints(tmp_path)
     assert listed == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
     assert [m.split(":")[0] for m in caplog.messages] == ["skipping checkpoint bad.json",
-                                                          "skipping checkpoint broken.json"]
+                                                          "skipping checkpoint broken.json",
+                                                          "skipping checkpoint deep.json"]
+    assert "not a readable JSON model card (RecursionError" in caplog.messages[2]
 
 
 def test_card_summary_tolerates_odd_metrics(checkpoint_dir):
@@ -75,6 +79,17 @@ def test_card_summary_tolerates_odd_metrics(checkpoint_dir):
                            ([1], "not recorded"), ({}, "not recorded"), ({"test_top1": 93.1}, "93.10%")]:
         summary = card_summary(dataclasses.replace(card, metrics=metrics))
         assert summary.splitlines()[5] == f"test accuracy (top-1): {shown}"
+
+
+def test_card_summary_shows_how_the_weights_are_stored(checkpoint_dir):
+    card = load_model(checkpoint_dir / "cnn-l0.json").card
+    assert card_summary(card).splitlines()[-1] == "weights stored as: float32"
+    int8 = dataclasses.replace(card, weights_dtype="int8", metrics={"test_top1": 90.0,
+                                                                     "test_top1_before_quantization": 90.5})
+    assert card_summary(int8).splitlines()[-1] == (
+        "weights stored as: int8 (per-channel scales; before quantisation: 90.50%)")
+    assert card_summary(dataclasses.replace(int8, metrics={})).splitlines()[-1].endswith(
+        "before quantisation: not recorded)")
 
 
 def test_load_model_is_cached_and_refuses_corrupt_weights(checkpoint_dir, tmp_path):

@@ -14,6 +14,7 @@ from PIL import Image
 
 import analysis as an
 import app
+from convnn import load_checkpoint, save_checkpoint
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 NO_OVERRIDES = dict(k=0, window=0, candidates=0, seed=0, alpha=0.5, head=0)
@@ -146,6 +147,20 @@ def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
     assert update["value"] == uploads[0] and ("uploaded: vit-mhsa", uploads[0]) in update["choices"]
     card, layers, head = explorer.on_model(uploads[0])
     assert "MHSA" in card and layers["value"] == "blocks.0.attn" and head["visible"]
+
+
+def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(explorer, checkpoint_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    model, card = load_checkpoint(checkpoint_dir / "vit-mhsa.json")
+    weights, card_path = save_checkpoint(model, tmp_path / "mine8", card, dtype=torch.int8)
+    _, uploads = explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
+    shown, _, _ = explorer.on_model(uploads[0])
+    assert "weights stored as: int8 (per-channel scales" in shown
+    card_path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
+    assert refused.value.message.startswith("mine8.json: not a readable JSON model card (RecursionError")
+    assert len(list((tmp_path / "work" / "checkpoints").iterdir())) == 1  # the refused upload left nothing
 
 
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):

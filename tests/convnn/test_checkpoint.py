@@ -6,8 +6,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from convnn import CheckpointError, ModelCard, create_model, load_checkpoint, save_checkpoint
+from convnn import checkpoint as checkpoint_module
 from convnn.checkpoint import INT8_SCALE_SUFFIX
 from tests.small_models import SMALL_MODELS
 
@@ -96,6 +98,18 @@ def test_missing_or_non_json_files_are_refused(saved, tmp_path):
         load_checkpoint(path)
 
 
+def test_deeply_nested_cards_are_checkpoint_errors(saved):
+    """Too deep for the JSON parser (a RecursionError inside it), or parsed but deeper than any card needs."""
+    _, path = saved
+    card = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match="not a readable JSON model card"):
+        load_checkpoint(path)
+    path.with_suffix(".json").write_text(json.dumps(card | {"recipe": {"x": json.loads("[" * 500 + "]" * 500)}}))
+    with pytest.raises(CheckpointError, match="nests more than 16 levels"):
+        load_checkpoint(path)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("classes", ["a", "b", "c"], "classes"),
     ("classes", ["cat"] * 10, "classes"),
@@ -105,6 +119,12 @@ def test_missing_or_non_json_files_are_refused(saved, tmp_path):
     ("input_size", "32", "input_size"),
     ("input_size", 100000, "input_size"),
     ("model_args", [1], "model_args"),
+    ("weights_dtype", "int4", "weights_dtype must be one of"),
+    ("weights_dtype", None, "weights_dtype must be one of"),
+    ("weights_sha256", 123, "weights_sha256 must be"),
+    ("weights_sha256", "abc", "weights_sha256 must be"),
+    ("format_version", True, "format_version must be the integer 1"),
+    ("format_version", 1.0, "format_version must be the integer 1"),
 ])
 def test_card_fields_of_the_wrong_type_or_range_are_refused(saved, field, value, message):
     _, path = saved
@@ -197,6 +217,19 @@ def _unquantize(state: dict) -> None:
     del state["head.weight" + INT8_SCALE_SUFFIX]
 
 
+def _rewrite_int8(tmp_path, edit, card_dtype: str = "int8"):
+    """An int8 checkpoint whose weights file ``edit`` rewrote, its card carrying the new sha256; the weights path."""
+    model, card = _small_model("vit-mhsa")
+    weights, card_path = save_checkpoint(model, tmp_path / "q", card, dtype=torch.int8)
+    state = load_file(weights)
+    edit(state)
+    save_file(state, str(weights))
+    card_json = json.loads(card_path.read_text())
+    card_json.update(weights_dtype=card_dtype, weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest())
+    card_path.write_text(json.dumps(card_json))
+    return weights
+
+
 @pytest.mark.parametrize("edit, card_dtype, message", [
     (_drop_scale, "int8", "1 int8 tensors without a scale"),
     (_misshape_scale, "int8", "scales not of shape"),
@@ -206,27 +239,72 @@ def _unquantize(state: dict) -> None:
 ])
 def test_int8_files_that_do_not_match_their_card_are_refused(edit, card_dtype, message, tmp_path):
     """A rewritten weights file whose card carries its new sha256: only the int8 checks can catch the mismatch."""
-    model, card = _small_model("vit-mhsa")
-    weights, card_path = save_checkpoint(model, tmp_path / "q", card, dtype=torch.int8)
-    state = load_file(weights)
-    edit(state)
-    save_file(state, str(weights))
-    card_json = json.loads(card_path.read_text())
-    card_json.update(weights_dtype=card_dtype, weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest())
-    card_path.write_text(json.dumps(card_json))
     with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(_rewrite_int8(tmp_path, edit, card_dtype))
+
+
+@pytest.mark.parametrize("scale, message", [
+    (float("nan"), r"q.safetensors: .* 1 scales not finite and > 0 \(e.g. head.weight\)"),
+    (float("inf"), r"1 scales not finite and > 0 \(e.g. head.weight\)"),
+    (0.0, r"1 scales not finite and > 0 \(e.g. head.weight\)"),
+    (-0.01, r"1 scales not finite and > 0 \(e.g. head.weight\)"),
+    (1e300, "q.safetensors: head.weight times its scales is inf in torch.float32"),  # finite in float64
+])
+def test_int8_scales_that_are_not_finite_and_positive_are_refused(scale, message, tmp_path):
+    def corrupt(state: dict) -> None:
+        key = "head.weight" + INT8_SCALE_SUFFIX
+        state[key] = torch.full_like(state[key], scale, dtype=torch.float64)
+
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(_rewrite_int8(tmp_path, corrupt))
+
+
+def test_a_mis_shaped_int8_tensor_is_refused_before_it_is_dequantized(tmp_path, monkeypatch):
+    """A large upload of the wrong shape must not cost a float64 copy: the shape check comes first."""
+    def large(state: dict) -> None:
+        state["head.weight"] = torch.ones(10, 100_000, dtype=torch.int8)
+
+    weights = _rewrite_int8(tmp_path, large)
+
+    def never(*args, **kwargs):
+        raise AssertionError("_dequantize ran before the shapes were checked")
+
+    monkeypatch.setattr(checkpoint_module, "_dequantize", never)
+    with pytest.raises(CheckpointError, match=r"1 mis-shaped \(e.g. head.weight\)"):
         load_checkpoint(weights)
 
 
-@pytest.mark.parametrize("dtype, poison, message", [
-    (torch.int32, None, "floating dtype or torch.int8"),
-    (torch.int8, float("nan"), "inf or NaN"),
-    (torch.int8, float("inf"), "inf or NaN"),
+@pytest.mark.parametrize("dtype, tensor, value, message", [
+    (torch.int32, None, None, "dtype must be None or one of"),
+    (torch.float64, None, None, "dtype must be None or one of"),
+    (torch.int8, "head.weight", float("nan"), "head.weight: a value is inf or NaN"),
+    (torch.int8, "head.weight", float("inf"), "head.weight: a value is inf or NaN"),
+    (torch.int8, "head.bias", float("nan"), "head.bias: a value is inf or NaN"),  # ndim < 2: stored in fp16
+    (torch.int8, "head.bias", 1e6, r"head.bias: .* \(float16 ends at ±65504\)"),
+    (torch.float16, "norm.weight", 1e6, r"norm.weight: .* \(float16 ends at ±65504\)"),
+    (torch.bfloat16, "head.weight", float("inf"), "head.weight: a value is inf or NaN"),
+    (torch.float32, "head.bias", float("nan"), "head.bias: a value is inf or NaN"),
 ])
-def test_unstorable_dtypes_and_weights_are_refused(dtype, poison, message, tmp_path):
+def test_unstorable_dtypes_and_weights_are_refused_before_anything_is_written(dtype, tensor, value, message,
+                                                                              tmp_path):
     model, card = _small_model("vit-mhsa")
-    if poison is not None:
+    if tensor is not None:
         with torch.no_grad():
-            model.head.weight[0, 0] = poison
+            model.state_dict()[tensor].view(-1)[0] = value
     with pytest.raises(ValueError, match=message):
-        save_checkpoint(model, tmp_path / "bad", card, dtype=dtype)
+        save_checkpoint(model, tmp_path / "out" / "bad", card, dtype=dtype)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("make_model, dtype, message", [
+    (nn.Identity, None, "no floating-point tensor"),
+    (nn.Identity, torch.int8, "no floating-point tensor"),
+    (lambda: nn.Linear(0, 3), torch.int8, r"weight: shape \(3, 0\) has no elements"),
+    (lambda: nn.Linear(2, 2).double(), None, r"floating tensors are \['float64'\].*pass dtype"),
+    (lambda: nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).half()), None, r"\['float16', 'float32'\]"),
+])
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
+def test_models_a_card_cannot_describe_are_refused_before_anything_is_written(make_model, dtype, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        save_checkpoint(make_model(), tmp_path / "out" / "bad", _card(), dtype=dtype)
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,9 @@
 """The evaluation CLI on generated images: its metrics, the int8 re-save and the card it writes."""
 
+import hashlib
 import json
+import re
+import shutil
 
 import pytest
 import torch
@@ -69,7 +72,7 @@ def test_resaving_an_int8_checkpoint_keeps_the_float_models_numbers(source, tmp_
 
 @pytest.mark.parametrize("argv, message", [
     (["--save-dtype", "int8"], None),  # argparse: --out missing
-    (["--save-dtype", "int8", "--out", "SOURCE"], "holds"),
+    (["--save-dtype", "int8", "--out", "SOURCE"], "vit.safetensors exists there already"),
 ])
 def test_refuses_half_a_resave_request_and_overwriting_the_source(source, argv, message, capsys):
     argv = [str(source.parent) if arg == "SOURCE" else arg for arg in argv]
@@ -79,3 +82,78 @@ def test_refuses_half_a_resave_request_and_overwriting_the_source(source, argv, 
         assert info.value.code == 2 and "go together" in capsys.readouterr().err
     else:
         assert message in str(info.value.code)
+
+
+def test_a_float_resave_is_not_a_quantization(source, tmp_path):
+    """float16 → float32: the new card's metrics are the stored weights', without *_before_quantization keys."""
+    evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "float32", "--device", "cpu",
+                       "--out", str(tmp_path / "fp32")])
+    metrics = json.loads((tmp_path / "fp32" / "vit.json").read_text())["metrics"]
+    assert metrics == pytest.approx(dict(zip(("test_top1", "test_loss"), _metrics(tmp_path / "fp32" / "vit.json"),
+                                             strict=True)), rel=1e-5)
+
+
+def _tree(folder) -> dict[str, str | None]:
+    """Every path under ``folder``: a file's sha256, None for a folder."""
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+            for path in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("other source's folder", "--out .*B: vit.safetensors exists there already"),  # A/vit B/vit --out B
+    ("two sources, one name", "would both be re-saved as"),
+    ("a file exists in --out", "vit.json exists there already"),
+    ("a later card is missing", "does not exist"),
+    ("a later card is no card", "not a readable JSON model card"),
+    ("test_top1 is null", "metrics.test_top1 must be a finite number, got None"),
+    ("test_top1 is text", "metrics.test_top1 must be a finite number, got 'n/a'"),
+])
+def test_refuses_before_anything_is_evaluated_or_written(case, message, source, tmp_path):
+    """Every source is loaded and every new path planned first: one bad argument leaves every folder unchanged."""
+    first, second, out = tmp_path / "A", tmp_path / "B", tmp_path / "out"
+    shutil.copytree(source.parent, first)
+    shutil.copytree(source.parent, second)
+    sources, folder = [first / "vit.json", second / "vit.json"], out
+    if case == "other source's folder":
+        folder = second
+    elif case == "a file exists in --out":
+        out.mkdir()
+        (out / "vit.json").write_text("{}")
+        sources = sources[:1]
+    elif case == "a later card is missing":
+        (second / "vit.json").unlink()
+    elif case == "a later card is no card":
+        (second / "vit.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif case.startswith("test_top1"):
+        card = json.loads((second / "vit.json").read_text())
+        card["metrics"]["test_top1"] = None if case.endswith("null") else "n/a"
+        (second / "vit.json").write_text(json.dumps(card))
+    if case not in ("other source's folder", "two sources, one name", "a file exists in --out"):
+        folder = out / "new"  # distinct names are not the problem here
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([*map(str, sources), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
+                           "--out", str(folder)])
+    assert info.value.code.startswith("python -m convnn.evaluate: ")
+    assert re.search(message, info.value.code), info.value.code
+    assert _tree(tmp_path) == before
+
+
+def test_out_naming_a_file_is_a_usage_error(source, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
+                           "--out", str(tmp_path / "file")])
+    assert info.value.code == 2 and f"--out {tmp_path / 'file'} is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("save_dtype", ["int8", "float32"])
+def test_a_nan_measurement_is_never_written_into_a_card(save_dtype, source, tmp_path, monkeypatch):
+    """A loss that is NaN (here forced) stops the run and leaves no new checkpoint behind."""
+    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: {"test_loss": float("nan"),
+                                                                            "test_top1": 10.0})
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", save_dtype, "--device", "cpu",
+                           "--out", str(tmp_path / "new")])
+    assert "metrics.test_loss" in info.value.code and "got nan" in info.value.code
+    assert list((tmp_path / "new").iterdir()) == []

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from convnn import load_checkpoint
+from convnn.data import normalize, synthetic_images
 from convnn.presets import PRESETS
 from convnn.train import learning_rate, parse_config, train
 from tests.conftest import ROOT
@@ -52,11 +54,23 @@ def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_int8_save_dtype_writes_an_int8_checkpoint(tmp_path):
-    train(parse_config(["--preset", "cnn-l0", "--name", "q", "--out", str(tmp_path), "--epochs", "1",
-                        "--save-dtype", "int8", *TINY]))
-    _, card = load_checkpoint(tmp_path / "q")
+def test_int8_save_dtype_writes_an_int8_checkpoint_scored_as_stored(tmp_path):
+    """The card's test_top1/test_loss are the stored int8 weights' on the test split; the float model's are kept
+    with the _before_quantization suffix."""
+    config = parse_config(["--preset", "cnn-l0", "--name", "q", "--out", str(tmp_path), "--epochs", "1",
+                           "--save-dtype", "int8", *TINY])
+    _, float_metrics = train(config)
+    stored, card = load_checkpoint(tmp_path / "q")
     assert card.weights_dtype == "int8" and card.recipe["save_dtype"] == "int8"
+    images, labels = synthetic_images(config.subset, config.num_classes, config.image_size, config.seed + 1)
+    with torch.no_grad():
+        logits = stored(normalize(torch.from_numpy(images), tuple(card.mean), tuple(card.std)))
+    labels = torch.from_numpy(labels)
+    assert card.metrics == pytest.approx({
+        "test_top1": 100 * (logits.argmax(1) == labels).float().mean().item(),
+        "test_loss": F.cross_entropy(logits, labels).item(),
+        "test_top1_before_quantization": float_metrics["test_top1"],
+        "test_loss_before_quantization": float_metrics["test_loss"]}, rel=1e-5)
 
 
 def test_preset_seed_names_the_run_and_flags_override():
