@@ -46,7 +46,14 @@ def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES
 
     Returns:
         dict[str, float]: class name → probability in [0, 1], in descending order.
+
+    Raises:
+        ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input).
     """
-    probabilities = torch.softmax(trace_image(loaded, image).logits, dim=0)
+    logits = trace_image(loaded, image).logits
+    if not torch.isfinite(logits).all():
+        raise ValueError(f"{loaded.card.name}: the model's output is not finite: the checkpoint's weights or the "
+                         f"card's mean/std are broken")
+    probabilities = torch.softmax(logits, dim=0)
     values, indices = probabilities.topk(min(count, probabilities.numel()))
     return {loaded.card.classes[i]: float(v) for v, i in zip(values.tolist(), indices.tolist(), strict=True)}

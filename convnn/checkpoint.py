@@ -1,9 +1,10 @@
 """Checkpoints: weights as safetensors next to a JSON model card that can rebuild the model.
 
 A checkpoint ``name`` is two files: ``name.safetensors`` (the state dict, optionally stored in fp16, bf16 or
-int8) and ``name.json``, the card: the registered model name and its arguments (so
-:func:`convnn.models.create_model` rebuilds it), the class names and input normalisation, and what a reader needs to
-trust it (metrics, recipe, data checksum, hardware, date, the storage dtype and the sha256 of the weights file).
+int8) and ``name.json``, the card (:class:`convnn.card.ModelCard`, re-exported here): the registered model name and
+its arguments (so :func:`convnn.models.create_model` rebuilds it), the class names and input normalisation, and what
+a reader needs to trust it (metrics, recipe, data checksum, hardware, date, the storage dtype and the sha256 of the
+weights file).
 
 int8 storage (card ``weights_dtype == "int8"``): every floating tensor with two or more dims (conv, linear and
 Conv1D weights, position and class embeddings) is stored as int8 ``q`` with one symmetric scale per slice along
@@ -21,13 +22,10 @@ weights as stored; an int8 card also keeps the float model's as ``test_top1_befo
 
 from __future__ import annotations
 
+import copy
 import hashlib
-import json
-import math
 import os
-import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -35,151 +33,23 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
+from .layers import ConvNN2d, ConvNNAttention
 from .models import create_model
 
 __all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES", "CheckpointError",
            "ModelCard", "checkpoint_paths", "load_checkpoint", "measure_stored", "save_checkpoint"]
 
-CARD_VERSION = 1
-MAX_INPUT_SIZE = 512  # pixels a side: exhaustive ConvNN layers allocate N² scores on the reference path
+# Tokens N a layer that scores every candidate (ConvNN2d "all"/"blend", k-NN attention "all") may see: its reference
+# path holds N² fp32 scores per image, 64 MB at 4096 (ImageNet presets at 224 px: 3136; CIFAR models: ≤ 1024).
+MAX_EXHAUSTIVE_TOKENS = 4096
+_EXHAUSTIVE_SELECTIONS = ("all", "blend")
+_SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # int8 scales: dtypes read back
 INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
 _INT8_MAX = 127  # symmetric range [-127, 127]: -128 unused, so q and -q are both representable
 _UNQUANTIZED_DTYPE = torch.float16  # int8 storage: how the floating tensors with ndim < 2 are stored
-WEIGHTS_DTYPES = ("float32", "float16", "bfloat16", "int8")  # the card's weights_dtype: torch dtype names
-_MAX_CARD_NESTING = 16  # JSON levels a card may nest; cards use 4 (card → recipe → model_args → widths)
 STORED_METRICS = ("test_top1", "test_loss")  # the metrics measure_stored replaces by the stored weights'
 BEFORE_SUFFIX = "_before_quantization"  # int8 card: the float model's metrics, e.g. test_top1<suffix>
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: missing or unreadable files, a card or weights that do not match."""
-
-
-@dataclass
-class ModelCard:
-    """The JSON card of a checkpoint.
-
-    Attributes:
-        name (str): checkpoint name (file stem).
-        model (str): registered model name (:func:`convnn.models.list_models`).
-        model_args (dict): keyword arguments of the model constructor.
-        classes (list[str]): class names, index = logit.
-        input_size (int): square input side in pixels.
-        mean (list[float]): per-channel input mean (on [0, 1] pixels).
-        std (list[float]): per-channel input std.
-        metrics (dict): e.g. ``{"test_top1": 93.1, "test_loss": 0.3}`` (accuracy in percent).
-        recipe (dict): the training configuration.
-        data (dict): dataset name, splits and checksum.
-        training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
-        weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
-            ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).
-        weights_sha256 (str): sha256 of the ``.safetensors`` file (64 lowercase hex digits), or ``""``: not
-            recorded, so not checked on load.
-        format_version (int): :data:`CARD_VERSION`.
-    """
-
-    name: str
-    model: str
-    model_args: dict
-    classes: list[str]
-    input_size: int
-    mean: list[float]
-    std: list[float]
-    metrics: dict = field(default_factory=dict)
-    recipe: dict = field(default_factory=dict)
-    data: dict = field(default_factory=dict)
-    training: dict = field(default_factory=dict)
-    weights_dtype: str = "float32"
-    weights_sha256: str = ""
-    format_version: int = CARD_VERSION
-
-    @classmethod
-    def read(cls, path: str | os.PathLike) -> ModelCard:
-        """Read and check the card at ``path`` (the ``.json`` file).
-
-        Raises:
-            CheckpointError: the file cannot be read, is not UTF-8 JSON (or nests too deeply to parse), or is not a
-                valid card (:meth:`from_dict`); the message names the file.
-        """
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
-        return cls.from_dict(data, str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "card") -> ModelCard:
-        """Build a card from parsed JSON.
-
-        Raises:
-            CheckpointError: not a JSON object, nested deeper than ``_MAX_CARD_NESTING`` levels, missing or unknown
-                fields, or a field :meth:`check` refuses.
-        """
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{source}: a model card must be a JSON object, got {type(data).__name__}")
-        if _nesting(data) > _MAX_CARD_NESTING:
-            raise CheckpointError(f"{source}: the model card nests more than {_MAX_CARD_NESTING} levels deep")
-        known = {f.name for f in fields(cls)}
-        required = {"name", "model", "model_args", "classes", "input_size", "mean", "std"}
-        missing = required - data.keys()
-        if missing:
-            raise CheckpointError(f"{source}: model card lacks {sorted(missing)}")
-        unknown = data.keys() - known
-        if unknown:
-            raise CheckpointError(f"{source}: model card has unknown fields {sorted(unknown)}")
-        card = cls(**data)
-        card.check(source)
-        return card
-
-    def check(self, source: str = "card") -> None:
-        """Raise :class:`CheckpointError` for a field of the wrong type or outside its range (named in the message)."""
-        def fail(field_name: str, expected: str) -> None:
-            value = repr(getattr(self, field_name))
-            raise CheckpointError(f"{source}: {field_name} must be {expected}, got "
-                                  f"{value if len(value) <= 80 else value[:77] + '...'}")
-
-        for name in ("name", "model"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                fail(name, "a non-empty string")
-        for name in ("model_args", "metrics", "recipe", "data", "training"):
-            if not isinstance(getattr(self, name), dict):
-                fail(name, "a JSON object")
-        if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)
-                or not all(isinstance(c, str) for c in self.classes)):
-            fail("classes", "a non-empty list of distinct class names")
-        if self.model_args.get("num_classes", len(self.classes)) != len(self.classes):
-            fail("classes", f"{self.model_args['num_classes']} names (model_args.num_classes)")
-        if isinstance(self.input_size, bool) or not isinstance(self.input_size, int) or not (
-                1 <= self.input_size <= MAX_INPUT_SIZE):
-            fail("input_size", f"an integer in [1, {MAX_INPUT_SIZE}] (pixels)")
-        for name, low in (("mean", -math.inf), ("std", 0.0)):
-            values = getattr(self, name)
-            if not isinstance(values, list) or not values or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool) and low < v < math.inf for v in values):
-                fail(name, "a non-empty list of finite numbers" + (" > 0" if low == 0.0 else ""))
-        if len(self.mean) != len(self.std):
-            fail("std", f"as long as mean ({len(self.mean)} channels)")
-        if self.weights_dtype not in WEIGHTS_DTYPES:
-            fail("weights_dtype", f"one of {list(WEIGHTS_DTYPES)}")
-        if not isinstance(self.weights_sha256, str) or not re.fullmatch("|[0-9a-f]{64}", self.weights_sha256):
-            fail("weights_sha256", "64 lowercase hex digits, or '' (not recorded)")
-        if type(self.format_version) is not int or self.format_version != CARD_VERSION:
-            fail("format_version", f"the integer {CARD_VERSION} (the card format this code reads)")
-
-    def write(self, path: str | os.PathLike) -> None:
-        """Write the card as indented JSON to ``path`` (the ``.json`` file)."""
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-
-def _nesting(value: object) -> int:
-    """How many JSON objects and arrays ``value`` nests (0 for a scalar), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -281,9 +151,10 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
         source (str): the file name, for messages.
 
     Raises:
-        CheckpointError: int8 tensors or scales while the card does not say ``"int8"``; or, when it does, an int8
-            tensor without a scale, a scale without an int8 tensor, a scale that is not a floating (C_out,) tensor
-            of finite values > 0, a floating tensor of two or more dims that is not stored as int8, or a product
+        CheckpointError: int8 tensors or scales, or floating tensors of another dtype, while the card's
+            ``weights_dtype`` is not ``"int8"``; or, when it is, an int8 tensor without a scale, a scale without an
+            int8 tensor, a scale that is not a (C_out,) float16, bfloat16, float32 or float64 tensor of finite
+            values > 0, a floating tensor of two or more dims that is not stored as int8, or a product
             that is not finite in the model's dtype. The message names the file and a tensor.
     """
     floating = {name for name, tensor in own.items() if tensor.is_floating_point()}
@@ -292,14 +163,18 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
         if scales or quantized:
             raise CheckpointError(f"{source}: holds {len(quantized)} int8 tensors and {len(scales)} scales, but the "
                                   f"card says weights_dtype={weights_dtype!r}, not 'int8'")
+        other = sorted(name for name in floating & state.keys() if state[name].dtype != getattr(torch, weights_dtype))
+        if other:
+            raise CheckpointError(f"{source}: the card says weights_dtype={weights_dtype!r}, but {len(other)} floating "
+                                  f"tensors are stored otherwise (e.g. {other[0]}: {state[other[0]].dtype})")
         return state
     paired = quantized & scales.keys()
     misshaped = {name for name in paired
-                 if scales[name].shape != state[name].shape[:1] or not scales[name].is_floating_point()}
+                 if scales[name].shape != state[name].shape[:1] or scales[name].dtype not in _SCALE_DTYPES}
     problems = {
         "int8 tensors without a scale": sorted(quantized - scales.keys()),
         "scales without an int8 tensor": sorted(scales.keys() - quantized),
-        "scales not of shape (C_out,) or not floating": sorted(misshaped),
+        "scales not of shape (C_out,) or not float16, bfloat16, float32 or float64": sorted(misshaped),
         "scales not finite and > 0": sorted(
             name for name in paired - misshaped
             if not (torch.isfinite(scales[name]).all() and (scales[name] > 0).all())),
@@ -316,6 +191,53 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
             raise CheckpointError(f"{source}: {name} times its scales is inf in {own[name].dtype}: a scale is too "
                                   f"large")
     return state
+
+
+def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
+    """Refuse ``model`` (built from ``card``) when one of its layers would score more than
+    :data:`MAX_EXHAUSTIVE_TOKENS` ² candidates per image.
+
+    A copy of the model is moved to the ``meta`` device, every ConvNN layer's forward replaced by one that only
+    records the token count N of its input and returns an empty output of the right shape (the reference path does
+    not run on ``meta``), and run on a (1, 3, S, S) input, S = ``card.input_size``: shapes only, no arithmetic.
+
+    Raises:
+        CheckpointError: the model does not run at the card's input size, or a ConvNN layer with ``selection`` in
+            ``("all", "blend")`` sees N > MAX_EXHAUSTIVE_TOKENS tokens there; the message names the layer, N and
+            the limit.
+    """
+    model = copy.deepcopy(model).to("meta").eval()
+    tokens: dict[str, int] = {}
+
+    def shape_only(name: str, layer: nn.Module) -> Callable[..., torch.Tensor]:
+        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            if isinstance(layer, ConvNN2d):  # (B, C_in, H, W) → (B, C_out, H, W)
+                tokens[name] = x.shape[2] * x.shape[3]
+                return x.new_empty(x.shape[0], layer.out_channels, *x.shape[2:])
+            tokens[name] = x.shape[1]  # attention: (B, N, dim) → (B, N, dim)
+            return x.new_empty(x.shape)
+        return forward
+
+    exhaustive = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, ConvNN2d | ConvNNAttention):
+            layer.forward = shape_only(name, layer)
+            if layer.selection in _EXHAUSTIVE_SELECTIONS:
+                exhaustive.append(name)
+    if not exhaustive:
+        return
+    side = card.input_size
+    try:
+        with torch.no_grad():
+            model(torch.empty(1, 3, side, side, device="meta"))
+    except (ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{source}: the model does not run on a {side}×{side} input (input_size): {err}") from err
+    for name in exhaustive:
+        if tokens.get(name, 0) > MAX_EXHAUSTIVE_TOKENS:
+            raise CheckpointError(f"{source}: at input_size {card.input_size}, layer {name} (selection="
+                                  f"{model.get_submodule(name).selection!r}) scores all N = {tokens[name]} tokens "
+                                  f"against each other, more than the {MAX_EXHAUSTIVE_TOKENS} allowed (N² scores per "
+                                  f"image): use a smaller input_size")
 
 
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
@@ -370,8 +292,10 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     Raises:
         CheckpointError: a missing file, a card that is not valid JSON or lacks fields (:meth:`ModelCard.read`), a
             weights file whose sha256 differs from the card's, an unreadable safetensors file, an unknown model,
-            weights that do not fit the model (missing, unexpected or mis-shaped tensors), or int8 tensors and
-            scales that do not match each other or the card's ``weights_dtype`` or are not finite (``_dequantize``).
+            weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
+            tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
+            (``_dequantize``), a weight that is inf or NaN, or a ConvNN layer that would score too many tokens at the
+            card's input size (``_check_token_budget``).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):
@@ -388,6 +312,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         model = create_model(card.model, **card.model_args)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
+    _check_token_budget(model, card, str(card_path))
     own = model.state_dict()
     scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
               if name.endswith(INT8_SCALE_SUFFIX)}
@@ -398,6 +323,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
                               + _describe(problems))
     state = _dequantize(state, scales, own, card.weights_dtype, weights_path.name)
+    broken = sorted(name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all())
+    if broken:
+        raise CheckpointError(f"{weights_path.name}: {len(broken)} tensors hold an inf or NaN (e.g. {broken[0]})")
     model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
     return model.to(device).eval(), card
 

@@ -114,8 +114,10 @@ def resave(source: Path, model: nn.Module, card: ModelCard, metrics: dict[str, f
            dtype: torch.dtype, data: EvaluationData) -> tuple[Path, dict[str, float]]:
     """Save ``model`` in ``dtype`` as ``out/<source's name>``, load it back, evaluate it, note that in its card.
 
-    The new card's metrics are :func:`~convnn.checkpoint.measure_stored`'s. When anything fails after the save,
-    the two new files are removed again.
+    The new card's metrics are :func:`~convnn.checkpoint.measure_stored`'s. The checkpoint is first saved as
+    ``out/.<name>.partial`` and measured from there; only then are the weights renamed and the card written, so an
+    interrupted run leaves no card with the source's metrics under the new name (a ``.partial`` pair at most, which
+    the next run overwrites). When anything fails after the save, the new files are removed again.
 
     Args:
         source (Path): the checkpoint ``model`` was loaded from (never overwritten).
@@ -135,14 +137,18 @@ def resave(source: Path, model: nn.Module, card: ModelCard, metrics: dict[str, f
         CheckpointError: the written checkpoint does not load back.
     """
     weights_path, card_path = _new_paths(source, out)
-    save_checkpoint(model, weights_path, replace(card), dtype=dtype)
+    partial_weights, partial_card = save_checkpoint(model, out / f".{weights_path.stem}.partial", replace(card),
+                                                    dtype=dtype)
     try:
-        stored_card, stored = measure_stored(card_path, metrics, data.metrics, data.device)
+        stored_card, stored = measure_stored(partial_card, metrics, data.metrics, data.device)
         _check_finite(stored_card.metrics, f"{card_path.name} (saved from {source})")
+        partial_weights.replace(weights_path)
     except BaseException:
-        weights_path.unlink(missing_ok=True)
-        card_path.unlink(missing_ok=True)
+        partial_weights.unlink(missing_ok=True)
         raise
+    finally:
+        partial_card.unlink(missing_ok=True)
+    stored_card.name = weights_path.stem
     stored_card.write(card_path)
     return weights_path, stored
 

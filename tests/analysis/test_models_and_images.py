@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -110,6 +111,15 @@ def test_top_classes_equal_the_model_softmax(load_small, image):
     values, indices = probabilities.topk(5)
     assert list(top) == [loaded.card.classes[i] for i in indices.tolist()]
     np.testing.assert_allclose(list(top.values()), values.detach().numpy(), rtol=1e-5)
+
+
+def test_a_model_whose_output_is_not_finite_is_a_clear_error(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    broken = copy.deepcopy(loaded.model)
+    broken.head.bias.data.fill_(float("inf"))
+    with pytest.raises(ValueError, match="the model's output is not finite: the checkpoint's weights or the card's "
+                                         "mean/std are broken"):
+        top_classes(dataclasses.replace(loaded, model=broken, probes=()), image)
 
 
 def test_image_intake_errors(tmp_path):

@@ -308,3 +308,61 @@ def test_models_a_card_cannot_describe_are_refused_before_anything_is_written(ma
     with pytest.raises(ValueError, match=message):
         save_checkpoint(make_model(), tmp_path / "out" / "bad", _card(), dtype=dtype)
     assert not (tmp_path / "out").exists()
+
+
+def _rewrite(path, edit=lambda state: None, **card_fields) -> None:
+    """Rewrite the checkpoint ``path`` (stem): ``edit`` its tensors, update its card, keep the sha256 matching."""
+    weights, card_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    state = load_file(weights)
+    edit(state)
+    save_file(state, str(weights))
+    card = json.loads(card_path.read_text())
+    card.update(card_fields, weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest())
+    card_path.write_text(json.dumps(card))
+
+
+def test_exhaustive_layers_beyond_the_token_budget_are_refused_without_running(saved):
+    """At 128 px the first stage's all-pairs selection would hold (128²)² fp32 scores (1 GB per image)."""
+    _, path = saved
+    _rewrite(path, input_size=64)  # N = 4096 = the limit: loads
+    assert load_checkpoint(path)[1].input_size == 64
+    _rewrite(path, input_size=128)
+    with pytest.raises(CheckpointError, match=r"m.json: at input_size 128, layer .*knn \(selection='all'\) scores "
+                                              r"all N = 16384 tokens .* more than the 4096 allowed"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_int8_scales_are_refused(dtype, tmp_path):
+    def to_float8(state: dict) -> None:
+        key = "head.weight" + INT8_SCALE_SUFFIX
+        state[key] = state[key].to(dtype)
+
+    with pytest.raises(CheckpointError, match=r"1 scales not of shape \(C_out,\) or not float16, bfloat16, float32 or "
+                                              r"float64 \(e.g. head.weight\)"):
+        load_checkpoint(_rewrite_int8(tmp_path, to_float8))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_refused(value, saved):
+    _, path = saved
+    _rewrite(path, lambda state: state["head.bias"].fill_(value))
+    with pytest.raises(CheckpointError, match=r"m.safetensors: 1 tensors hold an inf or NaN \(e.g. head.bias\)"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("std", [[1e-300] * 3, [1e-7] * 3, [0.25, 0.25, float("nan")]])
+def test_tiny_or_non_finite_std_is_refused(std, saved):
+    _, path = saved
+    _rewrite(path, std=std)
+    with pytest.raises(CheckpointError, match="std must be a non-empty list of finite numbers ≥ 1e-06"):
+        load_checkpoint(path)
+
+
+def test_floating_tensors_must_be_stored_in_the_cards_dtype(tmp_path):
+    weights, _ = save_checkpoint(create_model("convnn_resnet_cifar", **ARGS), tmp_path / "m", _card(),
+                                 dtype=torch.float16)
+    _rewrite(tmp_path / "m", weights_dtype="float32")
+    with pytest.raises(CheckpointError, match=r"m.safetensors: the card says weights_dtype='float32', but \d+ "
+                                              r"floating tensors are stored otherwise \(e.g. .*: torch.float16\)"):
+        load_checkpoint(weights)

@@ -157,3 +157,20 @@ def test_a_nan_measurement_is_never_written_into_a_card(save_dtype, source, tmp_
                            "--out", str(tmp_path / "new")])
     assert "metrics.test_loss" in info.value.code and "got nan" in info.value.code
     assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_the_new_card_is_written_only_after_the_stored_weights_are_measured(source, tmp_path, monkeypatch):
+    """A run killed while measuring must not leave a loadable card that carries the source's metrics."""
+    out, measure = tmp_path / "int8", evaluate_cli.EvaluationData.metrics
+    cards_seen = []
+
+    def spy(self, model, card):
+        cards_seen.append(sorted(path.name for path in out.glob("*.json")) if out.exists() else [])
+        return measure(self, model, card)
+
+    monkeypatch.setattr(evaluate_cli.EvaluationData, "metrics", spy)
+    evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "int8", "--out", str(out),
+                       "--device", "cpu"])
+    assert len(cards_seen) == 2 and "vit.json" not in cards_seen[1]  # [0]: the source, [1]: the stored weights
+    assert sorted(path.name for path in out.iterdir()) == ["vit.json", "vit.safetensors"]
+    assert json.loads((out / "vit.json").read_text())["name"] == "vit"

@@ -1,0 +1,154 @@
+"""The model card: the JSON half of a checkpoint, which rebuilds the model and says what a reader needs to trust it.
+
+Fields, types and ranges are checked on reading (:meth:`ModelCard.check`); :mod:`convnn.checkpoint` reads and
+writes cards next to their weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+__all__ = ["CARD_VERSION", "MAX_INPUT_SIZE", "WEIGHTS_DTYPES", "CheckpointError", "ModelCard"]
+
+CARD_VERSION = 1
+MAX_INPUT_SIZE = 512  # pixels a side
+_MIN_STD = 1e-6  # the card's std: smaller ones blow normalised inputs up past fp32
+WEIGHTS_DTYPES = ("float32", "float16", "bfloat16", "int8")  # the card's weights_dtype: torch dtype names
+_MAX_CARD_NESTING = 16  # JSON levels a card may nest; cards use 4 (card → recipe → model_args → widths)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing or unreadable files, a card or weights that do not match."""
+
+
+@dataclass
+class ModelCard:
+    """The JSON card of a checkpoint.
+
+    Attributes:
+        name (str): checkpoint name (file stem).
+        model (str): registered model name (:func:`convnn.models.list_models`).
+        model_args (dict): keyword arguments of the model constructor.
+        classes (list[str]): class names, index = logit.
+        input_size (int): square input side in pixels.
+        mean (list[float]): per-channel input mean (on [0, 1] pixels).
+        std (list[float]): per-channel input std.
+        metrics (dict): e.g. ``{"test_top1": 93.1, "test_loss": 0.3}`` (accuracy in percent).
+        recipe (dict): the training configuration.
+        data (dict): dataset name, splits and checksum.
+        training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
+        weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
+            ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).
+        weights_sha256 (str): sha256 of the ``.safetensors`` file (64 lowercase hex digits), or ``""``: not
+            recorded, so not checked on load.
+        format_version (int): :data:`CARD_VERSION`.
+    """
+
+    name: str
+    model: str
+    model_args: dict
+    classes: list[str]
+    input_size: int
+    mean: list[float]
+    std: list[float]
+    metrics: dict = field(default_factory=dict)
+    recipe: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    weights_dtype: str = "float32"
+    weights_sha256: str = ""
+    format_version: int = CARD_VERSION
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> ModelCard:
+        """Read and check the card at ``path`` (the ``.json`` file).
+
+        Raises:
+            CheckpointError: the file cannot be read, is not UTF-8 JSON (or nests too deeply to parse), or is not a
+                valid card (:meth:`from_dict`); the message names the file.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "card") -> ModelCard:
+        """Build a card from parsed JSON.
+
+        Raises:
+            CheckpointError: not a JSON object, nested deeper than ``_MAX_CARD_NESTING`` levels, missing or unknown
+                fields, or a field :meth:`check` refuses.
+        """
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source}: a model card must be a JSON object, got {type(data).__name__}")
+        if _nesting(data) > _MAX_CARD_NESTING:
+            raise CheckpointError(f"{source}: the model card nests more than {_MAX_CARD_NESTING} levels deep")
+        known = {f.name for f in fields(cls)}
+        required = {"name", "model", "model_args", "classes", "input_size", "mean", "std"}
+        missing = required - data.keys()
+        if missing:
+            raise CheckpointError(f"{source}: model card lacks {sorted(missing)}")
+        unknown = data.keys() - known
+        if unknown:
+            raise CheckpointError(f"{source}: model card has unknown fields {sorted(unknown)}")
+        card = cls(**data)
+        card.check(source)
+        return card
+
+    def check(self, source: str = "card") -> None:
+        """Raise :class:`CheckpointError` for a field of the wrong type or outside its range (named in the message)."""
+        def fail(field_name: str, expected: str) -> None:
+            value = repr(getattr(self, field_name))
+            raise CheckpointError(f"{source}: {field_name} must be {expected}, got "
+                                  f"{value if len(value) <= 80 else value[:77] + '...'}")
+
+        for name in ("name", "model"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                fail(name, "a non-empty string")
+        for name in ("model_args", "metrics", "recipe", "data", "training"):
+            if not isinstance(getattr(self, name), dict):
+                fail(name, "a JSON object")
+        if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)
+                or not all(isinstance(c, str) for c in self.classes)):
+            fail("classes", "a non-empty list of distinct class names")
+        if self.model_args.get("num_classes", len(self.classes)) != len(self.classes):
+            fail("classes", f"{self.model_args['num_classes']} names (model_args.num_classes)")
+        if isinstance(self.input_size, bool) or not isinstance(self.input_size, int) or not (
+                1 <= self.input_size <= MAX_INPUT_SIZE):
+            fail("input_size", f"an integer in [1, {MAX_INPUT_SIZE}] (pixels)")
+        for name, low in (("mean", -math.inf), ("std", _MIN_STD)):
+            values = getattr(self, name)
+            if not isinstance(values, list) or not values or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= low
+                    for v in values):
+                fail(name, "a non-empty list of finite numbers" + (f" ≥ {low:g}" if name == "std" else ""))
+        if len(self.mean) != len(self.std):
+            fail("std", f"as long as mean ({len(self.mean)} channels)")
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            fail("weights_dtype", f"one of {list(WEIGHTS_DTYPES)}")
+        if not isinstance(self.weights_sha256, str) or not re.fullmatch("|[0-9a-f]{64}", self.weights_sha256):
+            fail("weights_sha256", "64 lowercase hex digits, or '' (not recorded)")
+        if type(self.format_version) is not int or self.format_version != CARD_VERSION:
+            fail("format_version", f"the integer {CARD_VERSION} (the card format this code reads)")
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the card as indented JSON to ``path`` (the ``.json`` file)."""
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def _nesting(value: object) -> int:
+    """How many JSON objects and arrays ``value`` nests (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
