@@ -36,8 +36,8 @@ class ModelCard:
         model_args (dict): keyword arguments of the model constructor.
         classes (list[str]): class names, index = logit.
         input_size (int): square input side in pixels.
-        mean (list[float]): per-channel input mean (on [0, 1] pixels).
-        std (list[float]): per-channel input std.
+        mean (list[float]): input mean per RGB channel (3 values, on [0, 1] pixels).
+        std (list[float]): input std per RGB channel (3 values, each ≥ 1e-6).
         metrics (dict): e.g. ``{"test_top1": 93.1, "test_loss": 0.3}`` (accuracy in percent).
         recipe (dict): the training configuration.
         data (dict): dataset name, splits and checksum.
@@ -125,12 +125,10 @@ class ModelCard:
             fail("input_size", f"an integer in [1, {MAX_INPUT_SIZE}] (pixels)")
         for name, low in (("mean", -math.inf), ("std", _MIN_STD)):
             values = getattr(self, name)
-            if not isinstance(values, list) or not values or not all(
+            if not isinstance(values, list) or len(values) != 3 or not all(
                     isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= low
                     for v in values):
-                fail(name, "a non-empty list of finite numbers" + (f" ≥ {low:g}" if name == "std" else ""))
-        if len(self.mean) != len(self.std):
-            fail("std", f"as long as mean ({len(self.mean)} channels)")
+                fail(name, "3 finite numbers, one per RGB channel" + (f", each ≥ {low:g}" if name == "std" else ""))
         if self.weights_dtype not in WEIGHTS_DTYPES:
             fail("weights_dtype", f"one of {list(WEIGHTS_DTYPES)}")
         if not isinstance(self.weights_sha256, str) or not re.fullmatch("|[0-9a-f]{64}", self.weights_sha256):

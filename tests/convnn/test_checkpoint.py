@@ -116,6 +116,8 @@ def test_deeply_nested_cards_are_checkpoint_errors(saved):
     ("metrics", [1], "metrics"),
     ("mean", "abc", "mean"),
     ("std", [0.0, 0.0, 0.0], "std"),
+    ("mean", [0.5] * 4, "mean must be 3 finite numbers, one per RGB channel"),
+    ("std", [0.25], "std must be 3 finite numbers, one per RGB channel"),
     ("input_size", "32", "input_size"),
     ("input_size", 100000, "input_size"),
     ("model_args", [1], "model_args"),
@@ -355,7 +357,7 @@ def test_weights_that_are_not_finite_are_refused(value, saved):
 def test_tiny_or_non_finite_std_is_refused(std, saved):
     _, path = saved
     _rewrite(path, std=std)
-    with pytest.raises(CheckpointError, match="std must be a non-empty list of finite numbers ≥ 1e-06"):
+    with pytest.raises(CheckpointError, match="std must be 3 finite numbers, one per RGB channel, each ≥ 1e-06"):
         load_checkpoint(path)
 
 
