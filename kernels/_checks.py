@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .reference import SIMILARITIES, WEIGHTINGS
 
 FUSED_SIMILARITIES = ("cosine", "dot")  # what the fused kernel scores with
 FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 top-K accumulator in registers
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, attn_mask, self_first) -> None:
@@ -50,9 +57,11 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
         if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
             raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
                              f"{tuple(candidates.shape)}")
-        if candidates.numel() and (candidates.min() < 0 or candidates.max() >= num_keys):
-            raise ValueError(f"candidates must be key indices in [0, Nk={num_keys}), got values in "
-                             f"[{int(candidates.min())}, {int(candidates.max())}]")
+        if candidates.numel():
+            low, high = (int(x) for x in torch.aminmax(candidates))  # one device sync
+            if low < 0 or high >= num_keys:
+                raise ValueError(f"candidates must be key indices in [0, Nk={num_keys}), got values in "
+                                 f"[{low}, {high}]")
         num_keys = candidates.shape[1] + 1  # the query itself is always a candidate
     if not 1 <= num_neighbors <= num_keys:
         raise ValueError(f"num_neighbors must be in [1, number of candidates={num_keys}], got {num_neighbors}")

@@ -14,7 +14,7 @@ import os
 import torch
 from torch import Tensor
 
-from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments
+from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments, interpreting
 from .reference import KnnResult, knn_aggregate_reference
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "fused_supports", "knn_aggregate", "resolve_backend", "triton_available"]
@@ -31,10 +31,6 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, in_channels: int,
@@ -70,7 +66,7 @@ def resolve_backend(backend: str, device: torch.device, supported: bool = True) 
         backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
         if backend not in BACKENDS:
             raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {backend!r}")
-    runnable = triton_available() and (device.type == "cuda" or _interpreting())
+    runnable = triton_available() and (device.type == "cuda" or interpreting())
     if backend == "auto":
         return "triton" if runnable and supported and device.type == "cuda" else "reference"
     if backend == "triton" and not (runnable and supported):

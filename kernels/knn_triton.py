@@ -39,15 +39,15 @@ instead and summed by a key-owned pass over the inverse index (a stable sort of 
 
 from __future__ import annotations
 
+import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments
+from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments, interpreting
 from .reference import KnnResult
 
 __all__ = ["knn_aggregate_triton"]
@@ -614,11 +614,7 @@ def _next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, dtype: torch.dtype) -> dict:
+def _fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int) -> dict:
     """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K; rows with
     at most 8 new entries in a key tile insert them one by one. The best of the H200 sweep in bench/RESULTS.md §1
     (query blocks of 16–128, key blocks of 32–128, 1–8 warps) at every benchmarked size."""
@@ -628,11 +624,17 @@ def _fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, dtype: torch.dt
                 num_warps=4 if k_pad <= 16 else 8, num_stages=2, FEW_ENTRIES=8)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere, e.g. in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
 def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.device) -> int:
     """How many programs share one query block's candidates, so that the grid fills the GPU."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     if num_programs >= sms:
         return 1
     wanted = -(-_TARGET_PROGRAMS_PER_SM * sms // num_programs)
@@ -645,7 +647,7 @@ def _check_inputs(q, k, v, weight, bias, num_neighbors, similarity, weighting, t
     """The shared argument checks, then what only this kernel restricts: device, dtype, aggregation, K, size."""
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, None, self_first)
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device={q.device}")
     tensors = (("k", k), ("v", v), ("weight", weight), ("bias", bias), ("candidates", candidates))
     for name, x in tensors:
@@ -679,7 +681,7 @@ def _launch_fwd(q, k, v, weight, bias, num_neighbors, similarity, weighting, tem
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     C_out = weight.shape[0]
-    cfg = _fwd_config(num_neighbors, D, Dv, C_out, q.dtype) | (config or {})
+    cfg = _fwd_config(num_neighbors, D, Dv, C_out) | (config or {})
     block_m, block_n, k_pad = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["K_PAD"]
     out = torch.empty(B, C_out, Nq, device=q.device, dtype=q.dtype)
     idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int32)
@@ -723,17 +725,25 @@ def _normalize_backward(x: Tensor, grad_hat: Tensor) -> Tensor:
     return torch.where(norm > NORM_EPS, projected, grad_hat / NORM_EPS)
 
 
-def _key_sum(contrib: Tensor, idx: Tensor, Nk: int) -> Tensor:
-    """Deterministic Σ over (query, slot) entries per key: contrib (BH, Nq·K, W) → (BH, Nk, W) fp32."""
-    BH, num_entries, width = contrib.shape
-    keys = idx.reshape(BH, num_entries).long()
+def _key_order(idx: Tensor, Nk: int) -> tuple[Tensor, Tensor]:
+    """The (query, slot) entries of ``idx`` (BH, Nq, K) grouped by key: their order (BH, Nq·K) and each key's
+    start in it (BH, Nk + 1), both int32, for :func:`_key_sum`."""
+    BH = idx.shape[0] * idx.shape[1]
+    keys = idx.reshape(BH, -1).long()
     sorted_keys, order = torch.sort(keys, dim=-1, stable=True)
     bounds = torch.arange(Nk + 1, device=idx.device).expand(BH, Nk + 1).contiguous()
     offsets = torch.searchsorted(sorted_keys, bounds).to(torch.int32).contiguous()
+    return order.to(torch.int32).contiguous(), offsets
+
+
+def _key_sum(contrib: Tensor, key_order: tuple[Tensor, Tensor], Nk: int) -> Tensor:
+    """Deterministic Σ over (query, slot) entries per key: contrib (BH, Nq·K, W) → (BH, Nk, W) fp32."""
+    BH, num_entries, width = contrib.shape
+    order, offsets = key_order
     out = torch.empty(BH, Nk, width, device=contrib.device, dtype=torch.float32)
     block_j = 32
     _knn_bwd_key_sum[(triton.cdiv(Nk, block_j), BH)](
-        contrib, order.to(torch.int32).contiguous(), offsets, out, Nk, num_entries, width,
+        contrib, order, offsets, out, Nk, num_entries, width,
         BLOCK_J=block_j, BLOCK_W=_next_pow2(width, 16), num_warps=4)
     return out
 
@@ -767,16 +777,17 @@ def _launch_bwd(grad_out, grad_a, q, k, v, weight, bias, idx, a, similarity, wei
         HAS_GRAD_A=grad_a is not None, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, D_PAD=_next_pow2(D, 16), K_PAD=k_pad, BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
     if deterministic:
-        dv = _key_sum(dv, idx, Nk)
+        key_order = _key_order(idx, Nk)
+        dv = _key_sum(dv, key_order, Nk)
         if softmax:
-            dk = _key_sum(dk, idx, Nk)
+            dk = _key_sum(dk, key_order, Nk)
     if depthwise:
         d_weight = dw_part.sum(0).view(B, H * Dv, K).sum(0).unsqueeze(1)  # (H·Dv, 1, K)
     else:
         block_r = 64
         num_rows = B * Nq
         oc_blocks = triton.cdiv(C_out, block_o) * triton.cdiv(Dv, block_c)
-        target = 2 * (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1)
+        target = _TARGET_PROGRAMS_PER_SM * _sm_count(dev)
         num_splits = max(1, min(triton.cdiv(target, K * oc_blocks), triton.cdiv(num_rows, block_r * 4)))
         rows_per_split = triton.cdiv(triton.cdiv(num_rows, num_splits), block_r) * block_r
         num_splits = triton.cdiv(num_rows, rows_per_split)
