@@ -224,11 +224,11 @@ def sweep(cfg: Config, warmup_ms: float, rep_ms: float) -> list[Row]:
         row = Row(cfg.name, f"fused fwd, {label}")
         try:
             tensors, options = _inputs(cfg)
-            args = (*tensors, *options.values(), False)  # ..., candidates, self_first
 
-            def forward(args=args, num_splits=num_splits, config=config):
+            def forward(tensors=tensors, options=options, num_splits=num_splits, config=config):
                 with torch.no_grad():
-                    knn_triton._launch_fwd(*args, num_splits=num_splits, config=config)
+                    knn_triton._launch_fwd(*tensors, **options, self_first=False, num_splits=num_splits,
+                                           config=config)
 
             started = time.perf_counter()
             forward()
@@ -249,7 +249,7 @@ def report(rows: list[Row], sdpa_per_head: dict[str, float | None], elapsed: flo
     lines = [
         "# Fused ConvNN kernel benchmark",
         "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {_triton_version()}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; inputs bf16; "
         f"median of `triton.testing.do_bench` (CUDA events, L2 flushed); whole run {elapsed:.0f} s",
         "- `python bench/kernel.py` (see its docstring for what each method is)",
@@ -293,12 +293,6 @@ def report(rows: list[Row], sdpa_per_head: dict[str, float | None], elapsed: flo
         lines += [f"| {row.config} | {row.method} | {_fmt(row.fwd_ms)} | {'; '.join(row.notes)} |"
                   for row in sweep_rows]
     return "\n".join(lines) + "\n"
-
-
-def _triton_version() -> str:
-    import triton
-
-    return triton.__version__
 
 
 def main() -> None:

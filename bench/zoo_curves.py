@@ -51,9 +51,9 @@ def curves(logs: Path) -> go.Figure:
     figure = make_subplots(rows=2, cols=len(PANELS), subplot_titles=list(PANELS), horizontal_spacing=0.08,
                            vertical_spacing=0.1, row_heights=[0.62, 0.38], shared_xaxes=True)
     for col, presets in enumerate(PANELS.values(), start=1):
-        baseline = seed_curves(logs, presets[0]).mean(0)
-        for preset in presets:
-            runs = seed_curves(logs, preset)
+        family = {preset: seed_curves(logs, preset) for preset in presets}
+        baseline = family[presets[0]].mean(0)
+        for preset, runs in family.items():
             epochs = np.arange(1, runs.shape[1] + 1)
             mean, color = runs.mean(0), COLORS[preset]
             figure.add_trace(go.Scatter(x=np.r_[epochs, epochs[::-1]], y=np.r_[runs.max(0), runs.min(0)[::-1]],
