@@ -206,6 +206,10 @@ def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
             ``("all", "blend")`` sees N > MAX_EXHAUSTIVE_TOKENS tokens there; the message names the layer, N and
             the limit.
     """
+    exhaustive = [name for name, layer in model.named_modules()
+                  if isinstance(layer, ConvNN2d | ConvNNAttention) and layer.selection in _EXHAUSTIVE_SELECTIONS]
+    if not exhaustive:  # nothing scores N² candidates: no copy, no trace
+        return
     model = copy.deepcopy(model).to("meta").eval()
     tokens: dict[str, int] = {}
 
@@ -218,14 +222,9 @@ def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
             return x.new_empty(x.shape)
         return forward
 
-    exhaustive = []
     for name, layer in model.named_modules():
         if isinstance(layer, ConvNN2d | ConvNNAttention):
             layer.forward = shape_only(name, layer)
-            if layer.selection in _EXHAUSTIVE_SELECTIONS:
-                exhaustive.append(name)
-    if not exhaustive:
-        return
     side = card.input_size
     try:
         with torch.no_grad():

@@ -39,6 +39,7 @@ from torch import nn
 
 from .checkpoint import (
     BEFORE_SUFFIX,
+    WEIGHTS_DTYPES,
     ModelCard,
     checkpoint_paths,
     load_checkpoint,
@@ -46,7 +47,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
-from .train import SAVE_DTYPES, evaluate
+from .train import evaluate
 
 __all__ = ["BEFORE_SUFFIX", "EvaluationData", "main", "resave"]
 
@@ -170,10 +171,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cards", nargs="+", metavar="CARD.json", help="checkpoints (card, weights or stem)")
     parser.add_argument("--data-root", help="CIFAR-10 folder (convnn.data.load_cifar10). Default: $CONVNN_CIFAR10")
-    parser.add_argument("--lite", action="store_true",
-                        help="read the pack as convnn.train --lite does (that changes the train file only; the test "
-                             "split, the one evaluated, is the same)")
-    parser.add_argument("--save-dtype", choices=SAVE_DTYPES, help="re-save each checkpoint in this dtype (with --out)")
+    parser.add_argument("--save-dtype", choices=WEIGHTS_DTYPES,
+                        help="re-save each checkpoint in this dtype (with --out)")
     parser.add_argument("--out", type=Path, help="folder for the re-saved checkpoints (with --save-dtype)")
     parser.add_argument("--batch-size", type=int, default=1000, help="images per forward pass. Default: 1000")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
@@ -241,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         loaded = [_load_source(source) for source in sources]
         _plan(sources, args.out)
-        images, labels = load_cifar10(args.data_root, "test", lite=args.lite)
+        images, labels = load_cifar10(args.data_root, "test")
         data = EvaluationData(images, labels, args.batch_size, torch.device(args.device))
         for _, card in loaded:
             data.check(card)

@@ -86,7 +86,7 @@ class TrainConfig:
     out: str = "runs"
     backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
     amp: bool = True  # bf16 autocast on CUDA
-    save_dtype: str = "float16"  # SAVE_DTYPES; with "int8" the card's metrics are the stored weights' (measure_stored)
+    save_dtype: str = "float16"  # WEIGHTS_DTYPES; int8 cards carry the stored weights' metrics (measure_stored)
     max_steps: int | None = None  # stop early (smoke tests)
     num_workers: int = 8  # ImageFolder loader processes
     resume: bool = False
@@ -94,7 +94,7 @@ class TrainConfig:
     def check(self) -> None:
         """Raise ``ValueError`` naming the first field outside its range (before any data is loaded)."""
         choices = {"data": ("cifar10", "imagefolder", "synthetic"), "optimizer": ("sgd", "adamw"),
-                   "backend": BACKENDS, "save_dtype": SAVE_DTYPES, "model": tuple(list_models())}
+                   "backend": BACKENDS, "save_dtype": WEIGHTS_DTYPES, "model": tuple(list_models())}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -113,7 +113,6 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0 and label_smoothing < 1, got {self.lr}, {self.label_smoothing}")
 
 
-SAVE_DTYPES = WEIGHTS_DTYPES  # --save-dtype: the dtypes a card can record
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
@@ -271,10 +270,9 @@ def _loaders(config: TrainConfig, device: torch.device, rank: int, world_size: i
 
 @dataclass
 class _Run:
-    """What the epochs of one run share: model, optimiser, data, schedule and where to write."""
+    """What the epochs of one run share: the model (as the forward sees it), optimiser, data and schedule."""
 
     config: TrainConfig
-    model: nn.Module  # unwrapped
     ddp_model: nn.Module  # what the forward goes through (DDP wrapper or the model itself)
     optimizer: torch.optim.Optimizer
     train_loader: DeviceLoader | FolderLoader
@@ -381,7 +379,7 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
         if len(train_loader) == 0:
             raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images")
         model, model_args = _build_model(config, len(classes), device)
-        run = _Run(config, model, DistributedDataParallel(model) if world_size > 1 else model,
+        run = _Run(config, DistributedDataParallel(model) if world_size > 1 else model,
                    make_optimizer(model, config), train_loader, test_loader, len(classes), device,
                    config.amp and device.type == "cuda", rank == 0,
                    torch.Generator().manual_seed(config.seed * 7919 + rank))

@@ -21,7 +21,7 @@ IMAGES, LABELS = synthetic_images(NUM_IMAGES, len(CIFAR10_CLASSES), 32, seed=3)
 @pytest.fixture
 def source(tmp_path, monkeypatch):
     """A small fp16 checkpoint with a trained-looking card, and the CLI reading the generated images as CIFAR-10."""
-    monkeypatch.setattr(evaluate_cli, "load_cifar10", lambda root, split, lite: (IMAGES, LABELS))
+    monkeypatch.setattr(evaluate_cli, "load_cifar10", lambda root, split: (IMAGES, LABELS))
     model_name, args = SMALL_MODELS["vit-mhsa"]
     torch.manual_seed(0)
     card = ModelCard(name="vit", model=model_name, model_args=args, classes=list(CIFAR10_CLASSES), input_size=32,
