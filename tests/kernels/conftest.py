@@ -1,8 +1,7 @@
 """Kernel tests run on the GPU when there is one, else on CPU through Triton's interpreter (KERNEL.md, "Testing").
 
-Without CUDA this sets ``TRITON_INTERPRET=1`` before :mod:`kernels.knn_triton` (and with it ``@triton.jit``) is
-imported, and replaces the interpreter's
-element-by-element xor reduction (which ``tl.sort``/``tl.topk`` use for every compare-and-swap) with
+Without CUDA, ``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` before anything imports Triton; this file replaces
+the interpreter's element-by-element xor reduction (which ``tl.sort``/``tl.topk`` use for every compare-and-swap) with
 ``numpy.bitwise_xor.reduce``: the same result, about 40× faster here. The hooks only touch Triton's interpreter,
 only in this test session.
 """
@@ -12,10 +11,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
-
-if not torch.cuda.is_available():  # tests/conftest.py sets it too, before anything imports Triton
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _install_fast_xor_reduction() -> None:
