@@ -1,6 +1,7 @@
 """The checkpoints shipped in checkpoints/: they load, their cards are complete, and they classify the samples."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from tests.conftest import ROOT
 CARDS = sorted((ROOT / "checkpoints").glob("*.json"))
 SAMPLES = sorted((ROOT / "examples").glob("*_[01].png"))  # CIFAR-10 test images, 2 per class, named CLASS_i.png
 CARD_FIELDS = {"epochs", "seed", "train_time_s", "hardware", "date", "versions"}
-SHIPPED = {"cnn-l0", "cnn-l0.25", "cnn-l0.5", "cnn-l0.75", "cnn-l1", "vit-mhsa", "vit-kvt16", "vit-convnn16"}
+SHIPPED = {"cnn-l0", "cnn-l0.25", "cnn-l0.5", "cnn-l0.75", "cnn-l1", "cnn-l0.5-random32", "cnn-l0.5-blend0.5",
+           "vit-mhsa", "vit-kvt16", "vit-convnn16", "vit-convnn16-random32", "vit-mhsa-e180", "vit-convnn16-e180"}
 MAX_CHECKPOINT_BYTES = 3_000_000
 MAX_TOTAL_BYTES = 20_000_000
 
@@ -50,10 +52,13 @@ SEED_CARDS = sorted((ROOT / "checkpoints" / "logs").glob("*.card.json"))
 @pytest.mark.parametrize("card_path", CARDS + SEED_CARDS, ids=[c.name for c in CARDS + SEED_CARDS])
 def test_each_zoo_run_used_its_presets_recipe_unchanged(card_path: Path):
     """One recipe per family, identical but for the named change: every field a preset sets is what the run used;
-    runs are named PRESET (seed 0) or PRESET-sSEED (python -m convnn.zoo)."""
+    runs are named PRESET (seed 0), PRESET-sSEED (python -m convnn.zoo) or PRESET-eEPOCHS (the longer-budget runs,
+    whose only change is ``--epochs``)."""
     card = json.loads(card_path.read_text())
     recipe = card["recipe"]
     seed = recipe["seed"]
-    expected = PRESETS[recipe["name"].removesuffix(f"-s{seed}") if seed else recipe["name"]]
+    name = recipe["name"].removesuffix(f"-s{seed}") if seed else recipe["name"]
+    name, longer, epochs = name.rpartition("-e") if re.fullmatch(r".+-e\d+", name) else (name, "", "")
+    expected = dict(PRESETS[name], epochs=int(epochs)) if longer else PRESETS[name]
     assert {key: recipe[key] for key in expected} == expected and card["model"] == expected["model"]
-    assert card["training"]["seed"] == seed
+    assert card["training"]["seed"] == seed and card["training"]["epochs"] == expected["epochs"]
