@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,11 +22,12 @@ from plotly.subplots import make_subplots
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each panel: its presets, the first one the baseline that the lower row subtracts.
-PANELS = {"CNN: λ = 0 (conv + 1×1) vs hybrid λ = 0.5": ("cnn-l0", "cnn-l0.5"),
-          "ViT: MHSA vs KVT vs ConvNN-attention (K = 16)": ("vit-mhsa", "vit-kvt16", "vit-convnn16")}
+PANELS = {"CNN: λ = 0 (conv + 1×1) vs hybrid λ = 0.5, 25 epochs": ("cnn-l0", "cnn-l0.5"),
+          "ViT: MHSA vs KVT vs ConvNN-attention (K = 16), 80 epochs": ("vit-mhsa", "vit-kvt16", "vit-convnn16"),
+          "ViT, 180 epochs (one seed)": ("vit-mhsa-e180", "vit-convnn16-e180")}
 COLORS = {"cnn-l0": "#0072B2", "cnn-l0.5": "#D55E00", "vit-mhsa": "#0072B2", "vit-kvt16": "#009E73",
-          "vit-convnn16": "#D55E00"}  # Okabe–Ito, colour-blind safe
-PLANNED_EPOCHS = {"cnn": 25, "vit": 80}
+          "vit-convnn16": "#D55E00", "vit-mhsa-e180": "#0072B2", "vit-convnn16-e180": "#D55E00"}  # Okabe–Ito
+PLANNED_EPOCHS = {"cnn": 25, "vit": 80}  # the presets' recipes; a run named PRESET-eEPOCHS planned EPOCHS
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-quic", "--no-first-run"]
 
@@ -34,10 +36,16 @@ def seed_curves(logs: Path, preset: str) -> np.ndarray:
     """Test top-1 (%) per epoch of every finished seed of ``preset``: (seeds, epochs); stopped runs are left out."""
     paths = sorted(logs.glob(f"{preset}.log.jsonl")) + sorted(logs.glob(f"{preset}-s*.log.jsonl"))
     runs = [[json.loads(line)["test_top1"] for line in path.read_text().splitlines()] for path in paths]
-    runs = [run for run in runs if len(run) == PLANNED_EPOCHS[preset.split("-")[0]]]
+    longer = re.fullmatch(r".+-e(\d+)", preset)
+    planned = int(longer[1]) if longer else PLANNED_EPOCHS[preset.split("-")[0]]
+    runs = [run for run in runs if len(run) == planned]
     if not runs:
         raise ValueError(f"no finished run of {preset} in {logs}")
     return np.array(runs)
+
+
+def _seeds(count: int) -> str:
+    return "one seed" if count == 1 else f"mean of {count} seeds, band min–max"
 
 
 def _band(color: str) -> str:
@@ -60,14 +68,14 @@ def curves(logs: Path) -> go.Figure:
                                         fill="toself", fillcolor=_band(color), line={"width": 0}, hoverinfo="skip",
                                         showlegend=False), row=1, col=col)
             figure.add_trace(go.Scatter(x=epochs, y=mean, mode="lines", line={"color": color, "width": 2},
-                                        name=f"{preset} (mean of {len(runs)} seeds, band min–max)"), row=1, col=col)
+                                        name=f"{preset} ({_seeds(len(runs))})"), row=1, col=col)
             figure.add_trace(go.Scatter(x=epochs, y=mean - baseline, mode="lines", showlegend=False,
                                         line={"color": color, "width": 2}), row=2, col=col)
         figure.update_xaxes(title_text="epoch", row=2, col=col)
         figure.update_yaxes(title_text="test top-1 (%)", range=[40, 95], row=1, col=col)
         figure.update_yaxes(title_text=f"− {presets[0]} (points)", range=[-10, 4], row=2, col=col)
-    figure.update_layout(height=640, width=1300, template="plotly_white", legend={"font": {"size": 11}},
-                         title="CIFAR-10 test accuracy vs epoch (cosine schedules of 25 and 80 epochs)")
+    figure.update_layout(height=640, width=1600, template="plotly_white", legend={"font": {"size": 11}},
+                         title="CIFAR-10 test accuracy vs epoch (cosine schedules of 25, 80 and 180 epochs)")
     return figure
 
 
@@ -82,7 +90,7 @@ def render_png(html: Path, png: Path) -> bool:
         return False
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1320, "height": 660})
+        page = browser.new_page(viewport={"width": 1620, "height": 660})
         page.goto(html.resolve().as_uri())
         page.wait_for_selector(".main-svg")
         page.screenshot(path=str(png))
