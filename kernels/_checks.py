@@ -9,12 +9,16 @@ import torch
 from .reference import SIMILARITIES, WEIGHTINGS
 
 FUSED_SIMILARITIES = ("cosine", "dot")  # what the fused kernel scores with
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what it loads; it accumulates in fp32
 FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 top-K accumulator in registers
+FUSED_MAX_ELEMENTS = 2**31  # its offsets within one tensor are int32
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton can run kernels on tensors of ``device``: CUDA, or any device in its CPU interpreter
+    (``TRITON_INTERPRET=1``)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 
 def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, attn_mask, self_first) -> None:
@@ -73,3 +77,31 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
         except RuntimeError as err:
             raise ValueError(f"attn_mask must broadcast to (B, H, Nq, Nk) = {(B, H, Nq, k.shape[2])}, "
                              f"got {tuple(attn_mask.shape)}") from err
+
+
+def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask) -> str | None:
+    """Why the fused kernel does not implement a call that passed :func:`check_knn_arguments`; None if it does.
+
+    It implements cosine and scaled-dot-product similarity without a mask, K ≤ 128, a standard Conv1D on one head
+    or a depthwise one (``groups = C_in = C_out = H·Dv``), ``v`` in fp32, bf16 or fp16 (q and k are run in v's
+    dtype) and tensors of fewer than 2**31 elements. The one rule for the dispatch's backend choice and the
+    launcher's ``ValueError``; the returned message names the argument and the value received.
+    """
+    B, H, Nq, _ = q.shape
+    c_in = H * v.shape[3]
+    if similarity not in FUSED_SIMILARITIES:
+        return f"similarity must be one of {FUSED_SIMILARITIES} on the Triton kernel, got {similarity!r}"
+    if attn_mask is not None:
+        return "attn_mask is not implemented by the Triton kernel (use backend='reference')"
+    if groups == 1 and H != 1:
+        return f"groups=1 (standard Conv1D) needs one head on the Triton kernel, got H={H}"
+    if groups not in (1, c_in) or (groups > 1 and weight.shape[0] != c_in):
+        return (f"groups must be 1 or H·Dv={c_in} with C_out = H·Dv (depthwise) on the Triton kernel, "
+                f"got groups={groups}, C_out={weight.shape[0]}")
+    if num_neighbors > FUSED_MAX_NEIGHBORS:
+        return f"num_neighbors must be ≤ {FUSED_MAX_NEIGHBORS} on the Triton kernel, got {num_neighbors}"
+    if v.dtype not in FUSED_DTYPES:
+        return f"v must be one of {FUSED_DTYPES} on the Triton kernel, got {v.dtype}"
+    if max(q.numel(), k.numel(), v.numel(), B * H * Nq * num_neighbors) >= FUSED_MAX_ELEMENTS:
+        return f"inputs with {FUSED_MAX_ELEMENTS} or more elements are not supported by the Triton kernel"
+    return None

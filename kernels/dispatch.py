@@ -1,7 +1,8 @@
-"""The checked entry point :func:`knn_aggregate`: validates arguments and picks the fused kernel or the reference.
+"""The checked entry point :func:`knn_aggregate`: validates arguments once and picks the fused kernel or the reference.
 
 Backend choice (``backend="auto"``): the fused Triton kernel for CUDA tensors when Triton imports and the call uses
-only what the kernel implements (cosine or scaled-dot-product similarity, all or random candidates, no mask);
+only what the kernel implements (:func:`kernels._checks.fused_unsupported_reason`, the rule its launcher enforces:
+cosine or scaled-dot-product similarity, no mask, K ≤ 128, one head or depthwise aggregation, fp32/bf16/fp16);
 the PyTorch reference otherwise. The environment variable ``CONVNN_BACKEND`` (``reference`` | ``triton``), read at
 call time, overrides ``"auto"``, so a whole training run or app session can be forced onto either path.
 """
@@ -14,10 +15,10 @@ import os
 import torch
 from torch import Tensor
 
-from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments, interpreting
+from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, knn_aggregate_reference
 
-__all__ = ["BACKENDS", "BACKEND_ENV_VAR", "fused_supports", "knn_aggregate", "resolve_backend", "triton_available"]
+__all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available"]
 
 BACKENDS = ("auto", "reference", "triton")
 BACKEND_ENV_VAR = "CONVNN_BACKEND"
@@ -33,32 +34,21 @@ def triton_available() -> bool:
     return True
 
 
-def fused_supports(similarity: str, attn_mask: Tensor | None, groups: int, num_heads: int, in_channels: int,
-                   out_channels: int, num_neighbors: int) -> bool:
-    """Whether the fused kernel implements this configuration.
-
-    It does cosine and scaled-dot-product similarity without masks, K ≤ 128, with a standard Conv1D on one head or
-    a depthwise one (``groups = C_in = C_out = H·Dv``).
-    """
-    aggregation_ok = (groups == 1 and num_heads == 1) or groups == in_channels == out_channels
-    return (similarity in FUSED_SIMILARITIES and attn_mask is None and aggregation_ok
-            and num_neighbors <= FUSED_MAX_NEIGHBORS)
-
-
-def resolve_backend(backend: str, device: torch.device, supported: bool = True) -> str:
+def resolve_backend(backend: str, device: torch.device, unsupported: str | None = None) -> str:
     """Resolve ``"auto"`` (and ``CONVNN_BACKEND``) to ``"reference"`` or ``"triton"`` for tensors on ``device``.
 
     Args:
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``.
         device (torch.device): where the inputs live.
-        supported (bool): whether the fused kernel implements the requested configuration. Default: True
+        unsupported (str, optional): why the fused kernel does not implement the requested call
+            (:func:`kernels._checks.fused_unsupported_reason`); None if it does. Default: None
 
     Returns:
         str: ``"reference"`` or ``"triton"``.
 
     Raises:
-        ValueError: unknown backend, or ``"triton"`` forced where it cannot run (no Triton, CPU tensors without
-            ``TRITON_INTERPRET=1``, or a configuration the kernel does not implement).
+        ValueError: unknown backend, or ``"triton"`` forced where it cannot run: no Triton, CPU tensors without
+            ``TRITON_INTERPRET=1``, or a call the kernel does not implement (the message gives ``unsupported``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -66,14 +56,14 @@ def resolve_backend(backend: str, device: torch.device, supported: bool = True) 
         backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
         if backend not in BACKENDS:
             raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {backend!r}")
-    runnable = triton_available() and (device.type == "cuda" or interpreting())
+    runnable = triton_available() and triton_runs_on(device)
     if backend == "auto":
-        return "triton" if runnable and supported and device.type == "cuda" else "reference"
-    if backend == "triton" and not (runnable and supported):
-        raise ValueError(
-            "backend='triton' needs Triton, CUDA tensors (or TRITON_INTERPRET=1) and a configuration the fused "
-            f"kernel implements (similarity in {FUSED_SIMILARITIES}, no attn_mask); got device={device}"
-        )
+        return "triton" if runnable and unsupported is None and device.type == "cuda" else "reference"
+    if backend == "triton" and not runnable:
+        raise ValueError(f"backend='triton' needs Triton and CUDA tensors (or TRITON_INTERPRET=1), "
+                         f"got device={device}")
+    if backend == "triton" and unsupported is not None:
+        raise ValueError(f"backend='triton': {unsupported}")
     return backend
 
 
@@ -128,13 +118,13 @@ def knn_aggregate(
     """
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, attn_mask, self_first)
-    supported = (fused_supports(similarity, attn_mask, groups, q.shape[1], q.shape[1] * v.shape[3], weight.shape[0],
-                                num_neighbors) and v.dtype != torch.float64)
+    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask)
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
                    groups=groups, candidates=candidates, self_first=self_first)
-    if resolve_backend(backend, q.device, supported) == "triton":
-        from .knn_triton import knn_aggregate_triton
+    if resolve_backend(backend, q.device, unsupported) == "triton":
+        from .knn_triton import knn_aggregate_triton_prechecked
 
-        # Under autocast q, k (projections) and v (the input) can differ in dtype; the kernel takes one.
-        return knn_aggregate_triton(q.to(v.dtype), k.to(v.dtype), v, weight, bias, **options)
+        # Arguments checked above (once per call). Under autocast q, k (projections) and v (the input) can differ
+        # in dtype; the kernel takes one.
+        return knn_aggregate_triton_prechecked(q.to(v.dtype), k.to(v.dtype), v, weight, bias, **options)
     return knn_aggregate_reference(q, k, v, weight, bias, attn_mask=attn_mask, **options)

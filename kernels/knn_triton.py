@@ -34,7 +34,10 @@ Backward reuses the forward's ``idx`` (int32) and weights ``a`` (fp32); nothing 
 (through the cosine normalisation, applied on the host). The scatters ``dV``/``dK`` use fp32 ``tl.atomic_add``;
 under :func:`torch.are_deterministic_algorithms_enabled` the per-(query, slot) contributions are written out
 instead and summed by a key-owned pass over the inverse index (a stable sort of ``idx``), in a fixed order.
-``dW`` is reduced from per-program partials (no atomics), ``db`` is ``Σ dO``.
+``dW`` is reduced from per-program partials (no atomics), ``db`` is ``Σ dO``. Only the gradients autograd asks for
+are computed: a frozen weight skips the standard ``dW`` launch (the depthwise ``dW`` partials come out of the
+query-owned kernel, only their reduction is skipped), frozen q and k skip the softmax part of that kernel, and
+frozen q, k, v skip that kernel altogether for a standard Conv1D.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._checks import FUSED_MAX_NEIGHBORS, FUSED_SIMILARITIES, check_knn_arguments, interpreting
+from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult
 
 __all__ = ["knn_aggregate_triton"]
@@ -63,7 +66,6 @@ _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))  # the ranking score of a forced (self_first) candidate
 
 _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
@@ -642,42 +644,29 @@ def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.de
     return max(1, min(wanted, most, _MAX_SPLITS))
 
 
-def _check_inputs(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                  self_first) -> None:
-    """The shared argument checks, then what only this kernel restricts: device, dtype, aggregation, K, size."""
-    check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
-                        candidates, None, self_first)
-    if q.device.type != "cuda" and not interpreting():
+def _check_launchable(q, k, v, weight, bias, candidates) -> None:
+    """Raise ``ValueError`` unless the tensors can go to one launch: a device Triton runs on, all on q's device,
+    q, k, v of one dtype. Everything else about the arguments is checked by the public entries
+    (:func:`knn_aggregate_triton`, :func:`kernels.knn_aggregate`) before they reach the launcher."""
+    if not triton_runs_on(q.device):
         raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device={q.device}")
     tensors = (("k", k), ("v", v), ("weight", weight), ("bias", bias), ("candidates", candidates))
     for name, x in tensors:
         if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on {q.device}, got {x.device}")
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one dtype in {_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if similarity not in FUSED_SIMILARITIES:
-        raise ValueError(f"similarity must be one of {FUSED_SIMILARITIES} on the Triton kernel, got {similarity!r}")
-    B, H, Nq, _ = q.shape
-    Dv = v.shape[3]
-    if groups == 1 and H != 1:
-        raise ValueError(f"groups=1 (standard Conv1D) needs one head on the Triton kernel, got H={H}")
-    if groups not in (1, H * Dv) or (groups > 1 and weight.shape[0] != H * Dv):
-        raise ValueError(f"groups must be 1 or H·Dv={H * Dv} with C_out = H·Dv (depthwise) on the Triton kernel, "
-                         f"got groups={groups}, C_out={weight.shape[0]}")
-    if num_neighbors > FUSED_MAX_NEIGHBORS:
-        raise ValueError(f"num_neighbors must be ≤ {FUSED_MAX_NEIGHBORS} on the Triton kernel, got {num_neighbors}")
-    if max(q.numel(), k.numel(), v.numel(), B * H * Nq * num_neighbors) >= 2**31:
-        raise ValueError("inputs with 2**31 or more elements are not supported by the Triton kernel")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype on the Triton kernel, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
 def _launch_fwd(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
                 self_first, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
-    """Validate, allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int32, a fp32.
+    """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int32, a fp32.
 
-    ``num_splits`` and ``config`` (entries of :func:`_fwd_config`) override the heuristics (benchmarks, tests).
+    For arguments that passed :func:`kernels._checks.check_knn_arguments` and
+    :func:`kernels._checks.fused_unsupported_reason`; checks only :func:`_check_launchable`. ``num_splits`` and
+    ``config`` (entries of :func:`_fwd_config`) override the heuristics (benchmarks, tests).
     """
-    _check_inputs(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                  self_first)
+    _check_launchable(q, k, v, weight, bias, candidates)
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     C_out = weight.shape[0]
@@ -748,62 +737,80 @@ def _key_sum(contrib: Tensor, key_order: tuple[Tensor, Tensor], Nk: int) -> Tens
     return out
 
 
-def _launch_bwd(grad_out, grad_a, q, k, v, weight, bias, idx, a, similarity, weighting, temperature, groups):
-    """Gradients (dq, dk, dv, dweight, dbias); dq, dk are None unless weighting is softmax."""
+def _launch_bwd_dw(grad_out: Tensor, v: Tensor, idx: Tensor, a: Tensor, block_c: int, block_o: int) -> Tensor:
+    """Standard Conv1D weight gradient (C_out, Dv, K) fp32 (one head): per-split partials, then their sum."""
+    B, _, Nq, K = idx.shape
+    Dv, C_out = v.shape[3], grad_out.shape[1]
+    block_r = 64
+    num_rows = B * Nq
+    oc_blocks = triton.cdiv(C_out, block_o) * triton.cdiv(Dv, block_c)
+    target = _TARGET_PROGRAMS_PER_SM * _sm_count(v.device)
+    num_splits = max(1, min(triton.cdiv(target, K * oc_blocks), triton.cdiv(num_rows, block_r * 4)))
+    rows_per_split = triton.cdiv(triton.cdiv(num_rows, num_splits), block_r) * block_r
+    num_splits = triton.cdiv(num_rows, rows_per_split)
+    part = torch.empty(num_splits, C_out, Dv, K, device=v.device, dtype=torch.float32)
+    _knn_bwd_dw[(K, oc_blocks, num_splits)](
+        v, idx, a, grad_out, part, Nq, num_rows, rows_per_split, K, Dv, C_out,
+        v.stride(0), v.stride(2), v.stride(3), *grad_out.stride(), IEEE=v.dtype == torch.float32,
+        BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
+    return part.sum(0)
+
+
+def _launch_bwd(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weighting, temperature, groups,
+                needs_grad) -> tuple[Tensor | None, ...]:
+    """Gradients (dq, dk, dv, dweight, dbias) in fp32, each None unless ``needs_grad`` (five bools, for q, k, v,
+    weight, bias) asks for it; dq and dk are None too unless weighting is softmax.
+
+    Only what is asked for runs: the query-owned kernel when dq, dk, dv or a depthwise dweight is needed (it writes
+    dV and the depthwise dW partials whenever it runs; its softmax part only when dq or dk is needed), the
+    deterministic key sums for dv and dk, the standard dW kernel for dweight, the sum over dO for dbias.
+    """
+    need_q, need_k, need_v, need_w, need_b = needs_grad
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     C_out, K = weight.shape[0], idx.shape[-1]
     BH = B * H
-    softmax = weighting == "softmax"
+    cosine = similarity == "cosine"
+    if weighting != "softmax":  # only softmax weights carry a gradient to q and k
+        need_q = need_k = False
+    softmax = need_q or need_k  # the kernel's softmax part (da → ds → dq, dk) runs only for them
     depthwise = groups > 1
     deterministic = torch.are_deterministic_algorithms_enabled()
-    dev = q.device
-    block_m = 64
-    k_pad = _next_pow2(K, 2)
     block_c, block_o = min(64, _next_pow2(Dv, 16)), min(64, _next_pow2(C_out, 16))
-    grid_m = triton.cdiv(Nq, block_m)
-    f32 = dict(device=dev, dtype=torch.float32)
-    dv = torch.zeros(BH, Nq * K if deterministic else Nk, Dv, **f32)
-    dq = torch.empty(BH, Nq, D, **f32) if softmax else dv
-    dk = (torch.empty(BH, Nq * K, D, **f32) if deterministic else torch.zeros(BH, Nk, D, **f32)) if softmax else dv
-    dw_part = torch.empty(grid_m, BH, Dv, K, **f32) if depthwise else dv
-    grad_a = grad_a.contiguous() if grad_a is not None and softmax else None
-    _knn_bwd_dvqk[(grid_m, BH)](
-        q, k, v, weight, idx, a, grad_a if grad_a is not None else a, grad_out, dq, dk, dv, dw_part,
-        H, Nq, Nk, K, D, Dv, C_out,
-        *q.stride(), *k.stride(), *v.stride(), *weight.stride(), *grad_out.stride(),
-        1.0 if similarity == "cosine" else 1.0 / math.sqrt(D), 1.0 / temperature,
-        COSINE=similarity == "cosine", SOFTMAX=softmax, DEPTHWISE=depthwise, DETERMINISTIC=deterministic,
-        HAS_GRAD_A=grad_a is not None, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, D_PAD=_next_pow2(D, 16), K_PAD=k_pad, BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
-    if deterministic:
-        key_order = _key_order(idx, Nk)
-        dv = _key_sum(dv, key_order, Nk)
-        if softmax:
-            dk = _key_sum(dk, key_order, Nk)
-    if depthwise:
-        d_weight = dw_part.sum(0).view(B, H * Dv, K).sum(0).unsqueeze(1)  # (H·Dv, 1, K)
-    else:
-        block_r = 64
-        num_rows = B * Nq
-        oc_blocks = triton.cdiv(C_out, block_o) * triton.cdiv(Dv, block_c)
-        target = _TARGET_PROGRAMS_PER_SM * _sm_count(dev)
-        num_splits = max(1, min(triton.cdiv(target, K * oc_blocks), triton.cdiv(num_rows, block_r * 4)))
-        rows_per_split = triton.cdiv(triton.cdiv(num_rows, num_splits), block_r) * block_r
-        num_splits = triton.cdiv(num_rows, rows_per_split)
-        part = torch.empty(num_splits, C_out, Dv, K, **f32)
-        _knn_bwd_dw[(K, oc_blocks, num_splits)](
-            v, idx, a, grad_out, part, Nq, num_rows, rows_per_split, K, Dv, C_out,
-            v.stride(0), v.stride(2), v.stride(3), *grad_out.stride(), IEEE=q.dtype == torch.float32,
-            BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
-        d_weight = part.sum(0)
-    d_bias = grad_out.float().sum((0, 2)) if bias is not None else None
-    d_v = dv.view(B, H, Nk, Dv)
-    d_q = d_k = None
-    if softmax:
-        d_q, d_k = dq.view(B, H, Nq, D), dk.view(B, H, Nk, D)
-        if similarity == "cosine":
-            d_q, d_k = _normalize_backward(q, d_q), _normalize_backward(k, d_k)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    d_q = d_k = d_v = d_weight = d_bias = None
+    if softmax or need_v or (need_w and depthwise):
+        block_m = 64
+        grid_m = triton.cdiv(Nq, block_m)
+        dv = torch.zeros(BH, Nq * K if deterministic else Nk, Dv, **f32)
+        dq = torch.empty(BH, Nq, D, **f32) if softmax else dv
+        dk = (torch.empty(BH, Nq * K, D, **f32) if deterministic else torch.zeros(BH, Nk, D, **f32)) if softmax else dv
+        dw_part = torch.empty(grid_m, BH, Dv, K, **f32) if depthwise else dv
+        grad_a = grad_a.contiguous() if grad_a is not None and softmax else None
+        _knn_bwd_dvqk[(grid_m, BH)](
+            q, k, v, weight, idx, a, grad_a if grad_a is not None else a, grad_out, dq, dk, dv, dw_part,
+            H, Nq, Nk, K, D, Dv, C_out,
+            *q.stride(), *k.stride(), *v.stride(), *weight.stride(), *grad_out.stride(),
+            1.0 if cosine else 1.0 / math.sqrt(D), 1.0 / temperature,
+            COSINE=cosine, SOFTMAX=softmax, DEPTHWISE=depthwise, DETERMINISTIC=deterministic,
+            HAS_GRAD_A=grad_a is not None, IEEE=q.dtype == torch.float32,
+            BLOCK_M=block_m, D_PAD=_next_pow2(D, 16), K_PAD=_next_pow2(K, 2), BLOCK_C=block_c, BLOCK_O=block_o,
+            num_warps=8)
+        key_order = _key_order(idx, Nk) if deterministic and (need_v or need_k) else None
+        if need_v:
+            d_v = (_key_sum(dv, key_order, Nk) if deterministic else dv).view(B, H, Nk, Dv)
+        if need_q:
+            d_q = dq.view(B, H, Nq, D)
+            d_q = _normalize_backward(q, d_q) if cosine else d_q
+        if need_k:
+            d_k = (_key_sum(dk, key_order, Nk) if deterministic else dk).view(B, H, Nk, D)
+            d_k = _normalize_backward(k, d_k) if cosine else d_k
+        if need_w and depthwise:
+            d_weight = dw_part.sum(0).view(B, H * Dv, K).sum(0).unsqueeze(1)  # (H·Dv, 1, K)
+    if need_w and not depthwise:
+        d_weight = _launch_bwd_dw(grad_out, v, idx, a, block_c, block_o)
+    if need_b:
+        d_bias = grad_out.float().sum((0, 2))
     return d_q, d_k, d_v, d_weight, d_bias
 
 
@@ -830,14 +837,11 @@ class _KnnAggregate(torch.autograd.Function):
         similarity, weighting, temperature, groups = ctx.options
         if grad_out is None:
             grad_out = torch.zeros(v.shape[0], weight.shape[0], q.shape[2], device=q.device, dtype=q.dtype)
-        d_q, d_k, d_v, d_w, d_b = _launch_bwd(grad_out, grad_a, q, k, v, weight, bias, idx, a, similarity,
-                                              weighting, temperature, groups)
-        d_q = d_q.to(q.dtype) if d_q is not None and ctx.needs_input_grad[0] else None
-        d_k = d_k.to(k.dtype) if d_k is not None and ctx.needs_input_grad[1] else None
-        d_v = d_v.to(v.dtype) if ctx.needs_input_grad[2] else None
-        d_w = d_w.to(weight.dtype) if ctx.needs_input_grad[3] else None
-        d_b = d_b.to(bias.dtype) if d_b is not None and ctx.needs_input_grad[4] else None
-        return d_q, d_k, d_v, d_w, d_b, None, None, None, None, None, None, None
+        inputs = (q, k, v, weight, bias)
+        grads = _launch_bwd(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weighting, temperature, groups,
+                            ctx.needs_input_grad[:len(inputs)])
+        grads = tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, inputs, strict=True))
+        return *grads, None, None, None, None, None, None, None
 
 
 def knn_aggregate_triton(
@@ -884,14 +888,30 @@ def knn_aggregate_triton(
         ties to the lower candidate index), ``topk_weights`` (B, H, Nq, K) fp32.
 
     Raises:
-        ValueError: non-CUDA tensors without ``TRITON_INTERPRET=1``, mixed or unsupported dtypes, shapes that do
-            not match, ``groups`` other than 1 or H·Dv, an unknown similarity or weighting, or K out of range.
+        ValueError: non-CUDA tensors without ``TRITON_INTERPRET=1`` or tensors on different devices, mixed or
+            unsupported dtypes, shapes that do not match, ``groups`` other than 1 or H·Dv, an unknown similarity or
+            weighting, K out of range, or 2**31 or more elements (the message names the argument).
 
     Example:
         >>> q = k = v = torch.randn(2, 1, 1024, 64, device="cuda", dtype=torch.bfloat16)
         >>> w = torch.randn(64, 64, 9, device="cuda", dtype=torch.bfloat16)
         >>> knn_aggregate_triton(q, k, v, w, num_neighbors=9).out.shape  # torch.Size([2, 64, 1024])
     """
-    out, topk_idx, topk_weights = _KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting,
-                                                      temperature, groups, candidates, self_first)
-    return KnnResult(out, topk_idx, topk_weights)
+    check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
+                        candidates, None, self_first)
+    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None)
+    if unsupported is not None:
+        raise ValueError(unsupported)
+    return knn_aggregate_triton_prechecked(q, k, v, weight, bias, num_neighbors=num_neighbors, similarity=similarity,
+                                           weighting=weighting, temperature=temperature, groups=groups,
+                                           candidates=candidates, self_first=self_first)
+
+
+def knn_aggregate_triton_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, *,
+                                    num_neighbors: int, similarity: str, weighting: str, temperature: float,
+                                    groups: int, candidates: Tensor | None, self_first: bool) -> KnnResult:
+    """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
+    :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
+    Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
+    return KnnResult(*_KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
+                                          groups, candidates, self_first))

@@ -11,12 +11,15 @@ reference evaluated at the kernel's own indices.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import re
 
 import pytest
 import torch
 
-from kernels import knn_aggregate, knn_triton
+from kernels import dispatch, knn_aggregate, knn_triton, resolve_backend
+from kernels._checks import fused_unsupported_reason
 from kernels.knn_triton import knn_aggregate_triton
 from kernels.reference import aggregate_neighbors, knn_aggregate_reference, neighbor_weights, similarity_scores
 
@@ -31,6 +34,7 @@ BF16_SELECT_GAP = 2e-5  # bf16 products are exact in fp32: only the fp32 sum rou
 BF16_OUT_TOL = dict(atol=3e-2, rtol=3e-2)  # outputs are rounded to bf16
 BF16_GRAD_REL_NORM = 2e-2  # gradients: grad_out enters the bf16 GEMMs rounded (2^-8 relative per element)
 TEMPERATURE = 0.5
+LEAVES = ("q", "k", "v", "weight", "bias")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -104,11 +108,13 @@ def _deterministic(enabled):
 
 
 def _check_against_reference(q, k, v, weight, bias, groups, *, num_neighbors, similarity, weighting, candidates,
-                             self_first, select_gap=SELECT_GAP, out_tol=OUT_TOL, grad_tol=GRAD_TOL, seed=0):
-    """Selection (near-tie-aware), output, weights and all gradients of the kernel vs the fp64 reference."""
+                             self_first, select_gap=SELECT_GAP, out_tol=OUT_TOL, grad_tol=GRAD_TOL, seed=0,
+                             aggregate=knn_aggregate_triton):
+    """Selection (near-tie-aware), output, weights and all gradients of the kernel (called through ``aggregate``)
+    vs the fp64 reference."""
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=TEMPERATURE,
                    groups=groups, candidates=candidates, self_first=self_first)
-    result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    result = aggregate(q, k, v, weight, bias, **options)
     assert result.out.dtype == q.dtype and result.out.shape == (q.shape[0], weight.shape[0], q.shape[2])
     assert result.topk_idx.dtype == torch.int64 and result.topk_weights.dtype == torch.float32
 
@@ -126,7 +132,7 @@ def _check_against_reference(q, k, v, weight, bias, groups, *, num_neighbors, si
     (out64 * grad_out.double()).sum().backward()
     torch.testing.assert_close(result.out.double(), out64.detach(), **out_tol)
     torch.testing.assert_close(result.topk_weights.double(), weights64.detach(), **out_tol)
-    for name, leaf, leaf64 in zip("q k v weight bias".split(), (q, k, v, weight, bias), leaves64, strict=True):
+    for name, leaf, leaf64 in zip(LEAVES, (q, k, v, weight, bias), leaves64, strict=True):
         if leaf64.grad is None:
             assert leaf.grad is None or not leaf.grad.any(), f"unexpected gradient for {name}"
         else:
@@ -325,8 +331,95 @@ def test_deterministic_backward_equals_atomic_backward(similarity, aggregation):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Backward computes only the gradients autograd asks for
+# ---------------------------------------------------------------------------------------------------------------
+def _record_launches(monkeypatch, kernel_names):
+    """Wrap kernels of ``knn_triton`` so that each launch appends the kernel's name to the returned list."""
+    launched = []
+
+    class Recorded:
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(knn_triton, name)
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid]
+
+    for name in kernel_names:
+        monkeypatch.setattr(knn_triton, name, Recorded(name))
+    return launched
+
+
+@pytest.mark.parametrize("aggregation", ["standard", "depthwise"])
+@pytest.mark.parametrize("frozen, deterministic", [
+    ("weight", False), ("weight bias", True), ("q k", False), ("q k v", True), ("k", True), ("v", False)])
+def test_frozen_inputs_get_no_gradient_and_the_others_are_unchanged(aggregation, frozen, deterministic,
+                                                                    monkeypatch):
+    """Frozen leaves (requires_grad=False) get None; the others equal the run where every leaf trains and the fp64
+    reference. Only the needed backward launches run: the standard dW kernel for a trainable weight, the
+    query-owned kernel for q, k, v or a depthwise weight, the deterministic key sums for v and k."""
+    depthwise = aggregation == "depthwise"
+    *leaves, groups = _inputs(batch=2, heads=2 if depthwise else 1, tokens=70, dim=12, value_dim=6,
+                              out_channels=10, num_neighbors=9, depthwise=depthwise, seed=8)
+    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", temperature=TEMPERATURE, groups=groups)
+    grad_out = torch.randn(2, leaves[3].shape[0], 70, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+
+    def run(trains):
+        fresh = [x.detach().clone().requires_grad_(trains[name]) for name, x in zip(LEAVES, leaves, strict=True)]
+        with _deterministic(deterministic):
+            result = knn_aggregate_triton(*fresh, **options)
+            (result.out * grad_out).sum().backward()
+        return result, [x.grad for x in fresh]
+
+    _, every_grad = run(dict.fromkeys(LEAVES, True))
+    launched = _record_launches(monkeypatch, ["_knn_bwd_dvqk", "_knn_bwd_dw", "_knn_bwd_key_sum"])
+    trains = {name: name not in frozen.split() for name in LEAVES}
+    result, grads = run(trains)
+
+    query_owned = trains["q"] or trains["k"] or trains["v"] or (trains["weight"] and depthwise)
+    key_sums = (trains["v"] + trains["k"]) if deterministic else 0
+    standard_dw = trains["weight"] and not depthwise
+    assert launched == ["_knn_bwd_dvqk"] * query_owned + ["_knn_bwd_key_sum"] * key_sums + ["_knn_bwd_dw"] * standard_dw
+    leaves64 = [x.detach().double().requires_grad_(trains[name]) for name, x in zip(LEAVES, leaves, strict=True)]
+    out64, _ = _reference_at(*leaves64, result.topk_idx, "cosine", "softmax", TEMPERATURE, groups)
+    (out64 * grad_out.double()).sum().backward()
+    same = dict(rtol=0, atol=0) if deterministic else dict(atol=1e-5, rtol=1e-5)  # atomics may reorder on a GPU
+    for name, grad, expected, leaf64 in zip(LEAVES, grads, every_grad, leaves64, strict=True):
+        if not trains[name]:
+            assert grad is None, f"{name} is frozen but got a gradient"
+            continue
+        torch.testing.assert_close(grad, expected, **same, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(grad.double(), leaf64.grad, **GRAD_TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Arguments and dispatch
 # ---------------------------------------------------------------------------------------------------------------
+def _counted(function, calls):
+    def counted(*args, **kwargs):
+        calls.append(function.__name__)
+        return function(*args, **kwargs)
+
+    return counted
+
+
+@pytest.mark.parametrize("entry", ["dispatch", "direct"])
+def test_each_entry_checks_its_arguments_once_and_matches_the_reference(entry, monkeypatch):
+    """knn_aggregate(backend="triton") and knn_aggregate_triton run the argument checks (one device sync for the
+    candidate range) and the fused-kernel rule once per call; selections, output and gradients equal the reference."""
+    calls = []
+    for module in (dispatch, knn_triton):
+        for name in ("check_knn_arguments", "fused_unsupported_reason"):
+            monkeypatch.setattr(module, name, _counted(getattr(module, name), calls))
+    q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
+                                            num_neighbors=9, depthwise=False, seed=2)
+    cand = _random_candidates(2, 70, 40, shared=False, seed=2)
+    aggregate = functools.partial(knn_aggregate, backend="triton") if entry == "dispatch" else knn_aggregate_triton
+    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=9, similarity="cosine", weighting="softmax",
+                             candidates=cand, self_first=False, seed=2, aggregate=aggregate)
+    assert sorted(calls) == ["check_knn_arguments", "fused_unsupported_reason"]
+
+
 def test_dispatch_backend_triton_calls_the_kernel():
     q, k, v, weight, bias, _ = _inputs(batch=1, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
                                             num_neighbors=9, depthwise=False, seed=2)
@@ -334,6 +427,57 @@ def test_dispatch_backend_triton_calls_the_kernel():
         routed = knn_aggregate(q, k, v, weight, bias, num_neighbors=9, backend="triton")
         direct = knn_aggregate_triton(q, k, v, weight, bias, num_neighbors=9)
     torch.testing.assert_close(routed.out, direct.out, rtol=0, atol=0)
+
+
+def _checked_call(*, heads=1, tokens=50, dim=8, value_dim=8, groups=1, num_neighbors=9, similarity="cosine",
+                  dtype=torch.float32, huge=False):
+    """q, k, v, weight and options that pass the argument checks; ``huge``: 2**31 expanded (unallocated) q, k."""
+    if huge:
+        q = k = torch.zeros(1, 1, 1, 1, device=DEVICE, dtype=dtype).expand(1, heads, 2**16, 2**15)
+    else:
+        q = k = torch.randn(1, heads, tokens, dim, device=DEVICE, dtype=dtype)
+    v = torch.randn(1, heads, q.shape[2], value_dim, device=DEVICE, dtype=dtype)
+    c_in = heads * value_dim
+    c_out = c_in if groups == c_in else 4
+    weight = torch.randn(c_out, c_in // groups, num_neighbors, device=DEVICE, dtype=dtype)
+    return q, k, v, weight, dict(num_neighbors=num_neighbors, similarity=similarity, groups=groups)
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(similarity="euclidean"), "similarity must be one of ('cosine', 'dot')"),
+    (dict(heads=2), "needs one head"),
+    (dict(groups=2), "groups must be 1 or H·Dv=8"),
+    (dict(tokens=140, num_neighbors=129), "num_neighbors must be ≤ 128"),
+    (dict(dtype=torch.float64), "torch.float64"),
+    (dict(huge=True, value_dim=1), "2147483648 or more elements"),
+])
+def test_calls_outside_the_kernel_are_refused_by_one_rule(call, message, monkeypatch):
+    """fused_unsupported_reason is the one rule: the launcher raises its message, and the dispatch refuses
+    backend="triton" with the same message (backend="auto" falls back to the reference on it)."""
+    monkeypatch.delenv(dispatch.BACKEND_ENV_VAR, raising=False)
+    q, k, v, weight, options = _checked_call(**call)
+    reason = fused_unsupported_reason(q, k, v, weight, options["num_neighbors"], options["similarity"],
+                                      options["groups"], None)
+    assert reason is not None and message in reason
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        knn_aggregate_triton(q, k, v, weight, **options)
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        knn_aggregate(q, k, v, weight, **options, backend="triton")
+    assert resolve_backend("auto", torch.device("cuda"), reason) == "reference"
+
+
+def test_the_rule_accepts_what_the_kernel_runs_and_refuses_masks(monkeypatch):
+    """One head with a standard Conv1D and depthwise aggregation pass the rule (backend="auto" then picks the
+    kernel on CUDA); an attn_mask does not."""
+    monkeypatch.delenv(dispatch.BACKEND_ENV_VAR, raising=False)
+    for call in (dict(), dict(heads=2, groups=16)):
+        q, k, v, weight, options = _checked_call(**call)
+        assert fused_unsupported_reason(q, k, v, weight, options["num_neighbors"], options["similarity"],
+                                        options["groups"], None) is None
+    assert resolve_backend("auto", torch.device("cuda"), None) == "triton"
+    mask = torch.ones(1, 1, 50, 50, dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match="attn_mask is not implemented by the Triton kernel"):
+        knn_aggregate(q, k, v, weight, **options, attn_mask=mask, backend="triton")
 
 
 @pytest.mark.parametrize("change, message", [
