@@ -2,6 +2,7 @@
 
 from .dispatch import BACKEND_ENV_VAR, BACKENDS, knn_aggregate, resolve_backend, triton_available
 from .reference import SIMILARITIES, WEIGHTINGS, KnnResult, knn_aggregate_reference
+from .usage import record_backends
 
 __all__ = [
     "BACKENDS",
@@ -11,6 +12,7 @@ __all__ = [
     "KnnResult",
     "knn_aggregate",
     "knn_aggregate_reference",
+    "record_backends",
     "resolve_backend",
     "triton_available",
 ]

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .usage import note_backend
+
 __all__ = [
     "SIMILARITIES",
     "WEIGHTINGS",
@@ -183,6 +185,7 @@ def aggregate_neighbors(
         Tensor: (B, C_out, Nq), ``F.conv1d(neighbors, weight, bias, stride=K, groups=groups)`` where
         ``neighbors[b, h·Dv + c, i·K + t] = ρ[b, h, i, t] · v[b, h, idx[b, h, i, t], c]``.
     """
+    note_backend("reference")
     B, H, Nk, Dv = v.shape
     Nq, K = topk_idx.shape[-2:]
     C_in, C_out = H * Dv, weight.shape[0]

@@ -49,3 +49,17 @@ def test_invalid_convnn_options_raise_even_without_a_convnn_branch():
         HybridConvNN2d(4, 8, branch_ratio=0.0, selection="bogus")
     with pytest.raises(ValueError, match="out_channels"):
         HybridConvNN2d(4, 0)
+
+
+@pytest.mark.parametrize(("ratio", "selection", "expected"), [(0.0, "all", set()), (0.5, "all", {"reference"}),
+                                                               (0.5, "blend", {"reference"}),
+                                                               (0.5, "window", {"reference"})])
+def test_a_forward_records_the_aggregation_path_it_took(ratio, selection, expected):
+    """λ = 0 runs no ConvNN aggregation; on CPU every selection aggregates on the reference (window and blend
+    always do, also on CUDA)."""
+    from kernels import record_backends
+
+    layer = HybridConvNN2d(4, 4, branch_ratio=ratio, num_neighbors=9, selection=selection)
+    with record_backends() as used:
+        layer(torch.randn(1, 4, 6, 6))
+    assert used == expected

@@ -89,3 +89,21 @@ def test_neighbor_scores_equal_the_gathered_score_matrix(similarity):
     idx = torch.randint(0, 9, (2, 3, 7, 4), generator=generator)
     expected = similarity_scores(q, k, similarity).gather(-1, idx)
     torch.testing.assert_close(neighbor_scores(q, k, idx, similarity), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_record_backends_names_the_path_each_aggregation_took():
+    """The set a training card reports: empty without aggregations, "reference" on CPU, "triton" on the kernel
+    (the interpreter stands in for CUDA here); an inner block collects only its own calls."""
+    from kernels import record_backends
+
+    q = torch.randn(1, 1, 12, 4)
+    v = torch.randn(1, 1, 12, 3)
+    weight = torch.randn(2, 3, 4)
+    with record_backends() as outer:
+        assert outer == set()
+        knn_aggregate(q, q, v, weight, num_neighbors=4)
+        with record_backends() as inner:
+            knn_aggregate(q, q, v, weight, num_neighbors=4, backend="triton")
+    assert outer == {"reference"} and inner == {"triton"}
+    knn_aggregate(q, q, v, weight, num_neighbors=4)  # outside any block: nothing is collected, nothing fails
+    assert outer == {"reference"}
