@@ -13,11 +13,13 @@ dim 0 (per output channel), ``scale[o] = max|w[o]| / 127`` (1 for an all-zero sl
 shape (C_out,) in the same file under the key ``<name>::scale`` (:data:`INT8_SCALE_SUFFIX`). Other floating tensors
 (biases, norm weights, running statistics) are stored in fp16, integer buffers as they are. Loading multiplies back
 (:func:`load_checkpoint` returns an ordinary float model), after checking that every scale is finite and > 0 and
-every product finite.
+every weight finite.
 
-Metrics of a stored checkpoint (:func:`measure_stored`): ``test_top1`` and ``test_loss`` are always those of the
-weights as stored; an int8 card also keeps the float model's as ``test_top1_before_quantization`` and
-``test_loss_before_quantization`` (:data:`BEFORE_SUFFIX`).
+Saving and loading agree: :func:`save_checkpoint` serialises the weights in memory, loads them back with
+:func:`load_checkpoint`'s own checks (so it refuses whatever the loader would refuse), optionally measures that
+loaded model, and only then writes the two files. Measured metrics (``save_checkpoint(..., measure=...)``):
+``test_top1`` and ``test_loss`` are those of the weights as stored; an int8 card also keeps the saved model's as
+``test_top1_before_quantization`` and ``test_loss_before_quantization`` (:data:`BEFORE_SUFFIX`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
@@ -38,7 +40,7 @@ from .layers import ConvNN2d, ConvNNAttention
 from .models import create_model
 
 __all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES", "CheckpointError",
-           "ModelCard", "checkpoint_paths", "load_checkpoint", "measure_stored", "save_checkpoint"]
+           "ModelCard", "checkpoint_paths", "load_checkpoint", "save_checkpoint"]
 
 # Tokens N a layer that scores every candidate (ConvNN2d "all"/"blend", k-NN attention "all") may see: its reference
 # path holds N² fp32 scores per image, 64 MB at 4096 (ImageNet presets at 224 px: 3136; CIFAR models: ≤ 1024).
@@ -48,7 +50,7 @@ _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  #
 INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
 _INT8_MAX = 127  # symmetric range [-127, 127]: -128 unused, so q and -q are both representable
 _UNQUANTIZED_DTYPE = torch.float16  # int8 storage: how the floating tensors with ndim < 2 are stored
-STORED_METRICS = ("test_top1", "test_loss")  # the metrics measure_stored replaces by the stored weights'
+STORED_METRICS = ("test_top1", "test_loss")  # the metrics save_checkpoint(measure=...) replaces by the stored weights'
 BEFORE_SUFFIX = "_before_quantization"  # int8 card: the float model's metrics, e.g. test_top1<suffix>
 
 
@@ -59,8 +61,8 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _describe(problems: dict[str, list[str]]) -> str:
@@ -68,12 +70,10 @@ def _describe(problems: dict[str, list[str]]) -> str:
     return ", ".join(f"{len(names)} {kind} (e.g. {names[0]})" for kind, names in problems.items() if names)
 
 
-def _require_finite(tensor: torch.Tensor, name: str, dtype: torch.dtype) -> None:
-    """Raise ``ValueError`` naming ``name`` when ``tensor``, as stored for ``dtype``, holds an inf or NaN."""
-    if not torch.isfinite(tensor).all():
-        hint = " (float16 ends at ±65504)" if tensor.dtype == torch.float16 else ""
-        raise ValueError(f"{name}: a value is inf or NaN once stored with dtype={dtype}{hint}, so the checkpoint is "
-                         f"not saved")
+def _not_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """The sorted names of the floating tensors of ``state`` that hold an inf or NaN."""
+    return sorted(name for name, tensor in state.items()
+                  if tensor.is_floating_point() and not torch.isfinite(tensor).all())
 
 
 def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,14 +86,12 @@ def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch
         tuple[Tensor, Tensor]: ``q`` (same shape, int8) and ``scale`` (C_out,) float32, C_out = ``weight.shape[0]``.
 
     Raises:
-        ValueError: ``weight`` has no elements, or holds an inf or NaN (or a value beyond fp32 · 127); ``name`` is
-            in the message.
+        ValueError: ``weight`` has no elements; ``name`` is in the message.
     """
     if weight.numel() == 0:
         raise ValueError(f"{name}: shape {tuple(weight.shape)} has no elements, so it has no int8 scale")
     weight = weight.double()
     scale = (weight.abs().amax(dim=tuple(range(1, weight.dim()))) / _INT8_MAX).float()
-    _require_finite(scale, name, torch.int8)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero slice: q = 0, exact
     q = torch.round(weight / scale.double().view(-1, *[1] * (weight.dim() - 1))).clamp(-_INT8_MAX, _INT8_MAX)
     return q.to(torch.int8), scale
@@ -103,8 +101,7 @@ def _storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, tor
     """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring).
 
     Raises:
-        ValueError: with a ``dtype``, a floating tensor that holds an inf or NaN once cast (e.g. beyond ±65504 in
-            fp16), or an empty tensor to store as int8; the message names it.
+        ValueError: an empty tensor to store as int8; the message names it.
     """
     state = {}
     for name, tensor in model.state_dict().items():
@@ -113,7 +110,6 @@ def _storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, tor
             state[name], state[name + INT8_SCALE_SUFFIX] = _quantize_int8(tensor, name)
         elif dtype is not None and tensor.is_floating_point():
             state[name] = tensor.to(_UNQUANTIZED_DTYPE if dtype == torch.int8 else dtype)
-            _require_finite(state[name], name, dtype)
         else:
             state[name] = tensor
     return {name: tensor.contiguous() for name, tensor in state.items()}
@@ -154,8 +150,8 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
         CheckpointError: int8 tensors or scales, or floating tensors of another dtype, while the card's
             ``weights_dtype`` is not ``"int8"``; or, when it is, an int8 tensor without a scale, a scale without an
             int8 tensor, a scale that is not a (C_out,) float16, bfloat16, float32 or float64 tensor of finite
-            values > 0, a floating tensor of two or more dims that is not stored as int8, or a product
-            that is not finite in the model's dtype. The message names the file and a tensor.
+            values > 0, or a floating tensor of two or more dims that is not stored as int8. The message names the
+            file and a tensor. (A product that overflows the model's dtype is left to the caller's finite check.)
     """
     floating = {name for name, tensor in own.items() if tensor.is_floating_point()}
     quantized = {name for name in floating & state.keys() if state[name].dtype == torch.int8}
@@ -187,9 +183,6 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
     for name in sorted(quantized):
         scale = scales[name].double().view(-1, *[1] * (state[name].dim() - 1))
         state[name] = (state[name].double() * scale).to(own[name].dtype)
-        if not torch.isfinite(state[name]).all():
-            raise CheckpointError(f"{source}: {name} times its scales is inf in {own[name].dtype}: a scale is too "
-                                  f"large")
     return state
 
 
@@ -239,38 +232,114 @@ def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
                                   f"image): use a smaller input_size")
 
 
-def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
-                    dtype: torch.dtype | None = None) -> tuple[Path, Path]:
-    """Write ``model``'s state dict as safetensors and ``card`` as JSON; nothing is written when it raises.
+def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) -> nn.Module:
+    """The model ``card`` describes, holding the weights serialised in ``data``, in eval mode on the CPU.
+
+    The checks of :func:`load_checkpoint` after the card is read: :func:`save_checkpoint` runs them on what it is
+    about to write. Shapes are checked before anything is dequantized.
+
+    Args:
+        data (bytes): the contents of a ``.safetensors`` weights file.
+        card (ModelCard): its card (already checked).
+        weights_path (Path): the weights file, for messages.
+        card_path (Path): the card file, for messages.
+
+    Raises:
+        CheckpointError: an unreadable safetensors file, an unknown model, a ConvNN layer that would score too many
+            tokens at the card's input size (``_check_token_budget``), weights that do not fit the model (missing,
+            unexpected or mis-shaped tensors), tensors that do not match the card's ``weights_dtype``
+            (``_dequantize``), or a weight that is inf or NaN once loaded.
+    """
+    try:
+        state = safetensors.torch.load(data)
+    except SafetensorError as err:
+        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err})") from err
+    try:
+        model = create_model(card.model, **card.model_args)
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
+    _check_token_budget(model, card, str(card_path))
+    own = model.state_dict()
+    scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
+              if name.endswith(INT8_SCALE_SUFFIX)}
+    common = own.keys() & state.keys()
+    problems = {"missing": sorted(own.keys() - state.keys()), "unexpected": sorted(state.keys() - own.keys()),
+                "mis-shaped": sorted(name for name in common if own[name].shape != state[name].shape)}
+    if any(problems.values()):
+        raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
+                              + _describe(problems))
+    stored_dtypes = {name: tensor.dtype for name, tensor in state.items()}
+    state = _dequantize(state, scales, own, card.weights_dtype, weights_path.name)
+    broken = _not_finite(state)
+    if broken:
+        hint = ", which ends at ±65504" if stored_dtypes[broken[0]] == torch.float16 else ""
+        raise CheckpointError(f"{weights_path.name}: {len(broken)} tensors hold an inf or NaN once loaded (e.g. "
+                              f"{broken[0]}, stored as {stored_dtypes[broken[0]]}{hint})")
+    model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
+    return model.eval()
+
+
+def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard, dtype: torch.dtype | None = None,
+                    measure: Callable[[nn.Module, ModelCard], dict[str, float]] | None = None,
+                    write: bool = True) -> tuple[Path, Path]:
+    """Write ``model``'s state dict as safetensors and ``card`` as JSON, after loading back what would be written.
+
+    The weights are serialised in memory and loaded back with :func:`load_checkpoint`'s checks, so a checkpoint the
+    loader would refuse is never written. With ``measure``, that loaded model (the weights exactly as stored) is
+    measured, and its :data:`STORED_METRICS` replace the card's; when stored as int8, the card's own values of
+    those metrics (the saved model's, measured by the caller) are kept as ``<name>`` + :data:`BEFORE_SUFFIX`, unless
+    the card has those keys already (an int8 checkpoint saved again as int8 keeps the original float model's). Only
+    then are the weights and the card written (overwriting existing files), so a card never claims metrics that
+    were not measured; nothing is written when it raises.
 
     Args:
         model (nn.Module): the model (unwrap DDP first).
         path (str or Path): checkpoint stem (or either file's path).
-        card (ModelCard): the card; ``name``, ``weights_dtype`` and ``weights_sha256`` are filled in here.
+        card (ModelCard): the card; ``name``, ``weights_dtype``, ``weights_sha256`` (and with ``measure``,
+            ``metrics``) are filled in here.
         dtype (torch.dtype, optional): store floating-point tensors in this dtype (``torch.float32``,
             ``torch.float16`` or ``torch.bfloat16``), or ``torch.int8``: floating tensors with ndim ≥ 2 as int8 with
             per-output-channel scales, the others in fp16 (module docstring); None keeps each tensor's dtype, so a
             save → load round-trips bit-exactly. Default: None
+        measure (Callable[[nn.Module, ModelCard], dict[str, float]], optional): the :data:`STORED_METRICS` of a
+            model (float, eval mode, on the CPU: move it where it should run) with its card, e.g.
+            :meth:`convnn.evaluate.EvaluationData.metrics`. In a distributed run every rank calls
+            ``save_checkpoint`` (``measure`` may reduce over the ranks), and only one writes. Default: None
+        write (bool): write the two files; False only checks (and measures) what would be written. Default: True
 
     Returns:
         tuple[Path, Path]: the weights and card paths.
 
     Raises:
-        ValueError: ``dtype`` not one of :data:`WEIGHTS_DTYPES`; a model without floating tensors; with ``dtype``,
-            a tensor that is inf or NaN once stored (or empty, for int8); with None, floating tensors of several
-            dtypes or of one outside :data:`WEIGHTS_DTYPES`. The message names the tensor or dtypes.
+        ValueError: ``dtype`` not one of :data:`WEIGHTS_DTYPES`; a model without floating tensors, or one that
+            holds an inf or NaN; with int8, an empty floating tensor of ndim ≥ 2; with None, floating tensors of
+            several dtypes or of one outside :data:`WEIGHTS_DTYPES`. The message names the tensor or dtypes.
+        CheckpointError: what would be written does not load back (:func:`load_checkpoint`: e.g. a weight that
+            overflows ``dtype``, such as 1e6 in float16 or ±float32-max in int8; a card that does not fit the
+            model); the message names the tensor or card field.
     """
     if dtype is not None and str(dtype).removeprefix("torch.") not in WEIGHTS_DTYPES:
         raise ValueError(f"dtype must be None or one of {[f'torch.{name}' for name in WEIGHTS_DTYPES]}, got {dtype}")
+    broken = _not_finite(model.state_dict())
+    if broken:
+        raise ValueError(f"{len(broken)} tensors of the model hold an inf or NaN (e.g. {broken[0]}): not saved")
     weights_path, card_path = checkpoint_paths(path)
     state = _storage_state(model, dtype)
-    weights_dtype = _card_dtype(state, dtype)
-    weights_path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(weights_path), metadata={"model": card.model, "format_version": str(CARD_VERSION)})
-    card.name = weights_path.stem
-    card.weights_dtype = weights_dtype
-    card.weights_sha256 = _sha256(weights_path)
-    card.write(card_path)
+    card.weights_dtype = _card_dtype(state, dtype)
+    data = safetensors.torch.save(state, metadata={"model": card.model, "format_version": str(CARD_VERSION)})
+    card.name, card.weights_sha256 = weights_path.stem, _sha256(data)
+    try:
+        stored = _restore(data, card, weights_path, card_path)
+    except CheckpointError as err:
+        raise CheckpointError(f"not saved, as load_checkpoint would refuse it: {err}") from err
+    if measure is not None:
+        before = {name + BEFORE_SUFFIX: card.metrics[name] for name in STORED_METRICS
+                  if card.weights_dtype == "int8" and name in card.metrics}
+        card.metrics = {**before, **card.metrics, **measure(stored, card)}
+    if write:
+        weights_path.parent.mkdir(parents=True, exist_ok=True)
+        weights_path.write_bytes(data)
+        card.write(card_path)
     return weights_path, card_path
 
 
@@ -293,67 +362,18 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             weights file whose sha256 differs from the card's, an unreadable safetensors file, an unknown model,
             weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
             tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
-            (``_dequantize``), a weight that is inf or NaN, or a ConvNN layer that would score too many tokens at the
-            card's input size (``_check_token_budget``).
+            (``_dequantize``), a weight that is inf or NaN once loaded, or a ConvNN layer that would score too many
+            tokens at the card's input size (``_check_token_budget``).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):
         if not file.is_file():
             raise CheckpointError(f"checkpoint file {file} does not exist")
     card = ModelCard.read(card_path)
-    if card.weights_sha256 and _sha256(weights_path) != card.weights_sha256:
+    try:
+        data = weights_path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"{weights_path}: cannot be read ({err})") from err
+    if card.weights_sha256 and _sha256(data) != card.weights_sha256:
         raise CheckpointError(f"{weights_path}: sha256 differs from the card's: the file is corrupt or replaced")
-    try:
-        state = load_file(str(weights_path))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err})") from err
-    try:
-        model = create_model(card.model, **card.model_args)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
-    _check_token_budget(model, card, str(card_path))
-    own = model.state_dict()
-    scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
-              if name.endswith(INT8_SCALE_SUFFIX)}
-    common = own.keys() & state.keys()
-    problems = {"missing": sorted(own.keys() - state.keys()), "unexpected": sorted(state.keys() - own.keys()),
-                "mis-shaped": sorted(name for name in common if own[name].shape != state[name].shape)}
-    if any(problems.values()):
-        raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
-                              + _describe(problems))
-    state = _dequantize(state, scales, own, card.weights_dtype, weights_path.name)
-    broken = sorted(name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all())
-    if broken:
-        raise CheckpointError(f"{weights_path.name}: {len(broken)} tensors hold an inf or NaN (e.g. {broken[0]})")
-    model.load_state_dict({name: t.to(own[name].dtype) for name, t in state.items()}, strict=True)
-    return model.to(device).eval(), card
-
-
-def measure_stored(path: str | os.PathLike, metrics: dict[str, float],
-                   measure: Callable[[nn.Module, ModelCard], dict[str, float]],
-                   device: str | torch.device = "cpu") -> tuple[ModelCard, dict[str, float]]:
-    """Load a checkpoint just saved from a model, measure it, and return its card with the metrics updated.
-
-    So that a card's :data:`STORED_METRICS` (``test_top1``, ``test_loss``) are always those of the weights as
-    stored, they become ``measure``'s; when the weights are stored as int8, the model's own ``metrics`` are kept as
-    ``<name>`` + :data:`BEFORE_SUFFIX`, unless the card has those keys already (an int8 checkpoint saved again as
-    int8 keeps the original float model's). The card is not written.
-
-    Args:
-        path (str or Path): the saved checkpoint (stem, ``.json`` or ``.safetensors``).
-        metrics (dict[str, float]): the saved model's :data:`STORED_METRICS`, measured before saving.
-        measure (Callable[[nn.Module, ModelCard], dict[str, float]]): a loaded model's :data:`STORED_METRICS`,
-            e.g. :meth:`convnn.evaluate.EvaluationData.metrics`.
-        device (str or torch.device): where the stored model is loaded and measured. Default: ``"cpu"``
-
-    Returns:
-        tuple[ModelCard, dict[str, float]]: the card with the new metrics, and the stored weights' metrics.
-
-    Raises:
-        CheckpointError: the checkpoint does not load (:func:`load_checkpoint`).
-    """
-    model, card = load_checkpoint(path, device)
-    stored = measure(model, card)
-    before = {name + BEFORE_SUFFIX: metrics[name] for name in STORED_METRICS} if card.weights_dtype == "int8" else {}
-    card.metrics = {**before, **card.metrics, **stored}
-    return card, stored
+    return _restore(data, card, weights_path, card_path).to(device), card

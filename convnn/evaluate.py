@@ -12,16 +12,18 @@ Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` retur
 pipeline (:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then
 :func:`convnn.train.evaluate`) in fp32 without autocast, so the last digit can differ from the card's numbers,
 which training measured under bf16 autocast on a GPU. With ``--save-dtype`` and ``--out`` each checkpoint is saved
-again in that dtype as ``OUT/NAME``, loaded back from there and evaluated (:func:`~convnn.checkpoint.measure_stored`).
-The new card is the old one but for the storage fields and the metrics: ``test_top1`` and ``test_loss`` are the
-stored weights', and, when saved as int8, those of the checkpoint it was made from (measured here) become
-``test_top1_before_quantization`` and ``test_loss_before_quantization``, unless the card has them already (re-saving
-an int8 checkpoint keeps the float model's). The table of results goes to stdout, one row per checkpoint.
+again in that dtype as ``OUT/NAME``: the weights as stored are loaded back and evaluated before the two files are
+written (:func:`~convnn.checkpoint.save_checkpoint` with ``measure``). The new card is the old one but for the
+storage fields and the metrics: ``test_top1`` and ``test_loss`` are the stored weights', and, when saved as int8,
+those of the checkpoint it was made from (measured here) become ``test_top1_before_quantization`` and
+``test_loss_before_quantization``, unless the card has them already (re-saving an int8 checkpoint keeps the float
+model's). The table of results goes to stdout, one row per checkpoint.
 
 Before anything is evaluated or written, every checkpoint is loaded and checked (a CIFAR-10 card whose metrics are
-finite numbers) and every new file's path is planned: the run stops with a message, having written nothing, when
-one of them exists already (such as a source, with ``--out`` its own folder) or two sources share a name. A new
-card never holds an inf or NaN: such a measurement stops the run and removes that checkpoint's two new files.
+finite numbers, weights that load back once stored in ``--save-dtype``) and every new file's path is planned: the
+run stops with a message, having written nothing, when one of them exists already (such as a source, with ``--out``
+its own folder), two sources share a name, or a checkpoint cannot be stored. A new card never holds an inf or NaN:
+such a measurement stops the run before that checkpoint's files are written.
 """
 
 from __future__ import annotations
@@ -37,19 +39,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import (
-    BEFORE_SUFFIX,
-    WEIGHTS_DTYPES,
-    ModelCard,
-    checkpoint_paths,
-    load_checkpoint,
-    measure_stored,
-    save_checkpoint,
-)
+from .checkpoint import BEFORE_SUFFIX, WEIGHTS_DTYPES, ModelCard, checkpoint_paths, load_checkpoint, save_checkpoint
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
 from .train import evaluate
 
-__all__ = ["BEFORE_SUFFIX", "EvaluationData", "main", "resave"]
+__all__ = ["BEFORE_SUFFIX", "EvaluationData", "main"]
 
 log = logging.getLogger("convnn.evaluate")
 
@@ -78,15 +72,20 @@ class EvaluationData:
                              f"{card.input_size} (CIFAR-10: {list(CIFAR10_CLASSES[:2])}..., {side} px)")
 
     def metrics(self, model: nn.Module, card: ModelCard) -> dict[str, float]:
-        """``model``'s ``test_top1`` (percent) and ``test_loss`` (mean cross-entropy), in fp32.
+        """``model``'s ``test_top1`` (percent) and ``test_loss`` (mean cross-entropy), in fp32 on :attr:`device`.
+
+        Args:
+            model (nn.Module): a model of a card :meth:`check` accepts; moved to :attr:`device`.
+            card (ModelCard): its card (mean and std of the input normalisation).
 
         Raises:
-            ValueError: a card :meth:`check` refuses.
+            ValueError: a metric that is inf or NaN (it is never written into a card).
         """
-        self.check(card)
         loader = DeviceLoader(self.images, self.labels, self.batch_size, self.device, train=False,
                               mean=tuple(card.mean), std=tuple(card.std))
-        return evaluate(model, loader, self.device, amp=False)
+        metrics = evaluate(model.to(self.device), loader, self.device, amp=False)
+        _check_finite(metrics, card.name)
+        return metrics
 
 
 def _check_finite(metrics: dict, source: str) -> None:
@@ -94,64 +93,6 @@ def _check_finite(metrics: dict, source: str) -> None:
     for key, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"{source}: metrics.{key} must be a finite number, got {value!r}")
-
-
-def _new_paths(source: Path, out: Path) -> tuple[Path, Path]:
-    """Weights and card paths of ``source`` re-saved into the folder ``out`` (same name).
-
-    Raises:
-        ValueError: either file exists already (re-saving never overwrites; with ``out`` the source's own folder,
-            that file is the source itself).
-    """
-    paths = checkpoint_paths(out / checkpoint_paths(source)[0].stem)
-    for path in paths:
-        if path.exists():
-            raise ValueError(f"--out {out}: {path.name} exists there already (from {source}: re-saving never "
-                             f"overwrites a file); choose another folder")
-    return paths
-
-
-def resave(source: Path, model: nn.Module, card: ModelCard, metrics: dict[str, float], out: Path,
-           dtype: torch.dtype, data: EvaluationData) -> tuple[Path, dict[str, float]]:
-    """Save ``model`` in ``dtype`` as ``out/<source's name>``, load it back, evaluate it, note that in its card.
-
-    The new card's metrics are :func:`~convnn.checkpoint.measure_stored`'s. The checkpoint is first saved as
-    ``out/.<name>.partial`` and measured from there; only then are the weights renamed and the card written, so an
-    interrupted run leaves no card with the source's metrics under the new name (a ``.partial`` pair at most, which
-    the next run overwrites). When anything fails after the save, the new files are removed again.
-
-    Args:
-        source (Path): the checkpoint ``model`` was loaded from (never overwritten).
-        model (nn.Module): the loaded checkpoint.
-        card (ModelCard): its card (left unmodified).
-        metrics (dict[str, float]): ``model``'s test metrics; an int8 card keeps them with :data:`BEFORE_SUFFIX`.
-        out (Path): folder of the new checkpoint (created if needed).
-        dtype (torch.dtype): storage dtype, e.g. ``torch.int8``.
-        data (EvaluationData): the test data.
-
-    Returns:
-        tuple[Path, dict[str, float]]: the new weights file and the stored weights' test metrics.
-
-    Raises:
-        ValueError: a new file exists already (:func:`_new_paths`), a tensor that cannot be stored in ``dtype``
-            (:func:`~convnn.checkpoint.save_checkpoint`), or a new card metric that is inf or NaN.
-        CheckpointError: the written checkpoint does not load back.
-    """
-    weights_path, card_path = _new_paths(source, out)
-    partial_weights, partial_card = save_checkpoint(model, out / f".{weights_path.stem}.partial", replace(card),
-                                                    dtype=dtype)
-    try:
-        stored_card, stored = measure_stored(partial_card, metrics, data.metrics, data.device)
-        _check_finite(stored_card.metrics, f"{card_path.name} (saved from {source})")
-        partial_weights.replace(weights_path)
-    except BaseException:
-        partial_weights.unlink(missing_ok=True)
-        raise
-    finally:
-        partial_card.unlink(missing_ok=True)
-    stored_card.name = weights_path.stem
-    stored_card.write(card_path)
-    return weights_path, stored
 
 
 def _format_table(rows: list[dict[str, str]]) -> str:
@@ -201,32 +142,51 @@ def _load_source(source: Path) -> tuple[nn.Module, ModelCard]:
     return model, card
 
 
-def _plan(sources: list[Path], out: Path | None) -> None:
-    """Raise ``ValueError`` when a re-saved file exists already (:func:`_new_paths`) or two sources share a name."""
+def _plan(sources: list[Path], out: Path | None) -> list[Path | None]:
+    """The stem each source is re-saved as in the folder ``out`` (same name), or Nones without ``out``.
+
+    Raises:
+        ValueError: a new file exists already (re-saving never overwrites; with ``out`` the source's own folder,
+            that file is the source itself), or two sources share a name.
+    """
     if out is None:
-        return
-    planned: dict[Path, Path] = {}
+        return [None] * len(sources)
+    targets, planned = [], {}
     for source in sources:
-        card_path = _new_paths(source, out)[1].resolve()
+        target = out / checkpoint_paths(source)[0].stem
+        weights_path, card_path = checkpoint_paths(target)
+        for path in (weights_path, card_path):
+            if path.exists():
+                raise ValueError(f"--out {out}: {path.name} exists there already (from {source}: re-saving never "
+                                 f"overwrites a file); choose another folder")
+        card_path = card_path.resolve()
         if card_path in planned:
             raise ValueError(f"{planned[card_path]} and {source} would both be re-saved as {card_path}: "
                              f"evaluate them in two runs with different --out folders")
         planned[card_path] = source
+        targets.append(target)
+    return targets
 
 
-def _evaluate_one(source: Path, model: nn.Module, card: ModelCard, args: argparse.Namespace, data: EvaluationData,
-                  fingerprint: str) -> dict[str, str]:
-    """Evaluate (and with ``--out`` re-save) one loaded checkpoint; returns its table row."""
-    model = model.to(data.device)
+def _evaluate_one(source: Path, model: nn.Module, card: ModelCard, target: Path | None, save_dtype: str | None,
+                  data: EvaluationData, fingerprint: str) -> dict[str, str]:
+    """Evaluate one loaded checkpoint and, with a ``target`` stem, re-save it there in ``save_dtype``; its table row.
+
+    The new card is ``card`` with ``model``'s metrics measured here, which
+    :func:`~convnn.checkpoint.save_checkpoint` replaces by the stored weights' (keeping them with
+    :data:`BEFORE_SUFFIX` for int8) before it writes anything.
+    """
     if card.data.get("test_sha256", fingerprint) != fingerprint:
         log.warning("%s: the card's test_sha256 is not that of these test images", card.name)
     metrics = data.metrics(model, card)
     row = {"checkpoint": card.name, "stored": card.weights_dtype, "size": _megabytes(checkpoint_paths(source)[0]),
            "card top-1": f"{card.metrics['test_top1']:.2f}" if "test_top1" in card.metrics else "-",
            "top-1": f"{metrics['test_top1']:.2f}", "loss": f"{metrics['test_loss']:.4f}"}
-    if args.out is not None:
-        weights, stored = resave(source, model, card, metrics, args.out, getattr(torch, args.save_dtype), data)
-        row.update({"saved as": args.save_dtype, "new size": _megabytes(weights),
+    if target is not None:
+        new_card = replace(card, metrics={**card.metrics, **metrics})
+        weights, _ = save_checkpoint(model, target, new_card, getattr(torch, save_dtype), measure=data.metrics)
+        stored = new_card.metrics
+        row.update({"saved as": save_dtype, "new size": _megabytes(weights),
                     "new top-1": f"{stored['test_top1']:.2f}", "new loss": f"{stored['test_loss']:.4f}",
                     "Δ top-1": f"{stored['test_top1'] - metrics['test_top1']:+.2f}"})
     log.info("%s: %s", card.name, ", ".join(f"{key} {value}" for key, value in row.items() if "top-1" in key))
@@ -239,14 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     sources = [Path(source) for source in args.cards]
     try:
         loaded = [_load_source(source) for source in sources]
-        _plan(sources, args.out)
+        targets = _plan(sources, args.out)
         images, labels = load_cifar10(args.data_root, "test")
         data = EvaluationData(images, labels, args.batch_size, torch.device(args.device))
-        for _, card in loaded:
+        for (model, card), target in zip(loaded, targets, strict=True):
             data.check(card)
+            if target is not None:  # storable? (loads back once stored; writes nothing)
+                save_checkpoint(model, target, replace(card), getattr(torch, args.save_dtype), write=False)
         fingerprint = data_fingerprint(images, labels)
-        rows = [_evaluate_one(source, model, card, args, data, fingerprint)
-                for source, (model, card) in zip(sources, loaded, strict=True)]
+        rows = [_evaluate_one(source, model, card, target, args.save_dtype, data, fingerprint)
+                for source, (model, card), target in zip(sources, loaded, targets, strict=True)]
     except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         sys.exit(f"python -m convnn.evaluate: {err}")
     print(_format_table(rows))

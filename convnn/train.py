@@ -15,7 +15,9 @@ Several machines (run on each; rank 0's host is the rendezvous endpoint)::
 
 Writes under ``--out``: ``NAME.log.jsonl`` (one JSON line per epoch: train/test loss and accuracy, learning rate,
 epoch time), ``NAME.resume.pt`` (state to continue with ``--resume``), and at the end the checkpoint
-``NAME.safetensors`` + ``NAME.json`` (the model card). Only rank 0 logs and writes.
+``NAME.safetensors`` + ``NAME.json`` (the model card, whose ``test_top1``/``test_loss`` are those of the weights as
+stored in ``--save-dtype``; for int8 also the trained model's, with ``_before_quantization``). Only rank 0 logs and
+writes.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from kernels import BACKEND_ENV_VAR, BACKENDS, resolve_backend
+from kernels import BACKEND_ENV_VAR, BACKENDS, record_backends
 
-from .checkpoint import WEIGHTS_DTYPES, ModelCard, checkpoint_paths, measure_stored, save_checkpoint
+from .card import MAX_INPUT_SIZE
+from .checkpoint import WEIGHTS_DTYPES, ModelCard, save_checkpoint
 from .data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -54,10 +57,14 @@ from .data import (
     load_cifar10,
     synthetic_images,
 )
+from .layers._validation import check_choice, check_int, check_nonnegative, check_positive, check_ratio
 from .models import create_model, list_models
 from .presets import preset
 
 log = logging.getLogger("convnn.train")
+# Generator seeds derived from a run's seed (seed·1000 + rank in DeviceLoader, seed·7919 + rank for mixing) must stay
+# in the layers' SEED_RANGE (what torch.Generator.manual_seed takes without wrapping): run seeds are 32-bit.
+_MAX_SEED = 2**32 - 1
 
 
 @dataclass
@@ -86,7 +93,7 @@ class TrainConfig:
     out: str = "runs"
     backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
     amp: bool = True  # bf16 autocast on CUDA
-    save_dtype: str = "float16"  # WEIGHTS_DTYPES; int8 cards carry the stored weights' metrics (measure_stored)
+    save_dtype: str = "float16"  # WEIGHTS_DTYPES; the card's test metrics are the stored weights'
     max_steps: int | None = None  # stop early (smoke tests)
     num_workers: int = 8  # ImageFolder loader processes
     resume: bool = False
@@ -96,23 +103,20 @@ class TrainConfig:
         choices = {"data": ("cifar10", "imagefolder", "synthetic"), "optimizer": ("sgd", "adamw"),
                    "backend": BACKENDS, "save_dtype": WEIGHTS_DTYPES, "model": tuple(list_models())}
         for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            check_choice(name, getattr(self, name), allowed)
         if not isinstance(self.model_args, dict):
             raise ValueError(f"model_args must be a JSON object, got {self.model_args!r}")
-        ranges = {"epochs": (1, math.inf), "batch_size": (1, math.inf), "seed": (0, 2**32 - 1),
-                  "image_size": (1, 4096), "num_classes": (1, math.inf), "num_workers": (0, math.inf),
-                  "subset": (1, math.inf), "max_steps": (1, math.inf), "lr": (0, math.inf),
-                  "weight_decay": (0, math.inf), "momentum": (0, 1), "warmup_epochs": (0, math.inf),
-                  "label_smoothing": (0, 1), "mixup_alpha": (0, math.inf)}
-        for name, (low, high) in ranges.items():
-            value = getattr(self, name)
-            if value is not None and not low <= value <= high:
-                raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-        if self.lr == 0 or self.label_smoothing == 1:
-            raise ValueError(f"lr must be > 0 and label_smoothing < 1, got {self.lr}, {self.label_smoothing}")
-
-
+        integers = {"epochs": 1, "batch_size": 1, "num_classes": 1, "num_workers": 0, "subset": 1, "max_steps": 1}
+        for name, low in integers.items():
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), low)
+        check_int("seed", self.seed, 0, _MAX_SEED)
+        check_int("image_size", self.image_size, 1, MAX_INPUT_SIZE)  # the card's input_size
+        check_positive("lr", self.lr)
+        check_ratio("momentum", self.momentum)
+        for name in ("weight_decay", "warmup_epochs", "mixup_alpha"):
+            check_nonnegative(name, getattr(self, name))
+        check_nonnegative("label_smoothing", self.label_smoothing, 1)  # 1: every target uniform
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
@@ -331,33 +335,17 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
         raise ValueError(f"model_args do not fit {config.model!r}: {err}") from err
 
 
-def _record_int8_metrics(run: _Run, path: Path, metrics: dict[str, float]) -> None:
-    """Evaluate the int8 checkpoint rank 0 saved at ``path`` and make its card's metrics the stored weights'.
-
-    The float model's ``metrics`` stay in the card with :data:`~convnn.checkpoint.BEFORE_SUFFIX`
-    (:func:`~convnn.checkpoint.measure_stored`). Every rank loads the file (as ``--resume`` does, the ranks share
-    ``--out``) and evaluates its shard of the test loader; rank 0 writes the card.
-    """
-    if dist.is_initialized():
-        dist.barrier()  # rank 0 has written the checkpoint
-    card, stored = measure_stored(path, metrics, lambda model, _: evaluate(model, run.test_loader, run.device, run.amp),
-                                  run.device)
-    if run.is_main:
-        card.write(checkpoint_paths(path)[1])
-        log.info("int8 weights as stored: test top-1 %.2f%% (float model %.2f%%)", stored["test_top1"],
-                 metrics["test_top1"])
-
-
 def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
     """Run the whole training described by ``config`` (checked first with :meth:`TrainConfig.check`).
 
     Returns:
-        tuple[nn.Module, dict[str, float]]: this rank's trained model (unwrapped from DDP) and the final test
-        metrics (``test_top1`` in percent, ``test_loss``).
+        tuple[nn.Module, dict[str, float]]: this rank's trained model (unwrapped from DDP) and its final test
+        metrics (``test_top1`` in percent, ``test_loss``), before storage in ``save_dtype``.
 
     Raises:
-        ValueError: a configuration field outside its range, a batch larger than the data, or model arguments the
-            model does not take.
+        ValueError: a configuration field outside its range, a batch larger than the data, model arguments the
+            model does not take, or trained weights that cannot be stored in ``save_dtype``
+            (:func:`~convnn.checkpoint.save_checkpoint`; nothing is written then, ``NAME.resume.pt`` aside).
     """
     config.check()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -397,37 +385,40 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
             log.info("%s: %s (%d parameters) on %s, from epoch %d", config.name, config.model,
                      sum(p.numel() for p in model.parameters()), _hardware(device, world_size), epochs_done + 1)
         metrics: dict[str, float] = {}
-        while epochs_done < config.epochs and epochs_done * run.steps_per_epoch < run.steps_planned():
-            started = time.perf_counter()
-            train_loss, lr, steps = train_epoch(run, epochs_done)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            epoch_time = time.perf_counter() - started
-            elapsed += epoch_time
-            epochs_done += 1
-            metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
-            if run.is_main:
-                row = {"epoch": epochs_done, "train_loss": train_loss, **metrics, "lr": lr, "epoch_time_s": epoch_time,
-                       "images_per_s": steps * config.batch_size / epoch_time}
-                with log_path.open("a") as file:
-                    file.write(json.dumps(row) + "\n")
-                log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epochs_done, config.epochs,
-                         train_loss, metrics["test_top1"], epoch_time)
-                torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                            "epoch": epochs_done, "elapsed": elapsed}, resume_path)
-        if not metrics:  # resumed after the last epoch: report the finished model
-            metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+        with record_backends() as backends:  # the paths the ConvNN layers took, for the card
+            while epochs_done < config.epochs and epochs_done * run.steps_per_epoch < run.steps_planned():
+                started = time.perf_counter()
+                train_loss, lr, steps = train_epoch(run, epochs_done)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                epoch_time = time.perf_counter() - started
+                elapsed += epoch_time
+                epochs_done += 1
+                metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+                if run.is_main:
+                    row = {"epoch": epochs_done, "train_loss": train_loss, **metrics, "lr": lr,
+                           "epoch_time_s": epoch_time, "images_per_s": steps * config.batch_size / epoch_time}
+                    with log_path.open("a") as file:
+                        file.write(json.dumps(row) + "\n")
+                    log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epochs_done, config.epochs,
+                             train_loss, metrics["test_top1"], epoch_time)
+                    torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                                "epoch": epochs_done, "elapsed": elapsed}, resume_path)
+            if not metrics:  # resumed after the last epoch: report the finished model
+                metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+        card = ModelCard(
+            name=config.name, model=config.model, model_args=model_args, classes=classes, input_size=input_size,
+            mean=list(mean), std=list(std), metrics=metrics, recipe=dataclasses.asdict(config), data=data,
+            training={"epochs": epochs_done, "seed": config.seed, "train_time_s": round(elapsed, 1),
+                      "hardware": _hardware(device, world_size), "world_size": world_size,
+                      "versions": _versions(), "date": datetime.date.today().isoformat(),
+                      "backend": " + ".join(sorted(backends)) or "none (no ConvNN aggregation)"})
+        # Every rank measures the weights as stored on its shard of the test data; rank 0 writes.
+        save_checkpoint(model, out / config.name, card, getattr(torch, config.save_dtype), write=run.is_main,
+                        measure=lambda stored, _: evaluate(stored.to(device), test_loader, device, run.amp))
         if run.is_main:
-            card = ModelCard(
-                name=config.name, model=config.model, model_args=model_args, classes=classes, input_size=input_size,
-                mean=list(mean), std=list(std), metrics=metrics, recipe=dataclasses.asdict(config), data=data,
-                training={"epochs": epochs_done, "seed": config.seed, "train_time_s": round(elapsed, 1),
-                          "hardware": _hardware(device, world_size), "world_size": world_size,
-                          "versions": _versions(), "date": datetime.date.today().isoformat(),
-                          "backend": resolve_backend("auto", device)})
-            save_checkpoint(model, out / config.name, card, dtype=getattr(torch, config.save_dtype))
-        if config.save_dtype == "int8":
-            _record_int8_metrics(run, out / config.name, metrics)
+            log.info("weights as stored (%s): test top-1 %.2f%% (trained model %.2f%%)", config.save_dtype,
+                     card.metrics["test_top1"], metrics["test_top1"])
         return model, metrics
     finally:
         if dist.is_initialized():

@@ -34,6 +34,13 @@ def check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+def check_nonnegative(name: str, value, below: float = math.inf) -> None:
+    """Raise ``ValueError`` unless ``value`` is a number (not a bool) with ``0 ≤ value < below`` (so finite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < below:
+        bound = "∞" if below == math.inf else f"{below:g}"
+        raise ValueError(f"{name} must be a number in [0, {bound}), got {value!r}")
+
+
 def check_floating_input(x: torch.Tensor) -> None:
     """Raise ``ValueError`` for integer or boolean inputs (their products would silently truncate)."""
     if not x.is_floating_point():

@@ -250,7 +250,7 @@ def test_int8_files_that_do_not_match_their_card_are_refused(edit, card_dtype, m
     (float("inf"), r"1 scales not finite and > 0 \(e.g. head.weight\)"),
     (0.0, r"1 scales not finite and > 0 \(e.g. head.weight\)"),
     (-0.01, r"1 scales not finite and > 0 \(e.g. head.weight\)"),
-    (1e300, "q.safetensors: head.weight times its scales is inf in torch.float32"),  # finite in float64
+    (1e300, r"q.safetensors: 1 tensors hold an inf or NaN once loaded \(e.g. head.weight, stored as torch.int8\)"),
 ])
 def test_int8_scales_that_are_not_finite_and_positive_are_refused(scale, message, tmp_path):
     def corrupt(state: dict) -> None:
@@ -276,25 +276,88 @@ def test_a_mis_shaped_int8_tensor_is_refused_before_it_is_dequantized(tmp_path, 
         load_checkpoint(weights)
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+NOT_FINITE = r"1 tensors of the model hold an inf or NaN \(e.g. {}\): not saved"
+WOULD_NOT_LOAD = (r"not saved, as load_checkpoint would refuse it: bad.safetensors: 1 tensors hold an inf or NaN once "
+                  r"loaded \(e.g. {}, stored as torch.{}")
+
+
 @pytest.mark.parametrize("dtype, tensor, value, message", [
     (torch.int32, None, None, "dtype must be None or one of"),
     (torch.float64, None, None, "dtype must be None or one of"),
-    (torch.int8, "head.weight", float("nan"), "head.weight: a value is inf or NaN"),
-    (torch.int8, "head.weight", float("inf"), "head.weight: a value is inf or NaN"),
-    (torch.int8, "head.bias", float("nan"), "head.bias: a value is inf or NaN"),  # ndim < 2: stored in fp16
-    (torch.int8, "head.bias", 1e6, r"head.bias: .* \(float16 ends at ±65504\)"),
-    (torch.float16, "norm.weight", 1e6, r"norm.weight: .* \(float16 ends at ±65504\)"),
-    (torch.bfloat16, "head.weight", float("inf"), "head.weight: a value is inf or NaN"),
-    (torch.float32, "head.bias", float("nan"), "head.bias: a value is inf or NaN"),
+    (torch.int8, "head.weight", float("nan"), NOT_FINITE.format("head.weight")),
+    (torch.int8, "head.weight", float("inf"), NOT_FINITE.format("head.weight")),
+    (torch.int8, "head.bias", float("nan"), NOT_FINITE.format("head.bias")),
+    (None, "head.bias", float("inf"), NOT_FINITE.format("head.bias")),  # kept as it is, the loader would refuse it
+    (torch.bfloat16, "head.weight", float("inf"), NOT_FINITE.format("head.weight")),
+    (torch.float32, "head.bias", float("nan"), NOT_FINITE.format("head.bias")),
+    # finite in the model, not once stored: ndim < 2 in fp16 (also with int8), ±max|w| · 127 / 127 past fp32
+    (torch.int8, "head.bias", 1e6, WOULD_NOT_LOAD.format("head.bias", "float16") + r", which ends at ±65504\)"),
+    (torch.float16, "norm.weight", -1e6, WOULD_NOT_LOAD.format("norm.weight", "float16")),
+    (torch.int8, "head.weight", FLOAT32_MAX, WOULD_NOT_LOAD.format("head.weight", "int8") + r"\)"),
+    (torch.int8, "head.weight", -FLOAT32_MAX, WOULD_NOT_LOAD.format("head.weight", "int8") + r"\)"),
 ])
 def test_unstorable_dtypes_and_weights_are_refused_before_anything_is_written(dtype, tensor, value, message,
                                                                               tmp_path):
+    """Save refuses whatever load_checkpoint would refuse, naming the tensor, and writes nothing."""
     model, card = _small_model("vit-mhsa")
     if tensor is not None:
         with torch.no_grad():
             model.state_dict()[tensor].view(-1)[0] = value
     with pytest.raises(ValueError, match=message):
         save_checkpoint(model, tmp_path / "out" / "bad", card, dtype=dtype)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_card_that_does_not_fit_the_model_is_refused_before_anything_is_written(tmp_path):
+    model, card = _small_model("vit-mhsa")
+    card.model_args = {**card.model_args, "dim": 16}
+    with pytest.raises(CheckpointError, match=r"not saved, as load_checkpoint would refuse it: bad.safetensors: "
+                                              r"weights do not fit 'convnn_vit_cifar' .*mis-shaped"):
+        save_checkpoint(model, tmp_path / "out" / "bad", card, dtype=torch.float16)
+    assert not (tmp_path / "out").exists()
+
+
+def test_measure_sees_the_stored_weights_before_any_file_is_written(tmp_path):
+    """save_checkpoint(measure=...): the measured model holds exactly what load_checkpoint later returns; the card
+    written afterwards carries its metrics, the saved model's (card) ones kept with _before_quantization."""
+    model, card = _small_model("vit-mhsa")
+    card.metrics = {"test_top1": 50.0, "test_loss": 1.0, "epochs": 3}
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    seen = []
+
+    def measure(stored: nn.Module, stored_card: ModelCard) -> dict[str, float]:
+        seen.append((stored(x), stored_card.weights_dtype, sorted(path.name for path in tmp_path.iterdir())))
+        return {"test_top1": 40.0, "test_loss": 1.25}
+
+    weights, _ = save_checkpoint(model, tmp_path / "q", card, dtype=torch.int8, measure=measure)
+    loaded, loaded_card = load_checkpoint(weights)
+    (logits, weights_dtype, files), = seen
+    assert files == [] and weights_dtype == "int8"
+    torch.testing.assert_close(logits, loaded(x), rtol=0, atol=0)
+    assert loaded_card.metrics == card.metrics == {"test_top1": 40.0, "test_loss": 1.25, "epochs": 3,
+                                                   "test_top1_before_quantization": 50.0,
+                                                   "test_loss_before_quantization": 1.0}
+
+
+def test_a_failed_measurement_writes_nothing(tmp_path):
+    model, card = _small_model("vit-mhsa")
+
+    def fail(stored: nn.Module, stored_card: ModelCard) -> dict[str, float]:
+        raise RuntimeError("measurement failed")
+
+    with pytest.raises(RuntimeError, match="measurement failed"):
+        save_checkpoint(model, tmp_path / "out" / "m", card, dtype=torch.int8, measure=fail)
+    assert not (tmp_path / "out").exists()
+
+
+def test_write_false_measures_without_writing(tmp_path):
+    """A float dtype keeps no _before_quantization metrics; write=False (a dry run, or a non-zero DDP rank)."""
+    model, card = _small_model("vit-mhsa")
+    card.metrics = {"test_top1": 50.0}
+    save_checkpoint(model, tmp_path / "out" / "m", card, dtype=torch.float16, write=False,
+                    measure=lambda stored, stored_card: {"test_top1": 1.0, "test_loss": 2.0})
+    assert card.metrics == {"test_top1": 1.0, "test_loss": 2.0} and card.weights_dtype == "float16"
     assert not (tmp_path / "out").exists()
 
 
@@ -349,7 +412,8 @@ def test_float8_int8_scales_are_refused(dtype, tmp_path):
 def test_weights_that_are_not_finite_are_refused(value, saved):
     _, path = saved
     _rewrite(path, lambda state: state["head.bias"].fill_(value))
-    with pytest.raises(CheckpointError, match=r"m.safetensors: 1 tensors hold an inf or NaN \(e.g. head.bias\)"):
+    with pytest.raises(CheckpointError, match=r"m.safetensors: 1 tensors hold an inf or NaN once loaded \(e.g. "
+                                              r"head.bias, stored as torch.float32\)"):
         load_checkpoint(path)
 
 

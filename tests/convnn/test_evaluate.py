@@ -107,6 +107,7 @@ def _tree(folder) -> dict[str, str | None]:
     ("a later card is no card", "not a readable JSON model card"),
     ("test_top1 is null", "metrics.test_top1 must be a finite number, got None"),
     ("test_top1 is text", "metrics.test_top1 must be a finite number, got 'n/a'"),
+    ("a later card is not CIFAR-10", r"vit: not a CIFAR-10 model: classes \['c0', 'c1'\]"),
 ])
 def test_refuses_before_anything_is_evaluated_or_written(case, message, source, tmp_path):
     """Every source is loaded and every new path planned first: one bad argument leaves every folder unchanged."""
@@ -128,6 +129,13 @@ def test_refuses_before_anything_is_evaluated_or_written(case, message, source, 
         card = json.loads((second / "vit.json").read_text())
         card["metrics"]["test_top1"] = None if case.endswith("null") else "n/a"
         (second / "vit.json").write_text(json.dumps(card))
+    elif case == "a later card is not CIFAR-10":  # named "other": only its classes are the problem
+        card = json.loads((second / "vit.json").read_text())
+        card["classes"] = [f"c{c}" for c in range(10)]
+        (second / "other.json").write_text(json.dumps(card))
+        (second / "vit.safetensors").rename(second / "other.safetensors")
+        (second / "vit.json").unlink()
+        sources[1] = second / "other.json"
     if case not in ("other source's folder", "two sources, one name", "a file exists in --out"):
         folder = out / "new"  # distinct names are not the problem here
     before = _tree(tmp_path)
@@ -148,15 +156,32 @@ def test_out_naming_a_file_is_a_usage_error(source, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("save_dtype", ["int8", "float32"])
-def test_a_nan_measurement_is_never_written_into_a_card(save_dtype, source, tmp_path, monkeypatch):
-    """A loss that is NaN (here forced) stops the run and leaves no new checkpoint behind."""
-    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: {"test_loss": float("nan"),
-                                                                            "test_top1": 10.0})
+def test_a_nan_measurement_of_the_stored_weights_is_never_written_into_a_card(save_dtype, source, tmp_path,
+                                                                               monkeypatch):
+    """The source measures fine; the stored weights' loss is NaN (here forced): the run stops, nothing is written."""
+    measured = iter([{"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}])
+    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: next(measured))
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", save_dtype, "--device", "cpu",
                            "--out", str(tmp_path / "new")])
-    assert "metrics.test_loss" in info.value.code and "got nan" in info.value.code
-    assert list((tmp_path / "new").iterdir()) == []
+    assert info.value.code == "python -m convnn.evaluate: vit: metrics.test_loss must be a finite number, got nan"
+    assert next(measured, None) is None and not (tmp_path / "new").exists()
+
+
+def test_a_later_checkpoint_that_cannot_be_stored_stops_the_run_before_anything_is_written(source, tmp_path):
+    """A 1e6 bias is a float32 checkpoint, but float16 ends at ±65504: found before the first one is re-saved."""
+    model, card = load_checkpoint(source)
+    with torch.no_grad():
+        model.head.bias[0] = 1e6
+    big, _ = save_checkpoint(model, tmp_path / "src" / "big", card, dtype=torch.float32)
+    before = _tree(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(source), str(big), "--data-root", "unused", "--save-dtype", "float16",
+                           "--device", "cpu", "--out", str(tmp_path / "new")])
+    assert re.fullmatch(r"python -m convnn.evaluate: not saved, as load_checkpoint would refuse it: big.safetensors: 1 "
+                        r"tensors hold an inf or NaN once loaded \(e.g. head.bias, stored as torch.float16, which "
+                        r"ends at ±65504\)", info.value.code), info.value.code
+    assert _tree(tmp_path) == before and not (tmp_path / "new").exists()
 
 
 def test_the_new_card_is_written_only_after_the_stored_weights_are_measured(source, tmp_path, monkeypatch):

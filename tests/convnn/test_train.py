@@ -52,25 +52,29 @@ def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     model, metrics = train(config)
     assert 0.0 <= metrics["test_top1"] <= 100.0
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    # On a CPU every ConvNN aggregation runs on the reference; λ = 0 and MHSA run none.
+    card = json.loads((tmp_path / f"{config.name}.json").read_text())
+    without = name in ("cnn-l0", "vit-mhsa")
+    assert card["training"]["backend"] == ("none (no ConvNN aggregation)" if without else "reference")
 
 
-def test_int8_save_dtype_writes_an_int8_checkpoint_scored_as_stored(tmp_path):
-    """The card's test_top1/test_loss are the stored int8 weights' on the test split; the float model's are kept
-    with the _before_quantization suffix."""
+@pytest.mark.parametrize("save_dtype", ["int8", "float16"])
+def test_the_card_scores_the_weights_as_stored(save_dtype, tmp_path):
+    """The card's test_top1/test_loss are the stored weights' on the test split; for int8 the float model's are
+    kept with the _before_quantization suffix."""
     config = parse_config(["--preset", "cnn-l0", "--name", "q", "--out", str(tmp_path), "--epochs", "1",
-                           "--save-dtype", "int8", *TINY])
+                           "--save-dtype", save_dtype, *TINY])
     _, float_metrics = train(config)
     stored, card = load_checkpoint(tmp_path / "q")
-    assert card.weights_dtype == "int8" and card.recipe["save_dtype"] == "int8"
+    assert card.weights_dtype == save_dtype and card.recipe["save_dtype"] == save_dtype
     images, labels = synthetic_images(config.subset, config.num_classes, config.image_size, config.seed + 1)
     with torch.no_grad():
         logits = stored(normalize(torch.from_numpy(images), tuple(card.mean), tuple(card.std)))
     labels = torch.from_numpy(labels)
-    assert card.metrics == pytest.approx({
-        "test_top1": 100 * (logits.argmax(1) == labels).float().mean().item(),
-        "test_loss": F.cross_entropy(logits, labels).item(),
-        "test_top1_before_quantization": float_metrics["test_top1"],
-        "test_loss_before_quantization": float_metrics["test_loss"]}, rel=1e-5)
+    before = {"test_top1_before_quantization": float_metrics["test_top1"],
+              "test_loss_before_quantization": float_metrics["test_loss"]} if save_dtype == "int8" else {}
+    assert card.metrics == pytest.approx({"test_top1": 100 * (logits.argmax(1) == labels).float().mean().item(),
+                                          "test_loss": F.cross_entropy(logits, labels).item(), **before}, rel=1e-5)
 
 
 def test_preset_seed_names_the_run_and_flags_override():
@@ -118,11 +122,19 @@ def test_resuming_a_finished_run_rewrites_its_checkpoint_without_training(tmp_pa
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--epochs", "0"], "epochs"),
+    (["--epochs", "0"], "epochs must be an integer in [1, ∞], got 0"),
     (["--batch-size", "0"], "batch_size"),
-    (["--save-dtype", "int16"], "save_dtype"),
+    (["--save-dtype", "int16"], "save_dtype must be one of ('float32', 'float16', 'bfloat16', 'int8'), got 'int16'"),
     (["--backend", "cuda"], "backend"),
-    (["--label-smoothing", "2"], "label_smoothing"),
+    (["--label-smoothing", "2"], "label_smoothing must be a number in [0, 1), got 2.0"),
+    (["--label-smoothing", "1"], "label_smoothing must be a number in [0, 1), got 1.0"),
+    (["--lr", "0"], "lr must be a finite number > 0, got 0.0"),
+    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+    (["--weight-decay", "inf"], "weight_decay must be a number in [0, ∞), got inf"),
+    (["--momentum", "1.5"], "momentum must be a number in [0, 1], got 1.5"),
+    (["--seed", "-1"], "seed must be an integer in [0, 4294967295], got -1"),
+    (["--seed", str(2**32)], "seed must be an integer in [0, 4294967295], got 4294967296"),
+    (["--image-size", "1024"], "image_size must be an integer in [1, 512], got 1024"),  # the card's limit
     (["--subset", "0"], "subset"),
     (["--model-args", "[1, 2]"], "model-args"),
     (["--config", "/nonexistent.json"], "config"),
