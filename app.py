@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import shutil
 import tempfile
-import uuid
 from pathlib import Path
 
 import gradio as gr
-import numpy as np
 import torch
 
 import analysis as an
@@ -100,25 +96,9 @@ class Explorer:
 
     @user_errors
     def on_checkpoint_upload(self, files: list[str] | None, uploads: list[str]):
-        paths = [Path(f) for f in files or []]
-        cards = [p for p in paths if p.suffix == ".json"]
-        weights = [p for p in paths if p.suffix == ".safetensors"]
-        if len(cards) != 1 or len(weights) != 1:
-            raise ValueError("upload exactly two files: the weights (.safetensors) and the model card (.json)")
-        folder = WORK_DIR / "checkpoints" / uuid.uuid4().hex
-        folder.mkdir(parents=True)
-        card_path = folder / cards[0].name
-        try:
-            shutil.copyfile(cards[0], card_path)
-            shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
-            self.model(str(card_path))
-        except Exception as err:  # whatever refused the checkpoint, no half-accepted upload stays behind
-            shutil.rmtree(folder, ignore_errors=True)
-            if isinstance(err, ValueError):  # name the user's file, not the server's upload folder
-                raise ValueError(str(err).replace(f"{folder}{os.sep}", "")) from err
-            raise
-        uploads = [*uploads, str(card_path)]
-        return gr.update(choices=self.choices(uploads), value=str(card_path)), uploads
+        card_path = str(an.store_upload(files or [], WORK_DIR / "checkpoints", self.device))
+        uploads = [*uploads, card_path]
+        return gr.update(choices=self.choices(uploads), value=card_path), uploads
 
     def on_example(self, evt: gr.SelectData) -> str:
         return self.examples[evt.index]
@@ -148,34 +128,26 @@ class Explorer:
                               int(head))
 
     def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
-        """The model, image, query pixel, :func:`analysis.query_neighbors` result and its JSON for the UI's values."""
+        """The model, image and :func:`analysis.query_neighbors` result for the UI's values."""
         loaded, image = self.model(checkpoint), self.image(image_path)
-        query_px = (int(row_px), int(col_px))
-        result = an.query_neighbors(loaded, image, layer, query_px, self.options(k, window, candidates, seed, alpha,
-                                                                                  head))
-        data = an.neighbors_to_dict(result) | {"checkpoint": loaded.card.name, "image_sha256": image.digest}
-        return loaded, image, query_px, result, data
+        options = self.options(k, window, candidates, seed, alpha, head)
+        return loaded, image, an.query_neighbors(loaded, image, layer, (int(row_px), int(col_px)), options)
 
     @user_errors
     def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
-        loaded, image, query_px, result, data = self.query(checkpoint, image_path, layer, row_px, col_px, k, window,
-                                                           candidates, seed, alpha, head)
+        loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
+                                           seed, alpha, head)
         view = an.model_view(image, loaded.card.input_size)
-        factor = an.display_factor(view.shape[0])
-        return (an.display_image(view, factor, query_px), figures.neighbor_panel(view, result),
-                an.neighbors_summary(result), data)
+        return (an.display_image(view, an.display_factor(view.shape[0]), result.query_px),
+                figures.neighbor_panel(view, result), an.neighbors_summary(result),
+                an.query_record(loaded, image, result))
 
     @user_errors
     def on_export(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
         """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click."""
-        loaded, image, query_px, result, data = self.query(checkpoint, image_path, layer, row_px, col_px, k, window,
-                                                           candidates, seed, alpha, head)
-        name = f"{loaded.card.name}-{image.digest[:10]}-{layer}-{query_px[0]}-{query_px[1]}".replace(".", "_")
-        stem = WORK_DIR / "exports" / name
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        an.overlay_png(an.model_view(image, loaded.card.input_size), result).save(stem.with_suffix(".png"))
-        stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
-        return [str(stem.with_suffix(".png")), str(stem.with_suffix(".json"))]
+        loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
+                                           seed, alpha, head)
+        return [str(path) for path in an.export_query(WORK_DIR / "exports", loaded, image, result)]
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
@@ -184,24 +156,13 @@ class Explorer:
         probe = loaded.probe(layer)
         if probe.mixer == "mhsa":
             return None, None, None, f"{probe.name} is plain attention: no rank-slot kernel to show."
-        kernel = an.aggregation_kernel(loaded, layer)
-        heat = figures.heatmap_figure(kernel.kernel, f"Aggregation kernel: {kernel.description}", "rank slot t",
-                                      "output channel", "weight" if kernel.signed else "‖W[o,:,t]‖",
-                                      diverging=kernel.signed)
-        slots = [str(t) for t in range(len(kernel.slot_norms))]
-        bars = figures.bar_figure(slots, kernel.slot_norms, "How much does the t-th neighbour matter? ‖W[:,:,t]‖",
-                                  "Frobenius norm", "rank slot t", figures.rank_colors(len(slots)))
+        heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
         if probe.record_name is None:
             return heat, bars, None, "A conv-only layer: its taps are the window's rank slots (METHOD §4.1)."
         contrib = an.neighbor_contributions(loaded, self.image(image_path), layer, (int(row_px), int(col_px)),
                                             int(head))
-        labels = [f"{t}: " + ("CLS" if p else f"({r},{c})")
-                  for t, ((r, c), p) in enumerate(zip(contrib.cells, contrib.is_prefix, strict=True))]
-        contrib_bars = figures.bar_figure(labels, contrib.norms, "Contribution of each selected neighbour to the "
-                                          "query's output, ‖W[:,:,t]·ρ_t·v_t‖", "L2 norm", "rank: cell",
-                                          figures.rank_colors(len(labels)))
-        check = float(np.abs(contrib.vectors.sum(0) + contrib.bias - contrib.output).max())
-        return heat, bars, contrib_bars, f"Σ contributions + bias vs the layer's own output: max |diff| = {check:.2e}"
+        return (heat, bars, figures.contribution_figure(contrib),
+                f"Σ contributions + bias vs the layer's own output: max |diff| = {contrib.max_abs_residual:.2e}")
 
     @user_errors
     def on_mix(self, checkpoint, image_path, layer, row_px, col_px):
@@ -210,47 +171,30 @@ class Explorer:
         if probe.kind != "hybrid":
             return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
         mix = an.branch_mix(loaded, self.image(image_path), layer)
-        row, col = an.query_cell(probe, int(row_px), int(col_px))
-        fig = figures.heatmap_figure(mix.share, f"ConvNN share of the 1×1 mix output per cell, {probe.name}",
-                                     "column (cells)", "row (cells)", "share", zrange=(0, 1), mark=(row, col),
-                                     image_axes=True)
-        text = (f"λ = {mix.branch_ratio}: {mix.knn_channels} ConvNN channels + {mix.conv_channels} conv channels. "
-                f"At cell ({row}, {col}): ‖ConvNN part‖ = {mix.knn_norm[row, col]:.3f}, ‖conv part‖ = "
-                f"{mix.conv_norm[row, col]:.3f}, ConvNN share = {100 * mix.share[row, col]:.1f}% "
-                f"(image mean {100 * mix.share.mean():.1f}%).")
-        return fig, text
+        cell = an.query_cell(probe, int(row_px), int(col_px))
+        return figures.mix_figure(mix, probe.name, cell), an.mix_summary(mix, cell)
 
     @user_errors
     def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head):
         loaded, image = self.model(checkpoint), self.image(image_path)
-        field = an.receptive_field(loaded, image, layer, (int(row_px), int(col_px)), int(hops), int(head))
-        view = an.model_view(image, loaded.card.input_size)
+        query_px = (int(row_px), int(col_px))
+        field = an.receptive_field(loaded, image, layer, query_px, int(hops), int(head))
         counts = ", ".join(f"hop {h}: {n} px" for h, n in enumerate(field.pixel_counts))
-        return figures.hop_figure(view, field.hops, (int(row_px), int(col_px)), ["query", *field.layers]), counts
+        return figures.hop_figure(an.model_view(image, loaded.card.input_size), field, query_px), counts
 
     @user_errors
     def on_spectrum(self, checkpoint, image_path):
-        rows = an.selection_spectrum(self.model(checkpoint), self.image(image_path))
-        return figures.spectrum_figure([r.layer for r in rows], np.array([r.mean_distance for r in rows]),
-                                       np.array([r.window_share for r in rows]), rows[0].window_size if rows else 3)
+        return figures.spectrum_figure(an.selection_spectrum(self.model(checkpoint), self.image(image_path)))
 
     @user_errors
     def on_attribution(self, checkpoint, image_path, method, target):
         loaded, image = self.model(checkpoint), self.image(image_path)
         result = an.attribution_map(loaded, image, method, target or None)
-        view = an.model_view(image, loaded.card.input_size)
-        title = f"{method.replace('_', ' ')} for class '{result.target}' (|attribution|, a.u.)"
-        return figures.attribution_figure(view, result.values, title), result.note
+        return figures.attribution_figure(an.model_view(image, loaded.card.input_size), result), result.note
 
     @user_errors
     def on_equivalence(self, checkpoint, image_path, layer):
-        loaded, image = self.model(checkpoint), self.image(image_path)
-        results = [an.attention_equivalence(loaded, image, layer)]
-        if loaded.probe(layer).kind != "attention":
-            results.insert(0, an.conv_equivalence(loaded, image, layer))
-        return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} "
-                           f"(output scale {r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)"
-                           for r in results)
+        return an.equivalence_summary(self.model(checkpoint), self.image(image_path), layer)
 
     @user_errors
     def on_pixel_image(self, image_path):
@@ -265,15 +209,9 @@ class Explorer:
 
     @user_errors
     def on_pixels(self, image_path, row_px, col_px, k, position_weight):
-        image = self.image(image_path)
-        view = an.pixel_view(image)
-        result = an.pixel_neighbors(image, (int(row_px), int(col_px)), int(k), float(position_weight))
-        fig = figures.mask_panel(view, {f"pixels like this one ({result.like_distance:.1f} px away on average)":
-                                        result.like,
-                                        f"pixels near this one ({result.window_size}×{result.window_size})":
-                                        result.near}, (int(row_px), int(col_px)),
-                                 f"K={int(k)} of {view.shape[0] * view.shape[1]} pixels; overlap {result.overlap:.2f}")
-        return fig
+        image, query_px = self.image(image_path), (int(row_px), int(col_px))
+        result = an.pixel_neighbors(image, query_px, int(k), float(position_weight))
+        return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 
 def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
@@ -377,9 +315,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             (None, ex.on_multihop, [*query, hops, head], [hop_plot, hop_note]),
         ]
 
-        def after_query(event, public: bool = False):
-            """Chain the query-dependent tabs after a neighbours update (named in the API once, when ``public``)."""
+        def after_query(event, changed: gr.components.Component | None = None, public: bool = False):
+            """Chain the query-dependent tabs after a neighbours update: every tab, or only those that read the
+            ``changed`` control (the rule knobs K, R, r, seed and α feed no tab). Named in the API once, when
+            ``public``."""
             for api_name, fn, inputs, outputs in tab_updates:
+                if changed is not None and changed not in inputs:
+                    continue
                 visible = public and api_name is not None
                 event = event.then(fn, inputs, outputs, api_name=api_name if visible else None,
                                    api_visibility="public" if visible else "private")
@@ -400,11 +342,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
         after_query(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private").then(
             ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
-        after_query(neighbors_button.click(ex.on_neighbors, rule_inputs, rule_outputs, api_name="neighbors"), True)
+        after_query(neighbors_button.click(ex.on_neighbors, rule_inputs, rule_outputs, api_name="neighbors"),
+                    public=True)
         export_button.click(ex.on_export, rule_inputs, exports, api_name="export")
         for control in (layer, num_neighbors, window_size, num_candidates, seed, head):
-            after_query(control.change(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
-        after_query(blend_alpha.release(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+            after_query(control.change(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"), control)
+        after_query(blend_alpha.release(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"),
+                    blend_alpha)
         hops.release(ex.on_multihop, [*query, hops, head], [hop_plot, hop_note], api_name="multihop")
         attribution_button.click(ex.on_attribution, [checkpoint, image_file, method, target],
                                  [attribution_plot, attribution_note], api_name="attribution")

@@ -5,9 +5,9 @@ are cached per (model, image) in bounded ``lru_cache``s, so repeated clicks are 
 """
 
 from .attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
-from .checkpoints import LoadedModel, card_summary, compute_path, list_checkpoints, load_model
-from .equivalence import Equivalence, attention_equivalence, conv_equivalence
-from .export import neighbors_summary, neighbors_to_dict, overlay_png
+from .checkpoints import LoadedModel, card_summary, compute_path, list_checkpoints, load_model, store_upload
+from .equivalence import Equivalence, attention_equivalence, conv_equivalence, equivalence_summary
+from .export import export_query, neighbors_summary, neighbors_to_dict, overlay_png, query_record
 from .images import (
     InputImage,
     display_factor,
@@ -18,7 +18,7 @@ from .images import (
     model_input,
     model_view,
 )
-from .mixing import BranchMix, branch_mix
+from .mixing import BranchMix, branch_mix, mix_summary
 from .multihop import ReceptiveField, receptive_field
 from .neighbors import (
     RULES,
@@ -26,15 +26,13 @@ from .neighbors import (
     QueryNeighbors,
     RuleOptions,
     Selection,
-    cell_rect_px,
     jaccard,
-    query_cell,
     query_neighbors,
     resolve_options,
     rule_selection,
 )
 from .pixels import PixelNeighbors, pixel_neighbors, pixel_view
-from .probes import ProbeLayer, find_probe_layers
+from .probes import ProbeLayer, cell_rect_px, find_probe_layers, query_cell
 from .spectrum import SpectrumRow, selection_spectrum
 from .tracing import top_classes, trace_image
 from .weights import AggregationKernel, Contributions, aggregation_kernel, neighbor_contributions
@@ -69,12 +67,15 @@ __all__ = [
     "display_factor",
     "display_image",
     "display_to_input_px",
+    "equivalence_summary",
+    "export_query",
     "find_probe_layers",
     "image_from_array",
     "jaccard",
     "list_checkpoints",
     "load_image",
     "load_model",
+    "mix_summary",
     "model_input",
     "model_view",
     "neighbor_contributions",
@@ -85,10 +86,12 @@ __all__ = [
     "pixel_view",
     "query_cell",
     "query_neighbors",
+    "query_record",
     "receptive_field",
     "resolve_options",
     "rule_selection",
     "selection_spectrum",
+    "store_upload",
     "top_classes",
     "trace_image",
 ]

@@ -36,14 +36,12 @@ class Attribution:
     Attributes:
         values (np.ndarray): (S, S) float32 |attribution| summed over the colour channels, ≥ 0 (arbitrary units).
         target (str): the class name.
-        target_index (int): its index.
         method (str): one of :data:`ATTRIBUTION_METHODS`.
         note (str): how the method treats the neighbour choice.
     """
 
     values: np.ndarray
     target: str
-    target_index: int
     method: str
     note: str
 
@@ -75,7 +73,7 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
     x = model_input(image, loaded.card).to(loaded.device)
     with loaded.lock:
         values = _attribute(loaded.model, x, method, index)
-    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], index, method, GRADIENT_NOTE)
+    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
 
 
 def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int) -> torch.Tensor:

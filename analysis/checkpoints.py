@@ -2,7 +2,8 @@
 
 A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`). Models are loaded in eval mode and
 kept in a bounded cache keyed by the card path and the weights file's size and modification time, so switching back
-and forth between checkpoints is instant and a replaced file is reloaded.
+and forth between checkpoints is instant and a replaced file is reloaded. :func:`store_upload` accepts a user's
+checkpoint only once it loads.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import functools
 import json
 import logging
 import math
+import os
+import shutil
 import threading
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +35,7 @@ __all__ = [
     "compute_path",
     "list_checkpoints",
     "load_model",
+    "store_upload",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,7 +53,6 @@ class LoadedModel:
     Attributes:
         model (nn.Module): the model, eval mode, on ``device``.
         card (ModelCard): the checkpoint's card.
-        card_path (Path): where the card was read from.
         probes (tuple[ProbeLayer, ...]): the layers the explorer can open, in forward order.
         device (torch.device): where the model runs.
         lock (threading.RLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
@@ -56,7 +61,6 @@ class LoadedModel:
 
     model: nn.Module
     card: ModelCard
-    card_path: Path
     probes: tuple[ProbeLayer, ...] = field(default=())
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -151,7 +155,7 @@ def card_summary(card: ModelCard) -> str:
 def _load_cached(card_path: Path, weights_stamp: tuple[int, int], device: str) -> LoadedModel:
     model, card = load_checkpoint(card_path, device=device)
     probes = find_probe_layers(model, card.input_size, device=torch.device(device))
-    return LoadedModel(model, card, card_path, probes, torch.device(device))
+    return LoadedModel(model, card, probes, torch.device(device))
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
@@ -173,6 +177,42 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         raise CheckpointError(f"checkpoint {Path(path).name!r} needs both {weights_path.name} and {card_path.name}")
     stat = weights_path.stat()
     return _load_cached(card_path.resolve(), (stat.st_size, stat.st_mtime_ns), str(torch.device(device)))
+
+
+def store_upload(files: Sequence[str | Path], folder: str | Path, device: str | torch.device = "cpu") -> Path:
+    """Keep an uploaded checkpoint: copy its two files into a new subfolder of ``folder`` and load it once.
+
+    Args:
+        files (Sequence[str or Path]): the uploaded files, exactly one ``.safetensors`` and one ``.json``.
+        folder (str or Path): where uploads are kept, one fresh subfolder each (so equal names never clash).
+        device (str or torch.device): where the check load runs. Default: ``"cpu"``
+
+    Returns:
+        Path: the stored card, for :func:`load_model`.
+
+    Raises:
+        ValueError: not one file of each kind, or a checkpoint that does not load (a :class:`CheckpointError`,
+            re-raised naming the uploaded file instead of the storage folder). Whatever is raised, the subfolder
+            is removed: no half-accepted upload stays behind.
+    """
+    paths = [Path(f) for f in files]
+    cards = [p for p in paths if p.suffix == ".json"]
+    weights = [p for p in paths if p.suffix == ".safetensors"]
+    if len(cards) != 1 or len(weights) != 1:
+        raise ValueError("upload exactly two files: the weights (.safetensors) and the model card (.json)")
+    target = Path(folder) / uuid.uuid4().hex
+    target.mkdir(parents=True)
+    card_path = target / cards[0].name
+    try:
+        shutil.copyfile(cards[0], card_path)
+        shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
+        load_model(card_path, device)
+    except Exception as err:  # whatever refused the checkpoint, no half-accepted upload stays behind
+        shutil.rmtree(target, ignore_errors=True)
+        if isinstance(err, ValueError):  # name the user's file, not the server's upload folder
+            raise ValueError(str(err).replace(f"{target}{os.sep}", "")) from err
+        raise
+    return card_path
 
 
 def compute_path(device: str | torch.device) -> str:

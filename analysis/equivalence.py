@@ -26,7 +26,7 @@ from .images import InputImage
 from .probes import probe_module
 from .tracing import trace_image
 
-__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence"]
+__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary"]
 
 DEMO_SEED = 0  # seed of the stand-in weights when the layer has none of the needed kind
 _DEMO_CHANNELS = 16  # output channels of the stand-in convolution
@@ -107,3 +107,16 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     return Equivalence(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
                        f"with {source}, on the input tokens of {probe.name}", float((got - expected).abs().max()),
                        float(expected.abs().max()), "reference")
+
+
+def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> str:
+    """Every demo that applies to ``layer`` (convolution on a map layer, then attention) as Markdown paragraphs.
+
+    Raises:
+        ValueError: unknown layer.
+    """
+    results = [attention_equivalence(loaded, image, layer)]
+    if loaded.probe(layer).kind != "attention":
+        results.insert(0, conv_equivalence(loaded, image, layer))
+    return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
+                        f"{r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)" for r in results)

@@ -1,22 +1,27 @@
 """Exports of a query's neighbours: a JSON-ready dict, a Markdown summary and a PNG overlay rendered with PIL.
 
 Plotly's own PNG export needs Kaleido and a browser, which an offline install may lack; the overlay PNG is drawn
-here instead, pixel for pixel, with the same rank colours as :func:`analysis.figures.rank_colors`.
+here instead, pixel for pixel, with the figures' rank colours (:func:`analysis.figures.rank_colors`) and their rule for
+when rank numbers are written in the cells (:func:`analysis.figures.ranks_labelled`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw
 
-from .figures import RULE_TITLES, rank_colors
-from .images import upscale_nearest
-from .neighbors import QueryNeighbors, cell_rect_px
+from .checkpoints import LoadedModel
+from .figures import RULE_TITLES, rank_colors, ranks_labelled
+from .images import InputImage, model_view, upscale_nearest
+from .neighbors import QueryNeighbors
+from .probes import cell_rect_px
 
-__all__ = ["MAX_LISTED_CELLS", "neighbors_summary", "neighbors_to_dict", "overlay_png"]
+__all__ = ["MAX_LISTED_CELLS", "export_query", "neighbors_summary", "neighbors_to_dict", "overlay_png", "query_record"]
 
 _PNG_PANEL_PX = 320  # side of one panel of the PNG overlay (the image is upscaled by an integer factor to about it)
 _CAPTION_PX = 22  # height of the caption strip above each panel
@@ -108,10 +113,11 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
             if not prefix:
                 draw.rectangle(box(r, c), outline=(200, 200, 200), width=1)
     colors = [ImageColor.getrgb(color) for color in rank_colors(len(nset.cells))]
+    labelled = ranks_labelled(probe, len(nset.cells))
     for rank, ((r, c), prefix) in enumerate(zip(nset.cells, nset.is_prefix, strict=True)):
         if not prefix:
             draw.rectangle(box(r, c), outline=colors[rank], width=max(1, factor // 3))
-            if (size // probe.height) * factor >= 16:
+            if labelled:
                 x0, y0, _, _ = box(r, c)
                 draw.text((x0 + 3, y0 + 2), str(rank), fill=(255, 255, 255))
     query = box(*neighbors.query_cell)
@@ -140,3 +146,26 @@ def overlay_png(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, .
         strip.paste(panel, (x, 0))
         x += panel.width + _PANEL_GAP_PX
     return strip
+
+
+def query_record(loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbors) -> dict:
+    """:func:`neighbors_to_dict` plus where it comes from: ``checkpoint`` (the card's name) and ``image_sha256``."""
+    return neighbors_to_dict(neighbors) | {"checkpoint": loaded.card.name, "image_sha256": image.digest}
+
+
+def export_query(folder: str | Path, loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbors
+                 ) -> tuple[Path, Path]:
+    """Write the query's :func:`overlay_png` and its :func:`query_record` JSON into ``folder`` (created if missing).
+
+    Returns:
+        tuple[Path, Path]: the PNG and the JSON, named after model, image digest, layer and query pixel (so exporting
+        the same query again overwrites them).
+    """
+    row_px, col_px = neighbors.query_px
+    name = f"{loaded.card.name}-{image.digest[:10]}-{neighbors.layer.name}-{row_px}-{col_px}".replace(".", "_")
+    stem = Path(folder) / name
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, data = stem.with_suffix(".png"), stem.with_suffix(".json")
+    overlay_png(model_view(image, loaded.card.input_size), neighbors).save(png)
+    data.write_text(json.dumps(query_record(loaded, image, neighbors), indent=1))
+    return png, data

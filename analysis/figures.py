@@ -13,8 +13,14 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from .neighbors import NeighborSet, QueryNeighbors, cell_rect_px
-from .probes import ProbeLayer
+from .attribution import Attribution
+from .mixing import BranchMix
+from .multihop import ReceptiveField
+from .neighbors import NeighborSet, QueryNeighbors
+from .pixels import PixelNeighbors
+from .probes import DEFAULT_WINDOW, ProbeLayer, cell_rect_px
+from .spectrum import SpectrumRow
+from .weights import AggregationKernel, Contributions
 
 __all__ = [
     "MAX_LABELLED_RANKS",
@@ -22,11 +28,16 @@ __all__ = [
     "PANEL_HEIGHT",
     "attribution_figure",
     "bar_figure",
+    "contribution_figure",
     "heatmap_figure",
     "hop_figure",
+    "kernel_figures",
     "mask_panel",
+    "mix_figure",
     "neighbor_panel",
+    "pixel_figure",
     "rank_colors",
+    "ranks_labelled",
     "spectrum_figure",
 ]
 
@@ -92,15 +103,19 @@ def _neighbor_overlay(probe: ProbeLayer, nset: NeighborSet, query_cell: tuple[in
     query_box = _cell_box(probe, *query_cell)
     shapes += [dict(type="rect", **query_box, **refs, line=dict(color="white", width=4)),
                dict(type="rect", **query_box, **refs, line=dict(color="black", width=1.5))]
-    labelled = _ranks_labelled(probe, len(nset.cells))
+    labelled = ranks_labelled(probe, len(nset.cells))
     marks = go.Scatter(x=xs, y=ys, mode="text" if labelled else "markers", text=[str(rank) for rank in ranks],
                        hovertext=hover, hoverinfo="text", textfont=dict(color="white", size=11),
                        marker=dict(size=4, color=[colors[rank] for rank in ranks]), showlegend=False)
     return shapes, marks
 
 
-def _ranks_labelled(probe: ProbeLayer, num_neighbors: int) -> bool:
-    """Whether rank numbers are written in the cells (few neighbours, cells wide enough to hold a number)."""
+def ranks_labelled(probe: ProbeLayer, num_neighbors: int) -> bool:
+    """Whether rank numbers are written in the cells of ``probe``, in the figures and the PNG export alike.
+
+    True for K ≤ :data:`MAX_LABELLED_RANKS` neighbours on cells at least 2 model-input pixels wide; otherwise rank
+    is shown by colour only (numbers would overlap or not fit).
+    """
     return num_neighbors <= MAX_LABELLED_RANKS and probe.input_size / probe.height >= _MIN_LABELLED_CELL_PX
 
 
@@ -135,7 +150,7 @@ def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str
         fig.add_trace(marks, row=1, col=i)
         _image_axes(fig, size, margin, 1, i)
     num_neighbors = neighbors.options.num_neighbors
-    ranks = "" if _ranks_labelled(probe, num_neighbors) else " · rank by colour (hover a cell for its number)"
+    ranks = "" if ranks_labelled(probe, num_neighbors) else " · rank by colour (hover a cell for its number)"
     fig.update_layout(shapes=shapes, height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=80, b=5), plot_bgcolor="#808080",
                       title=dict(text=f"K={num_neighbors} neighbours of cell {neighbors.query_cell} in {probe.name} "
                                  f"({probe.height}×{probe.width} cells, {size // probe.height} px each){ranks}",
@@ -162,6 +177,21 @@ def mask_panel(view: np.ndarray, masks: dict[str, np.ndarray], query_px: tuple[i
         _image_axes(fig, max(view.shape[:2]), 0.0, 1, i)
     fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=60, b=5), title=dict(text=title))
     return fig
+
+
+def pixel_figure(view: np.ndarray, pixels: PixelNeighbors, query_px: tuple[int, int]) -> go.Figure:
+    """The input-level view: "pixels like this one" next to "pixels near this one", each with its mean distance.
+
+    Args:
+        view (np.ndarray): (h, w, 3) uint8, :func:`analysis.pixels.pixel_view`.
+        pixels (PixelNeighbors): the clicked pixel's neighbours.
+        query_px (tuple[int, int]): ``(row_px, col_px)`` of the click in ``view``.
+    """
+    size = pixels.window_size
+    masks = {f"pixels like this one ({pixels.like_distance:.1f} px away on average)": pixels.like,
+             f"pixels near this one ({size}×{size}, {pixels.near_distance:.1f} px away on average)": pixels.near}
+    title = f"K={int(pixels.like.sum())} of {pixels.like.size} pixels; overlap {pixels.overlap:.2f}"
+    return mask_panel(view, masks, query_px, title)
 
 
 def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, colorbar_title: str,
@@ -204,16 +234,46 @@ def bar_figure(labels: list[str], values: np.ndarray, title: str, y_title: str, 
     return fig
 
 
-def spectrum_figure(layers: list[str], mean_distance: np.ndarray, window_share: np.ndarray,
-                    window_size: int) -> go.Figure:
+def kernel_figures(kernel: AggregationKernel) -> tuple[go.Figure, go.Figure]:
+    """The aggregation kernel as a heatmap (output channel × rank slot) and its per-rank-slot norms as bars."""
+    heat = heatmap_figure(kernel.kernel, f"Aggregation kernel: {kernel.description}", "rank slot t", "output channel",
+                          "weight" if kernel.signed else "‖W[o,:,t]‖", diverging=kernel.signed)
+    slots = [str(t) for t in range(len(kernel.slot_norms))]
+    bars = bar_figure(slots, kernel.slot_norms, "How much does the t-th neighbour matter? ‖W[:,:,t]‖",
+                      "Frobenius norm", "rank slot t", rank_colors(len(slots)))
+    return heat, bars
+
+
+def contribution_figure(contributions: Contributions) -> go.Figure:
+    """One bar per selected neighbour (rank colours): the L2 norm of its contribution to the query's output."""
+    labels = [f"{t}: " + ("CLS" if prefix else f"({r},{c})")
+              for t, ((r, c), prefix) in enumerate(zip(contributions.cells, contributions.is_prefix, strict=True))]
+    return bar_figure(labels, contributions.norms, "Contribution of each selected neighbour to the query's output, "
+                      "‖W[:,:,t]·ρ_t·v_t‖", "L2 norm", "rank: cell", rank_colors(len(labels)))
+
+
+def mix_figure(mix: BranchMix, layer: str, cell: tuple[int, int]) -> go.Figure:
+    """The ConvNN share of a hybrid layer's 1×1 mix output per cell, in [0, 1], the query's ``cell`` outlined.
+
+    Args:
+        mix (BranchMix): :func:`analysis.mixing.branch_mix` of the layer, shares (H, W).
+        layer (str): the layer's name, for the title.
+        cell (tuple[int, int]): ``(row, col)`` of the query in the layer's grid.
+    """
+    return heatmap_figure(mix.share, f"ConvNN share of the 1×1 mix output per cell, {layer}", "column (cells)",
+                          "row (cells)", "share", zrange=(0, 1), mark=cell, image_axes=True)
+
+
+def spectrum_figure(rows: tuple[SpectrumRow, ...]) -> go.Figure:
     """Per layer: mean neighbour distance (cells) and share inside the R×R window, over all queries of the image.
 
     Args:
-        layers (list[str]): layer labels, forward order.
-        mean_distance (np.ndarray): (L,) mean distance in cells.
-        window_share (np.ndarray): (L,) share in [0, 1].
-        window_size (int): R of the share.
+        rows (tuple[SpectrumRow, ...]): :func:`analysis.spectrum.selection_spectrum`, one per layer, forward order.
     """
+    layers = [row.layer for row in rows]
+    mean_distance = np.array([row.mean_distance for row in rows])
+    window_share = np.array([row.window_share for row in rows])
+    window_size = rows[0].window_size if rows else DEFAULT_WINDOW
     fig = make_subplots(1, 2, subplot_titles=["mean neighbour distance (cells)",
                                               f"share of neighbours inside the {window_size}×{window_size} window (%)"])
     fig.add_trace(go.Bar(x=layers, y=mean_distance, marker_color=OKABE_ITO[4], showlegend=False,
@@ -226,17 +286,17 @@ def spectrum_figure(layers: list[str], mean_distance: np.ndarray, window_share: 
     return fig
 
 
-def attribution_figure(view: np.ndarray, attribution: np.ndarray, title: str) -> go.Figure:
+def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
     """The image next to an attribution map (|attribution| summed over colour channels, Cividis).
 
     Args:
         view (np.ndarray): (S, S, 3) uint8.
-        attribution (np.ndarray): (S, S) float, ≥ 0.
-        title (str): figure title (method and class).
+        attribution (Attribution): the map, (S, S) float ≥ 0, titled with its method and class.
     """
+    title = f"{attribution.method.replace('_', ' ')} for class '{attribution.target}' (|attribution|, a.u.)"
     fig = make_subplots(1, 2, subplot_titles=["model input", "attribution (a.u.)"], horizontal_spacing=0.08)
     fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
-    fig.add_trace(go.Heatmap(z=attribution, colorscale="Cividis", colorbar=dict(title="a.u."),
+    fig.add_trace(go.Heatmap(z=attribution.values, colorscale="Cividis", colorbar=dict(title="a.u."),
                              hovertemplate="row %{y}, col %{x}: %{z:.3g}<extra></extra>"), row=1, col=2)
     size = view.shape[0]
     for i in (1, 2):
@@ -245,17 +305,17 @@ def attribution_figure(view: np.ndarray, attribution: np.ndarray, title: str) ->
     return fig
 
 
-def hop_figure(view: np.ndarray, hops: np.ndarray, query_px: tuple[int, int], layer_names: list[str]) -> go.Figure:
+def hop_figure(view: np.ndarray, field: ReceptiveField, query_px: tuple[int, int]) -> go.Figure:
     """Effective receptive field: each pixel coloured by the first hop that reaches it (0 = the query's cell).
 
     Args:
         view (np.ndarray): (S, S, 3) uint8.
-        hops (np.ndarray): (S, S) int, hop count, −1 where no hop reaches.
+        field (ReceptiveField): the hops, (S, S) int (−1 where no hop reaches), and the layer of each hop.
         query_px (tuple[int, int]): the query pixel.
-        layer_names (list[str]): the layer of each hop (hop h uses ``layer_names[h]``).
     """
+    layer_names = ["query", *field.layers]
     num_hops = len(layer_names)
-    z = np.where(hops < 0, np.nan, hops.astype(float))
+    z = np.where(field.hops < 0, np.nan, field.hops.astype(float))
     colors = sample_colorscale("Viridis", np.linspace(0, 1, max(num_hops, 2)).tolist())[:num_hops]
     scale = [[edge, colors[i]] for i in range(num_hops) for edge in (i / num_hops, (i + 1) / num_hops)]
     fig = make_subplots(1, 2, subplot_titles=["model input", "first hop reaching each pixel"], horizontal_spacing=0.08)

@@ -19,7 +19,7 @@ from .images import InputImage
 from .probes import probe_module
 from .tracing import trace_image
 
-__all__ = ["BranchMix", "branch_mix"]
+__all__ = ["BranchMix", "branch_mix", "mix_summary"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,12 @@ def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
         share = torch.where(total > 0, knn_norm / total.clamp_min(torch.finfo(total.dtype).tiny), 0.5)
     return BranchMix(module.branch_ratio, module.knn_channels, module.conv_channels, knn_norm.cpu().numpy(),
                      conv_norm.cpu().numpy(), share.cpu().numpy())
+
+
+def mix_summary(mix: BranchMix, cell: tuple[int, int]) -> str:
+    """The channel split, and at ``cell`` = ``(row, col)`` the two branches' norms and the ConvNN share, as text."""
+    row, col = cell
+    return (f"λ = {mix.branch_ratio}: {mix.knn_channels} ConvNN channels + {mix.conv_channels} conv channels. "
+            f"At cell ({row}, {col}): ‖ConvNN part‖ = {mix.knn_norm[row, col]:.3f}, ‖conv part‖ = "
+            f"{mix.conv_norm[row, col]:.3f}, ConvNN share = {100 * mix.share[row, col]:.1f}% "
+            f"(image mean {100 * mix.share.mean():.1f}%).")

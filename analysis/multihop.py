@@ -13,8 +13,8 @@ import numpy as np
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, cell_rect_px, query_cell, rule_selection
-from .probes import ProbeLayer
+from .neighbors import LAYER_RULE, RuleOptions, rule_selection
+from .probes import ProbeLayer, cell_rect_px, query_cell
 
 __all__ = ["ReceptiveField", "receptive_field"]
 

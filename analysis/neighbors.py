@@ -1,7 +1,7 @@
 """Which neighbours a query selects in a layer, under each selection rule, on the same features (METHOD §2–3).
 
 For a probe layer and an image, the rules act on the features the layer itself scores
-(:func:`analysis.probes.layer_query_key`):
+(:func:`analysis.probes.layer_query_key`, computed once per (model, image, layer)):
 
 * ``"window"``: the R×R window around the query (zero-padded, raster order): a convolution;
 * ``"all"``: the top K by feature similarity over every token: attention-style selection;
@@ -10,8 +10,9 @@ For a probe layer and an image, the rules act on the features the layer itself s
 * ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
   hybrid uses its kernel's window, and MHSA (which selects nothing) is shown by its K largest attention weights.
 
-Selections are computed for every query of the layer at once and cached per (model, image, layer, rule, options),
-so each further click is a lookup. Cells are ``(row, col)`` of the layer's grid; window and blend keys may be
+Selections are computed for every query of the layer at once and cached per (model, image, layer, rule) and the
+resolved options that rule reads (α only for blend, the seed only for random), so each further click, and each knob
+another rule ignores, is a lookup. Cells are ``(row, col)`` of the layer's grid; window and blend keys may be
 padding cells outside the grid (e.g. row −1); a ViT's CLS token has no cell and is flagged by ``is_prefix``.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,7 +39,7 @@ from kernels.reference import neighbor_scores, select_neighbors, select_topk, si
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .probes import ProbeLayer, layer_query_key, probe_module
+from .probes import ProbeLayer, layer_query_key, probe_module, query_cell
 from .tracing import trace_image
 
 __all__ = [
@@ -49,10 +49,8 @@ __all__ = [
     "QueryNeighbors",
     "RuleOptions",
     "Selection",
-    "cell_rect_px",
     "distance_stats",
     "jaccard",
-    "query_cell",
     "query_neighbors",
     "resolve_options",
     "rule_selection",
@@ -63,6 +61,7 @@ LAYER_RULE = "layer"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
 _SELECTION_CACHE_SIZE = 128
+_QUERY_KEY_CACHE_SIZE = 32  # (model, image, layer) q, k features kept; each ≤ 2 × N × C floats (≈0.5 MB on CIFAR)
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,6 @@ class Selection:
     """Every query's neighbours in one layer under one rule.
 
     Attributes:
-        rule (str): one of :data:`RULES` or ``"layer"``.
         cells (np.ndarray): (H·W, K, 2) int64 ``(row, col)`` per query (raster order) and rank; padding cells lie
             outside the grid; prefix tokens hold (−1, −1).
         is_prefix (np.ndarray): (H·W, K) bool, True where the neighbour is a prefix token (CLS).
@@ -139,7 +137,6 @@ class Selection:
         candidate_is_prefix (np.ndarray or None): (r,) bool.
     """
 
-    rule: str
     cells: np.ndarray
     is_prefix: np.ndarray
     scores: np.ndarray
@@ -148,10 +145,10 @@ class Selection:
 
 
 def _tokens_to_cells(tokens: Tensor, probe: ProbeLayer) -> tuple[np.ndarray, np.ndarray]:
-    """Token indices (prefix first, then the grid in raster order) → ``(cells, is_prefix)``."""
+    """Token indices (prefix first, then the grid in raster order) → ``(cells, is_prefix)``, prefix cells (−1, −1)."""
     grid = tokens - probe.num_prefix_tokens
     is_prefix = grid < 0
-    cells = torch.stack([grid.div(probe.width, rounding_mode="floor"), grid % probe.width], dim=-1)
+    cells = padded_to_cells(grid, probe.width, 0)
     cells[is_prefix] = -1
     return cells.cpu().numpy(), is_prefix.cpu().numpy()
 
@@ -164,41 +161,39 @@ def _grid_maps(probe: ProbeLayer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]
     return q_grid, k_map
 
 
-def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, similarity: str,
-                 blend: bool) -> Selection:
+def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, blend: bool) -> Selection:
     q_grid, k_map = _grid_maps(probe, q, k)
     pad = options.window_size // 2
     k_padded = to_tokens(pad_map(k_map, pad))
     if blend:
         padded_idx, _ = blend_select(q_grid, k_padded, probe.height, probe.width, options.window_size,
-                                     options.num_neighbors, options.blend_alpha, similarity)
+                                     options.num_neighbors, options.blend_alpha, probe.similarity)
         padded_idx = padded_idx[0, 0]
     else:
         padded_idx = window_indices(probe.height, probe.width, options.window_size, options.num_neighbors, q.device)
-    scores = neighbor_scores(q_grid, k_padded, padded_idx[None, None], similarity)[0, 0]
+    scores = neighbor_scores(q_grid, k_padded, padded_idx[None, None], probe.similarity)[0, 0]
     cells = padded_to_cells(padded_idx, probe.width, pad).cpu().numpy()
-    return Selection("blend" if blend else "window", cells, np.zeros(cells.shape[:2], dtype=bool),
-                     scores.cpu().numpy())
+    return Selection(cells, np.zeros(cells.shape[:2], dtype=bool), scores.cpu().numpy())
 
 
-def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, similarity: str, rule: str,
+def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, rule: str,
                   num_neighbors: int) -> Selection:
     prefix, self_first = probe.num_prefix_tokens, probe.kind != "attention"
     num_tokens = q.shape[2]
     if rule == "all" or options.num_candidates >= num_tokens:  # r ≥ N: every token is a candidate (METHOD §3)
-        scores = similarity_scores(q[:, :, prefix:], k, similarity)  # (1, 1, H·W, N)
+        scores = similarity_scores(q[:, :, prefix:], k, probe.similarity)  # (1, 1, H·W, N)
         self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
         topk_scores, topk_idx = select_topk(scores, num_neighbors, self_index)
         candidates = candidate_cells = candidate_is_prefix = None
     else:  # random: r sampled keys plus the query itself (METHOD §3)
         generator = torch.Generator().manual_seed(options.seed)
         candidates = sample_candidates(num_tokens, options.num_candidates, 1, generator, q.device)
-        topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
+        topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=probe.similarity,
                                                  candidates=candidates, self_first=self_first)
         topk_scores, topk_idx = topk_scores[:, :, prefix:], topk_idx[:, :, prefix:]
         candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
     cells, is_prefix = _tokens_to_cells(topk_idx[0, 0], probe)
-    return Selection(rule, cells, is_prefix, topk_scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
+    return Selection(cells, is_prefix, topk_scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
 
 
 def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Selection:
@@ -213,12 +208,36 @@ def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Sel
         q_grid, k_map = _grid_maps(probe, q, k)
         keys = to_tokens(pad_map(k_map, record.padding))
     scores = neighbor_scores(q_grid, keys, idx[None, None], probe.similarity)[0, 0]
-    return Selection(LAYER_RULE, cells, is_prefix, scores.cpu().numpy())
+    return Selection(cells, is_prefix, scores.cpu().numpy())
 
 
-@functools.lru_cache(maxsize=_SELECTION_CACHE_SIZE)
+@functools.lru_cache(maxsize=_QUERY_KEY_CACHE_SIZE)
+def _query_key(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
+    """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer)."""
+    probe = loaded.probe(layer)
+    inputs = trace_image(loaded, image).inputs[probe.name]
+    return layer_query_key(probe_module(loaded.model, probe), probe, inputs)
+
+
+def _options_read(probe: ProbeLayer, rule: str, options: RuleOptions) -> RuleOptions:
+    """Resolved ``options`` with only the fields ``rule`` reads on ``probe`` kept, the others at their defaults.
+
+    The cache key of :func:`_selection`, so that a knob a rule ignores (α for every rule but blend, the seed once
+    r ≥ N, K for a layer's own recorded selection) never recomputes it.
+    """
+    if rule == LAYER_RULE:  # the layer's own K and R; only MHSA (no K) shows the options' K largest weights
+        fields = ("num_neighbors",) if probe.num_neighbors is None and probe.mixer != "conv" else ()
+    elif rule == "random":
+        draws = options.num_candidates < probe.num_tokens  # r ≥ N takes every token: no draw, no seed
+        fields = ("num_neighbors", "num_candidates", *(("seed",) if draws else ()))
+    else:
+        fields = {"window": ("num_neighbors", "window_size"), "blend": ("num_neighbors", "window_size", "blend_alpha"),
+                  "all": ("num_neighbors",)}[rule]
+    return RuleOptions(head=options.head, **{name: getattr(options, name) for name in fields})
+
+
 def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
-    """Every query's neighbours in ``layer`` under ``rule`` (cached).
+    """Every query's neighbours in ``layer`` under ``rule`` (cached on the resolved options the rule reads).
 
     Args:
         loaded (LoadedModel): the model.
@@ -235,25 +254,30 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
         ValueError: unknown layer or rule, or options outside their ranges.
     """
     probe = loaded.probe(layer)
-    options = resolve_options(probe, options)
     if rule not in (*RULES, LAYER_RULE):
         raise ValueError(f"rule must be one of {(*RULES, LAYER_RULE)}, got {rule!r}")
-    trace = trace_image(loaded, image)
-    q, k = layer_query_key(probe_module(loaded.model, probe), probe, trace.inputs[probe.name], options.head)
-    similarity = probe.similarity
+    return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)))
+
+
+@functools.lru_cache(maxsize=_SELECTION_CACHE_SIZE)
+def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
+    """:func:`rule_selection` for checked ``rule`` and :func:`_options_read` ``options``."""
+    probe = loaded.probe(layer)
+    q, k = _query_key(loaded, image, layer)
+    q, k = q[:, options.head:options.head + 1], k[:, options.head:options.head + 1]  # (1, 1, N, D)
     with torch.no_grad():
         if rule == LAYER_RULE:
-            if probe.name in trace.records:
-                return _recorded(probe, trace.records[probe.name], q, k, options.head)
+            record = trace_image(loaded, image).records.get(probe.name)
+            if record is not None:
+                return _recorded(probe, record, q, k, options.head)
             if probe.mixer == "conv":  # a convolution uses its whole kernel window
                 size = probe.window_size
-                window = replace(options, num_neighbors=size**2, window_size=size)
-                return replace(_window_rule(probe, q, k, window, similarity, blend=False), rule=LAYER_RULE)
+                return _window_rule(probe, q, k, replace(options, num_neighbors=size**2, window_size=size), blend=False)
             layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
-            return replace(_feature_rule(probe, q, k, options, similarity, "all", layer_k), rule=LAYER_RULE)
+            return _feature_rule(probe, q, k, options, "all", layer_k)
         if rule in ("window", "blend"):
-            return _window_rule(probe, q, k, options, similarity, blend=rule == "blend")
-        return _feature_rule(probe, q, k, options, similarity, rule, options.num_neighbors)
+            return _window_rule(probe, q, k, options, blend=rule == "blend")
+        return _feature_rule(probe, q, k, options, rule, options.num_neighbors)
 
 
 def distance_stats(cells: np.ndarray, is_prefix: np.ndarray, query_cells: np.ndarray, window_size: int
@@ -285,7 +309,6 @@ class NeighborSet:
     """One query's K neighbours under one rule.
 
     Attributes:
-        rule (str): the rule.
         cells (np.ndarray): (K, 2) int64 ``(row, col)``, rank 0 first (window/blend: raster order of the window).
         is_prefix (np.ndarray): (K,) bool, CLS tokens.
         scores (np.ndarray): (K,) float32 feature similarity to the query.
@@ -294,7 +317,6 @@ class NeighborSet:
         candidates (np.ndarray or None): (r, 2) random candidates' cells; ``candidate_is_prefix`` (r,) bool.
     """
 
-    rule: str
     cells: np.ndarray
     is_prefix: np.ndarray
     scores: np.ndarray
@@ -340,29 +362,6 @@ class QueryNeighbors:
         return self.options.num_candidates >= self.layer.num_tokens
 
 
-def query_cell(probe: ProbeLayer, row_px: int, col_px: int) -> tuple[int, int]:
-    """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
-
-    Raises:
-        ValueError: the pixel lies outside the ``input_size`` square.
-    """
-    size = probe.input_size
-    if not (0 <= row_px < size and 0 <= col_px < size):
-        raise ValueError(f"query pixel (row={row_px}, col={col_px}) is outside the {size}×{size} model input")
-    return row_px * probe.height // size, col_px * probe.width // size
-
-
-def cell_rect_px(probe: ProbeLayer, row: int, col: int) -> tuple[int, int, int, int]:
-    """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
-
-    Cells outside the grid (padding) map to the same-size square outside the image. A 16×16 layer on a 32×32
-    input maps cell (r, c) to rows [2r, 2r + 2) and columns [2c, 2c + 2).
-    """
-    size = probe.input_size
-    return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
-            math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
-
-
 def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
                     options: RuleOptions = RuleOptions(), rules: tuple[str, ...] = RULES) -> QueryNeighbors:
     """The neighbours of the query pixel ``query_px`` in ``layer`` under ``rules`` and under the layer itself.
@@ -390,7 +389,7 @@ def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px
         sel = rule_selection(loaded, image, layer, rule, options)
         mean, share = distance_stats(sel.cells[index:index + 1], sel.is_prefix[index:index + 1],
                                      np.array([[row, col]]), options.window_size)
-        sets[rule] = NeighborSet(rule, sel.cells[index], sel.is_prefix[index], sel.scores[index], float(mean[0]),
+        sets[rule] = NeighborSet(sel.cells[index], sel.is_prefix[index], sel.scores[index], float(mean[0]),
                                  float(share[0]), sel.candidates, sel.candidate_is_prefix)
     overlaps = {(a, b): jaccard(sets[a].keys(), sets[b].keys()) for a, b in itertools.combinations(sets, 2)}
     return QueryNeighbors(probe, options, tuple(query_px), (row, col), sets, overlaps)

@@ -89,7 +89,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     index = row * width + col
     scores = similarity_scores(tokens[:, :, index:index + 1], tokens, "euclidean")  # (1, 1, 1, N)
     _, like_idx = select_topk(scores, num_neighbors, torch.tensor([index]))
-    like_cells = np.stack(np.divmod(like_idx[0, 0, 0].numpy(), width), axis=-1)
+    like_cells = padded_to_cells(like_idx[0, 0, 0], width, 0).numpy()
     size = window_size_for(num_neighbors)
     near_cells = padded_to_cells(window_indices(height, width, size, num_neighbors)[index], width, size // 2).numpy()
     near_cells = near_cells[(near_cells >= 0).all(1) & (near_cells[:, 0] < height) & (near_cells[:, 1] < width)]

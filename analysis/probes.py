@@ -7,7 +7,8 @@ A *probe layer* is a layer whose input is a grid of tokens a ConvNN selection ca
   ``KVTAttention`` (tokens ``[CLS, patch 0, …, patch H·W−1]`` over an H×W patch grid).
 
 ``run_trace`` runs the model once on an image with forward pre-hooks on the probe layers and the neighbour
-recorder open, and keeps the logits, each probe layer's input and what each ConvNN layer selected.
+recorder open, and keeps the logits, each probe layer's input and what each ConvNN layer selected. ``query_cell`` and
+``cell_rect_px`` map between model-input pixels and a probe layer's cells.
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ from convnn import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention, NeighborRec
 from convnn.functional import to_tokens
 from convnn.layers import ConvNNAttention, KVTAttention
 
-__all__ = ["ProbeLayer", "Trace", "find_probe_layers", "layer_query_key", "probe_module", "run_trace"]
+__all__ = [
+    "ProbeLayer",
+    "Trace",
+    "cell_rect_px",
+    "find_probe_layers",
+    "knn_branch",
+    "layer_query_key",
+    "probe_module",
+    "query_cell",
+    "run_trace",
+]
 
 DEFAULT_WINDOW = 3  # R of layers that have none of their own (attention, conv-only hybrids)
 
@@ -160,6 +171,37 @@ def probe_module(model: nn.Module, probe: ProbeLayer) -> nn.Module:
     return model.get_submodule(probe.name)
 
 
+def query_cell(probe: ProbeLayer, row_px: int, col_px: int) -> tuple[int, int]:
+    """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
+
+    Raises:
+        ValueError: the pixel lies outside the ``input_size`` square.
+    """
+    size = probe.input_size
+    if not (0 <= row_px < size and 0 <= col_px < size):
+        raise ValueError(f"query pixel (row={row_px}, col={col_px}) is outside the {size}×{size} model input")
+    return row_px * probe.height // size, col_px * probe.width // size
+
+
+def cell_rect_px(probe: ProbeLayer, row: int, col: int) -> tuple[int, int, int, int]:
+    """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
+
+    Cells outside the grid (padding) map to the same-size square outside the image. A 16×16 layer on a 32×32
+    input maps cell (r, c) to rows [2r, 2r + 2) and columns [2c, 2c + 2).
+    """
+    size = probe.input_size
+    return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
+            math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
+
+
+def knn_branch(module: nn.Module, probe: ProbeLayer) -> ConvNN2d | None:
+    """The ConvNN2d that selects in a map probe layer: a hybrid's ConvNN branch, or the standalone layer itself.
+
+    None for a conv-only hybrid (λ·C_out rounds to 0 channels).
+    """
+    return module.knn if probe.kind == "hybrid" else module
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """One forward pass of a model on one image (hashed by identity).
@@ -207,30 +249,25 @@ def run_trace(model: nn.Module, probes: tuple[ProbeLayer, ...], x: Tensor) -> Tr
     return Trace(logits, inputs, selected)
 
 
-def layer_query_key(module: nn.Module, probe: ProbeLayer, x: Tensor, head: int = 0) -> tuple[Tensor, Tensor]:
-    """The query and key features the layer's own selection scores, as single-head tokens.
+def layer_query_key(module: nn.Module, probe: ProbeLayer, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The query and key features the layer's own selection scores, as tokens, every head at once.
 
     For a ConvNN branch: its input (+ coordinate channels) or its learned q/k projections; for a conv-only hybrid:
-    the input itself; for attention: head ``head`` of the q, k projections.
+    the input itself; for attention: the q, k projections of every head.
 
     Args:
         module (nn.Module): the probe layer's module.
         probe (ProbeLayer): its description.
         x (Tensor): its captured input, (1, C, H, W) or (1, N, dim).
-        head (int): attention head, 0 ≤ head < h. Default: 0
 
     Returns:
-        tuple[Tensor, Tensor]: ``q`` and ``k``, each (1, 1, N, D) float32, N = :attr:`ProbeLayer.num_tokens`
-        (prefix tokens first, then the grid in raster order).
-
-    Raises:
-        ValueError: ``head`` out of range.
+        tuple[Tensor, Tensor]: ``q`` and ``k``, each (1, h, N, D) float32, h = :attr:`ProbeLayer.num_heads` (1 for
+        maps), N = :attr:`ProbeLayer.num_tokens` (prefix tokens first, then the grid in raster order).
     """
-    probe.check_head(head)
     with torch.no_grad():
         if probe.kind == "attention":
             q, k, _ = module.project_qkv(x)  # (B, h, N, d) each
-            return q[:, head:head + 1].float(), k[:, head:head + 1].float()
-        knn = module.knn if probe.kind == "hybrid" else module
+            return q.float(), k.float()
+        knn = knn_branch(module, probe)
         q_map, k_map = (x, x) if knn is None else knn.query_key_features(x)
         return to_tokens(q_map).float(), to_tokens(k_map).float()

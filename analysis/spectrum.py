@@ -11,10 +11,13 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from convnn.functional import padded_to_cells
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, distance_stats, resolve_options, rule_selection
+from .neighbors import LAYER_RULE, RuleOptions, distance_stats, rule_selection
 
 __all__ = ["SpectrumRow", "selection_spectrum"]
 
@@ -25,16 +28,12 @@ class SpectrumRow:
 
     Attributes:
         layer (str): probe layer name.
-        label (str): its human label.
-        grid (tuple[int, int]): (H, W).
         mean_distance (float): mean neighbour distance to the query in cells, over queries and heads.
         window_share (float): share of neighbours inside the R×R window, in [0, 1].
         window_size (int): R.
     """
 
     layer: str
-    label: str
-    grid: tuple[int, int]
     mean_distance: float
     window_share: float
     window_size: int
@@ -59,14 +58,12 @@ def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int 
         raise ValueError(f"window_size must be odd and ≥ 1, got {window_size}")
     rows = []
     for probe in loaded.probes:
-        grid = np.stack(np.divmod(np.arange(probe.height * probe.width), probe.width), axis=-1)
+        grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
         means, shares = [], []
         for head in range(probe.num_heads):
-            options = resolve_options(probe, RuleOptions(head=head))
-            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, options)
+            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
             mean, share = distance_stats(sel.cells, sel.is_prefix, grid, window_size)
             means.append(np.nanmean(mean))
             shares.append(share.mean())
-        rows.append(SpectrumRow(probe.name, probe.label, (probe.height, probe.width), float(np.mean(means)),
-                                float(np.mean(shares)), window_size))
+        rows.append(SpectrumRow(probe.name, float(np.mean(means)), float(np.mean(shares)), window_size))
     return tuple(rows)

@@ -2,11 +2,13 @@
 
 METHOD §2 step 3: ``out[:, i] = bias + Σ_t W[:, :, t] · ρ_t · v[idx_t]``, tap ``t`` weighing "the t-th nearest
 neighbour". :func:`neighbor_contributions` splits a query's output into those K terms, using the neighbours the layer
-really selected (:func:`convnn.record_neighbors`), so the terms plus the bias equal the layer's own output.
+really selected (:func:`convnn.record_neighbors`), so the terms plus the bias equal the layer's own output. The
+values and the output of a layer are computed once per (model, image, layer); a click only gathers its K terms.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,11 +20,13 @@ from convnn.functional import pad_map, to_tokens
 
 from .checkpoints import LoadedModel
 from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, query_cell, rule_selection
-from .probes import ProbeLayer, probe_module
+from .neighbors import LAYER_RULE, RuleOptions, rule_selection
+from .probes import ProbeLayer, knn_branch, probe_module, query_cell
 from .tracing import trace_image
 
 __all__ = ["AggregationKernel", "Contributions", "aggregation_kernel", "neighbor_contributions"]
+
+_LAYER_OUTPUT_CACHE_SIZE = 32  # (model, image, layer) values + outputs kept; each ≈ 2 × N × C floats
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,7 @@ def _kernel_tensor(loaded: LoadedModel, probe: ProbeLayer) -> tuple[Tensor, str]
     if probe.mixer == "conv":
         weight = module.conv.weight.detach().flatten(2)  # taps in raster order = window rank slots (METHOD §4.1)
         return weight, "3×3 conv branch, taps in raster order (= window selection's rank slots)"
-    knn = module.knn if probe.kind == "hybrid" else module
-    return knn.weight.detach(), "ConvNN branch Conv1D"
+    return knn_branch(module, probe).weight.detach(), "ConvNN branch Conv1D"
 
 
 def aggregation_kernel(loaded: LoadedModel, layer: str) -> AggregationKernel:
@@ -79,7 +82,6 @@ class Contributions:
 
     Attributes:
         cells (np.ndarray): (K, 2) int64 neighbour cells, rank order; ``is_prefix`` (K,) bool marks CLS.
-        weights (np.ndarray): (K,) float32 ρ the layer applied.
         vectors (np.ndarray): (K, C) float32, ``W[:, :, t] · ρ_t · v[idx_t]`` (C = the branch's output channels,
             or the head's d channels for attention).
         norms (np.ndarray): (K,) float32 L2 norm of each vector.
@@ -90,11 +92,15 @@ class Contributions:
 
     cells: np.ndarray
     is_prefix: np.ndarray
-    weights: np.ndarray
     vectors: np.ndarray
     norms: np.ndarray
     bias: np.ndarray
     output: np.ndarray
+
+    @property
+    def max_abs_residual(self) -> float:
+        """``max |Σ_t vectors[t] + bias − output|`` over channels: ≈ 0 (float32 rounding) when the split is exact."""
+        return float(np.abs(self.vectors.sum(0) + self.bias - self.output).max())
 
 
 def _attention_output(module: torch.nn.Module, x: Tensor) -> Tensor:
@@ -106,6 +112,23 @@ def _attention_output(module: torch.nn.Module, x: Tensor) -> Tensor:
     finally:
         handle.remove()
     return captured[0]
+
+
+@functools.lru_cache(maxsize=_LAYER_OUTPUT_CACHE_SIZE)
+def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
+    """What ``layer`` gathers and what it outputs on ``image``: one layer call per (model, image, layer).
+
+    Attention: values (1, h, N, d) and the output before the projection (1, N, dim). Maps: the zero-padded input
+    tokens (1, 1, N_padded, C_in) and the ConvNN branch's output (1, C_out, H, W).
+    """
+    probe = loaded.probe(layer)
+    trace = trace_image(loaded, image)
+    x, module = trace.inputs[probe.name], probe_module(loaded.model, probe)
+    with torch.no_grad(), loaded.lock:
+        if probe.kind == "attention":
+            _, _, v = module.project_qkv(x)
+            return v, _attention_output(module, x)
+        return to_tokens(pad_map(x, trace.records[probe.name].padding)), knn_branch(module, probe)(x)
 
 
 def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
@@ -133,29 +156,27 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     probe.check_head(head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
-    trace = trace_image(loaded, image)
-    record, x = trace.records[probe.name], trace.inputs[probe.name]
+    record = trace_image(loaded, image).records[probe.name]
+    values, layer_output = _values_and_output(loaded, image, probe.name)
     module = probe_module(loaded.model, probe)
-    with torch.no_grad(), loaded.lock:
+    with torch.no_grad():
         if probe.kind == "attention":
-            _, _, v = module.project_qkv(x)  # (1, h, N, d)
             token = index + probe.num_prefix_tokens
             idx, rho = record.topk_idx[0, head, token], record.topk_weights[0, head, token]
             d = module.head_dim
             taps = module.weight[head * d:(head + 1) * d, 0].T  # (K, d)
-            vectors = taps * rho[:, None] * v[0, head, idx]  # (K, d)
+            vectors = taps * rho[:, None] * values[0, head, idx]  # (K, d)
             bias = torch.zeros(d)
-            output = _attention_output(module, x)[0, token, head * d:(head + 1) * d]
+            output = layer_output[0, token, head * d:(head + 1) * d]
         else:
-            knn = module.knn if probe.kind == "hybrid" else module
-            values = to_tokens(pad_map(x, record.padding))  # (1, 1, Nk, C)
+            knn = knn_branch(module, probe)
             idx, rho = record.topk_idx[0, 0, index], record.topk_weights[0, 0, index]
             neighbors = (rho[:, None] * values[0, 0, idx]).T.unsqueeze(0)  # (1, C_in, K)
             vectors = torch.stack([F.conv1d(neighbors[:, :, t:t + 1], knn.weight[:, :, t:t + 1], groups=knn.groups)
                                    [0, :, 0] for t in range(idx.numel())])  # (K, C_out)
             bias = knn.bias if knn.bias is not None else torch.zeros(knn.out_channels)
-            output = knn(x)[0, :, row, col]
+            output = layer_output[0, :, row, col]
     selection = rule_selection(loaded, image, layer, LAYER_RULE, RuleOptions(head=head))
-    return Contributions(selection.cells[index], selection.is_prefix[index], rho.float().cpu().numpy(),
-                         vectors.float().cpu().numpy(), vectors.norm(dim=1).float().cpu().numpy(),
-                         bias.float().cpu().numpy(), output.float().cpu().numpy())
+    return Contributions(selection.cells[index], selection.is_prefix[index], vectors.float().cpu().numpy(),
+                         vectors.norm(dim=1).float().cpu().numpy(), bias.float().cpu().numpy(),
+                         output.float().cpu().numpy())

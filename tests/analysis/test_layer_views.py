@@ -19,6 +19,7 @@ from analysis import (
     rule_selection,
     selection_spectrum,
     top_classes,
+    trace_image,
 )
 from tests.tolerances import FP32_EXACT
 
@@ -45,7 +46,25 @@ def test_kernel_summaries_match_the_weights(load_small):
 def test_contributions_plus_bias_equal_the_layer_output(load_small, image, name, layer, head):
     contributions = neighbor_contributions(load_small(name), image, layer, (13, 7), head)
     np.testing.assert_allclose(contributions.vectors.sum(0) + contributions.bias, contributions.output, atol=1e-5)
+    assert contributions.max_abs_residual < 1e-5
     np.testing.assert_allclose(contributions.norms, np.linalg.norm(contributions.vectors, axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "module"), [("cnn-l0.5", "stages.1.0.conv2.knn"), ("vit-convnn", "blocks.1.attn")])
+def test_clicks_and_heads_reuse_one_call_of_the_layer(load_small, fresh_image, name, module):
+    """The layer's own output is computed once per (model, image, layer); a click only gathers its K terms."""
+    loaded = load_small(name)
+    layer = module.removesuffix(".knn")
+    trace_image(loaded, fresh_image)  # the model's forward pass calls the layer too
+    calls = []
+    handle = loaded.model.get_submodule(module).register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for query_px in [(13, 7), (2, 30)]:
+            for head in range(loaded.probe(layer).num_heads):
+                neighbor_contributions(loaded, fresh_image, layer, query_px, head)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("head", [2, -1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from analysis import (
     trace_image,
 )
 from analysis.figures import neighbor_panel
-from analysis.neighbors import NeighborSet, distance_stats
+from analysis.neighbors import NeighborSet, _selection, distance_stats
 from convnn.functional import pad_map, to_tokens
 from kernels.reference import aggregate_neighbors
 from tests.tolerances import FP32_EXACT
@@ -118,12 +119,58 @@ def test_vit_patches_map_to_4x4_pixel_cells_and_cls_is_flagged(load_small, image
         np.testing.assert_array_equal(tokens, recorded)
 
 
+def test_a_knob_recomputes_only_the_rules_that_read_it(load_small, fresh_image):
+    """α feeds only blend, the seed only random, K every rule but the layer's own recorded selection."""
+    loaded, layer = load_small("cnn-random"), "stages.1.0.conv1"
+
+    def computed(options: RuleOptions) -> int:
+        before = _selection.cache_info().misses
+        query_neighbors(loaded, fresh_image, layer, (10, 20), options)
+        return _selection.cache_info().misses - before
+
+    assert computed(RuleOptions()) == 5  # four rules + the layer's own
+    assert computed(RuleOptions(blend_alpha=0.8)) == 1
+    assert computed(RuleOptions(blend_alpha=0.8, seed=3)) == 1
+    assert computed(RuleOptions(num_neighbors=4, blend_alpha=0.8, seed=3)) == 4
+    assert computed(RuleOptions(blend_alpha=0.8)) == 0  # back to K = 9, seed 0: every rule is a lookup
+    every_token = RuleOptions(num_candidates=256, blend_alpha=0.8)  # r ≥ N = 256: random draws nothing
+    assert computed(every_token) == 1
+    assert computed(replace(every_token, seed=5)) == 0
+
+
+def test_cached_selections_equal_a_cold_computation(load_small, fresh_image):
+    loaded, layer = load_small("vit-convnn"), "blocks.0.attn"
+    for alpha in (0.2, 0.8):  # the second query reuses every rule but blend
+        cached = query_neighbors(loaded, fresh_image, layer, (10, 20), RuleOptions(blend_alpha=alpha, head=1))
+    _selection.cache_clear()
+    cold = query_neighbors(loaded, fresh_image, layer, (10, 20), RuleOptions(blend_alpha=0.8, head=1))
+    assert cached.sets.keys() == cold.sets.keys() and cached.overlaps == cold.overlaps
+    for rule, nset in cached.sets.items():
+        np.testing.assert_array_equal(nset.cells, cold.sets[rule].cells)
+        np.testing.assert_array_equal(nset.scores, cold.sets[rule].scores)
+
+
+def test_q_and_k_are_projected_once_for_every_rule_and_head(load_small, fresh_image):
+    loaded = load_small("vit-convnn")
+    trace_image(loaded, fresh_image)  # the forward pass projects too
+    calls = []
+    handle = loaded.model.get_submodule("blocks.0.attn.qkv").register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for head in (0, 1):
+            for alpha in (0.2, 0.8):
+                query_neighbors(loaded, fresh_image, "blocks.0.attn", (10, 20), RuleOptions(blend_alpha=alpha,
+                                                                                            head=head))
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+
+
 def test_jaccard_on_constructed_sets():
     assert jaccard({(0, 0), (0, 1)}, {(0, 1), (1, 1)}) == pytest.approx(1 / 3)
     assert jaccard({(0, 0)}, {(0, 0)}) == 1.0
     assert jaccard({(0, 0)}, {(5, 5)}) == 0.0
-    a = NeighborSet("all", np.array([[0, 0], [-1, -1]]), np.array([False, True]), np.zeros(2), 0.0, 1.0)
-    b = NeighborSet("all", np.array([[0, 0], [1, 1]]), np.array([False, False]), np.zeros(2), 0.0, 1.0)
+    a = NeighborSet(np.array([[0, 0], [-1, -1]]), np.array([False, True]), np.zeros(2), 0.0, 1.0)
+    b = NeighborSet(np.array([[0, 0], [1, 1]]), np.array([False, False]), np.zeros(2), 0.0, 1.0)
     assert a.keys() == {(0, 0), "CLS"}
     assert jaccard(a.keys(), b.keys()) == pytest.approx(1 / 3)
 

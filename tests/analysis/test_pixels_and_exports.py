@@ -6,16 +6,19 @@ import json
 
 import numpy as np
 import pytest
+from PIL import ImageDraw
 
 from analysis import (
+    RuleOptions,
     image_from_array,
     model_view,
     neighbors_to_dict,
     overlay_png,
     pixel_neighbors,
+    pixel_view,
     query_neighbors,
 )
-from analysis.figures import neighbor_panel
+from analysis.figures import neighbor_panel, pixel_figure, ranks_labelled
 
 
 def test_pixels_like_this_one_stay_in_the_same_colour_region():
@@ -27,6 +30,10 @@ def test_pixels_like_this_one_stay_in_the_same_colour_region():
     assert result.like.sum() == 25 and result.like[:, 10:].sum() == 0
     assert result.near.sum() == 25 and result.near[3:8, 1:6].all()
     assert result.window_size == 5
+    offsets = np.mgrid[-2:3, -2:3]
+    assert result.near_distance == pytest.approx(np.hypot(*offsets).mean())  # the 5×5 window around the query
+    titles = [a.text for a in pixel_figure(pixel_view(image_from_array(pixels)), result, (5, 3)).layout.annotations]
+    assert titles[1] == f"pixels near this one (5×5, {result.near_distance:.1f} px away on average)"
 
 
 def test_input_level_view_refuses_impossible_k():
@@ -56,3 +63,20 @@ def test_neighbor_panel_draws_every_neighbour(load_small, image):
     assert fig.layout.height == 380
     assert [trace.mode for trace in fig.data if trace.type == "scatter"] == ["text", "text"]  # K ≤ 32: rank numbers
     assert fig.data[1].text == tuple(str(t) for t in range(9))
+
+
+@pytest.mark.parametrize(("num_neighbors", "labelled"), [(9, True), (64, False)])
+def test_the_png_writes_rank_numbers_exactly_when_the_figure_does(load_small, image, monkeypatch, num_neighbors,
+                                                                   labelled):
+    """One rule (figures.ranks_labelled): K ≤ 32 on cells ≥ 2 px; K = 64 on 2-px cells is shown by colour only."""
+    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.1.0.conv1", (10, 20),
+                             RuleOptions(num_neighbors=num_neighbors))
+    assert ranks_labelled(result.layer, num_neighbors) is labelled
+    written = []
+    draw_text = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda draw, xy, text, **kwargs: written.append(text) or draw_text(draw, xy, text, **kwargs))
+    overlay_png(model_view(image, 32), result, ("window",))
+    assert written[1:] == ([str(t) for t in range(num_neighbors)] if labelled else [])  # after the caption
+    figure = neighbor_panel(model_view(image, 32), result, ("window",))
+    assert figure.data[1].mode == ("text" if labelled else "markers")

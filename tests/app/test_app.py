@@ -80,7 +80,7 @@ def test_a_refused_checkpoint_upload_leaves_no_folder_behind(explorer, checkpoin
     def fail(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(an, "load_model", fail)
+    monkeypatch.setattr(an.checkpoints, "load_model", fail)
     files = [str(checkpoint_dir / "cnn-l0.json"), str(checkpoint_dir / "cnn-l0.safetensors")]
     with pytest.raises(RuntimeError, match="unexpected"):
         explorer.on_checkpoint_upload(files, [])
@@ -161,6 +161,30 @@ def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(explorer, check
         explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
     assert refused.value.message.startswith("mine8.json: not a readable JSON model card (RecursionError")
     assert len(list((tmp_path / "work" / "checkpoints").iterdir())) == 1  # the refused upload left nothing
+
+
+def event_chain(demo: gr.Blocks, component: gr.components.Component, event: str) -> list[str]:
+    """The handlers one event runs, in order: the one it triggers, then each ``.then`` after it."""
+    steps = list(demo.fns.values())
+    step = next(f for f in steps if (component._id, event) in f.targets)
+    names = [step.name]
+    while (step := next((f for f in steps if f.trigger_after == step._id), None)) is not None:
+        names.append(step.name)
+    return names
+
+
+def test_a_control_refreshes_only_the_tabs_that_read_it(explorer):
+    demo = app.build_demo(explorer)
+    controls = {getattr(block, "label", None): block for block in demo.blocks.values()}
+    query = ["on_neighbors", "on_weights", "on_mix", "on_multihop"]
+    assert event_chain(demo, controls["Layer"], "change") == query
+    assert event_chain(demo, controls["attention head"], "change") == ["on_neighbors", "on_weights", "on_multihop"]
+    for knob in ("K (0 = layer's)", "window R (0 = auto)", "random r ≥ K (0 = layer's / 32; ≥ N = all)", "seed"):
+        assert event_chain(demo, controls[knob], "change") == ["on_neighbors"]
+    assert event_chain(demo, controls["blend α (0 = window, 1 = features)"], "release") == ["on_neighbors"]
+    assert event_chain(demo, controls["hops (towards the input)"], "release") == ["on_multihop"]
+    query_image = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "query_image")
+    assert event_chain(demo, query_image, "select") == ["on_click", *query]
 
 
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
