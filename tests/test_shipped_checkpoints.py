@@ -11,6 +11,7 @@ from PIL import Image
 from convnn import load_checkpoint
 from convnn.data import preprocess_image
 from convnn.presets import PRESETS
+from kernels import record_backends
 from tests.conftest import ROOT
 
 CARDS = sorted((ROOT / "checkpoints").glob("*.json"))
@@ -35,9 +36,11 @@ def test_shipped_checkpoint_classifies_at_least_17_of_the_20_samples(card_path: 
     images = torch.cat([preprocess_image(Image.open(path), card.input_size, tuple(card.mean), tuple(card.std))
                         for path in SAMPLES])
     truth = torch.tensor([card.classes.index(path.stem.rsplit("_", 1)[0]) for path in SAMPLES])
-    with torch.no_grad():
+    with torch.no_grad(), record_backends() as used:
         predicted = model(images).argmax(1)
     assert len(SAMPLES) == 20 and (predicted == truth).sum() >= 17
+    # The card names the aggregation path training took: "none (...)" exactly for models that run no aggregation.
+    assert card.training["backend"].startswith("none") == (not used)
 
 
 @pytest.mark.parametrize("name", ["cnn-l0", "cnn-l0.5"])
