@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 __all__ = ["CARD_VERSION", "MAX_INPUT_SIZE", "WEIGHTS_DTYPES", "CheckpointError", "ModelCard"]
@@ -70,13 +70,27 @@ class ModelCard:
 
         Raises:
             CheckpointError: the file cannot be read, is not UTF-8 JSON (or nests too deeply to parse), or is not a
-                valid card (:meth:`from_dict`); the message names the file.
+                valid card (:meth:`from_json`); the message names the file.
         """
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
-        return cls.from_dict(data, str(path))
+        return cls.from_json(text, str(path))
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "card") -> ModelCard:
+        """Parse and check a card's JSON text (what :meth:`read` reads and :meth:`to_json` writes).
+
+        Raises:
+            CheckpointError: ``text`` is not JSON (or nests too deeply to parse), or not a valid card
+                (:meth:`from_dict`); the message names ``source``.
+        """
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{source}: not a readable JSON model card ({type(err).__name__}: {err})") from err
+        return cls.from_dict(data, source)
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "card") -> ModelCard:
@@ -136,9 +150,46 @@ class ModelCard:
         if type(self.format_version) is not int or self.format_version != CARD_VERSION:
             fail("format_version", f"the integer {CARD_VERSION} (the card format this code reads)")
 
+    def to_json(self, source: str = "card") -> str:
+        """The card as indented JSON text, one field per key in field order, ending in a newline.
+
+        A numpy or PyTorch scalar (anything 0-d with ``.item()``, such as ``np.float32(61.5)`` or a 0-d tensor) is
+        written as the Python number ``.item()`` returns, so a metric computed with numpy or torch can be stored.
+        Nothing is checked here: :meth:`from_json` reads the text back as a card.
+
+        Raises:
+            CheckpointError: a value JSON cannot represent (any other object, e.g. a set or a tensor of several
+                elements), a circular reference, or nesting too deep to serialise; the message names ``source``
+                and the value's type.
+        """
+        try:
+            return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, indent=2,
+                              default=_json_scalar) + "\n"
+        except (TypeError, ValueError, RuntimeError) as err:  # RecursionError is a RuntimeError
+            raise CheckpointError(f"{source}: the model card cannot be written as JSON ({err})") from err
+
     def write(self, path: str | os.PathLike) -> None:
-        """Write the card as indented JSON to ``path`` (the ``.json`` file)."""
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        """Write the card (:meth:`to_json`) to ``path`` (the ``.json`` file); not atomic: a checkpoint's two files
+        are written together by :func:`convnn.checkpoint.save_checkpoint`.
+
+        Raises:
+            CheckpointError: a value JSON cannot represent (:meth:`to_json`); nothing is written then.
+            OSError: the file cannot be written.
+        """
+        text = self.to_json(str(path))
+        Path(path).write_text(text, encoding="utf-8")
+
+
+def _json_scalar(value: object) -> object:
+    """``json.dumps``'s ``default``: a 0-d numpy or PyTorch value as the Python number ``value.item()`` returns.
+
+    Raises:
+        TypeError: ``value`` is not 0-d or has no ``.item()``; the message names its type.
+    """
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        return value.item()
+    kind = type(value)
+    raise TypeError(f"a {kind.__module__}.{kind.__qualname__} is not a JSON value: {value!r:.80}")
 
 
 def _nesting(value: object) -> int:

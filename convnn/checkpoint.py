@@ -15,19 +15,24 @@ shape (C_out,) in the same file under the key ``<name>::scale`` (:data:`INT8_SCA
 (:func:`load_checkpoint` returns an ordinary float model), after checking that every scale is finite and > 0 and
 every weight finite.
 
-Saving and loading agree: :func:`save_checkpoint` serialises the weights in memory, loads them back with
-:func:`load_checkpoint`'s own checks (so it refuses whatever the loader would refuse), optionally measures that
-loaded model, and only then writes the two files. Measured metrics (``save_checkpoint(..., measure=...)``):
-``test_top1`` and ``test_loss`` are those of the weights as stored; an int8 card also keeps the saved model's as
-``test_top1_before_quantization`` and ``test_loss_before_quantization`` (:data:`BEFORE_SUFFIX`).
+Saving and loading agree: :func:`save_checkpoint` serialises the weights and the card in memory, reads them back
+with :func:`load_checkpoint`'s own checks (so it refuses whatever the loader would refuse), optionally measures that
+loaded model, and only then writes the two files, each through a temporary file renamed into place, so a save that
+fails leaves an existing checkpoint as it was. Every model is checked on the ``meta`` device before it is built (its
+size, the token count of exhaustive ConvNN layers, and one logit per class at the card's input size), so a card
+cannot make the loader allocate more than :data:`MAX_PARAMETERS` values. Measured metrics
+(``save_checkpoint(..., measure=...)``): ``test_top1`` and ``test_loss`` are those of the weights as stored; an int8
+card also keeps the saved model's as ``test_top1_before_quantization`` and ``test_loss_before_quantization``
+(:data:`BEFORE_SUFFIX`), which a card of weights stored otherwise never holds.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
+import secrets
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import safetensors.torch
@@ -39,12 +44,17 @@ from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
 from .layers import ConvNN2d, ConvNNAttention
 from .models import create_model
 
-__all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES", "CheckpointError",
-           "ModelCard", "checkpoint_paths", "load_checkpoint", "save_checkpoint"]
+__all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "MAX_PARAMETERS", "STORED_METRICS", "WEIGHTS_DTYPES",
+           "CheckpointError", "ModelCard", "StagedCheckpoint", "checkpoint_paths", "load_checkpoint", "save_checkpoint",
+           "stage_checkpoint"]
 
 # Tokens N a layer that scores every candidate (ConvNN2d "all"/"blend", k-NN attention "all") may see: its reference
 # path holds N² fp32 scores per image, 64 MB at 4096 (ImageNet presets at 224 px: 3136; CIFAR models: ≤ 1024).
 MAX_EXHAUSTIVE_TOKENS = 4096
+# Values (parameters and buffers) a card's model may hold, checked on the meta device before the model is built: a
+# card is a few hundred bytes anyone can upload, and its model_args could ask for gigabytes. The largest preset,
+# ViT-B/16 (imagenet-vit-b16-convnn), holds 86.8 M; 100 M is 400 MB in fp32.
+MAX_PARAMETERS = 100_000_000
 _EXHAUSTIVE_SELECTIONS = ("all", "blend")
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # int8 scales: dtypes read back
 INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
@@ -186,24 +196,35 @@ def _dequantize(state: dict[str, torch.Tensor], scales: dict[str, torch.Tensor],
     return state
 
 
-def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
-    """Refuse ``model`` (built from ``card``) when one of its layers would score more than
-    :data:`MAX_EXHAUSTIVE_TOKENS` ² candidates per image.
+def _check_model(card: ModelCard, source: str) -> None:
+    """Refuse the model ``card`` describes before any real memory is spent on it.
 
-    A copy of the model is moved to the ``meta`` device, every ConvNN layer's forward replaced by one that only
-    records the token count N of its input and returns an empty output of the right shape (the reference path does
-    not run on ``meta``), and run on a (1, 3, S, S) input, S = ``card.input_size``: shapes only, no arithmetic.
+    The model is built on the ``meta`` device (shapes, no storage), so a card of a few hundred bytes cannot make the
+    loader allocate gigabytes: its state dict must hold at most :data:`MAX_PARAMETERS` values. Then every ConvNN
+    layer's forward is replaced by one that only records the token count N of its input and returns an empty output
+    of the right shape (the reference path does not run on ``meta``), and the model runs on a (1, 3, S, S) input,
+    S = ``card.input_size``: shapes only, no arithmetic, for every model.
+
+    Args:
+        card (ModelCard): a checked card.
+        source (str): the card file, for messages.
 
     Raises:
-        CheckpointError: the model does not run at the card's input size, or a ConvNN layer with ``selection`` in
-            ``("all", "blend")`` sees N > MAX_EXHAUSTIVE_TOKENS tokens there; the message names the layer, N and
-            the limit.
+        CheckpointError: the model cannot be built from the card (an unknown model, arguments it does not take or
+            refuses); its state dict holds more than MAX_PARAMETERS values (the message gives both numbers); it does
+            not run on the card's input size; a ConvNN layer with ``selection`` in ``("all", "blend")`` sees
+            N > :data:`MAX_EXHAUSTIVE_TOKENS` tokens there (the message names the layer, N and the limit); or its
+            output for one image is not (1, C) logits with C = ``len(card.classes)`` (the message gives both).
     """
-    exhaustive = [name for name, layer in model.named_modules()
-                  if isinstance(layer, ConvNN2d | ConvNNAttention) and layer.selection in _EXHAUSTIVE_SELECTIONS]
-    if not exhaustive:  # nothing scores N² candidates: no copy, no trace
-        return
-    model = copy.deepcopy(model).to("meta").eval()
+    try:
+        with torch.device("meta"):
+            model = create_model(card.model, **card.model_args).eval()
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
+    size = sum(tensor.numel() for tensor in model.state_dict().values())
+    if size > MAX_PARAMETERS:
+        raise CheckpointError(f"{source}: model {card.model!r} built from the card holds {size:,} parameters, more "
+                              f"than the {MAX_PARAMETERS:,} a checkpoint may have")
     tokens: dict[str, int] = {}
 
     def shape_only(name: str, layer: nn.Module) -> Callable[..., torch.Tensor]:
@@ -221,22 +242,27 @@ def _check_token_budget(model: nn.Module, card: ModelCard, source: str) -> None:
     side = card.input_size
     try:
         with torch.no_grad():
-            model(torch.empty(1, 3, side, side, device="meta"))
+            logits = model(torch.empty(1, 3, side, side, device="meta"))
     except (ValueError, RuntimeError) as err:
         raise CheckpointError(f"{source}: the model does not run on a {side}×{side} input (input_size): {err}") from err
-    for name in exhaustive:
-        if tokens.get(name, 0) > MAX_EXHAUSTIVE_TOKENS:
-            raise CheckpointError(f"{source}: at input_size {card.input_size}, layer {name} (selection="
-                                  f"{model.get_submodule(name).selection!r}) scores all N = {tokens[name]} tokens "
-                                  f"against each other, more than the {MAX_EXHAUSTIVE_TOKENS} allowed (N² scores per "
-                                  f"image): use a smaller input_size")
+    for name, layer in model.named_modules():
+        if name in tokens and layer.selection in _EXHAUSTIVE_SELECTIONS and tokens[name] > MAX_EXHAUSTIVE_TOKENS:
+            raise CheckpointError(f"{source}: at input_size {side}, layer {name} (selection={layer.selection!r}) "
+                                  f"scores all N = {tokens[name]} tokens against each other, more than the "
+                                  f"{MAX_EXHAUSTIVE_TOKENS} allowed (N² scores per image): use a smaller input_size")
+    classes = len(card.classes)
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+    if shape != (1, classes):
+        raise CheckpointError(f"{source}: the card names {classes} classes, but the model built from it outputs "
+                              f"{shape} for one image, not (1, {classes}) logits")
 
 
 def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) -> nn.Module:
     """The model ``card`` describes, holding the weights serialised in ``data``, in eval mode on the CPU.
 
     The checks of :func:`load_checkpoint` after the card is read: :func:`save_checkpoint` runs them on what it is
-    about to write. Shapes are checked before anything is dequantized.
+    about to write. The model is checked on the ``meta`` device (:func:`_check_model`) before it is built, and
+    shapes are checked before anything is dequantized.
 
     Args:
         data (bytes): the contents of a ``.safetensors`` weights file.
@@ -245,20 +271,18 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
         card_path (Path): the card file, for messages.
 
     Raises:
-        CheckpointError: an unreadable safetensors file, an unknown model, a ConvNN layer that would score too many
-            tokens at the card's input size (``_check_token_budget``), weights that do not fit the model (missing,
-            unexpected or mis-shaped tensors), tensors that do not match the card's ``weights_dtype``
-            (``_dequantize``), or a weight that is inf or NaN once loaded.
+        CheckpointError: a model the card cannot have (:func:`_check_model`: one that cannot be built, is larger than
+            :data:`MAX_PARAMETERS`, does not run at the card's input size, has a ConvNN layer that would score too
+            many tokens there, or gives a number of logits other than the card's classes), an unreadable safetensors
+            file, weights that do not fit the model (missing, unexpected or mis-shaped tensors), tensors that do not
+            match the card's ``weights_dtype`` (``_dequantize``), or a weight that is inf or NaN once loaded.
     """
+    _check_model(card, str(card_path))
     try:
         state = safetensors.torch.load(data)
     except SafetensorError as err:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err})") from err
-    try:
-        model = create_model(card.model, **card.model_args)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{card_path}: cannot build model {card.model!r} ({err})") from err
-    _check_token_budget(model, card, str(card_path))
+    model = create_model(card.model, **card.model_args)
     own = model.state_dict()
     scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
               if name.endswith(INT8_SCALE_SUFFIX)}
@@ -279,24 +303,132 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
     return model.eval()
 
 
+@dataclass(frozen=True)
+class StagedCheckpoint:
+    """A checkpoint checked, measured and serialised by :func:`stage_checkpoint`, not yet on disk.
+
+    Attributes:
+        weights_path (Path): where the weights go.
+        card_path (Path): where the card goes (same folder).
+        card (ModelCard): the card as :func:`load_checkpoint` will read it back.
+        weights (bytes): the ``.safetensors`` file.
+        card_text (str): the ``.json`` file.
+    """
+
+    weights_path: Path
+    card_path: Path
+    card: ModelCard
+    weights: bytes
+    card_text: str
+
+    def write(self) -> tuple[Path, Path]:
+        """Write the two files, overwriting existing ones, all-or-nothing up to the last step.
+
+        Each file is written to a temporary file in the destination folder (created if needed) and synced, then
+        both are renamed over their destinations (``os.replace``, weights first). A failure before the renames
+        leaves an existing checkpoint at these paths as it was and removes the temporary files.
+
+        Returns:
+            tuple[Path, Path]: the weights and card paths.
+
+        Raises:
+            OSError: the folder or a file cannot be written.
+        """
+        self.weights_path.parent.mkdir(parents=True, exist_ok=True)
+        files = ((self.weights_path, self.weights), (self.card_path, self.card_text.encode("utf-8")))
+        temporary: list[Path] = []
+        try:
+            for path, content in files:
+                partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
+                with partial.open("xb") as file:  # the usual permissions (0o666 less the umask), never an old file
+                    temporary.append(partial)
+                    file.write(content)
+                    file.flush()
+                    os.fsync(file.fileno())
+            for partial, (path, _) in zip(temporary, files, strict=True):
+                os.replace(partial, path)
+        finally:
+            for partial in temporary:
+                partial.unlink(missing_ok=True)
+        return self.weights_path, self.card_path
+
+
+def stage_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard, dtype: torch.dtype | None = None,
+                     measure: Callable[[nn.Module, ModelCard], dict[str, float]] | None = None) -> StagedCheckpoint:
+    """Everything :func:`save_checkpoint` does but write: ``model`` and ``card`` checked, measured and serialised.
+
+    The weights are serialised in memory and the card (a copy: ``card`` itself is left as it is) is given the
+    checkpoint's ``name``, ``weights_dtype`` and ``weights_sha256``, serialised as JSON and read back as
+    :func:`load_checkpoint` reads it (:meth:`ModelCard.from_json`: every field checked); the weights are loaded back
+    with the loader's checks, so a checkpoint the loader would refuse is never staged. With ``measure``, that loaded
+    model (the weights exactly as stored) is measured, and its :data:`STORED_METRICS` replace the card's; when
+    stored as int8, the card's own values of those metrics (the saved model's, measured by the caller) are kept as
+    ``<name>`` + :data:`BEFORE_SUFFIX`, unless the card has those keys already (an int8 checkpoint saved again as
+    int8 keeps the original float model's). Weights not stored as int8 keep no ``*_before_quantization`` metrics
+    (they would describe another storage). The final card is serialised once more, so nothing can fail writing it.
+
+    Args: as :func:`save_checkpoint`.
+
+    Returns:
+        StagedCheckpoint: the paths, the final card and both files' contents; :meth:`StagedCheckpoint.write`
+        writes them.
+
+    Raises:
+        ValueError: ``dtype`` not one of :data:`WEIGHTS_DTYPES`; a model without floating tensors, or one that
+            holds an inf or NaN; with int8, an empty floating tensor of ndim ≥ 2; with None, floating tensors of
+            several dtypes or of one outside :data:`WEIGHTS_DTYPES`. The message names the tensor or dtypes.
+        CheckpointError: a card value JSON cannot represent (:meth:`ModelCard.to_json`: numpy and torch scalars
+            are converted, other objects refused), before or after ``measure``; or what would be written does not
+            load back (:func:`load_checkpoint`: a card field it refuses, such as a zero std, another
+            ``format_version`` or nesting deeper than 16 levels; a card that does not fit the model, such as a class
+            count other than its logits or an input size it cannot run; a weight that overflows ``dtype``, such as
+            1e6 in float16 or ±float32-max in int8); the message names the tensor or card field.
+        Exception: whatever ``measure`` raises.
+    """
+    if dtype is not None and str(dtype).removeprefix("torch.") not in WEIGHTS_DTYPES:
+        raise ValueError(f"dtype must be None or one of {[f'torch.{name}' for name in WEIGHTS_DTYPES]}, got {dtype}")
+    broken = _not_finite(model.state_dict())
+    if broken:
+        raise ValueError(f"{len(broken)} tensors of the model hold an inf or NaN (e.g. {broken[0]}): not saved")
+    weights_path, card_path = checkpoint_paths(path)
+    state = _storage_state(model, dtype)
+    weights_dtype = _card_dtype(state, dtype)
+    data = safetensors.torch.save(state, metadata={"model": card.model, "format_version": str(CARD_VERSION)})
+    draft = replace(card, name=weights_path.stem, weights_dtype=weights_dtype, weights_sha256=_sha256(data))
+    text = draft.to_json(str(card_path))
+    try:
+        checked = ModelCard.from_json(text, str(card_path))
+        stored = _restore(data, checked, weights_path, card_path)
+    except CheckpointError as err:
+        raise CheckpointError(f"not saved, as load_checkpoint would refuse it: {err}") from err
+    metrics = checked.metrics
+    if measure is not None:
+        before = {name + BEFORE_SUFFIX: metrics[name] for name in STORED_METRICS
+                  if weights_dtype == "int8" and name in metrics}
+        metrics = {**before, **metrics, **measure(stored, checked)}
+    if weights_dtype != "int8":
+        metrics = {key: value for key, value in metrics.items()
+                   if key not in {name + BEFORE_SUFFIX for name in STORED_METRICS}}
+    text = replace(checked, metrics=metrics).to_json(str(card_path))
+    return StagedCheckpoint(weights_path, card_path, ModelCard.from_json(text, str(card_path)), data, text)
+
+
 def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard, dtype: torch.dtype | None = None,
                     measure: Callable[[nn.Module, ModelCard], dict[str, float]] | None = None,
                     write: bool = True) -> tuple[Path, Path]:
     """Write ``model``'s state dict as safetensors and ``card`` as JSON, after loading back what would be written.
 
-    The weights are serialised in memory and loaded back with :func:`load_checkpoint`'s checks, so a checkpoint the
-    loader would refuse is never written. With ``measure``, that loaded model (the weights exactly as stored) is
-    measured, and its :data:`STORED_METRICS` replace the card's; when stored as int8, the card's own values of
-    those metrics (the saved model's, measured by the caller) are kept as ``<name>`` + :data:`BEFORE_SUFFIX`, unless
-    the card has those keys already (an int8 checkpoint saved again as int8 keeps the original float model's). Only
-    then are the weights and the card written (overwriting existing files), so a card never claims metrics that
-    were not measured; nothing is written when it raises.
+    :func:`stage_checkpoint` checks, measures and serialises both files in memory (a checkpoint the loader would
+    refuse, or a card that JSON cannot hold, raises before anything is written); then
+    :meth:`StagedCheckpoint.write` writes them through temporary files renamed into place, so a failure leaves an
+    existing checkpoint at ``path`` as it was. A card never claims metrics that were not measured.
 
     Args:
         model (nn.Module): the model (unwrap DDP first).
         path (str or Path): checkpoint stem (or either file's path).
-        card (ModelCard): the card; ``name``, ``weights_dtype``, ``weights_sha256`` (and with ``measure``,
-            ``metrics``) are filled in here.
+        card (ModelCard): the card. Only on success are its ``name``, ``weights_dtype``, ``weights_sha256`` and
+            ``metrics`` set to the written card's (measured metrics, numpy or torch scalars as Python numbers); a
+            call that raises leaves it as it was.
         dtype (torch.dtype, optional): store floating-point tensors in this dtype (``torch.float32``,
             ``torch.float16`` or ``torch.bfloat16``), or ``torch.int8``: floating tensors with ndim ≥ 2 as int8 with
             per-output-channel scales, the others in fp16 (module docstring); None keeps each tensor's dtype, so a
@@ -311,36 +443,18 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard, 
         tuple[Path, Path]: the weights and card paths.
 
     Raises:
-        ValueError: ``dtype`` not one of :data:`WEIGHTS_DTYPES`; a model without floating tensors, or one that
-            holds an inf or NaN; with int8, an empty floating tensor of ndim ≥ 2; with None, floating tensors of
-            several dtypes or of one outside :data:`WEIGHTS_DTYPES`. The message names the tensor or dtypes.
-        CheckpointError: what would be written does not load back (:func:`load_checkpoint`: e.g. a weight that
-            overflows ``dtype``, such as 1e6 in float16 or ±float32-max in int8; a card that does not fit the
-            model); the message names the tensor or card field.
+        ValueError: an unstorable dtype or model (:func:`stage_checkpoint`).
+        CheckpointError: a card JSON cannot hold, or what would be written does not load back
+            (:func:`stage_checkpoint`); nothing is written then.
+        OSError: a file cannot be written (:meth:`StagedCheckpoint.write`); an existing checkpoint is left as it was.
+        Exception: whatever ``measure`` raises; nothing is written then.
     """
-    if dtype is not None and str(dtype).removeprefix("torch.") not in WEIGHTS_DTYPES:
-        raise ValueError(f"dtype must be None or one of {[f'torch.{name}' for name in WEIGHTS_DTYPES]}, got {dtype}")
-    broken = _not_finite(model.state_dict())
-    if broken:
-        raise ValueError(f"{len(broken)} tensors of the model hold an inf or NaN (e.g. {broken[0]}): not saved")
-    weights_path, card_path = checkpoint_paths(path)
-    state = _storage_state(model, dtype)
-    card.weights_dtype = _card_dtype(state, dtype)
-    data = safetensors.torch.save(state, metadata={"model": card.model, "format_version": str(CARD_VERSION)})
-    card.name, card.weights_sha256 = weights_path.stem, _sha256(data)
-    try:
-        stored = _restore(data, card, weights_path, card_path)
-    except CheckpointError as err:
-        raise CheckpointError(f"not saved, as load_checkpoint would refuse it: {err}") from err
-    if measure is not None:
-        before = {name + BEFORE_SUFFIX: card.metrics[name] for name in STORED_METRICS
-                  if card.weights_dtype == "int8" and name in card.metrics}
-        card.metrics = {**before, **card.metrics, **measure(stored, card)}
+    staged = stage_checkpoint(model, path, card, dtype, measure)
     if write:
-        weights_path.parent.mkdir(parents=True, exist_ok=True)
-        weights_path.write_bytes(data)
-        card.write(card_path)
-    return weights_path, card_path
+        staged.write()
+    for name in ("name", "weights_dtype", "weights_sha256", "metrics"):
+        setattr(card, name, getattr(staged.card, name))
+    return staged.weights_path, staged.card_path
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, ModelCard]:
@@ -362,8 +476,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             weights file whose sha256 differs from the card's, an unreadable safetensors file, an unknown model,
             weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
             tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
-            (``_dequantize``), a weight that is inf or NaN once loaded, or a ConvNN layer that would score too many
-            tokens at the card's input size (``_check_token_budget``).
+            (``_dequantize``), a weight that is inf or NaN once loaded, or a model the card cannot have
+            (``_check_model``: larger than :data:`MAX_PARAMETERS`, not runnable at the card's input size, a ConvNN
+            layer that would score too many tokens there, or a number of logits other than the card's classes).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):

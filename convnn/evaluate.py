@@ -13,17 +13,25 @@ pipeline (:class:`~convnn.data.DeviceLoader` normalising with the card's mean an
 :func:`convnn.train.evaluate`) in fp32 without autocast, so the last digit can differ from the card's numbers,
 which training measured under bf16 autocast on a GPU. With ``--save-dtype`` and ``--out`` each checkpoint is saved
 again in that dtype as ``OUT/NAME``: the weights as stored are loaded back and evaluated before the two files are
-written (:func:`~convnn.checkpoint.save_checkpoint` with ``measure``). The new card is the old one but for the
+written (:func:`~convnn.checkpoint.stage_checkpoint` with ``measure``). The new card is the old one but for the
 storage fields and the metrics: ``test_top1`` and ``test_loss`` are the stored weights', and, when saved as int8,
 those of the checkpoint it was made from (measured here) become ``test_top1_before_quantization`` and
 ``test_loss_before_quantization``, unless the card has them already (re-saving an int8 checkpoint keeps the float
-model's). The table of results goes to stdout, one row per checkpoint.
+model's); saved in a float dtype, the new card has no such metrics (they would describe int8 storage). The table of
+results goes to stdout, one row per checkpoint.
 
-Before anything is evaluated or written, every checkpoint is loaded and checked (a CIFAR-10 card whose metrics are
-finite numbers, weights that load back once stored in ``--save-dtype``) and every new file's path is planned: the
-run stops with a message, having written nothing, when one of them exists already (such as a source, with ``--out``
-its own folder), two sources share a name, or a checkpoint cannot be stored. A new card never holds an inf or NaN:
-such a measurement stops the run before that checkpoint's files are written.
+Re-saving is all or nothing. ``--out`` must be a folder or a path that can become one (not a file, nor under one),
+checked before anything is loaded. Before anything is evaluated or written, every checkpoint is loaded and checked (a
+CIFAR-10 card whose metrics are finite numbers, weights that load back once stored in ``--save-dtype``) and every new
+file's path is planned: the run stops with a message, having written nothing, when one of them exists already (such
+as a source, with ``--out`` its own folder), two sources share a name, or a checkpoint cannot be stored. Then every
+checkpoint and its stored weights are measured, and only then are the new files written; a new card never holds an
+inf or NaN: such a measurement stops the run with nothing written, and a write that fails removes the files the run
+wrote before it, so the same command can run again.
+
+Evaluating only (no ``--save-dtype``), one checkpoint that cannot be evaluated (it does not load, is not CIFAR-10,
+or measures an inf or NaN) does not hide the others: their rows are printed, then the run exits with a message
+naming each one that failed and why.
 """
 
 from __future__ import annotations
@@ -39,7 +47,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import BEFORE_SUFFIX, WEIGHTS_DTYPES, ModelCard, checkpoint_paths, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    BEFORE_SUFFIX,
+    WEIGHTS_DTYPES,
+    ModelCard,
+    StagedCheckpoint,
+    checkpoint_paths,
+    load_checkpoint,
+    stage_checkpoint,
+)
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
 from .train import evaluate
 
@@ -103,8 +119,8 @@ def _format_table(rows: list[dict[str, str]]) -> str:
     return "\n".join("  ".join(cells).rstrip() for cells in lines)
 
 
-def _megabytes(path: Path) -> str:
-    return f"{path.stat().st_size / 1e6:.2f} MB"  # decimal MB, as the repository's size limits
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.2f} MB"  # decimal MB, as the repository's size limits
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,8 +137,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.save_dtype is None) != (args.out is None):
         parser.error("--save-dtype and --out go together")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file: give a folder for the re-saved checkpoints")
+    if args.out is not None:  # the nearest existing path at or above --out must be a folder (mkdir makes the rest)
+        existing = next(path for path in (args.out, *args.out.parents) if path.exists())
+        if not existing.is_dir():
+            where = "a file" if existing == args.out else f"under the file {existing}"
+            parser.error(f"--out {args.out} is {where}: give a folder for the re-saved checkpoints")
     if args.batch_size < 1:
         parser.error(f"--batch-size must be ≥ 1, got {args.batch_size}")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -168,29 +187,107 @@ def _plan(sources: list[Path], out: Path | None) -> list[Path | None]:
     return targets
 
 
-def _evaluate_one(source: Path, model: nn.Module, card: ModelCard, target: Path | None, save_dtype: str | None,
-                  data: EvaluationData, fingerprint: str) -> dict[str, str]:
-    """Evaluate one loaded checkpoint and, with a ``target`` stem, re-save it there in ``save_dtype``; its table row.
+def _load_data(args: argparse.Namespace) -> tuple[EvaluationData, str]:
+    """The CIFAR-10 test split as :class:`EvaluationData`, and its fingerprint.
 
-    The new card is ``card`` with ``model``'s metrics measured here, which
-    :func:`~convnn.checkpoint.save_checkpoint` replaces by the stored weights' (keeping them with
-    :data:`BEFORE_SUFFIX` for int8) before it writes anything.
+    Raises:
+        OSError, ValueError: the data cannot be read (:func:`~convnn.data.load_cifar10`).
+    """
+    images, labels = load_cifar10(args.data_root, "test")
+    return (EvaluationData(images, labels, args.batch_size, torch.device(args.device)),
+            data_fingerprint(images, labels))
+
+
+def _evaluate_one(source: Path, model: nn.Module, card: ModelCard, data: EvaluationData,
+                  fingerprint: str) -> tuple[dict[str, str], dict[str, float]]:
+    """Evaluate one loaded checkpoint (of a card :meth:`EvaluationData.check` accepts): its table row and metrics.
+
+    Raises:
+        ValueError: a metric that is inf or NaN (:meth:`EvaluationData.metrics`).
     """
     if card.data.get("test_sha256", fingerprint) != fingerprint:
         log.warning("%s: the card's test_sha256 is not that of these test images", card.name)
     metrics = data.metrics(model, card)
-    row = {"checkpoint": card.name, "stored": card.weights_dtype, "size": _megabytes(checkpoint_paths(source)[0]),
+    row = {"checkpoint": card.name, "stored": card.weights_dtype,
+           "size": _megabytes(checkpoint_paths(source)[0].stat().st_size),
            "card top-1": f"{card.metrics['test_top1']:.2f}" if "test_top1" in card.metrics else "-",
            "top-1": f"{metrics['test_top1']:.2f}", "loss": f"{metrics['test_loss']:.4f}"}
-    if target is not None:
-        new_card = replace(card, metrics={**card.metrics, **metrics})
-        weights, _ = save_checkpoint(model, target, new_card, getattr(torch, save_dtype), measure=data.metrics)
-        stored = new_card.metrics
-        row.update({"saved as": save_dtype, "new size": _megabytes(weights),
+    log.info("%s: top-1 %s (card %s)", card.name, row["top-1"], row["card top-1"])
+    return row, metrics
+
+
+def _evaluate_only(sources: list[Path], args: argparse.Namespace) -> tuple[list[dict[str, str]], list[str]]:
+    """Evaluate each source on its own: the rows of those that could be, and why each other one could not.
+
+    Raises:
+        OSError, ValueError: the test data cannot be read (a failing checkpoint is reported, not raised).
+    """
+    data, fingerprint = _load_data(args)
+    rows, failures = [], []
+    for source in sources:
+        try:
+            model, card = _load_source(source)
+            data.check(card)
+            rows.append(_evaluate_one(source, model, card, data, fingerprint)[0])
+        except ValueError as err:  # CheckpointError is a ValueError
+            log.error("%s: %s", source, err)
+            failures.append(f"{source}: {err}")
+    return rows, failures
+
+
+def _resave(sources: list[Path], args: argparse.Namespace) -> list[dict[str, str]]:
+    """Evaluate every source and re-save it in ``args.out`` as ``args.save_dtype``, all or nothing; the table rows.
+
+    Every source is loaded, checked and planned, then every source and its stored weights are measured
+    (:func:`~convnn.checkpoint.stage_checkpoint` with ``measure``: the new card is the source's with the metrics
+    measured here, which it replaces by the stored weights', keeping them with :data:`BEFORE_SUFFIX` for int8), and
+    only then is anything written (:func:`_write_all`).
+
+    Raises:
+        ValueError: a source that does not load, is not CIFAR-10, cannot be stored in ``args.save_dtype`` or
+            measures an inf or NaN; a new file that exists already; two sources of one name. Nothing is written then.
+        OSError: the data cannot be read, or a file cannot be written (:func:`_write_all`).
+    """
+    loaded = [_load_source(source) for source in sources]
+    targets = _plan(sources, args.out)
+    data, fingerprint = _load_data(args)
+    dtype = getattr(torch, args.save_dtype)
+    for (model, card), target in zip(loaded, targets, strict=True):
+        data.check(card)
+        stage_checkpoint(model, target, card, dtype)  # storable? (loads back once stored)
+    rows, staged = [], []
+    for source, (model, card), target in zip(sources, loaded, targets, strict=True):
+        row, metrics = _evaluate_one(source, model, card, data, fingerprint)
+        new = stage_checkpoint(model, target, replace(card, metrics={**card.metrics, **metrics}), dtype,
+                               measure=data.metrics)
+        stored = new.card.metrics
+        row.update({"saved as": args.save_dtype, "new size": _megabytes(len(new.weights)),
                     "new top-1": f"{stored['test_top1']:.2f}", "new loss": f"{stored['test_loss']:.4f}",
                     "Δ top-1": f"{stored['test_top1'] - metrics['test_top1']:+.2f}"})
-    log.info("%s: %s", card.name, ", ".join(f"{key} {value}" for key, value in row.items() if "top-1" in key))
-    return row
+        log.info("%s: stored as %s, top-1 %s", card.name, args.save_dtype, row["new top-1"])
+        rows.append(row)
+        staged.append(new)
+    _write_all(staged)
+    return rows
+
+
+def _write_all(staged: list[StagedCheckpoint]) -> None:
+    """Write every staged checkpoint; when one cannot be written, remove the files of it and of those before it.
+
+    :func:`_plan` made sure that none of these files existed, so what is removed is what this run wrote, and the
+    same command can run again.
+
+    Raises:
+        OSError: a file cannot be written (:meth:`~convnn.checkpoint.StagedCheckpoint.write`).
+    """
+    for done, checkpoint in enumerate(staged):
+        try:
+            checkpoint.write()
+        except OSError:
+            for written in staged[:done + 1]:
+                written.weights_path.unlink(missing_ok=True)
+                written.card_path.unlink(missing_ok=True)
+            raise
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,20 +295,14 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     sources = [Path(source) for source in args.cards]
     try:
-        loaded = [_load_source(source) for source in sources]
-        targets = _plan(sources, args.out)
-        images, labels = load_cifar10(args.data_root, "test")
-        data = EvaluationData(images, labels, args.batch_size, torch.device(args.device))
-        for (model, card), target in zip(loaded, targets, strict=True):
-            data.check(card)
-            if target is not None:  # storable? (loads back once stored; writes nothing)
-                save_checkpoint(model, target, replace(card), getattr(torch, args.save_dtype), write=False)
-        fingerprint = data_fingerprint(images, labels)
-        rows = [_evaluate_one(source, model, card, target, args.save_dtype, data, fingerprint)
-                for source, (model, card), target in zip(sources, loaded, targets, strict=True)]
+        rows, failures = _evaluate_only(sources, args) if args.out is None else (_resave(sources, args), [])
     except (ValueError, OSError) as err:  # CheckpointError is a ValueError
         sys.exit(f"python -m convnn.evaluate: {err}")
-    print(_format_table(rows))
+    if rows:
+        print(_format_table(rows))
+    if failures:
+        sys.exit(f"python -m convnn.evaluate: {len(failures)} of {len(sources)} checkpoints could not be evaluated"
+                 f"{' (the others are in the table above)' if rows else ''}: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ class VisionTransformer(nn.Module):
         num_patches = (img_size // patch_size) ** 2
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.randn(1, num_patches + 1, dim) * 0.02)
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # also when built on "meta"
         self.blocks = nn.Sequential(*[Block(dim, num_heads, mlp_ratio, attention, rate, **knn_options)
                                       for rate in rates])
         self.norm = nn.LayerNorm(dim)

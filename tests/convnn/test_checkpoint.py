@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 from convnn import CheckpointError, ModelCard, create_model, load_checkpoint, save_checkpoint
 from convnn import checkpoint as checkpoint_module
 from convnn.checkpoint import INT8_SCALE_SUFFIX
+from convnn.presets import PRESETS
 from tests.small_models import SMALL_MODELS
 
 ARGS = {"widths": [8, 16], "depths": [1, 1], "branch_ratio": 0.5, "num_neighbors": 4}
@@ -432,3 +434,169 @@ def test_floating_tensors_must_be_stored_in_the_cards_dtype(tmp_path):
     with pytest.raises(CheckpointError, match=r"m.safetensors: the card says weights_dtype='float32', but \d+ "
                                               r"floating tensors are stored otherwise \(e.g. .*: torch.float16\)"):
         load_checkpoint(weights)
+
+
+def _nested(levels: int) -> dict:
+    """A JSON object nesting ``levels`` objects deep: {"a": {"a": ... {}}}."""
+    value: dict = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("std", [0.0, 0.0, 0.0], r"std must be 3 finite numbers, one per RGB channel, each ≥ 1e-06"),
+    ("format_version", 2, r"format_version must be the integer 1"),
+    ("recipe", _nested(20), r"the model card nests more than 16 levels deep"),
+    ("weights_sha256", "ABC", None),  # save_checkpoint sets it: not the caller's to get wrong
+])
+def test_save_refuses_a_card_that_load_would_refuse(field, value, message, tmp_path):
+    """The card is written as JSON and read back with load_checkpoint's checks before anything is written."""
+    torch.manual_seed(0)
+    model, card = create_model("convnn_resnet_cifar", **ARGS), _card()
+    setattr(card, field, value)
+    if message is None:
+        save_checkpoint(model, tmp_path / "out" / "ok", card)
+        assert load_checkpoint(tmp_path / "out" / "ok")[1].weights_sha256 == card.weights_sha256 != "ABC"
+        return
+    with pytest.raises(CheckpointError, match=r"^not saved, as load_checkpoint would refuse it: .*bad.json: "
+                                              + message):
+        save_checkpoint(model, tmp_path / "out" / "bad", card)
+    assert not (tmp_path / "out").exists()
+
+
+def test_numpy_and_torch_scalars_in_a_card_are_written_as_numbers(tmp_path):
+    """A metric computed with numpy, and a measurement returned as 0-d tensors, become plain JSON numbers."""
+    np = pytest.importorskip("numpy")
+    model, card = _small_model("vit-mhsa")
+    card.metrics = {"test_top1": np.float32(61.5), "test_loss": 1.5, "epochs": np.int64(3)}
+
+    def measure(stored: nn.Module, stored_card: ModelCard) -> dict:
+        return {"test_top1": torch.tensor(40.0), "test_loss": torch.tensor(1.25, dtype=torch.float64)}
+
+    weights, card_path = save_checkpoint(model, tmp_path / "q", card, dtype=torch.int8, measure=measure)
+    expected = {"test_top1": 40.0, "test_loss": 1.25, "epochs": 3, "test_top1_before_quantization": 61.5,
+                "test_loss_before_quantization": 1.5}
+    assert json.loads(card_path.read_text())["metrics"] == expected
+    assert load_checkpoint(weights)[1].metrics == card.metrics == expected
+    assert {key: type(card.metrics[key]) for key in expected} == {key: type(value) for key, value in expected.items()}
+
+
+def _first_replace_fails(monkeypatch) -> None:
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", fail)
+
+
+@pytest.mark.parametrize("failure, error, message", [
+    ("a metric JSON cannot hold", CheckpointError, r"q.json: the model card cannot be written as JSON \(a "
+                                                   r"builtins.set is not a JSON value: \{1\}\)"),
+    ("a measurement JSON cannot hold", CheckpointError, r"cannot be written as JSON \(a torch.Tensor is not a JSON "
+                                                        r"value: tensor\(\[1., 2.\]\)\)"),
+    ("renaming the files fails", OSError, "No space left on device"),
+])
+def test_a_failed_save_leaves_the_existing_checkpoint_as_it_was(failure, error, message, tmp_path, monkeypatch):
+    """Overwriting a checkpoint is all or nothing: the old pair still loads, byte for byte, with no stray files."""
+    model, card = _small_model("vit-mhsa")
+    weights, _ = save_checkpoint(model, tmp_path / "q", card, dtype=torch.float16)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    old_bias = model.head.bias.detach().half().float()
+    with torch.no_grad():
+        model.head.bias.add_(1)  # the new weights differ from the old
+    new_card, measure = replace(card, metrics={"test_top1": 50.0}), None
+    if failure == "a metric JSON cannot hold":
+        new_card.metrics["epochs"] = {1}
+    elif failure == "a measurement JSON cannot hold":
+        measure = lambda stored, stored_card: {"test_top1": torch.tensor([1.0, 2.0])}  # noqa: E731
+    else:
+        _first_replace_fails(monkeypatch)
+    with pytest.raises(error, match=message):
+        save_checkpoint(model, tmp_path / "q", new_card, dtype=torch.float16, measure=measure)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    loaded, loaded_card = load_checkpoint(weights)
+    assert loaded_card.metrics == {} and torch.equal(loaded.head.bias, old_bias)
+
+
+@pytest.mark.parametrize("failure", ["a zero std", "a failed measurement", "a write that fails"])
+def test_a_save_that_raises_leaves_the_callers_card_as_it_was(failure, tmp_path, monkeypatch):
+    """The card passed in is set (name, dtype, sha256, metrics) only when the save succeeds."""
+    model, card = _small_model("vit-mhsa")
+    card.metrics = {"test_top1": 50.0}
+    measure = None
+    if failure == "a zero std":
+        card.std = [0.0] * 3
+    elif failure == "a failed measurement":
+        def measure(stored: nn.Module, stored_card: ModelCard) -> dict[str, float]:
+            raise RuntimeError("measurement failed")
+    else:
+        _first_replace_fails(monkeypatch)
+    unchanged = replace(card, metrics=dict(card.metrics))
+    with pytest.raises((ValueError, RuntimeError, OSError)):
+        save_checkpoint(model, tmp_path / "other", card, dtype=torch.int8, measure=measure)
+    assert card == unchanged and (card.name, card.weights_dtype, card.weights_sha256) == ("vit-mhsa", "float32", "")
+
+
+def test_the_class_count_must_be_the_models_number_of_logits(saved, tmp_path):
+    """model_args without num_classes: only running the model (on the meta device) shows it gives 10 logits."""
+    model, path = saved
+    message = r"m.json: the card names 2 classes, but the model built from it outputs \(1, 10\) for one image"
+    card = _card()
+    card.classes = ["a", "b"]
+    with pytest.raises(CheckpointError, match=r"^not saved, as load_checkpoint would refuse it: .*" + message):
+        save_checkpoint(model, tmp_path / "out" / "m", card)
+    assert not (tmp_path / "out").exists()
+    _rewrite(path, classes=["a", "b"])
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("width, parameters", [(1536, "188,868,115"), (30000, "72,002,430,019")])
+def test_a_card_asking_for_a_huge_model_is_refused_before_it_is_built(width, parameters, tmp_path, monkeypatch):
+    """A few hundred bytes of card could ask for gigabytes: the model is only ever built on the meta device."""
+    weights = tmp_path / "evil.safetensors"
+    save_file({"x": torch.zeros(1)}, str(weights))
+    card = _card()
+    card.model_args = {"widths": [width] * 3, "depths": [1, 1, 1], "branch_ratio": 0.5}
+    card.weights_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+    card.write(tmp_path / "evil.json")
+    devices, create_model_ = [], checkpoint_module.create_model
+
+    def meta_only(name, **model_args):
+        devices.append(torch.get_default_device().type)
+        if devices[-1] != "meta":
+            raise AssertionError(f"{name} built on {devices[-1]} before its size was checked")
+        return create_model_(name, **model_args)
+
+    monkeypatch.setattr(checkpoint_module, "create_model", meta_only)
+    with pytest.raises(CheckpointError, match=rf"evil.json: model 'convnn_resnet_cifar' built from the card holds "
+                                              rf"{parameters} parameters, more than the 100,000,000 a checkpoint may "
+                                              rf"have"):
+        load_checkpoint(weights)
+    assert devices == ["meta"]
+
+
+@pytest.mark.parametrize("preset", ["imagenet-resnet50-hybrid", "imagenet-vit-b16-convnn"])
+def test_the_largest_presets_fit_the_parameter_budget(preset):
+    """ResNet-50 (31.3 M) and ViT-B/16 (86.8 M) at 224 px pass the meta-device checks, without being built."""
+    fields = PRESETS[preset]
+    card = ModelCard(name=preset, model=fields["model"], model_args=fields["model_args"],
+                     classes=[str(c) for c in range(1000)], input_size=224, mean=[0.5] * 3, std=[0.25] * 3)
+    checkpoint_module._check_model(card, preset)
+    card.classes = card.classes[:10]
+    with pytest.raises(CheckpointError, match=r"names 10 classes, but the model built from it outputs \(1, 1000\)"):
+        checkpoint_module._check_model(card, preset)
+
+
+@pytest.mark.parametrize("input_size", [64, 30])
+def test_an_input_size_a_model_without_exhaustive_layers_cannot_take_is_refused(input_size, tmp_path):
+    """An MHSA ViT built for 32 px (no ConvNN layer): its card may not claim another input size."""
+    model, card = _small_model("vit-mhsa")
+    message = rf"the model does not run on a {input_size}×{input_size} input \(input_size\): input must be 32×32"
+    with pytest.raises(CheckpointError, match=message):
+        save_checkpoint(model, tmp_path / "out" / "v", replace(card, input_size=input_size))
+    assert not (tmp_path / "out").exists()
+    save_checkpoint(model, tmp_path / "v", card)
+    _rewrite(tmp_path / "v", input_size=input_size)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(tmp_path / "v")

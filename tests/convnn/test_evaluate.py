@@ -2,15 +2,19 @@
 
 import hashlib
 import json
+import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from convnn import ModelCard, create_model, load_checkpoint, save_checkpoint
+from convnn import checkpoint as checkpoint_module
 from convnn import evaluate as evaluate_cli
+from convnn.checkpoint import checkpoint_paths
 from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, normalize, synthetic_images
 from tests.small_models import SMALL_MODELS
 
@@ -147,12 +151,16 @@ def test_refuses_before_anything_is_evaluated_or_written(case, message, source, 
     assert _tree(tmp_path) == before
 
 
-def test_out_naming_a_file_is_a_usage_error(source, tmp_path, capsys):
+@pytest.mark.parametrize("out, message", [("file", "is a file"), ("file/sub/dir", "is under the file FILE")])
+def test_out_naming_a_file_or_a_path_under_one_is_a_usage_error(out, message, source, tmp_path, capsys, monkeypatch):
+    """Found before any checkpoint is loaded or evaluated, not when the first file is written."""
     (tmp_path / "file").write_text("")
+    monkeypatch.setattr(evaluate_cli, "load_checkpoint", lambda *args: pytest.fail("a checkpoint was loaded"))
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
-                           "--out", str(tmp_path / "file")])
-    assert info.value.code == 2 and f"--out {tmp_path / 'file'} is a file" in capsys.readouterr().err
+                           "--out", str(tmp_path / out)])
+    message = message.replace("FILE", str(tmp_path / "file"))
+    assert info.value.code == 2 and f"--out {tmp_path / out} {message}: give a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("save_dtype", ["int8", "float32"])
@@ -199,3 +207,84 @@ def test_the_new_card_is_written_only_after_the_stored_weights_are_measured(sour
     assert len(cards_seen) == 2 and "vit.json" not in cards_seen[1]  # [0]: the source, [1]: the stored weights
     assert sorted(path.name for path in out.iterdir()) == ["vit.json", "vit.safetensors"]
     assert json.loads((out / "vit.json").read_text())["name"] == "vit"
+
+
+def _copy(source, folder, name: str):
+    """A copy of the checkpoint ``source`` (card path) as ``folder/name``; its card path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in checkpoint_paths(source):
+        shutil.copy(path, folder / (name + path.suffix))
+    return folder / f"{name}.json"
+
+
+def test_a_nan_measurement_of_a_later_checkpoint_writes_nothing_and_the_run_can_be_repeated(source, tmp_path,
+                                                                                          monkeypatch):
+    """Every source and its stored weights are measured before anything is written: the first source's new files
+    do not stay behind to make the same command refuse "exists there already" once the data is fixed."""
+    second, out = _copy(source, tmp_path / "src", "second"), tmp_path / "new"
+    ok, nan = {"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}
+    measured = iter([ok, ok, ok, nan])  # vit, vit stored, second, second stored
+    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: next(measured))
+    argv = [str(source), str(second), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
+            "--out", str(out)]
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main(argv)
+    assert info.value.code == "python -m convnn.evaluate: second: metrics.test_loss must be a finite number, got nan"
+    assert next(measured, None) is None and not out.exists()
+    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: ok)
+    evaluate_cli.main(argv)
+    assert sorted(path.name for path in out.iterdir()) == ["second.json", "second.safetensors", "vit.json",
+                                                           "vit.safetensors"]
+
+
+def test_a_write_that_fails_removes_what_the_run_wrote(source, tmp_path, monkeypatch):
+    """The second checkpoint's weights cannot be renamed into place: the first one's files are removed as well."""
+    second, out = _copy(source, tmp_path / "src", "second"), tmp_path / "new"
+    replace, calls = os.replace, []
+
+    def third_fails(src, dst):
+        calls.append(Path(dst).name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", third_fails)
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(source), str(second), "--data-root", "unused", "--save-dtype", "int8", "--device",
+                           "cpu", "--out", str(out)])
+    assert info.value.code == "python -m convnn.evaluate: [Errno 28] No space left on device"
+    assert calls == ["vit.safetensors", "vit.json", "second.safetensors"] and list(out.iterdir()) == []
+
+
+def test_evaluating_only_reports_every_checkpoint_that_works_and_names_those_that_do_not(source, tmp_path, capsys):
+    """Without --out, a checkpoint that does not load or measures NaN costs only its own row."""
+    model, card = load_checkpoint(source)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.mul_(1e15)  # finite weights, inf logits, a NaN loss
+    _, huge = save_checkpoint(model, tmp_path / "src" / "huge", card, dtype=torch.float32)
+    missing = tmp_path / "src" / "missing.json"
+    with pytest.raises(SystemExit) as info:
+        evaluate_cli.main([str(missing), str(source), str(huge), "--data-root", "unused", "--device", "cpu"])
+    assert info.value.code == (f"python -m convnn.evaluate: 2 of 3 checkpoints could not be evaluated (the others "
+                               f"are in the table above): {missing}: checkpoint file "
+                               f"{missing.with_suffix('.safetensors')} does not exist; {huge}: huge: "
+                               f"metrics.test_loss must be a finite number, got nan")
+    table = capsys.readouterr().out.splitlines()
+    (top1, loss), size = _metrics(source), source.with_suffix(".safetensors").stat().st_size
+    assert len(table) == 2 and table[1].split() == ["vit", "float16", f"{size / 1e6:.2f}", "MB", "55.50",
+                                                    f"{top1:.2f}", f"{loss:.4f}"]
+
+
+def test_a_float_resave_of_an_int8_checkpoint_drops_the_before_quantization_metrics(source, tmp_path):
+    """Those numbers describe how int8 storage changed the float model: a float32 copy stores no quantisation."""
+    options = ["--data-root", "unused", "--device", "cpu"]
+    evaluate_cli.main([str(source), *options, "--save-dtype", "int8", "--out", str(tmp_path / "int8")])
+    assert "test_top1_before_quantization" in json.loads((tmp_path / "int8" / "vit.json").read_text())["metrics"]
+    evaluate_cli.main([str(tmp_path / "int8" / "vit.json"), *options, "--save-dtype", "float32",
+                       "--out", str(tmp_path / "fp32")])
+    metrics = json.loads((tmp_path / "fp32" / "vit.json").read_text())["metrics"]
+    top1, loss = _metrics(tmp_path / "fp32" / "vit.json")
+    assert metrics.keys() == {"test_top1", "test_loss"} and metrics == pytest.approx(
+        {"test_top1": top1, "test_loss": loss}, rel=1e-5)
