@@ -271,9 +271,9 @@ def test_a_mis_shaped_int8_tensor_is_refused_before_it_is_dequantized(tmp_path, 
     weights = _rewrite_int8(tmp_path, large)
 
     def never(*args, **kwargs):
-        raise AssertionError("_dequantize ran before the shapes were checked")
+        raise AssertionError("dequantize ran before the shapes were checked")
 
-    monkeypatch.setattr(checkpoint_module, "_dequantize", never)
+    monkeypatch.setattr(checkpoint_module, "dequantize", never)
     with pytest.raises(CheckpointError, match=r"1 mis-shaped \(e.g. head.weight\)"):
         load_checkpoint(weights)
 
