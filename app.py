@@ -37,14 +37,19 @@ GUIDE = [
 ]
 
 
+EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
+
+
 def user_errors(fn):
-    """Turn the errors a user can cause (ValueError, CheckpointError, OSError) into an error message in the page."""
+    """Show the errors a user can cause (:func:`analysis.user_error_message`) as a message in the page."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (ValueError, OSError) as err:
-            raise gr.Error(str(err), print_exception=False) from err
+        except Exception as err:
+            if (message := an.user_error_message(err)) is None:
+                raise
+            raise gr.Error(message, print_exception=False) from err
     return wrapper
 
 
@@ -95,6 +100,12 @@ class Explorer:
                 gr.update(maximum=heads - 1, value=0, visible=heads > 1))
 
     @user_errors
+    def on_query_px(self, checkpoint: str | None, row_px: float, col_px: float) -> tuple[int, int]:
+        """The query pixel moved inside the (new) model's input, so a model of another input size still answers."""
+        size = self.model(checkpoint).card.input_size
+        return an.clamp_px(self.pixel(row_px, col_px), size, size)
+
+    @user_errors
     def on_checkpoint_upload(self, files: list[str] | None, uploads: list[str]):
         card_path = str(an.store_upload(files or [], WORK_DIR / "checkpoints", self.device))
         uploads = [*uploads, card_path]
@@ -123,15 +134,14 @@ class Explorer:
         return an.display_to_input_px(evt.index[0], evt.index[1], an.display_factor(size), size, size)
 
     @staticmethod
-    def options(k: float, window: float, candidates: float, seed: float, alpha: float, head: float) -> an.RuleOptions:
-        return an.RuleOptions(int(k) or None, int(window) or None, int(candidates) or None, int(seed), float(alpha),
-                              int(head))
+    def pixel(row_px: float, col_px: float) -> tuple[int, int]:
+        return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
 
     def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
         """The model, image and :func:`analysis.query_neighbors` result for the UI's values."""
         loaded, image = self.model(checkpoint), self.image(image_path)
-        options = self.options(k, window, candidates, seed, alpha, head)
-        return loaded, image, an.query_neighbors(loaded, image, layer, (int(row_px), int(col_px)), options)
+        options = an.RuleOptions.from_ui(k, window, candidates, seed, alpha, head)
+        return loaded, image, an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
 
     @user_errors
     def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
@@ -159,8 +169,7 @@ class Explorer:
         heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
         if probe.record_name is None:
             return heat, bars, None, "A conv-only layer: its taps are the window's rank slots (METHOD §4.1)."
-        contrib = an.neighbor_contributions(loaded, self.image(image_path), layer, (int(row_px), int(col_px)),
-                                            int(head))
+        contrib = an.neighbor_contributions(loaded, self.image(image_path), layer, self.pixel(row_px, col_px), head)
         return (heat, bars, figures.contribution_figure(contrib),
                 f"Σ contributions + bias vs the layer's own output: max |diff| = {contrib.max_abs_residual:.2e}")
 
@@ -171,14 +180,14 @@ class Explorer:
         if probe.kind != "hybrid":
             return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
         mix = an.branch_mix(loaded, self.image(image_path), layer)
-        cell = an.query_cell(probe, int(row_px), int(col_px))
+        cell = an.query_cell(probe, *self.pixel(row_px, col_px))
         return figures.mix_figure(mix, probe.name, cell), an.mix_summary(mix, cell)
 
     @user_errors
     def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head):
         loaded, image = self.model(checkpoint), self.image(image_path)
-        query_px = (int(row_px), int(col_px))
-        field = an.receptive_field(loaded, image, layer, query_px, int(hops), int(head))
+        query_px = self.pixel(row_px, col_px)
+        field = an.receptive_field(loaded, image, layer, query_px, hops, head)
         counts = ", ".join(f"hop {h}: {n} px" for h, n in enumerate(field.pixel_counts))
         return figures.hop_figure(an.model_view(image, loaded.card.input_size), field, query_px), counts
 
@@ -196,6 +205,10 @@ class Explorer:
     def on_equivalence(self, checkpoint, image_path, layer):
         return an.equivalence_summary(self.model(checkpoint), self.image(image_path), layer)
 
+    @staticmethod
+    def on_equivalence_reset(*_) -> str:  # a new model, image or layer: the demo's last result no longer applies
+        return EQUIVALENCE_PROMPT
+
     @user_errors
     def on_pixel_image(self, image_path):
         view = an.pixel_view(self.image(image_path))
@@ -208,9 +221,14 @@ class Explorer:
         return an.display_to_input_px(evt.index[0], evt.index[1], factor, *view.shape[:2])
 
     @user_errors
+    def on_pixel_query(self, image_path, row_px, col_px) -> tuple[int, int]:
+        """The input-level query moved inside the (new) image's view."""
+        return an.clamp_px(self.pixel(row_px, col_px), *an.pixel_view(self.image(image_path)).shape[:2])
+
+    @user_errors
     def on_pixels(self, image_path, row_px, col_px, k, position_weight):
-        image, query_px = self.image(image_path), (int(row_px), int(col_px))
-        result = an.pixel_neighbors(image, query_px, int(k), float(position_weight))
+        image, query_px = self.image(image_path), self.pixel(row_px, col_px)
+        result = an.pixel_neighbors(image, query_px, k, float(position_weight))
         return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 
@@ -285,12 +303,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                     method = gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method")
                     target = gr.Textbox("", label="class (empty = predicted)")
                     attribution_button = gr.Button("Compute attribution")
-                attribution_note, attribution_plot = gr.Markdown(an.GRADIENT_NOTE), gr.Plot(label="attribution")
+                attribution_note = gr.Markdown(an.GRADIENT_NOTE)
+                attribution_plot = gr.Plot(label="attribution", elem_id="attribution_plot")
             with gr.Tab("Spectrum"):
                 spectrum_plot = gr.Plot(label="spectrum", elem_id="spectrum_plot")
             with gr.Tab("Equivalence demo"):
                 equivalence_button = gr.Button("Run on this layer's features")
-                equivalence_text = gr.Markdown()
+                equivalence_text = gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text")
             with gr.Tab("Multi-hop"):
                 hops = gr.Slider(1, 4, value=2, step=1, label="hops (towards the input)")
                 hop_note, hop_plot = gr.Markdown(), gr.Plot(label="receptive field")
@@ -304,66 +323,71 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                         position_weight = gr.Slider(0, 4, value=0, step=0.1, label="position weight")
                         pixel_row, pixel_col = gr.Number(0, precision=0, label="row"), gr.Number(0, precision=0,
                                                                                                  label="col")
-                pixel_plot = gr.Plot(label="like vs near")
+                pixel_plot = gr.Plot(label="like vs near", elem_id="pixel_plot")
 
         query = [checkpoint, image_file, layer, row_px, col_px]
         rule_inputs = [*query, num_neighbors, window_size, num_candidates, seed, blend_alpha, head]
-        rule_outputs = [query_image, neighbor_plot, stats, neighbors_data]
-        tab_updates = [
-            ("weights", ex.on_weights, [*query, head], [kernel_plot, slot_plot, contribution_plot, weights_note]),
-            ("mix", ex.on_mix, query, [mix_plot, mix_note]),
-            (None, ex.on_multihop, [*query, hops, head], [hop_plot, hop_note]),
-        ]
+        neighbors = (ex.on_neighbors, rule_inputs, [query_image, neighbor_plot, stats, neighbors_data])
+        predict = (ex.on_image, [checkpoint, image_file], [query_image, prediction])
+        spectrum = (ex.on_spectrum, [checkpoint, image_file], spectrum_plot)
+        multihop = (ex.on_multihop, [*query, hops, head], [hop_plot, hop_note])
+        attribution = (ex.on_attribution, [checkpoint, image_file, method, target],
+                       [attribution_plot, attribution_note])
+        pixel_query = (ex.on_pixel_query, [image_file, pixel_row, pixel_col], [pixel_row, pixel_col])
+        pixels = (ex.on_pixels, [image_file, pixel_row, pixel_col, pixel_k, position_weight], pixel_plot)
+        # The views that follow a neighbours update, with what they read. The equivalence demo (seconds and ~1 GB on
+        # a 32×32 layer) is only reset to its prompt, and runs when asked.
+        weights = (ex.on_weights, [*query, head], [kernel_plot, slot_plot, contribution_plot, weights_note])
+        tab_updates = [("weights", *weights), ("mix", ex.on_mix, query, [mix_plot, mix_note]), (None, *multihop),
+                       (None, ex.on_equivalence_reset, [checkpoint, image_file, layer], equivalence_text),
+                       (None, *attribution)]
 
-        def after_query(event, changed: gr.components.Component | None = None, public: bool = False):
-            """Chain the query-dependent tabs after a neighbours update: every tab, or only those that read the
-            ``changed`` control (the rule knobs K, R, r, seed and α feed no tab). Named in the API once, when
-            ``public``."""
+        def chain(event, *steps):
+            """``event.then`` each ``(fn, inputs, outputs[, api_name])`` in turn; unnamed steps stay private."""
+            for fn, inputs, outputs, *api_name in steps:
+                event = event.then(fn, inputs, outputs, api_name=api_name[0] if api_name else None,
+                                   api_visibility="public" if api_name else "private")
+            return event
+
+        def after_query(event, changed=None, public: bool = False):
+            """Chain the ``tab_updates`` that read a control in ``changed`` (None: all); named in the API if public."""
             for api_name, fn, inputs, outputs in tab_updates:
-                if changed is not None and changed not in inputs:
-                    continue
-                visible = public and api_name is not None
-                event = event.then(fn, inputs, outputs, api_name=api_name if visible else None,
-                                   api_visibility="public" if visible else "private")
+                if changed is None or set(changed) & set(inputs):
+                    event = chain(event, (fn, inputs, outputs, *([api_name] if public and api_name else [])))
             return event
 
         guided.change(lambda on: [gr.update(visible=on)] * len(guide), guided, guide, api_visibility="private")
-        checkpoint.change(ex.on_model, checkpoint, [card, layer, head], api_name="load_model").then(
-            ex.on_image, [checkpoint, image_file], [query_image, prediction], api_visibility="private").then(
-            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_visibility="private")
+        # A new model or image refreshes every view, whatever the layer's value: the layer and head controls answer
+        # only the user (.input), not a new model whose default layer has the old one's name (no .change then).
+        after_query(chain(checkpoint.change(ex.on_model, checkpoint, [card, layer, head], api_name="load_model"),
+                          (ex.on_query_px, [checkpoint, row_px, col_px], [row_px, col_px]), predict, spectrum,
+                          neighbors))
         checkpoint_files.upload(ex.on_checkpoint_upload, [checkpoint_files, uploads], [checkpoint, uploads],
                                 api_name="upload_checkpoint")
         examples.select(ex.on_example, None, image_file, api_visibility="private")
         image_upload.upload(ex.on_image_upload, image_upload, image_file, api_visibility="private")
-        after_query(image_file.change(ex.on_image, [checkpoint, image_file], [query_image, prediction],
-                                      api_name="predict").then(
-            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_name="spectrum").then(
-            ex.on_pixel_image, image_file, pixel_image, api_name="pixel_image").then(
-            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
-        after_query(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private").then(
-            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
-        after_query(neighbors_button.click(ex.on_neighbors, rule_inputs, rule_outputs, api_name="neighbors"),
+        after_query(chain(image_file.change(*predict, api_name="predict"), (*spectrum, "spectrum"),
+                          (ex.on_pixel_image, image_file, pixel_image, "pixel_image"), pixel_query, pixels, neighbors))
+        after_query(chain(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private"),
+                          neighbors), [row_px, col_px])
+        after_query(neighbors_button.click(*neighbors, api_name="neighbors"), [layer, row_px, col_px, head],
                     public=True)
         export_button.click(ex.on_export, rule_inputs, exports, api_name="export")
-        for control in (layer, num_neighbors, window_size, num_candidates, seed, head):
-            after_query(control.change(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"), control)
-        after_query(blend_alpha.release(ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"),
-                    blend_alpha)
-        hops.release(ex.on_multihop, [*query, hops, head], [hop_plot, hop_note], api_name="multihop")
-        attribution_button.click(ex.on_attribution, [checkpoint, image_file, method, target],
-                                 [attribution_plot, attribution_note], api_name="attribution")
+        for control in (layer, head):
+            after_query(control.input(*neighbors, api_visibility="private"), [control])
+        for control in (num_neighbors, window_size, num_candidates, seed):  # rule knobs: no view but the panel
+            control.change(*neighbors, api_visibility="private")
+        blend_alpha.release(*neighbors, api_visibility="private")
+        hops.release(*multihop, api_name="multihop")
+        attribution_button.click(*attribution, api_name="attribution")
         equivalence_button.click(ex.on_equivalence, [checkpoint, image_file, layer], equivalence_text,
                                  api_name="equivalence")
-        pixel_inputs = [image_file, pixel_row, pixel_col, pixel_k, position_weight]
-        pixel_image.select(ex.on_pixel_click, image_file, [pixel_row, pixel_col], api_visibility="private").then(
-            ex.on_pixels, pixel_inputs, pixel_plot, api_name="pixel_neighbors")
+        chain(pixel_image.select(ex.on_pixel_click, image_file, [pixel_row, pixel_col], api_visibility="private"),
+              (*pixels, "pixel_neighbors"))
         for control in (pixel_k, position_weight):
-            control.release(ex.on_pixels, pixel_inputs, pixel_plot, api_visibility="private")
-        after_query(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private").then(
-            ex.on_image, [checkpoint, image_file], [query_image, prediction], api_visibility="private").then(
-            ex.on_pixel_image, image_file, pixel_image, api_visibility="private").then(
-            ex.on_spectrum, [checkpoint, image_file], spectrum_plot, api_visibility="private").then(
-            ex.on_neighbors, rule_inputs, rule_outputs, api_visibility="private"))
+            control.release(*pixels, api_visibility="private")
+        after_query(chain(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private"), predict,
+                          (ex.on_pixel_image, image_file, pixel_image), pixel_query, pixels, spectrum, neighbors))
     return demo
 
 

@@ -1,7 +1,8 @@
 """Analysis behind ConvNN Explorer: pure functions of (model, image, query, options) → arrays, dataclasses, figures.
 
 Imports ``convnn`` and ``kernels``, never ``gradio``; only :mod:`analysis.figures` makes Plotly figures. Results
-are cached per (model, image) in bounded ``lru_cache``s, so repeated clicks are lookups.
+are cached per (model, image) in bounded caches (the large selections bounded in bytes too), so repeated clicks are
+lookups.
 """
 
 from .attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
@@ -10,6 +11,7 @@ from .equivalence import Equivalence, attention_equivalence, conv_equivalence, e
 from .export import export_query, neighbors_summary, neighbors_to_dict, overlay_png, query_record
 from .images import (
     InputImage,
+    clamp_px,
     display_factor,
     display_image,
     display_to_input_px,
@@ -27,6 +29,7 @@ from .neighbors import (
     RuleOptions,
     Selection,
     jaccard,
+    max_window_size,
     query_neighbors,
     resolve_options,
     rule_selection,
@@ -35,11 +38,14 @@ from .pixels import PixelNeighbors, pixel_neighbors, pixel_view
 from .probes import ProbeLayer, cell_rect_px, find_probe_layers, query_cell
 from .spectrum import SpectrumRow, selection_spectrum
 from .tracing import top_classes, trace_image
+from .values import MAX_SEED, OUT_OF_MEMORY_MESSAGE, is_out_of_memory, user_error_message, whole_number
 from .weights import AggregationKernel, Contributions, aggregation_kernel, neighbor_contributions
 
 __all__ = [
     "ATTRIBUTION_METHODS",
     "GRADIENT_NOTE",
+    "MAX_SEED",
+    "OUT_OF_MEMORY_MESSAGE",
     "RULES",
     "AggregationKernel",
     "Attribution",
@@ -62,6 +68,7 @@ __all__ = [
     "branch_mix",
     "card_summary",
     "cell_rect_px",
+    "clamp_px",
     "compute_path",
     "conv_equivalence",
     "display_factor",
@@ -71,10 +78,12 @@ __all__ = [
     "export_query",
     "find_probe_layers",
     "image_from_array",
+    "is_out_of_memory",
     "jaccard",
     "list_checkpoints",
     "load_image",
     "load_model",
+    "max_window_size",
     "mix_summary",
     "model_input",
     "model_view",
@@ -94,4 +103,6 @@ __all__ = [
     "store_upload",
     "top_classes",
     "trace_image",
+    "user_error_message",
+    "whole_number",
 ]

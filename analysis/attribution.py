@@ -8,6 +8,7 @@ layers may select different neighbours: it measures the effect of the selection 
 from __future__ import annotations
 
 import functools
+import reprlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,17 +60,18 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         target (str, optional): class name. Default: the predicted class
 
     Raises:
-        ValueError: unknown method or class name.
+        ValueError: unknown method or class name, or a model whose class count does not match its card.
     """
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, got {method!r}")
     classes = loaded.card.classes
+    logits = trace_image(loaded, image).logits  # the prediction already computed; checks len(logits) = len(classes)
     if target is None:
-        index = int(trace_image(loaded, image).logits.argmax())  # the prediction already computed for the image
+        index = int(logits.argmax())
     elif target in classes:
         index = classes.index(target)
     else:
-        raise ValueError(f"class {target!r} is not one of the model's classes {classes}")
+        raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
     x = model_input(image, loaded.card).to(loaded.device)
     with loaded.lock:
         values = _attribute(loaded.model, x, method, index)

@@ -1,9 +1,10 @@
 """Which checkpoints the explorer can open, loading them once, and which compute path they run on.
 
 A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`). Models are loaded in eval mode and
-kept in a bounded cache keyed by the card path and the weights file's size and modification time, so switching back
-and forth between checkpoints is instant and a replaced file is reloaded. :func:`store_upload` accepts a user's
-checkpoint only once it loads.
+kept in a bounded cache keyed by the card path and both files' sizes and modification times, so switching back
+and forth between checkpoints is instant and a replaced or edited file is reloaded. A model with a probe layer of more
+than :data:`convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens is refused: the explorer's "all" rule scores every token of
+a layer against every other. :func:`store_upload` accepts a user's checkpoint only once it loads.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from convnn import CheckpointError, ModelCard, load_checkpoint
-from convnn.checkpoint import BEFORE_SUFFIX, checkpoint_paths
+from convnn.checkpoint import BEFORE_SUFFIX, MAX_EXHAUSTIVE_TOKENS, checkpoint_paths
 from kernels import resolve_backend
 
 from .probes import ProbeLayer, find_probe_layers
@@ -151,15 +152,36 @@ def card_summary(card: ModelCard) -> str:
     ])
 
 
+def _check_probe_tokens(probes: Sequence[ProbeLayer], card: ModelCard, source: str) -> None:
+    """Refuse a model whose probe layers the explorer cannot analyse within memory.
+
+    The "all" rule and the attention equivalence demo score all N tokens of a layer against each other (N² scores)
+    whatever the layer's own selection, so N is held to :data:`MAX_EXHAUSTIVE_TOKENS`, the budget
+    :mod:`convnn.checkpoint` applies only to layers that select exhaustively.
+
+    Raises:
+        CheckpointError: a probe layer with more tokens; the message names ``source``, the layer, N and the limit.
+    """
+    for probe in probes:
+        if probe.num_tokens > MAX_EXHAUSTIVE_TOKENS:
+            raise CheckpointError(
+                f"{source}: at input_size {card.input_size}, layer {probe.name} has N = {probe.num_tokens} tokens "
+                f"({probe.height}×{probe.width}); the explorer compares every token with every other, so it opens "
+                f"models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a smaller input_size")
+
+
 @functools.lru_cache(maxsize=_MODEL_CACHE_SIZE)
-def _load_cached(card_path: Path, weights_stamp: tuple[int, int], device: str) -> LoadedModel:
+def _load_cached(card_path: Path, stamps: tuple[tuple[int, int], tuple[int, int]], device: str) -> LoadedModel:
+    """The model of ``card_path``; ``stamps`` (the weights' and the card's size and mtime) only key the cache."""
     model, card = load_checkpoint(card_path, device=device)
     probes = find_probe_layers(model, card.input_size, device=torch.device(device))
+    _check_probe_tokens(probes, card, card_path.name)
     return LoadedModel(model, card, probes, torch.device(device))
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Load a checkpoint (cached: the same unchanged files give the same :class:`LoadedModel`).
+    """Load a checkpoint (cached: the same unchanged files give the same :class:`LoadedModel`; a change to either
+    file's size or modification time loads it again).
 
     Args:
         path (str or Path): the card's ``.json`` path, the ``.safetensors`` path or the stem.
@@ -170,13 +192,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
 
     Raises:
         CheckpointError: a missing or corrupt file, or weights that do not fit the card (from
-            :func:`convnn.load_checkpoint`).
+            :func:`convnn.load_checkpoint`), or a probe layer of more than
+            :data:`~convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size.
     """
     weights_path, card_path = checkpoint_paths(path)
     if not weights_path.is_file() or not card_path.is_file():
         raise CheckpointError(f"checkpoint {Path(path).name!r} needs both {weights_path.name} and {card_path.name}")
-    stat = weights_path.stat()
-    return _load_cached(card_path.resolve(), (stat.st_size, stat.st_mtime_ns), str(torch.device(device)))
+    stamps = tuple((stat.st_size, stat.st_mtime_ns) for stat in (weights_path.stat(), card_path.stat()))
+    return _load_cached(card_path.resolve(), stamps, str(torch.device(device)))
 
 
 def store_upload(files: Sequence[str | Path], folder: str | Path, device: str | torch.device = "cpu") -> Path:

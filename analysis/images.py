@@ -24,6 +24,7 @@ __all__ = [
     "MAX_IMAGE_SIDE_PX",
     "WORKING_SIDE_PX",
     "InputImage",
+    "clamp_px",
     "display_factor",
     "display_image",
     "display_to_input_px",
@@ -68,23 +69,66 @@ class InputImage:
         return Image.fromarray(self.pixels, "RGB")
 
 
+def _check_side(width: int, height: int, what: str = "the image") -> None:
+    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_SIDE_PX` a side (``what`` names it)."""
+    if max(width, height) > MAX_IMAGE_SIDE_PX:
+        raise ValueError(f"{what} is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a side are accepted: "
+                         "please downscale it first")
+
+
+_SIXTEEN_BIT_NOTE = "a 16-bit image, reduced to 8 bits per pixel"
+
+
+def _uint16_to_uint8(values: np.ndarray) -> np.ndarray:
+    """16-bit values (0…65535) → uint8 (0…255), rounded: 65535 → 255, as a 16-bit PNG is read."""
+    return np.clip(np.rint(np.asarray(values, dtype=np.float64) / _UINT16_TO_UINT8), 0, 255).astype(np.uint8)
+
+
+def _array_to_uint8(pixels: np.ndarray) -> tuple[np.ndarray, str]:
+    """Pixel values of an accepted dtype → uint8 and a note ("" when nothing was done); see :func:`image_from_array`."""
+    if pixels.dtype == np.uint8:
+        return pixels, ""
+    if pixels.dtype == np.bool_:
+        return pixels.astype(np.uint8) * 255, ""
+    if pixels.dtype == np.uint16:
+        return _uint16_to_uint8(pixels), _SIXTEEN_BIT_NOTE
+    if np.issubdtype(pixels.dtype, np.floating):
+        if not np.isfinite(pixels).all():
+            raise ValueError("the image has NaN or infinite values: a float image must hold values in [0, 1]")
+        low, high = float(pixels.min()), float(pixels.max())
+        if low < 0 or high > 1:
+            raise ValueError(f"a float image must hold values in [0, 1] (they are scaled to 0–255), got {low:.4g}…"
+                             f"{high:.4g}: divide 8-bit values by 255 or pass a uint8 array")
+        return np.rint(pixels.astype(np.float64) * 255).astype(np.uint8), ""
+    raise ValueError(f"an image array must be uint8, uint16, bool or float in [0, 1], got {pixels.dtype}")
+
+
 def image_from_array(pixels: np.ndarray, note: str = "") -> InputImage:
-    """Wrap an RGB array as an :class:`InputImage` (downscaled to :data:`WORKING_SIDE_PX` if larger).
+    """Wrap a pixel array as an :class:`InputImage` (downscaled to :data:`WORKING_SIDE_PX` if larger).
 
     Args:
-        pixels (np.ndarray): (H, W, 3) uint8 RGB, or (H, W) grey / (H, W, 4) RGBA uint8 (converted to RGB).
+        pixels (np.ndarray): (H, W) grey, (H, W, 1) grey, (H, W, 3) RGB or (H, W, 4) RGBA (converted to RGB), of
+            dtype uint8 (0…255), uint16 (0…65535, reduced to 8 bits as :func:`load_image` reads a 16-bit PNG), bool
+            (False black, True white) or float in [0, 1] (scaled to 0…255).
         note (str): note to keep with the image. Default: ""
 
+    Returns:
+        InputImage: (H', W', 3) uint8 RGB pixels; its note says what was done (16-bit reduced, downscaled…).
+
     Raises:
-        ValueError: not a 2-D image with 1, 3 or 4 channels, or an empty or oversized one.
+        ValueError: another shape (e.g. (H, W, 2)) or dtype (e.g. int64), an empty or oversized image, or a float
+            image with NaN, ±inf or values outside [0, 1]; the message names what was received.
     """
     pixels = np.asarray(pixels)
     if pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3, 4)):
-        raise ValueError(f"an image must be (H, W), (H, W, 3) or (H, W, 4), got shape {pixels.shape}")
+        raise ValueError(f"an image must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got shape {pixels.shape}")
     if pixels.shape[0] == 0 or pixels.shape[1] == 0:
         raise ValueError("the image is empty (0 pixels)")
-    image = Image.fromarray(pixels.astype(np.uint8).squeeze())
-    return _accept(image, note)
+    if pixels.ndim == 3 and pixels.shape[2] == 1:
+        pixels = pixels[:, :, 0]
+    _check_side(pixels.shape[1], pixels.shape[0])  # before any conversion copies it
+    values, depth_note = _array_to_uint8(pixels)  # uint8 (H, W), (H, W, 3) or (H, W, 4): PIL's L, RGB or RGBA
+    return _accept(Image.fromarray(np.ascontiguousarray(values)), "; ".join(filter(None, [note, depth_note])))
 
 
 def _to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
@@ -95,9 +139,8 @@ def _to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
     Returns the image and a note ("" when nothing was done).
     """
     if image.mode.startswith("I;16"):
-        values = np.asarray(image, dtype=np.float64) / _UINT16_TO_UINT8
-        note = "a 16-bit image, reduced to 8 bits per pixel"
-    elif image.mode in ("I", "F"):
+        return Image.fromarray(_uint16_to_uint8(np.asarray(image)), "L"), _SIXTEEN_BIT_NOTE
+    if image.mode in ("I", "F"):
         values = np.asarray(image, dtype=np.float64)
         finite = values[np.isfinite(values)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
@@ -112,9 +155,7 @@ def _to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
 
 def _accept(image: Image.Image, note: str = "") -> InputImage:
     width, height = image.size
-    if max(width, height) > MAX_IMAGE_SIDE_PX:
-        raise ValueError(f"the image is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a side are "
-                         "accepted: please downscale it first")
+    _check_side(width, height)
     image, depth_note = _to_8bit(image)
     notes = [note, depth_note]
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
@@ -137,10 +178,7 @@ def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                width, height = image.size
-                if max(width, height) > MAX_IMAGE_SIDE_PX:
-                    raise ValueError(f"{path.name} is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a "
-                                     "side are accepted: please downscale it first")
+                _check_side(*image.size, path.name)
                 image.load()
                 return _accept(ImageOps.exif_transpose(image))  # upright as a photo viewer shows it
     except UnidentifiedImageError as err:
@@ -230,3 +268,9 @@ def display_to_input_px(x_px: float, y_px: float, factor: int, height: int, widt
     if not (0 <= row < height and 0 <= col < width):
         raise ValueError(f"the click (x={x_px}, y={y_px}) is outside the {width * factor}×{height * factor} image")
     return row, col
+
+
+def clamp_px(query_px: tuple[int, int], height: int, width: int) -> tuple[int, int]:
+    """``(row_px, col_px)`` moved to the nearest pixel of a ``height``×``width`` image (unchanged when inside), so
+    that a query kept across a change of model or image stays valid."""
+    return min(max(query_px[0], 0), height - 1), min(max(query_px[1], 0), width - 1)

@@ -15,6 +15,7 @@ from .checkpoints import LoadedModel
 from .images import InputImage
 from .neighbors import LAYER_RULE, RuleOptions, rule_selection
 from .probes import ProbeLayer, cell_rect_px, query_cell
+from .values import whole_number
 
 __all__ = ["ReceptiveField", "receptive_field"]
 
@@ -68,14 +69,16 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
             Default: 0
 
     Raises:
-        ValueError: ``num_hops`` < 1, an unknown layer, a head out of range or a pixel outside the image.
+        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range or a pixel outside
+            the image.
     """
+    num_hops = whole_number(num_hops, "num_hops")
     if num_hops < 1:
         raise ValueError(f"num_hops must be ≥ 1, got {num_hops}")
     names = [p.name for p in loaded.probes]
     start = names.index(loaded.probe(layer).name)
     probe = loaded.probes[start]
-    probe.check_head(head)
+    head = probe.check_head(head)
     frontier = _cells_to_mask(probe, np.array([query_cell(probe, *query_px)]))
     hops = np.where(frontier, 0, -1)
     layers, counts = [], [int(frontier.sum())]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import numbers
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,10 +38,12 @@ from convnn.functional import (
 )
 from kernels.reference import neighbor_scores, select_neighbors, select_topk, similarity_scores
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage
 from .probes import ProbeLayer, layer_query_key, probe_module, query_cell
 from .tracing import trace_image
+from .values import MAX_SEED, whole_number
 
 __all__ = [
     "LAYER_RULE",
@@ -51,6 +54,7 @@ __all__ = [
     "Selection",
     "distance_stats",
     "jaccard",
+    "max_window_size",
     "query_neighbors",
     "resolve_options",
     "rule_selection",
@@ -60,7 +64,8 @@ RULES = ("window", "all", "random", "blend")
 LAYER_RULE = "layer"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
-_SELECTION_CACHE_SIZE = 128
+_SELECTION_CACHE_SIZE = 128  # selections kept, holding at most _SELECTION_CACHE_BYTES of arrays in all:
+_SELECTION_CACHE_BYTES = 128 * 2**20  # a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB
 _QUERY_KEY_CACHE_SIZE = 32  # (model, image, layer) q, k features kept; each ≤ 2 × N × C floats (≈0.5 MB on CIFAR)
 
 
@@ -84,43 +89,71 @@ class RuleOptions:
     blend_alpha: float = 0.5
     head: int = 0
 
+    @classmethod
+    def from_ui(cls, k: float, window: float, candidates: float, seed: float, alpha: float, head: float
+                ) -> RuleOptions:
+        """Options from the app's number boxes, where 0 means "the layer's own" for K, R and r.
+
+        Raises:
+            ValueError: K, R or r not a whole finite number ≥ 0 (``inf``, ``NaN``, ``2.7``, ``−1``); the message names
+                the field. The other fields, and the ranges that depend on the layer, are checked by
+                :func:`resolve_options`.
+        """
+        k, window, candidates = (whole_number(v, name, minimum=0) for v, name in (
+            (k, "K (neighbours per query)"), (window, "the window side R"), (candidates, "r (random candidates)")))
+        return cls(k or None, window or None, candidates or None, seed, alpha, head)
+
+
+def max_window_size(probe: ProbeLayer) -> int:
+    """The largest window side R the rules accept on ``probe``: the smallest odd side ≥ the grid's longer side (a
+    window as large as the grid, enough for K = H·W), or the layer's own R if that is larger.
+
+    A larger window would only add padding cells, while the blend rule scores H·W × (H + R − 1)·(W + R − 1) pairs.
+    """
+    return max(probe.window_size, max(probe.height, probe.width) | 1)
+
 
 def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
     K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
     r to the layer's r (else 32), raised to K. As in the layers (METHOD §3), r ≥ N (every token) makes the random
-    rule the "all" rule, so r is capped at N (:attr:`QueryNeighbors.random_uses_all_tokens`).
+    rule the "all" rule, so r is capped at N (:attr:`QueryNeighbors.random_uses_all_tokens`). Whole floats
+    (``9.0``) are accepted for the integer fields and returned as ``int``.
 
     Returns:
-        RuleOptions: every field set.
+        RuleOptions: every field set, K, R, r, seed and head as ``int`` and α as ``float``.
 
     Raises:
-        ValueError: K outside [1, H·W], an even R or R² < K, r < K, α outside [0, 1], a negative seed or a head out
-            of range; the message names the value and the allowed range.
+        ValueError: a field that is not a whole number (K, R, r, seed, head) or not a finite real (α); K outside
+            [1, H·W], an even R, R² < K or R > :func:`max_window_size`, r < K, α outside [0, 1], a seed outside
+            [0, 2⁶⁴ − 1] or a head out of range; the message names the value and the allowed range.
     """
     grid = probe.height * probe.width
     k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or DEFAULT_NUM_NEIGHBORS
+    k = whole_number(k, "K (neighbours per query)")
     if not 1 <= k <= grid:
         raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the {probe.height}×{probe.width} grid "
                          f"of {probe.name}, got {k}")
     window = options.window_size
     if window is None:
         window = probe.window_size if probe.window_size**2 >= k else window_size_for(k)
-    if window < 1 or window % 2 == 0 or window**2 < k:
-        raise ValueError(f"the window side R must be odd with R² ≥ K = {k}, got R = {window}")
+    window, largest = whole_number(window, "the window side R"), max_window_size(probe)
+    if window < 1 or window % 2 == 0 or window**2 < k or window > largest:
+        raise ValueError(f"the window side R must be odd with R² ≥ K = {k} and at most {largest} (as wide as the "
+                         f"{probe.height}×{probe.width} grid of {probe.name}), got R = {window}")
     candidates = options.num_candidates
     if candidates is None:
         candidates = max(probe.num_candidates or DEFAULT_NUM_CANDIDATES, k)
+    candidates = whole_number(candidates, "r (random candidates)")
     if candidates < k:
         raise ValueError(f"r (random candidates) must be ≥ K = {k} (r ≥ N = {probe.num_tokens} uses every token of "
                          f"{probe.name}, as the all rule), got {candidates}")
-    if not 0.0 <= options.blend_alpha <= 1.0:
-        raise ValueError(f"blend α must be in [0, 1], got {options.blend_alpha}")
-    if options.seed < 0:
-        raise ValueError(f"seed must be ≥ 0, got {options.seed}")
-    probe.check_head(options.head)
-    return replace(options, num_neighbors=k, window_size=window, num_candidates=min(candidates, probe.num_tokens))
+    alpha = options.blend_alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"blend α must be in [0, 1], got {alpha!r}")
+    seed = whole_number(options.seed, "seed", 0, MAX_SEED)
+    return RuleOptions(k, window, min(candidates, probe.num_tokens), seed, float(alpha), probe.check_head(options.head))
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,7 +292,7 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
     return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)))
 
 
-@functools.lru_cache(maxsize=_SELECTION_CACHE_SIZE)
+@bounded_cache(_SELECTION_CACHE_SIZE, _SELECTION_CACHE_BYTES)
 def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
     """:func:`rule_selection` for checked ``rule`` and :func:`_options_read` ``options``."""
     probe = loaded.probe(layer)

@@ -22,11 +22,13 @@ from kernels.reference import select_topk, similarity_scores
 
 from .images import InputImage
 from .neighbors import distance_stats, jaccard
+from .values import whole_number
 
-__all__ = ["PIXEL_VIEW_SIDE_PX", "PixelNeighbors", "pixel_neighbors", "pixel_view"]
+__all__ = ["MAX_POSITION_WEIGHT", "PIXEL_VIEW_SIDE_PX", "PixelNeighbors", "pixel_neighbors", "pixel_view"]
 
 PIXEL_VIEW_SIDE_PX = 192  # the upload is downsampled to at most this side for the input-level view
 _MAX_NEIGHBORS = 4096
+MAX_POSITION_WEIGHT = 100.0  # position channels up to 100× the colour range; larger only overflows the scores
 
 
 @functools.lru_cache(maxsize=16)
@@ -67,21 +69,23 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
         query_px (tuple[int, int]): ``(row_px, col_px)`` in the downsampled view.
         num_neighbors (int): K, in [1, min(h·w, 4096)]. Default: 64
         position_weight (float): weight of the two position channels (each in [−1, 1]) next to RGB in [0, 1];
-            0 = colour only. Default: 0.0
+            0 = colour only, at most :data:`MAX_POSITION_WEIGHT`. Default: 0.0
         max_side (int): side of the view. Default: 192
 
     Raises:
-        ValueError: a pixel outside the view, K out of range or a negative ``position_weight``.
+        ValueError: a pixel outside the view, K not a whole number in range, or a ``position_weight`` outside
+            [0, 100] or NaN.
     """
     view = pixel_view(image, max_side)
     height, width = view.shape[:2]
     row, col = query_px
     if not (0 <= row < height and 0 <= col < width):
         raise ValueError(f"pixel (row={row}, col={col}) is outside the {width}×{height} view")
+    num_neighbors = whole_number(num_neighbors, "K")
     if not 1 <= num_neighbors <= min(height * width, _MAX_NEIGHBORS):
         raise ValueError(f"K must be in [1, {min(height * width, _MAX_NEIGHBORS)}], got {num_neighbors}")
-    if position_weight < 0:
-        raise ValueError(f"position_weight must be ≥ 0, got {position_weight}")
+    if not 0 <= position_weight <= MAX_POSITION_WEIGHT:  # NaN fails too
+        raise ValueError(f"position_weight must be in [0, {MAX_POSITION_WEIGHT}], got {position_weight}")
     features = torch.from_numpy(view.copy()).permute(2, 0, 1).unsqueeze(0).float() / 255  # (1, 3, h, w)
     if position_weight:
         features = torch.cat([features, position_weight * coordinate_channels(height, width)], dim=1)

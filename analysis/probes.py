@@ -23,6 +23,8 @@ from convnn import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention, NeighborRec
 from convnn.functional import to_tokens
 from convnn.layers import ConvNNAttention, KVTAttention
 
+from .values import whole_number
+
 __all__ = [
     "ProbeLayer",
     "Trace",
@@ -83,11 +85,17 @@ class ProbeLayer:
         """Keys a feature selection can pick from: H·W plus the prefix tokens."""
         return self.height * self.width + self.num_prefix_tokens
 
-    def check_head(self, head: int) -> None:
-        """Raise ``ValueError`` unless ``head`` is in [0, num_heads − 1] (maps have one "head", 0)."""
+    def check_head(self, head: int) -> int:
+        """``head`` as an ``int`` (a whole float such as ``1.0`` is accepted), checked against the layer.
+
+        Raises:
+            ValueError: not a whole number, or outside [0, num_heads − 1] (maps have one "head", 0).
+        """
+        head = whole_number(head, "head")
         if not 0 <= head < self.num_heads:
             raise ValueError(f"head must be in [0, {self.num_heads - 1}] for {self.name} ({self.num_heads} "
                              f"head{'s' if self.num_heads > 1 else ''}), got {head}")
+        return head
 
     @property
     def label(self) -> str:

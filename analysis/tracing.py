@@ -30,10 +30,18 @@ def trace_image(loaded: LoadedModel, image: InputImage) -> Trace:
 
     Returns:
         Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.
+
+    Raises:
+        ValueError: the model gives another number of class scores than its card names classes (so no class name
+            is ever looked up past the card's list).
     """
     x = model_input(image, loaded.card).to(loaded.device)
     with loaded.lock:
-        return run_trace(loaded.model, loaded.probes, x)
+        trace = run_trace(loaded.model, loaded.probes, x)
+    if trace.logits.numel() != len(loaded.card.classes):
+        raise ValueError(f"{loaded.card.name}: the model gives {trace.logits.numel()} class scores but its card names "
+                         f"{len(loaded.card.classes)} classes: the card does not belong to these weights")
+    return trace
 
 
 def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES) -> dict[str, float]:
@@ -48,7 +56,8 @@ def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES
         dict[str, float]: class name → probability in [0, 1], in descending order.
 
     Raises:
-        ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input).
+        ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input), or a class
+            count that does not match the card (:func:`trace_image`).
     """
     logits = trace_image(loaded, image).logits
     if not torch.isfinite(logits).all():

@@ -153,7 +153,7 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     if probe.record_name is None:
         raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
                          "or k-NN attention")
-    probe.check_head(head)
+    head = probe.check_head(head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
     record = trace_image(loaded, image).records[probe.name]

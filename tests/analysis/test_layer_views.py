@@ -78,6 +78,17 @@ def test_a_head_outside_the_layer_is_refused_by_contributions_and_multihop(load_
         receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=2, head=head)
 
 
+def test_multihop_and_contributions_take_whole_floats_and_refuse_the_rest(load_small, image):
+    loaded = load_small("vit-convnn")
+    as_float = receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=2.0, head=1.0)
+    np.testing.assert_array_equal(as_float.hops, receptive_field(loaded, image, "blocks.1.attn", (13, 7), 2, 1).hops)
+    for hops in (math.inf, 1.5):
+        with pytest.raises(ValueError, match=f"num_hops must be a whole number, got {hops}"):
+            receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=hops)
+    with pytest.raises(ValueError, match="head must be a whole number, got nan"):
+        neighbor_contributions(loaded, image, "blocks.1.attn", (13, 7), math.nan)
+
+
 def test_multihop_follows_the_chosen_head(load_small, image):
     loaded = load_small("vit-convnn")
     fields = [receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=1, head=h).hops for h in (0, 1)]

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from PIL import Image
 
 from analysis import (
+    attribution_map,
     card_summary,
     compute_path,
     display_factor,
@@ -27,7 +29,8 @@ from analysis import (
     query_neighbors,
     top_classes,
 )
-from convnn import CheckpointError
+from convnn import CheckpointError, load_checkpoint, save_checkpoint
+from convnn.checkpoint import MAX_EXHAUSTIVE_TOKENS
 from tests.small_models import REPO_ROOT
 
 
@@ -104,6 +107,48 @@ def test_load_model_is_cached_and_refuses_corrupt_weights(checkpoint_dir, tmp_pa
         load_model(tmp_path / "missing.json")
 
 
+def test_load_model_reloads_an_edited_card(checkpoint_dir, tmp_path):
+    """The cache key held only the weights' size and mtime: an edited card (here a class renamed) was not read."""
+    for suffix in (".json", ".safetensors"):
+        shutil.copyfile(checkpoint_dir / f"cnn-l0{suffix}", tmp_path / f"mine{suffix}")
+    card_path = tmp_path / "mine.json"
+    first = load_model(card_path)
+    card = json.loads(card_path.read_text())
+    card["classes"][3] = "kitten"
+    mtime_ns = card_path.stat().st_mtime_ns
+    card_path.write_text(json.dumps(card))
+    os.utime(card_path, ns=(mtime_ns + 10**9, mtime_ns + 10**9))  # a new mtime even on a coarse clock
+    second = load_model(card_path)
+    assert (first.card.classes[3], second.card.classes[3]) == ("cat", "kitten")
+    assert second is not first and load_model(card_path) is second
+
+
+def test_a_model_with_a_layer_over_the_token_budget_is_refused_at_load(checkpoint_dir, tmp_path):
+    """Random selection passes convnn's budget (which guards exhaustive layers only), but the explorer's "all" rule
+    scores every token of a layer against every other: at 72 px the first stage has 72² = 5184 > 4096 tokens."""
+    model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
+    for side in (64, 72):
+        save_checkpoint(model, tmp_path / f"side{side}", dataclasses.replace(card, input_size=side))
+    assert load_model(tmp_path / "side64.json").probes[0].num_tokens == 4096 == MAX_EXHAUSTIVE_TOKENS  # the limit
+    with pytest.raises(CheckpointError) as refused:
+        load_model(tmp_path / "side72.json")
+    assert str(refused.value) == (
+        "side72.json: at input_size 72, layer stages.0.0.conv1 has N = 5184 tokens (72×72); the explorer compares "
+        "every token with every other, so it opens models of at most 4096 tokens per layer: use a smaller input_size")
+
+
+def test_a_card_naming_another_number_of_classes_is_an_error_not_an_index_error(load_small, image):
+    """convnn refuses such a checkpoint at load; a LoadedModel built by hand gets a ValueError, never classes[i]
+    past the end of the card's list."""
+    loaded = load_small("vit-convnn")
+    three = dataclasses.replace(loaded, card=dataclasses.replace(loaded.card, classes=loaded.card.classes[:3]))
+    message = "vit-convnn: the model gives 10 class scores but its card names 3 classes"
+    with pytest.raises(ValueError, match=message):
+        top_classes(three, image)
+    with pytest.raises(ValueError, match=message):
+        attribution_map(three, image, "saliency", "airplane")  # a class the card does name
+
+
 def test_top_classes_equal_the_model_softmax(load_small, image):
     loaded = load_small("vit-convnn")
     probabilities = torch.softmax(loaded.model(model_input(image, loaded.card)), dim=1)[0]
@@ -134,6 +179,45 @@ def test_image_intake_errors(tmp_path):
         load_image(tmp_path / "huge.png")
     with pytest.raises(ValueError, match="empty"):
         image_from_array(np.zeros((0, 5, 3), np.uint8))
+
+
+def test_image_from_array_accepts_unambiguous_pixels():
+    red_row = image_from_array(np.full((1, 5, 3), (255, 0, 0), np.uint8))
+    assert red_row.pixels.shape == (1, 5, 3) and (red_row.pixels == (255, 0, 0)).all()  # was squeezed to 5×3 grey
+    grey = image_from_array(np.full((4, 4, 1), 7, np.uint8))
+    assert grey.pixels.shape == (4, 4, 3) and (grey.pixels == 7).all()
+    ramp = np.linspace(0, 1, 8)
+    floats = image_from_array(np.tile(ramp, (8, 1)))  # was black: floats in [0, 1] cast to uint8
+    np.testing.assert_array_equal(floats.pixels[0, :, 0], np.rint(ramp * 255))
+    mask = image_from_array(np.eye(4, dtype=bool))  # was near-black (1/255)
+    np.testing.assert_array_equal(mask.pixels[..., 1], np.eye(4) * 255)
+    sixteen = image_from_array(np.full((4, 4, 3), (65535, 100 * 257, 300), np.uint16))  # wrapped mod 256
+    assert (sixteen.pixels == (255, 100, 1)).all() and sixteen.note == "a 16-bit image, reduced to 8 bits per pixel"
+    rgba = image_from_array(np.full((4, 4, 4), (10, 20, 30, 0), np.uint8))
+    assert (rgba.pixels == (10, 20, 30)).all()
+
+
+def test_a_16_bit_array_reads_as_the_same_16_bit_png(tmp_path):
+    values = (np.arange(64, dtype=np.uint32).reshape(8, 8) * 1031).astype(np.uint16)
+    Image.fromarray(values).save(tmp_path / "gray16.png")
+    from_file, from_array = load_image(tmp_path / "gray16.png"), image_from_array(values)
+    np.testing.assert_array_equal(from_array.pixels, from_file.pixels)
+    assert from_array.note == from_file.note
+
+
+@pytest.mark.parametrize(("pixels", "message"), [
+    (np.full((4, 4, 3), np.nan), "the image has NaN or infinite values"),
+    (np.full((4, 4), np.inf, np.float32), "the image has NaN or infinite values"),
+    (np.full((4, 4, 3), 200.0),
+     r"a float image must hold values in \[0, 1\] \(they are scaled to 0–255\), got 200…200"),
+    (np.zeros((4, 4, 2), np.uint8), r"got shape \(4, 4, 2\)"),
+    (np.zeros((2, 4, 4, 3), np.uint8), r"got shape \(2, 4, 4, 3\)"),
+    (np.zeros((4, 4, 3), np.int64), r"an image array must be uint8, uint16, bool or float in \[0, 1\], got int64"),
+    (np.zeros((5000, 10, 3), np.uint8), "up to 4096 px a side"),
+])
+def test_image_from_array_refuses_ambiguous_pixels(pixels, message):
+    with pytest.raises(ValueError, match=message):
+        image_from_array(pixels)
 
 
 def test_large_images_are_downscaled_with_a_note(tmp_path):

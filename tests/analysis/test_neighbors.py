@@ -13,15 +13,18 @@ from analysis import (
     RuleOptions,
     cell_rect_px,
     jaccard,
+    max_window_size,
     model_view,
     neighbors_summary,
     query_cell,
     query_neighbors,
+    resolve_options,
     rule_selection,
     trace_image,
 )
+from analysis.caching import array_bytes, bounded_cache
 from analysis.figures import neighbor_panel
-from analysis.neighbors import NeighborSet, _selection, distance_stats
+from analysis.neighbors import NeighborSet, Selection, _selection, distance_stats
 from convnn.functional import pad_map, to_tokens
 from kernels.reference import aggregate_neighbors
 from tests.tolerances import FP32_EXACT
@@ -191,11 +194,86 @@ def test_distance_stats_leave_cls_out_of_the_distance():
      "got 8"),
     (RuleOptions(blend_alpha=1.5), "blend α must be in [0, 1]"),
     (RuleOptions(head=1), "head must be in [0, 0] for stages.1.0.conv1 (1 head), got 1"),
+    (RuleOptions(num_neighbors=2.5), "K (neighbours per query) must be a whole number, got 2.5"),
+    (RuleOptions(num_neighbors=math.inf), "K (neighbours per query) must be a whole number, got inf"),
+    (RuleOptions(window_size=19), "R must be odd with R² ≥ K = 9 and at most 17 (as wide as the 16×16 grid of "
+                                  "stages.1.0.conv1), got R = 19"),
+    (RuleOptions(window_size=101), "at most 17"),
+    (RuleOptions(seed=2**64), "seed must be in [0, 18446744073709551615], got 18446744073709551616"),
+    (RuleOptions(seed=-1), "seed must be in [0, 18446744073709551615], got -1"),
+    (RuleOptions(blend_alpha=math.nan), "blend α must be in [0, 1], got nan"),
+    (RuleOptions(blend_alpha="0.5"), "blend α must be in [0, 1], got '0.5'"),
+    (RuleOptions(head=0.5), "head must be a whole number, got 0.5"),
 ])
 def test_impossible_options_raise_clear_errors(load_small, image, options, message):
     loaded = load_small("cnn-l0.5")
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         query_neighbors(loaded, image, loaded.probes[3].name, (3, 3), options)
+
+
+def test_whole_floats_are_accepted_as_integers_whether_or_not_the_cache_is_warm(load_small, fresh_image):
+    """RuleOptions(num_neighbors=9.0) used to raise TypeError on a cold cache and to succeed on a warm one."""
+    loaded, layer = load_small("cnn-random"), "stages.1.0.conv1"
+    floats = RuleOptions(num_neighbors=9.0, window_size=3.0, num_candidates=12.0, seed=np.int64(3), head=0.0)
+    resolved = resolve_options(loaded.probe(layer), floats)
+    assert resolved == RuleOptions(9, 3, 12, 3, 0.5, 0)
+    assert {type(v) for v in (resolved.num_neighbors, resolved.window_size, resolved.num_candidates, resolved.seed,
+                              resolved.head)} == {int}
+    cold = query_neighbors(loaded, fresh_image, layer, (10, 20), floats)  # fresh image: every selection computed
+    warm = query_neighbors(loaded, fresh_image, layer, (10, 20), RuleOptions(num_candidates=12, seed=3))
+    for rule, nset in cold.sets.items():
+        np.testing.assert_array_equal(nset.cells, warm.sets[rule].cells)
+    with pytest.raises(ValueError, match="r \\(random candidates\\) must be a whole number, got inf"):
+        RuleOptions.from_ui(0, 0, math.inf, 0, 0.5, 0)
+    assert RuleOptions.from_ui(9.0, 0, 0, 4.0, 0.5, 0.0) == RuleOptions(9, None, None, 4.0, 0.5, 0.0)
+
+
+def test_the_widest_window_covers_the_grid(load_small, image):
+    loaded = load_small("cnn-l0.5")
+    probe = loaded.probe("stages.1.0.conv1")
+    assert max_window_size(probe) == 17 and max_window_size(loaded.probe("stages.2.0.conv1")) == 9
+    result = query_neighbors(loaded, image, probe.name, (0, 0), RuleOptions(window_size=17))
+    assert result.options.window_size == 17 and result.sets["window"].window_share == 1.0
+
+
+def test_the_selection_cache_is_bounded_in_bytes(load_small, fresh_image):
+    """K = 1024 on a 32×32 map: each selection holds 1024 × 1024 × (2 int64 + bool + float32) = 21 MB. The cache
+    held 128 of them (2.7 GB; a browsing session reached 4.6 GB RSS); now at most 128 MB."""
+    loaded, layer = load_small("cnn-l0.5"), "stages.0.0.conv1"
+    entry = 1024 * 1024 * (2 * 8 + 1 + 4)
+    _selection.cache_clear()
+    for alpha in np.linspace(0, 1, 9):
+        options = RuleOptions(num_neighbors=1024, blend_alpha=float(alpha))
+        assert array_bytes(rule_selection(loaded, fresh_image, layer, "blend", options)) == entry
+    info = _selection.cache_info()
+    assert (info.misses, info.max_bytes) == (9, 128 * 2**20)
+    assert info.currsize == 128 * 2**20 // entry == 6 and info.bytes == 6 * entry
+    rule_selection(loaded, fresh_image, layer, "blend", options)  # the latest is still kept
+    rule_selection(loaded, fresh_image, layer, "blend", RuleOptions(num_neighbors=1024, blend_alpha=0.0))  # evicted
+    assert _selection.cache_info()[:2] == (1, 10)
+
+
+def test_bounded_cache_evicts_the_least_recently_used_by_bytes_and_entries():
+    calls = []
+
+    @bounded_cache(max_entries=3, max_bytes=100)
+    def make(size: int, tag: str) -> Selection:
+        calls.append((size, tag))
+        return Selection(np.zeros(size, np.uint8), np.zeros(0, bool), np.zeros(0, np.float32))
+
+    make(40, "a"), make(40, "b")
+    make(40, "a")  # a is now the most recent
+    make(40, "c")  # 120 bytes > 100: b goes
+    assert make.cache_info().bytes == 80 and make.cache_info().currsize == 2
+    make(40, "a"), make(40, "b")  # a hit, b recomputed (c goes)
+    assert calls == [(40, "a"), (40, "b"), (40, "c"), (40, "b")]
+    make(500, "huge"), make(500, "huge")  # larger than the budget on its own: returned, never kept
+    assert calls[-2:] == [(500, "huge")] * 2 and make.cache_info().bytes == 80
+    for tag in "xyz":
+        make(1, tag)
+    assert make.cache_info().currsize == 3  # the entry bound holds too
+    make.cache_clear()
+    assert make.cache_info() == (0, 0, 3, 0, 100, 0)
 
 
 def test_query_outside_the_image_is_refused(load_small, image):

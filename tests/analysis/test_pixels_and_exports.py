@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -40,6 +41,12 @@ def test_input_level_view_refuses_impossible_k():
     image = image_from_array(np.zeros((4, 4, 3), np.uint8))
     with pytest.raises(ValueError, match=r"K must be in \[1, 16\]"):
         pixel_neighbors(image, (0, 0), num_neighbors=17)
+    with pytest.raises(ValueError, match=r"K must be a whole number, got 2\.5"):
+        pixel_neighbors(image, (0, 0), num_neighbors=2.5)
+    for weight in (float("nan"), -1.0, 1e308):  # NaN used to pass and give NaN scores; 1e308 overflowed them
+        with pytest.raises(ValueError, match=re.escape(f"position_weight must be in [0, 100.0], got {weight}")):
+            pixel_neighbors(image, (0, 0), num_neighbors=4, position_weight=weight)
+    assert pixel_neighbors(image, (0, 0), num_neighbors=4.0, position_weight=100).like.sum() == 4
 
 
 def test_exports_describe_the_overlay(load_small, image):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -15,6 +17,7 @@ from PIL import Image
 import analysis as an
 import app
 from convnn import load_checkpoint, save_checkpoint
+from convnn.checkpoint import MAX_EXHAUSTIVE_TOKENS
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 NO_OVERRIDES = dict(k=0, window=0, candidates=0, seed=0, alpha=0.5, head=0)
@@ -71,6 +74,84 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
     checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
     with pytest.raises(gr.Error, match=r"K \(neighbours per query\) must be in \[1, 256\]"):
         explorer.on_neighbors(checkpoint, str(example_image), CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "k": 999})
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, float("inf"), 3, **NO_OVERRIDES),
+     "query row must be a whole number, got inf"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "k": float("inf")}),
+     r"K \(neighbours per query\) must be a whole number, got inf"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "k": 2.7}),
+     r"K \(neighbours per query\) must be a whole number, got 2.7"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "seed": 2**64}),
+     r"seed must be in \[0, 18446744073709551615\], got 18446744073709551616"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "head": 1e20}),
+     r"head must be in \[0, 0\] for stages.1.0.conv1 \(1 head\), got 100000000000000000000"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "window": 101}),
+     r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
+    (lambda ex, ck, im: ex.on_neighbors(ck, im, CELL_LAYER, 3, 3, **{**NO_OVERRIDES, "window": 19}),
+     "at most 17"),
+    (lambda ex, ck, im: ex.on_multihop(ck, im, CELL_LAYER, 3, 3, float("inf"), 0),
+     "num_hops must be a whole number, got inf"),
+    (lambda ex, ck, im: ex.on_pixels(im, 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
+    (lambda ex, ck, im: ex.on_pixels(im, 3, 3, 5, float("nan")), r"position_weight must be in \[0, 100.0\], got nan"),
+])
+def test_impossible_numbers_are_messages_before_any_work(explorer, checkpoint_dir, example_image, call, message):
+    """inf, fractions, a seed past 2⁶⁴ − 1 or a window wider than the map: each a message naming the field (they
+    were an OverflowError, an RNG overflow, or allocations growing with R²: 1.5 GB at R = 301, 24 GB at 2001)."""
+    with pytest.raises(gr.Error, match=message):
+        call(explorer, str(checkpoint_dir / "cnn-l0.5.json"), str(example_image))
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 1536000000000 bytes. Error code 12 (Cannot allocate memory)"),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), MemoryError()], ids=repr)
+def test_running_out_of_memory_is_a_message(explorer, checkpoint_dir, example_image, monkeypatch, error):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(an, "query_neighbors", fail)
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_neighbors(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 3, 3,
+                              **NO_OVERRIDES)
+    assert refused.value.message == ("Not enough memory for this request: choose a smaller K, window R or r, another "
+                                     "layer, or a smaller image or model, and try again.")
+
+
+def test_a_bug_is_not_disguised_as_a_user_error(explorer, checkpoint_dir, example_image, monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(an, "query_neighbors", fail)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        explorer.on_neighbors(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 3, 3,
+                              **NO_OVERRIDES)
+
+
+def test_an_upload_with_more_tokens_than_the_budget_is_refused(explorer, checkpoint_dir, tmp_path, monkeypatch):
+    """A 40 KB random-selection checkpoint at input_size 128 has a 128×128 = 16384-token layer: the "all" rule
+    would have asked for 7 GB on the first click. It is refused at upload, and leaves nothing behind."""
+    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
+    weights, card_path = save_checkpoint(model, tmp_path / "big", dataclasses.replace(card, input_size=128))
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
+    assert refused.value.message == (
+        f"big.json: at input_size 128, layer stages.0.0.conv1 has N = 16384 tokens (128×128); the explorer compares "
+        f"every token with every other, so it opens models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a "
+        f"smaller input_size")
+    assert list((tmp_path / "work" / "checkpoints").iterdir()) == []
+
+
+def test_a_card_naming_fewer_classes_than_the_model_outputs_is_refused_at_upload(explorer, checkpoint_dir, tmp_path):
+    """It used to load and hit an IndexError in the prediction and the attribution (classes[i], i ≥ 5)."""
+    card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
+    (tmp_path / "five.json").write_text(json.dumps(card | {"classes": card["classes"][:5]}))
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / "five.safetensors")
+    with pytest.raises(gr.Error, match=r"five.json: the card names 5 classes, but the model built from it outputs "
+                                       r"\(1, 10\)"):
+        explorer.on_checkpoint_upload([str(tmp_path / "five.json"), str(tmp_path / "five.safetensors")], [])
 
 
 def test_a_refused_checkpoint_upload_leaves_no_folder_behind(explorer, checkpoint_dir, tmp_path, monkeypatch):
@@ -163,28 +244,98 @@ def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(explorer, check
     assert len(list((tmp_path / "work" / "checkpoints").iterdir())) == 1  # the refused upload left nothing
 
 
-def event_chain(demo: gr.Blocks, component: gr.components.Component, event: str) -> list[str]:
+def chain_steps(demo: gr.Blocks, component: gr.components.Component, event: str) -> list:
     """The handlers one event runs, in order: the one it triggers, then each ``.then`` after it."""
     steps = list(demo.fns.values())
     step = next(f for f in steps if (component._id, event) in f.targets)
-    names = [step.name]
+    chain = [step]
     while (step := next((f for f in steps if f.trigger_after == step._id), None)) is not None:
-        names.append(step.name)
-    return names
+        chain.append(step)
+    return chain
+
+
+def event_chain(demo: gr.Blocks, component: gr.components.Component, event: str) -> list[str]:
+    return [step.name for step in chain_steps(demo, component, event)]
+
+
+def run_event(demo: gr.Blocks, values: dict, component: gr.components.Component, event: str) -> None:
+    """Run an event's chain as the page does: each step reads its inputs from ``values`` (component id → value)
+    and writes its outputs back (the ``value`` of a ``gr.update``)."""
+    for step in chain_steps(demo, component, event):
+        result = step.fn(*[values[block._id] for block in step.inputs])
+        for block, value in zip(step.outputs, result if len(step.outputs) > 1 else (result,), strict=True):
+            is_update = isinstance(value, dict) and value.get("__type__") == "update"
+            values[block._id] = value.get("value", values[block._id]) if is_update else value
 
 
 def test_a_control_refreshes_only_the_tabs_that_read_it(explorer):
     demo = app.build_demo(explorer)
     controls = {getattr(block, "label", None): block for block in demo.blocks.values()}
     query = ["on_neighbors", "on_weights", "on_mix", "on_multihop"]
-    assert event_chain(demo, controls["Layer"], "change") == query
-    assert event_chain(demo, controls["attention head"], "change") == ["on_neighbors", "on_weights", "on_multihop"]
+    assert event_chain(demo, controls["Layer"], "input") == [*query, "on_equivalence_reset"]
+    assert event_chain(demo, controls["attention head"], "input") == ["on_neighbors", "on_weights", "on_multihop"]
     for knob in ("K (0 = layer's)", "window R (0 = auto)", "random r ≥ K (0 = layer's / 32; ≥ N = all)", "seed"):
         assert event_chain(demo, controls[knob], "change") == ["on_neighbors"]
     assert event_chain(demo, controls["blend α (0 = window, 1 = features)"], "release") == ["on_neighbors"]
     assert event_chain(demo, controls["hops (towards the input)"], "release") == ["on_multihop"]
     query_image = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "query_image")
     assert event_chain(demo, query_image, "select") == ["on_click", *query]
+
+
+def test_a_new_model_or_image_refreshes_every_view(explorer):
+    """Whatever the layer's value: a new model's default layer often has the old one's name, and then the layer
+    dropdown fires no event. So a model or image change runs every view itself, and the layer and head controls
+    listen to the user only (.input), never to a programmatic change (no .change: no second, racing run)."""
+    demo = app.build_demo(explorer)
+    blocks = {getattr(block, "elem_id", None) or getattr(block, "label", None): block
+              for block in demo.blocks.values()}
+    views = ["on_neighbors", "on_weights", "on_mix", "on_multihop", "on_equivalence_reset", "on_attribution"]
+    assert event_chain(demo, blocks["checkpoint"], "change") == [
+        "on_model", "on_query_px", "on_image", "on_spectrum", *views]
+    assert event_chain(demo, blocks["image_file"], "change") == [
+        "on_image", "on_spectrum", "on_pixel_image", "on_pixel_query", "on_pixels", *views]
+    for control in (blocks["layer"], blocks["attention head"]):
+        assert not any((control._id, "change") in step.targets for step in demo.fns.values())
+
+
+def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_everywhere(explorer, checkpoint_dir,
+                                                                                        example_image, tmp_path):
+    """cnn-l0.5 → cnn-random (same layer names), then another image: every view equals its handler's output for
+    the new values. Before, the neighbour panel and the tabs kept the old model's, the input-level plot, the
+    attribution and the equivalence text the old image's."""
+    demo = app.build_demo(explorer)
+    blocks = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
+    values = {block._id: getattr(block, "value", None) for block in demo.blocks.values()}
+    old, new = (str(checkpoint_dir / f"{name}.json") for name in ("cnn-l0.5", "cnn-random"))
+    values[blocks["checkpoint"]._id], values[blocks["image_file"]._id] = old, str(example_image)
+    run_event(demo, values, blocks["checkpoint"], "change")
+    layer, before = values[blocks["layer"]._id], values[blocks["stats"]._id]
+    values[blocks["equivalence_text"]._id] = "a result for the old model"
+    values[blocks["checkpoint"]._id] = new
+    run_event(demo, values, blocks["checkpoint"], "change")
+    assert values[blocks["layer"]._id] == layer == "stages.1.0.conv1"
+    _, _, stats, data = explorer.on_neighbors(new, str(example_image), layer, 16, 16, **NO_OVERRIDES)
+    assert values[blocks["stats"]._id] == stats != before and values[blocks["neighbors_data"]._id] == data
+    assert data["checkpoint"] == "cnn-random"
+    hop_plot = next(step for step in demo.fns.values() if step.name == "on_multihop").outputs[0]
+    expected_hops = explorer.on_multihop(new, str(example_image), layer, 16, 16, 2, 0)[0]
+    assert values[hop_plot._id].to_json() == expected_hops.to_json()
+    assert values[blocks["equivalence_text"]._id] == app.EQUIVALENCE_PROMPT
+    expected = explorer.on_attribution(new, str(example_image), "saliency", "")[0]
+    assert values[blocks["attribution_plot"]._id].to_json() == expected.to_json()
+
+    image = tmp_path / "noise.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(image)
+    pixel_row, pixel_col = next(step for step in demo.fns.values() if step.name == "on_pixel_query").outputs
+    values[pixel_row._id], values[pixel_col._id] = 30, 5  # row 30 lies outside the new 20×24 image
+    values[blocks["image_file"]._id] = str(image)
+    run_event(demo, values, blocks["image_file"], "change")
+    assert (values[pixel_row._id], values[pixel_col._id]) == (19, 5)  # the nearest pixel inside
+    expected_pixels = explorer.on_pixels(str(image), 19, 5, 64, 0)
+    assert values[blocks["pixel_plot"]._id].to_json() == expected_pixels.to_json()
+    assert values[blocks["stats"]._id] == explorer.on_neighbors(new, str(image), layer, 16, 16, **NO_OVERRIDES)[2]
+    expected = explorer.on_attribution(new, str(image), "saliency", "")[0]
+    assert values[blocks["attribution_plot"]._id].to_json() == expected.to_json()
 
 
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
@@ -221,8 +372,9 @@ def test_uploads_over_the_size_limit_are_refused(app_url):
     assert response.text == f"File size exceeded maximum allowed size of {app.MAX_UPLOAD_MB * 1024 * 1024} bytes."
 
 
-@pytest.mark.browser
-def test_clicking_the_image_updates_the_overlay(app_url):
+@contextlib.contextmanager
+def browser_page(url: str):
+    """A headless Chromium page on ``url``, the default query's panel drawn (skips without /usr/bin/chromium)."""
     if not Path("/usr/bin/chromium").exists():
         pytest.skip("needs /usr/bin/chromium (apt-get install -y chromium)")
     from playwright.sync_api import expect, sync_playwright
@@ -231,14 +383,52 @@ def test_clicking_the_image_updates_the_overlay(app_url):
             "--disable-sync", "--disable-quic", "--no-first-run"]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=args)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(app_url)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url)
+            expect(page.locator("#neighbor_plot .gtitle")).to_contain_text("cell (8, 8)", timeout=60_000)
+            yield page  # the default query, pixel (16, 16)
+        finally:
+            browser.close()
+
+
+@pytest.mark.browser
+def test_clicking_the_image_updates_the_overlay(app_url):
+    from playwright.sync_api import expect
+
+    with browser_page(app_url) as page:
         title = page.locator("#neighbor_plot .gtitle")
-        expect(title).to_contain_text("cell (8, 8)", timeout=60_000)  # the default query, pixel (16, 16)
         image = page.locator("#query_image img")
         scale = image.bounding_box()["width"] / image.evaluate("img => img.naturalWidth")
         image.click(position={"x": (20 * 8 + 4) * scale, "y": (10 * 8 + 4) * scale})  # pixel (10, 20)
         expect(title).to_contain_text("cell (5, 10)", timeout=30_000)
         expect(page.locator("#row_px input")).to_have_value("10")
         expect(page.locator("#col_px input")).to_have_value("20")
-        browser.close()
+
+
+@pytest.mark.browser
+def test_switching_to_a_model_with_the_same_layer_names_updates_the_page(app_url, explorer, checkpoint_dir):
+    """cnn-l0.5 → cnn-random: the default layer keeps its name, so the layer dropdown fires no change; the
+    neighbour statistics must still become the new model's (they stayed the old model's, byte for byte). Then a
+    layer picked by the user redraws the panel."""
+    from playwright.sync_api import expect
+
+    def jaccard_line(name: str) -> str:
+        stats = explorer.on_neighbors(str(checkpoint_dir / f"{name}.json"), explorer.examples[0], CELL_LAYER, 16, 16,
+                                      **NO_OVERRIDES)[2]
+        return next(line for line in stats.splitlines() if line.startswith("**Jaccard")).replace("**", "")
+
+    old, new = jaccard_line("cnn-l0.5"), jaccard_line("cnn-random")
+    assert old != new
+    with browser_page(app_url) as page:
+        stats = page.locator("#stats")
+        expect(stats).to_contain_text(old, timeout=30_000)
+        page.locator("#checkpoint input").click()
+        page.locator("#checkpoint input").fill("cnn-random")
+        page.get_by_role("option").filter(has_text="cnn-random").first.click()
+        expect(page.locator("#card")).to_contain_text("cnn-random", timeout=30_000)
+        expect(stats).to_contain_text(new, timeout=60_000)
+        page.locator("#layer input").click()  # a layer the user picks still updates the panel (.input)
+        page.get_by_role("option").filter(has_text="stages.0.0.conv1 ·").first.click()
+        expect(page.locator("#neighbor_plot .gtitle")).to_contain_text("cell (16, 16) in stages.0.0.conv1",
+                                                                       timeout=30_000)
