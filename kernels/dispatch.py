@@ -17,7 +17,6 @@ from torch import Tensor
 
 from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, knn_aggregate_reference
-from .usage import note_backend
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available"]
 
@@ -122,9 +121,7 @@ def knn_aggregate(
     unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask)
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
                    groups=groups, candidates=candidates, self_first=self_first)
-    resolved = resolve_backend(backend, q.device, unsupported)
-    note_backend(resolved)
-    if resolved == "triton":
+    if resolve_backend(backend, q.device, unsupported) == "triton":
         from .knn_triton import knn_aggregate_triton_prechecked
 
         # Arguments checked above (once per call). Under autocast q, k (projections) and v (the input) can differ

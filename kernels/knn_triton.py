@@ -52,6 +52,7 @@ from torch import Tensor
 
 from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult
+from .usage import note_backend
 
 __all__ = ["knn_aggregate_triton"]
 
@@ -913,5 +914,6 @@ def knn_aggregate_triton_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Ten
     """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
     :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
     Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
+    note_backend("triton")
     return KnnResult(*_KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
                                           groups, candidates, self_first))

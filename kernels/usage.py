@@ -16,7 +16,7 @@ def record_backends() -> Iterator[set[str]]:
     """Collect the paths that ConvNN aggregations take inside the ``with`` block.
 
     Yields:
-        set[str]: filled as calls run: ``"triton"`` for each :func:`kernels.knn_aggregate` call on the fused kernel,
+        set[str]: filled as calls run: ``"triton"`` for each aggregation on the fused kernel (dispatched or direct),
         ``"reference"`` for each aggregation on the PyTorch reference (including window and blend selection, which
         always aggregate there). Empty if the block ran no ConvNN aggregation (a plain CNN, MHSA). Blocks nest;
         each sees the calls made while it is the innermost.
