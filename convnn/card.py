@@ -168,17 +168,6 @@ class ModelCard:
         except (TypeError, ValueError, RuntimeError) as err:  # RecursionError is a RuntimeError
             raise CheckpointError(f"{source}: the model card cannot be written as JSON ({err})") from err
 
-    def write(self, path: str | os.PathLike) -> None:
-        """Write the card (:meth:`to_json`) to ``path`` (the ``.json`` file); not atomic: a checkpoint's two files
-        are written together by :func:`convnn.checkpoint.save_checkpoint`.
-
-        Raises:
-            CheckpointError: a value JSON cannot represent (:meth:`to_json`); nothing is written then.
-            OSError: the file cannot be written.
-        """
-        text = self.to_json(str(path))
-        Path(path).write_text(text, encoding="utf-8")
-
 
 def _json_scalar(value: object) -> object:
     """``json.dumps``'s ``default``: a 0-d numpy or PyTorch value as the Python number ``value.item()`` returns.

@@ -354,9 +354,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
             tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
             (:func:`convnn.storage.dequantize`), a weight that is inf or NaN once loaded, or a model the card cannot
-            have
-            (``_check_model``: larger than :data:`MAX_PARAMETERS`, not runnable at the card's input size, a ConvNN
-            layer that would score too many tokens there, or a number of logits other than the card's classes).
+            have (``_check_model``: larger than :data:`MAX_PARAMETERS`, not runnable at the card's input size, a
+            ConvNN layer that would score too many tokens there, or a number of logits other than the card's classes).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):

@@ -559,7 +559,7 @@ def test_a_card_asking_for_a_huge_model_is_refused_before_it_is_built(width, par
     card = _card()
     card.model_args = {"widths": [width] * 3, "depths": [1, 1, 1], "branch_ratio": 0.5}
     card.weights_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
-    card.write(tmp_path / "evil.json")
+    (tmp_path / "evil.json").write_text(card.to_json(), encoding="utf-8")
     devices, create_model_ = [], checkpoint_module.create_model
 
     def meta_only(name, **model_args):
