@@ -14,10 +14,14 @@ FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 
 FUSED_MAX_ELEMENTS = 2**31  # its offsets within one tensor are int32
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read at call time)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def triton_runs_on(device: torch.device) -> bool:
-    """Whether Triton can run kernels on tensors of ``device``: CUDA, or any device in its CPU interpreter
-    (``TRITON_INTERPRET=1``)."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton can run kernels on tensors of ``device``: CUDA, or any device in its CPU interpreter."""
+    return device.type == "cuda" or interpreting()
 
 
 def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
@@ -84,7 +88,8 @@ def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups,
 
     It implements cosine and scaled-dot-product similarity without a mask, K ≤ 128, a standard Conv1D on one head
     or a depthwise one (``groups = C_in = C_out = H·Dv``), ``v`` in fp32, bf16 or fp16 (q and k are run in v's
-    dtype) and tensors of fewer than 2**31 elements. The one rule for the dispatch's backend choice and the
+    dtype; not bf16 in Triton's interpreter, whose bf16 arithmetic is wrong: outputs off by ~1e10, silently) and
+    tensors of fewer than 2**31 elements. The one rule for the dispatch's backend choice and the
     launcher's ``ValueError``; the returned message names the argument and the value received.
     """
     B, H, Nq, _ = q.shape
@@ -102,6 +107,9 @@ def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups,
         return f"num_neighbors must be ≤ {FUSED_MAX_NEIGHBORS} on the Triton kernel, got {num_neighbors}"
     if v.dtype not in FUSED_DTYPES:
         return f"v must be one of {FUSED_DTYPES} on the Triton kernel, got {v.dtype}"
+    if v.dtype == torch.bfloat16 and interpreting():
+        return ("bfloat16 does not run correctly in Triton's interpreter (TRITON_INTERPRET=1): use float32 or "
+                "float16 there, or a GPU")
     if max(q.numel(), k.numel(), v.numel(), B * H * Nq * num_neighbors) >= FUSED_MAX_ELEMENTS:
         return f"inputs with {FUSED_MAX_ELEMENTS} or more elements are not supported by the Triton kernel"
     return None

@@ -24,6 +24,10 @@ list is the top half of their union, as a bitonic sequence). Only scores above a
 tile without any costs one compare, and rows with a few are inserted one row maximum at a time instead of sorting
 the whole tile (the top-K selection, not the GEMM, dominates the forward: KERNEL.md).
 
+Non-finite scores follow the reference's rule (:mod:`kernels.reference`): each score tile is canonicalised (NaN →
+−∞, +∞ → the largest finite fp32) before it is ranked, so NaN keys rank last and weigh 0, and the forced query
+(+∞) stays strictly first.
+
 Dtypes. q, k, v in fp32, bf16 or fp16 (all the same); scores, softmax and every accumulator are fp32. fp32 inputs
 use ``input_precision="ieee"`` in ``tl.dot`` because TF32 scores change the selected set (KERNEL.md). The Conv1D
 runs on ``tl.dot`` in the input dtype with fp32 accumulation; ``out`` is stored in the input dtype.
@@ -65,6 +69,7 @@ _INDEX_MASK = tl.constexpr(0x7FFFFFFF)  # low half of the packed key: column ^ m
 _PAD_KEY = tl.constexpr(-(2**63))  # an empty slot: below the packed −inf of every real candidate
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))  # the ranking score of a forced (self_first) candidate
+_MAX_SCORE = tl.constexpr(torch.finfo(torch.float32).max)  # +∞ scores count as this (reference.canonical_scores)
 
 _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
@@ -92,6 +97,12 @@ def _dot(a, b, IEEE: tl.constexpr):
 def _inv_norm(x):
     """1 / max(‖x‖, eps) per row of an fp32 [rows, D] block (F.normalize semantics)."""
     return 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), _NORM_EPS)
+
+
+@triton.jit
+def _canonical(s):
+    """The reference's rule for non-finite scores: NaN → −∞, +∞ → the largest finite fp32."""
+    return tl.where(s != s, _NEG_INF, tl.where(s > _MAX_SCORE, _MAX_SCORE, s))
 
 
 @triton.jit
@@ -171,7 +182,7 @@ def _self_scores(q, q_scale, k_rows_ptrs, mask_md, COSINE: tl.constexpr):
     s = tl.sum(q * k_self, axis=1) * q_scale
     if COSINE:
         s = s * _inv_norm(k_self)
-    return s
+    return _canonical(s)
 
 
 @triton.jit
@@ -212,11 +223,10 @@ def _finish(
         keys_idx = cols
     keys_idx = tl.where(mask_mk, keys_idx, 0)
     valid = mask_mk & (scores > _NEG_INF)
-    if weighting == 1:
-        logits = tl.where(valid, scores * inv_temperature, _NEG_INF)
-        top = tl.max(logits, axis=1)
-        top = tl.where(top > _NEG_INF, top, 0.0)  # rows past Nq: all masked
-        e = tl.where(valid, tl.exp(logits - top[:, None]), 0.0)
+    if weighting == 1:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
+        top = tl.max(tl.where(valid, scores, _NEG_INF), axis=1)
+        top = tl.where(top > _NEG_INF, top, 0.0)  # rows past Nq, or without a valid slot
+        e = tl.where(valid, tl.exp((scores - top[:, None]) * inv_temperature), 0.0)
         a = e / tl.maximum(tl.sum(e, axis=1), 1.0)[:, None]  # the row maximum contributes exp(0) = 1
     elif weighting == 2:
         a = valid.to(tl.float32)
@@ -344,6 +354,7 @@ def _knn_fwd(
         s = s * q_scale[:, None]
         if COSINE:
             s = s * _inv_norm(k.to(tl.float32))[None, :]
+        s = _canonical(s)
         if CANDIDATES:  # a sampled key equal to the query is masked: the query is column 0 already
             s = tl.where(key_rows[None, :] == offs_m[:, None], _NEG_INF, s)
         else:

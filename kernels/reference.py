@@ -9,6 +9,13 @@ For every query token ``i`` (METHOD §2):
    result is deterministic); optionally the query itself is forced to rank 0. **Modulate** with ``ρ``: ``"none"``
    (weights 1, a pure gather), ``"softmax"`` over the K selected scores divided by ``temperature``, or ``"uniform"``
    (1/K). Selected slots that were masked (score ``−∞``) get weight 0 under every ``ρ``.
+
+**Non-finite scores** (one rule, the same in the fused kernel): a NaN score counts as ``−∞`` (it ranks after every
+number, ties to the lower index, and weighs 0 under every ``ρ``, like a masked pair), and ``+∞`` counts as the
+largest finite value of the score dtype. With ``self_first`` the query is rank 0 whatever its score; its weight
+follows its score (0 if that is NaN; a NaN value still reaches its own output, as 0·NaN = NaN). Softmax is
+``exp((s − s_max) / τ)`` normalised over the valid slots, so saturated scores give equal shares instead of NaN.
+:func:`similarity_scores` applies the rule where scores are made.
 3. **Aggregate**: gather ``V[idx] → (B, C, N·K)`` (token-major, each query's K neighbours contiguous, the t-th slot
    holding the t-th nearest neighbour) and apply ``F.conv1d(kernel_size=K, stride=K, groups=groups)``.
 
@@ -37,6 +44,7 @@ __all__ = [
     "WEIGHTINGS",
     "KnnResult",
     "aggregate_neighbors",
+    "canonical_scores",
     "knn_aggregate_reference",
     "neighbor_scores",
     "neighbor_weights",
@@ -79,7 +87,8 @@ def similarity_scores(q: Tensor, k: Tensor, similarity: str = "cosine") -> Tenso
             (``−‖q − k‖²``). Default: ``"cosine"``.
 
     Returns:
-        Tensor: (B, H, Nq, Nk) scores in fp32 (fp64 for fp64 inputs); larger means more similar.
+        Tensor: (B, H, Nq, Nk) scores in fp32 (fp64 for fp64 inputs); larger means more similar. Non-finite
+        scores follow the module's rule: NaN → −∞, +∞ → the dtype's largest finite value.
     """
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
@@ -87,12 +96,19 @@ def similarity_scores(q: Tensor, k: Tensor, similarity: str = "cosine") -> Tenso
     q, k = q.to(dtype), k.to(dtype)
     with torch.autocast(q.device.type, enabled=False):  # scores decide the selection: keep them in fp32
         if similarity == "cosine":
-            return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-        if similarity == "dot":
-            return (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        sq_q = q.square().sum(-1, keepdim=True)  # (B, H, Nq, 1)
-        sq_k = k.square().sum(-1).unsqueeze(-2)  # (B, H, 1, Nk)
-        return 2 * (q @ k.transpose(-1, -2)) - sq_q - sq_k
+            scores = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
+        elif similarity == "dot":
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        else:
+            sq_q = q.square().sum(-1, keepdim=True)  # (B, H, Nq, 1)
+            sq_k = k.square().sum(-1).unsqueeze(-2)  # (B, H, 1, Nk)
+            scores = 2 * (q @ k.transpose(-1, -2)) - sq_q - sq_k
+    return canonical_scores(scores)
+
+
+def canonical_scores(scores: Tensor) -> Tensor:
+    """The module's rule for non-finite scores: NaN → −∞, +∞ → the largest finite value of ``scores.dtype``."""
+    return torch.where(torch.isnan(scores), -math.inf, scores.clamp(max=torch.finfo(scores.dtype).max))
 
 
 def neighbor_scores(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str = "cosine") -> Tensor:
@@ -148,18 +164,22 @@ def neighbor_weights(topk_scores: Tensor, weighting: str = "none", temperature: 
     """The modulation ρ of the selected values (METHOD §2 step 2).
 
     Args:
-        topk_scores (Tensor): (..., K) scores of the selected neighbours; ``−∞`` marks a masked slot.
-        weighting (str): ``"none"`` (1), ``"softmax"`` (``softmax(s / temperature)`` over the K slots) or
-            ``"uniform"`` (1/K). Masked slots get 0. Default: ``"none"``.
+        topk_scores (Tensor): (..., K) scores of the selected neighbours as :func:`similarity_scores` gives them;
+            ``−∞`` marks a masked slot (or a NaN score).
+        weighting (str): ``"none"`` (1), ``"softmax"`` (``exp((s − s_max) / temperature)`` normalised over the K
+            slots) or ``"uniform"`` (1 / the number of valid slots). ``−∞`` slots get 0. Default: ``"none"``.
         temperature (float): softmax temperature, > 0. Default: 1.0
 
     Returns:
-        Tensor: (..., K) weights, dtype of ``topk_scores``.
+        Tensor: (..., K) weights, dtype of ``topk_scores``; a row without a valid slot weighs 0 everywhere.
     """
-    valid = torch.isfinite(topk_scores)
+    valid = topk_scores > -math.inf
     if weighting == "softmax":
-        logits = (topk_scores / temperature).masked_fill(~valid, -math.inf)
-        return torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        top = topk_scores.masked_fill(~valid, -math.inf).amax(-1, keepdim=True)
+        top = torch.where(top > -math.inf, top, 0.0).detach()  # a row of −∞ only: no NaN, in value or gradient
+        e = torch.where(valid, torch.exp((topk_scores - top) / temperature), 0.0)
+        total = e.sum(-1, keepdim=True)  # ≥ 1 with a valid slot (its maximum contributes exp(0) = 1), else 0
+        return e / torch.where(total > 0, total, 1.0)
     ones = valid.to(topk_scores.dtype)
     if weighting == "none":
         return ones
@@ -310,7 +330,6 @@ def knn_aggregate_reference(
         topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
                                                  candidates=candidates, attn_mask=attn_mask, self_first=self_first)
         topk_weights = neighbor_weights(topk_scores, weighting, temperature)
-    # ρ = "none" is a pure gather unless some selected slot may be masked (score −∞ → weight 0).
-    weights_or_none = None if weighting == "none" and attn_mask is None and candidates is None else topk_weights
-    out = aggregate_neighbors(v, topk_idx, weights_or_none, weight, bias, groups)
+    # The weights are applied under every ρ: a masked or NaN-scored slot weighs 0 even for "none".
+    out = aggregate_neighbors(v, topk_idx, topk_weights, weight, bias, groups)
     return KnnResult(out, topk_idx, topk_weights)

@@ -510,6 +510,77 @@ def test_mixed_dtypes_raise():
         knn_aggregate_triton(q, q.double(), q, torch.randn(4, 8, 9, device=DEVICE), num_neighbors=9)
 
 
+def test_bf16_is_refused_in_the_interpreter_whose_bf16_arithmetic_is_wrong(monkeypatch):
+    """Triton's interpreter computes bf16 outputs off by ~1e10 without a word: the rule refuses it (the dispatch's
+    backend="auto" then takes the reference); fp32 and fp16 run there."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read at call time
+    q = k = v = torch.randn(1, 1, 20, 8, device=DEVICE, dtype=torch.bfloat16)
+    weight = torch.randn(4, 8, 4, device=DEVICE, dtype=torch.bfloat16)
+    reason = fused_unsupported_reason(q, k, v, weight, 4, "cosine", 1, None)
+    assert reason is not None and "bfloat16 does not run correctly in Triton's interpreter" in reason
+    with pytest.raises(ValueError, match="bfloat16 does not run correctly"):
+        knn_aggregate_triton(q, k, v, weight, num_neighbors=4)
+    for dtype in (torch.float32, torch.float16):
+        assert fused_unsupported_reason(q.to(dtype), k.to(dtype), v.to(dtype), weight.to(dtype), 4, "cosine", 1,
+                                        None) is None
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
+@pytest.mark.parametrize("weighting", ["none", "softmax", "uniform"])
+@pytest.mark.parametrize("candidates", ["all", "random"])
+def test_a_nan_key_ranks_last_weighs_zero_and_both_backends_agree(similarity, weighting, candidates):
+    """The rule for non-finite scores (kernels.reference): a NaN key scores −∞ for every query, so it is never
+    picked while K others exist; the query itself stays rank 0 (self_first) and weighs 0 when its own score is NaN;
+    the weights reported are the weights applied, on the reference and on the kernel."""
+    gen = torch.Generator().manual_seed(3)
+    N, D, C, K, nan_key = 24, 4, 3, 5, 7
+    q = torch.randn(1, 1, N, D, generator=gen)
+    k = q.clone()
+    k[0, 0, nan_key] = math.nan
+    v = torch.randn(1, 1, N, C, generator=gen)
+    weight = torch.randn(2, C, K, generator=gen)
+    cand = torch.arange(0, N, 2).view(1, -1) if candidates == "random" else None  # the NaN key is a candidate
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    options = dict(num_neighbors=K, similarity=similarity, weighting=weighting, self_first=True,
+                   candidates=None if cand is None else cand.to(DEVICE))
+    ref = knn_aggregate(q, k, v, weight, **options, backend="reference")
+    fused = knn_aggregate(q, k, v, weight, **options, backend="triton")
+    torch.testing.assert_close(fused.topk_idx, ref.topk_idx, rtol=0, atol=0)
+    torch.testing.assert_close(fused.topk_weights, ref.topk_weights, **OUT_TOL)
+    torch.testing.assert_close(fused.out, ref.out, **OUT_TOL)
+    idx, weights = ref.topk_idx[0, 0].cpu(), ref.topk_weights[0, 0].cpu()
+    assert torch.equal(idx[:, 0], torch.arange(N))
+    others = torch.arange(N) != nan_key
+    assert not (idx[others] == nan_key).any() and weights[nan_key, 0] == 0
+    gathered = v[0, 0].cpu()[idx] * weights[..., None]  # (N, K, C): each neighbour times the weight reported
+    expected = torch.nn.functional.conv1d(gathered.permute(2, 0, 1).reshape(1, C, N * K), weight.cpu(), stride=K)
+    torch.testing.assert_close(ref.out.cpu(), expected, **OUT_TOL)
+    torch.testing.assert_close(fused.out.cpu(), expected, **OUT_TOL)
+
+
+@pytest.mark.parametrize("weighting", ["none", "softmax"])
+def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
+    """The plain layer's q = k = v = x with one NaN token: that query ranks itself first, every score it has is
+    NaN (→ −∞, ties to the lower index), so all its weights are 0 (its own NaN value still makes its output NaN:
+    0·NaN = NaN); no other query picks it, so every other output stays finite. Reference and kernel agree."""
+    gen = torch.Generator().manual_seed(4)
+    N, K, nan_token = 20, 4, 11
+    x = torch.randn(1, 1, N, 3, generator=gen)
+    x[0, 0, nan_token] = math.nan
+    weight, bias = torch.randn(2, 3, K, generator=gen), torch.randn(2, generator=gen)
+    x, weight, bias = (t.to(DEVICE) for t in (x, weight, bias))
+    options = dict(num_neighbors=K, weighting=weighting, self_first=True)
+    results = [knn_aggregate(x, x, x, weight, bias, **options, backend=b) for b in ("reference", "triton")]
+    for result in results:
+        idx = result.topk_idx[0, 0].cpu()
+        assert idx[nan_token].tolist() == [nan_token, 0, 1, 2]
+        assert not (idx[torch.arange(N) != nan_token] == nan_token).any()
+        assert not result.topk_weights[0, 0, nan_token].any()
+        finite = torch.isfinite(result.out[0]).all(0).cpu()
+        assert finite.tolist() == [i != nan_token for i in range(N)]
+    torch.testing.assert_close(results[1].out, results[0].out, **OUT_TOL, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU only: bf16 and sizes the interpreter is too slow for
 # ---------------------------------------------------------------------------------------------------------------
