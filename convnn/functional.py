@@ -23,7 +23,9 @@ __all__ = [
     "blend_select",
     "block_sparse_mask",
     "causal_mask",
+    "check_window_neighbors",
     "coordinate_channels",
+    "effective_selection",
     "pad_map",
     "padded_to_cells",
     "query_positions_in_padded",
@@ -35,6 +37,26 @@ __all__ = [
 ]
 
 SELECTIONS = ("all", "random", "window", "blend")
+
+
+def effective_selection(selection: str, blend_alpha: float) -> str:
+    """The rule a layer runs: ``"blend"`` at its ends is exactly the two operations (METHOD §3).
+
+    α = 0 is the ``"window"`` rule (a convolution: the window's K cells in raster order, zero padding) and α = 1 the
+    ``"all"`` rule (attention-style: every token of the unpadded map, the query first, ranked by feature score).
+    The blended score itself only tends to them: near α = 0 it ranks the query's own cell first, near α = 1 it
+    still scores the padding cells. Any other selection, or 0 < α < 1, is returned unchanged.
+    """
+    if selection == "blend" and blend_alpha in (0, 1):
+        return "window" if blend_alpha == 0 else "all"
+    return selection
+
+
+def check_window_neighbors(selection: str, num_neighbors: int, window_size: int) -> None:
+    """Raise ``ValueError`` when the ``"window"`` rule (also blend at α = 0) is asked for more than R² neighbours."""
+    if selection == "window" and num_neighbors > window_size**2:
+        raise ValueError(f"selection='window' (and 'blend' at blend_alpha=0) needs num_neighbors ≤ "
+                         f"window_size**2 = {window_size**2}, got {num_neighbors}")
 
 
 def to_tokens(x: Tensor) -> Tensor:
@@ -135,16 +157,21 @@ def spatial_scores(height: int, width: int, window_size: int, device=None) -> Te
 def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) -> Tensor:
     """``(1 − α)·spatial + α·feature~`` with the feature scores min–max normalised to [0, 1] per query (METHOD §3).
 
+    The normalisation spans the finite feature scores of each query; a −∞ score (a NaN one, by the rule of
+    :func:`kernels.reference.similarity_scores`) stays −∞, so it ranks last and weighs 0 for every α > 0.
+
     Args:
-        feature_scores (Tensor): (B, H, Nq, M) raw feature similarities to the padded grid.
+        feature_scores (Tensor): (B, H, Nq, M) feature similarities to the padded grid, as
+            :func:`kernels.reference.similarity_scores` returns them (no NaN, no +∞).
         spatial (Tensor): (Nq, M) output of :func:`spatial_scores`.
-        blend_alpha (float): α ∈ [0, 1]; 0 = spatial (convolution), 1 = feature (attention-style) selection.
+        blend_alpha (float): α ∈ (0, 1]; α = 0 is the window rule itself (:func:`effective_selection`).
 
     Returns:
-        Tensor: (B, H, Nq, M) blended scores in [0, 1].
+        Tensor: (B, H, Nq, M) blended scores in [0, 1], or −∞.
     """
-    low = feature_scores.amin(-1, keepdim=True)
-    high = feature_scores.amax(-1, keepdim=True)
+    finite = torch.isfinite(feature_scores)
+    low = torch.where(finite, feature_scores, math.inf).amin(-1, keepdim=True)
+    high = torch.where(finite, feature_scores, -math.inf).amax(-1, keepdim=True)
     feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
     return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
 

@@ -9,8 +9,8 @@ from torch import Tensor, nn
 from kernels import WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
 
+from ..candidates import CandidateSampler
 from ..recording import _Recordable
-from ._sampling import CandidateSampler
 from ._validation import check_choice, check_floating_input, check_int, check_positive
 
 __all__ = ["ATTENTIONS", "ConvNNAttention", "KVTAttention", "MultiheadSelfAttention", "create_attention"]
@@ -99,7 +99,9 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
         qkv_bias (bool): bias of the q, k, v projection. Default: True
         proj_bias (bool): bias of the output projection. Default: True
         candidate_sampling (str): ``"batch"`` or ``"sample"`` draws. Default: ``"batch"``
-        seed (int): seed of the candidate generator. Default: 0
+        seed (int): seed of the candidate draws, in [0, 2**63 − 1]; a model overrides it with one derived from its
+            ``candidate_seed`` and the layer's name (:mod:`convnn.candidates`: a training stream, per-sample draws
+            keyed on the input in eval mode). Default: 0
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``. Default: ``"auto"``
 
     Shape:
@@ -136,14 +138,19 @@ class ConvNNAttention(_Recordable, MultiheadSelfAttention):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         self.check_input(x, attn_mask)
-        B, N, _ = x.shape
+        N = x.shape[1]
         q, k, v = self.project_qkv(x)
-        candidates = self._sampler(N, B, x.device, self.training)
+        candidates = self._sampler(x, N, self.training)
         result = knn_aggregate(q, k, v, self.weight, num_neighbors=self.num_neighbors, similarity="dot",
                                weighting=self.weighting, temperature=self.temperature, groups=self.dim,
                                candidates=candidates, attn_mask=attn_mask, backend=self.backend)
         self._record(result.topk_idx, result.topk_weights, 1, N, candidates=candidates)
         return self.proj(result.out.transpose(1, 2))  # (B, dim, N) → (B, N, dim)
+
+    @property
+    def seed(self) -> int:
+        """The layer's candidate seed (:class:`~convnn.candidates.CandidateSampler`)."""
+        return self._sampler.seed
 
     def extra_repr(self) -> str:
         extra = f", selection={self.selection!r}, num_candidates={self.num_candidates}" if self.num_candidates else ""

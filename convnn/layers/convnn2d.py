@@ -11,16 +11,18 @@ from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
 from kernels.reference import aggregate_neighbors, neighbor_scores, neighbor_weights
 
+from ..candidates import CandidateSampler
 from ..functional import (
     SELECTIONS,
     blend_select,
+    check_window_neighbors,
     coordinate_channels,
+    effective_selection,
     pad_map,
     to_tokens,
     window_indices,
 )
 from ..recording import _Recordable
-from ._sampling import CandidateSampler
 from ._validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
 
 __all__ = ["ConvNN2d"]
@@ -38,14 +40,16 @@ class ConvNN2d(_Recordable):
     Selection rules (METHOD §3):
 
     * ``"all"``: every pixel is a candidate; features scored by ``similarity``; O(N²) scores.
-    * ``"random"``: ``num_candidates`` pixels drawn without replacement plus the query; O(N·r). Draws come from the
-      layer's own generator seeded with ``seed``: in training mode each call draws anew; in eval mode every call
-      redraws from ``seed``, so a model in eval mode returns the same output every time. ``r ≥ N`` falls back to
-      ``"all"``.
+    * ``"random"``: ``num_candidates`` pixels drawn without replacement plus the query; O(N·r). In training mode
+      each call draws anew from the layer's stream (seeded with ``seed``); in eval mode each sample draws from a key
+      of its own input, so an image gets the same output alone or in any batch (:mod:`convnn.candidates`; a model
+      gives each of its random layers its own seed). ``r ≥ N`` falls back to ``"all"``.
     * ``"window"``: the K offsets nearest the query in its R×R window (all of it when K = R²), zero-padded, in raster
       order: a convolution. Scores are only computed when ``weighting`` needs them.
     * ``"blend"``: top K of ``(1 − α)·spatial + α·feature`` on normalised scores over the zero-padded map
-      (:func:`convnn.functional.blend_scores`): α = 0 selects the window, α = 1 feature neighbours.
+      (:func:`convnn.functional.blend_scores`), the query first. Its ends are the two operations exactly
+      (:func:`convnn.functional.effective_selection`): α = 0 is ``"window"`` (raster order, needs K ≤ R²), α = 1
+      is ``"all"``.
 
     Args:
         in_channels (int): C_in.
@@ -63,13 +67,14 @@ class ConvNN2d(_Recordable):
         coord_channels (bool): append normalised (row, col) ∈ [−1, 1] to the features used for similarity (not to
             the values). Default: False
         qk_dim (int, optional): learned 1×1 query/key projections to this many channels; without it the similarity
-            uses the input features themselves. They only receive gradients with ``weighting="softmax"`` (top-K
-            indices carry none). Default: None
+            uses the input features themselves. Needs ``weighting="softmax"``: top-K indices carry no gradient, so
+            only softmax weights let the projections learn. Default: None
         candidate_sampling (str): ``"batch"`` (one draw shared by the batch, as the paper) or ``"sample"`` (one per
             sample). Default: ``"batch"``
         groups (int): Conv1D groups; ``groups=in_channels`` is depthwise aggregation. Default: 1
         bias (bool): Conv1D bias. Default: True
-        seed (int): seed of the candidate generator (``"random"``). Default: 0
+        seed (int): seed of the candidate draws (``"random"``), in [0, 2**63 − 1]; a model overrides it with one
+            derived from its ``candidate_seed`` and the layer's name (:mod:`convnn.candidates`). Default: 0
         backend (str): ``"auto"`` (fused kernel on CUDA, reference elsewhere), ``"reference"`` or ``"triton"``.
             Default: ``"auto"``
 
@@ -83,8 +88,9 @@ class ConvNN2d(_Recordable):
         bias (Tensor): (C_out,) or None.
 
     Raises:
-        ValueError: an argument outside its range (the message names it and the value received), a non-4-D input
-            or one with the wrong channel count, or K larger than the number of candidates of the input.
+        ValueError: an argument outside its range (the message names it and the value received), ``qk_dim``
+            without softmax weighting, a non-4-D input or one with the wrong channel count, or K larger than the
+            number of candidates of the input.
 
     Example:
         >>> ConvNN2d(16, 32, selection="window")(torch.randn(2, 16, 8, 8)).shape
@@ -124,10 +130,8 @@ class ConvNN2d(_Recordable):
         check_int("window_size", window_size, 1)
         if window_size % 2 == 0:
             raise ValueError(f"window_size must be an odd integer ≥ 1, got {window_size}")
-        if selection == "window" and num_neighbors > window_size**2:
-            raise ValueError(f"selection='window' needs num_neighbors ≤ window_size**2 = {window_size**2}, "
-                             f"got {num_neighbors}")
         check_ratio("blend_alpha", blend_alpha)
+        check_window_neighbors(effective_selection(selection, blend_alpha), num_neighbors, window_size)
         check_positive("temperature", temperature)
         check_int("groups", groups, 1)
         if in_channels % groups or out_channels % groups:
@@ -135,13 +139,16 @@ class ConvNN2d(_Recordable):
                              f"got {groups}")
         if qk_dim is not None:
             check_int("qk_dim", qk_dim, 1)
+            if weighting != "softmax":
+                raise ValueError(f"qk_dim needs weighting='softmax': top-K indices carry no gradient, so with "
+                                 f"weighting={weighting!r} the q/k projections could never learn")
         factory = {"device": device, "dtype": dtype}
         self.in_channels, self.out_channels = in_channels, out_channels
         self.num_neighbors, self.selection, self.similarity = num_neighbors, selection, similarity
         self.weighting, self.num_candidates, self.window_size = weighting, num_candidates, window_size
         self.blend_alpha, self.temperature, self.coord_channels = blend_alpha, temperature, coord_channels
         self.qk_dim, self.candidate_sampling, self.groups = qk_dim, candidate_sampling, groups
-        self.seed, self.backend = seed, backend
+        self.backend = backend
         feature_dim = in_channels + (2 if coord_channels else 0)
         self.q_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
         self.k_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
@@ -199,14 +206,16 @@ class ConvNN2d(_Recordable):
         B, _, H, W = x.shape
         N = H * W
         q_map, k_map = self.query_key_features(x)
-        if self.selection in ("window", "blend"):
+        selection = effective_selection(self.selection, self.blend_alpha)  # blend's ends: window and all
+        if selection in ("window", "blend"):
             pad = self.window_size // 2
             num_keys = (H + 2 * pad) * (W + 2 * pad)
             if self.num_neighbors > num_keys:
                 raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
                                  f"got {self.num_neighbors}")
             q = to_tokens(q_map)
-            if self.selection == "window":
+            if selection == "window":
+                check_window_neighbors(selection, self.num_neighbors, self.window_size)
                 topk_idx = window_indices(H, W, self.window_size, self.num_neighbors, x.device).expand(B, 1, N, -1)
                 topk_weights = self._window_weights(q, to_tokens(pad_map(k_map, pad)), topk_idx)
             else:
@@ -214,11 +223,11 @@ class ConvNN2d(_Recordable):
                     q, to_tokens(pad_map(k_map, pad)), H, W, self.window_size, self.num_neighbors, self.blend_alpha,
                     self.similarity, self.weighting, self.temperature)
             values = to_tokens(pad_map(x, pad))
-            weights_or_none = None if self.weighting == "none" else topk_weights
+            weights_or_none = None if self.weighting == "none" and selection == "window" else topk_weights
             out = aggregate_neighbors(values, topk_idx, weights_or_none, self.weight, self.bias, self.groups)
             self._record(topk_idx, topk_weights, H, W, padding=pad)
         else:
-            candidates = self._sampler(N, B, x.device, self.training)
+            candidates = self._sampler(x, N, self.training)
             result = knn_aggregate(
                 to_tokens(q_map), to_tokens(k_map), to_tokens(x), self.weight, self.bias,
                 num_neighbors=self.num_neighbors, similarity=self.similarity, weighting=self.weighting,
@@ -227,6 +236,11 @@ class ConvNN2d(_Recordable):
             out = result.out
             self._record(result.topk_idx, result.topk_weights, H, W, candidates=candidates)
         return out.view(B, self.out_channels, H, W)
+
+    @property
+    def seed(self) -> int:
+        """The layer's candidate seed (:class:`~convnn.candidates.CandidateSampler`)."""
+        return self._sampler.seed
 
     def _window_weights(self, q: Tensor, k_padded: Tensor, topk_idx: Tensor) -> Tensor:
         """ρ of the window neighbours: ones for ``"none"``, else from their scores (no N×N matrix)."""

@@ -7,10 +7,18 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
+from ..candidates import assign_candidate_seeds
 from ..layers import HybridConvNN2d
 from .registry import register_model
 
 __all__ = ["ResNetCifar", "convnn_resnet50", "convnn_resnet_cifar"]
+
+
+def _refuse_layer_seed(options: dict) -> None:
+    """Raise ``ValueError`` if a model is given one ``seed`` for all its layers (each derives its own)."""
+    if "seed" in options:
+        raise ValueError(f"seed is derived per layer from candidate_seed; pass candidate_seed={options['seed']!r} "
+                         "instead")
 
 
 def _norm_act(channels: int) -> nn.Sequential:
@@ -54,18 +62,26 @@ class ResNetCifar(nn.Module):
         branch_ratio (float): λ of every hybrid layer. Default: 0.5
         num_classes (int): classifier outputs. Default: 10
         in_chans (int): input channels. Default: 3
+        candidate_seed (int): the model seed of random candidate draws: each random layer's seed is derived from it
+            and the layer's name (:func:`convnn.candidates.assign_candidate_seeds`). Default: 0
         **convnn_options: :class:`~convnn.layers.ConvNN2d` options of the ConvNN branches (``num_neighbors``,
-            ``selection``, ``num_candidates``, ``blend_alpha``, ``backend``, ...).
+            ``selection``, ``num_candidates``, ``blend_alpha``, ``backend``, ...; not ``seed``).
 
     Shape:
         Input (B, in_chans, H, W) with H, W divisible by 2^(stages − 1) → logits (B, num_classes).
+
+    Raises:
+        ValueError: widths and depths of different or zero length, ``seed`` among the ConvNN options (layers get
+            theirs from ``candidate_seed``), or an invalid option.
     """
 
     def __init__(self, *, widths: Sequence[int] = (64, 128, 256), depths: Sequence[int] = (1, 1, 1),
-                 branch_ratio: float = 0.5, num_classes: int = 10, in_chans: int = 3, **convnn_options) -> None:
+                 branch_ratio: float = 0.5, num_classes: int = 10, in_chans: int = 3, candidate_seed: int = 0,
+                 **convnn_options) -> None:
         super().__init__()
         if len(widths) != len(depths) or not widths:
             raise ValueError(f"widths and depths must have the same non-zero length, got {widths}, {depths}")
+        _refuse_layer_seed(convnn_options)
         self.stem = nn.Sequential(nn.Conv2d(in_chans, widths[0], 3, padding=1, bias=False), *_norm_act(widths[0]))
         stages: list[nn.Module] = []
         for s, (width, depth) in enumerate(zip(widths, depths, strict=True)):
@@ -75,6 +91,7 @@ class ResNetCifar(nn.Module):
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
         self.head = nn.Linear(widths[-1], num_classes)
+        assign_candidate_seeds(self, candidate_seed)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, in_chans, H, W) → (B, C_last, H / 2^(S−1), W / 2^(S−1)) final feature map."""
@@ -104,12 +121,14 @@ class _HybridDownsample(nn.Sequential):
 
 @register_model
 def convnn_resnet50(*, branch_ratio: float = 0.5, num_classes: int = 1000, num_neighbors: int = 16,
-                    **convnn_options) -> ResNet:
+                    candidate_seed: int = 0, **convnn_options) -> ResNet:
     """torchvision's ResNet-50 with each bottleneck's 3×3 convolution replaced by a hybrid layer (paper, §7).
 
     Strided 3×3 convolutions become a stride-1 hybrid layer followed by 2×2 average pooling. Defaults follow the
-    paper's best ImageNet model: λ = 0.5, K = 16, exhaustive selection.
+    paper's best ImageNet model: λ = 0.5, K = 16, exhaustive selection. ``candidate_seed`` as in
+    :class:`ResNetCifar`.
     """
+    _refuse_layer_seed(convnn_options)
     model = ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
     for block in model.modules():
         if isinstance(block, Bottleneck):
@@ -117,5 +136,5 @@ def convnn_resnet50(*, branch_ratio: float = 0.5, num_classes: int = 1000, num_n
             options = dict(num_neighbors=num_neighbors, **convnn_options)
             block.conv2 = (_HybridDownsample(channels, branch_ratio, **options) if block.conv2.stride == (2, 2)
                            else HybridConvNN2d(channels, channels, branch_ratio, bias=False, **options))
-    return model
+    return assign_candidate_seeds(model, candidate_seed)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..candidates import assign_candidate_seeds
 from ..layers import create_attention
 from .registry import register_model
 
@@ -57,8 +58,10 @@ class VisionTransformer(nn.Module):
         mlp_ratio (float): MLP hidden width / dim. Default: 4.0
         attention (str): ``"mhsa"``, ``"kvt"`` or ``"convnn"``. Default: ``"mhsa"``
         drop_path_rate (float): stochastic depth, linearly increasing to this rate over the blocks. Default: 0.0
+        candidate_seed (int): the model seed of random candidate draws: each random block's seed is derived from it
+            and the block's name (:func:`convnn.candidates.assign_candidate_seeds`). Default: 0
         **knn_options: options of :class:`~convnn.layers.ConvNNAttention` for ``"kvt"`` / ``"convnn"``
-            (``num_neighbors``, ``selection``, ``num_candidates``, ...).
+            (``num_neighbors``, ``selection``, ``num_candidates``, ...; not ``seed``).
 
     Shape:
         Input (B, in_chans, img_size, img_size) → logits (B, num_classes).
@@ -66,10 +69,13 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, *, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, num_classes: int = 10,
                  dim: int = 128, depth: int = 6, num_heads: int = 4, mlp_ratio: float = 4.0, attention: str = "mhsa",
-                 drop_path_rate: float = 0.0, **knn_options) -> None:
+                 drop_path_rate: float = 0.0, candidate_seed: int = 0, **knn_options) -> None:
         super().__init__()
         if img_size % patch_size:
             raise ValueError(f"img_size={img_size} must be a multiple of patch_size={patch_size}")
+        if "seed" in knn_options:
+            raise ValueError(f"seed is derived per block from candidate_seed; pass "
+                             f"candidate_seed={knn_options['seed']!r} instead")
         self.img_size, self.patch_size = img_size, patch_size
         self.patch_embed = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
         num_patches = (img_size // patch_size) ** 2
@@ -80,6 +86,7 @@ class VisionTransformer(nn.Module):
                                       for rate in rates])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
+        assign_candidate_seeds(self, candidate_seed)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, C, H, W) → (B, N, dim) tokens after the final norm; token 0 is CLS, then patches in raster order."""

@@ -1,13 +1,15 @@
 """ConvNN2d: the exact convolution special cases (METHOD §4.1–4.2), selection rules, the recorder, errors."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from convnn import ConvNN2d, record_neighbors
-from convnn.functional import query_positions_in_padded, window_indices
-from kernels.reference import aggregate_neighbors, select_topk, similarity_scores
+from convnn.functional import window_indices
+from kernels.reference import aggregate_neighbors
 from tests.tolerances import FP32_EXACT
 
 
@@ -125,27 +127,59 @@ def test_recorder_returns_the_indices_the_layer_used():
     assert layer._records is None
 
 
-def test_blend_alpha_zero_selects_the_window_and_alpha_one_the_feature_neighbors():
-    """Blend at α = 0 picks exactly the R×R window set, at α = 1 exactly the feature top-K (K = R²)."""
+@pytest.mark.parametrize("weighting", ["none", "softmax"])
+@pytest.mark.parametrize("window_size", [3, 5])
+def test_blend_at_alpha_zero_is_the_convolution_itself(window_size, weighting):
+    """METHOD §3–4.1: blend with α = 0 is window selection, order included: with a conv's weights it equals
+    F.conv2d (under "none"), and the window layer under any weighting."""
     torch.manual_seed(6)
     x = torch.randn(2, 3, 6, 7)
-    for window_size in (3, 5):
-        K, pad = window_size**2, window_size // 2
-        spatial = ConvNN2d(3, 3, num_neighbors=K, selection="blend", window_size=window_size, blend_alpha=0.0)
-        feature = ConvNN2d(3, 3, num_neighbors=K, selection="blend", window_size=window_size, blend_alpha=1.0)
-        with record_neighbors(spatial) as rs, record_neighbors(feature) as rf:
-            spatial(x)
-            feature(x)
-        window = window_indices(6, 7, window_size, K).expand(2, 1, 42, K)
-        assert torch.equal(rs[""][0].topk_idx.sort(-1).values, window.sort(-1).values)
-        tokens = F.pad(x, (pad,) * 4).flatten(2).transpose(1, 2).unsqueeze(1)
-        scores = similarity_scores(x.flatten(2).transpose(1, 2).unsqueeze(1), tokens)
-        _, expected = select_topk(scores, K, query_positions_in_padded(6, 7, pad))
-        assert torch.equal(rf[""][0].topk_idx.sort(-1).values, expected.sort(-1).values)
+    K = window_size**2
+    conv = nn.Conv2d(3, 4, window_size, padding=window_size // 2)
+    blend, window = (ConvNN2d(3, 4, num_neighbors=K, selection=selection, window_size=window_size, blend_alpha=0.0,
+                              weighting=weighting) for selection in ("blend", "window"))
+    for layer in (blend, window):
+        layer.load_conv2d_weight(conv)
+    torch.testing.assert_close(blend(x), window(x), rtol=0, atol=0)
+    if weighting == "none":
+        torch.testing.assert_close(blend(x), conv(x), **FP32_EXACT)
+
+
+@pytest.mark.parametrize("weighting", ["none", "softmax"])
+@pytest.mark.parametrize("num_neighbors", [4, 9])
+def test_blend_at_alpha_one_is_the_all_rule_itself(num_neighbors, weighting):
+    """METHOD §3: blend with α = 1 is exhaustive feature selection over the map's own tokens (no padding cell is a
+    candidate), the query first: the same output as selection="all" with the same weights, and the same indices
+    as a stable top-K of the cosine scores computed here."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 3, 5, 6)
+    blend = ConvNN2d(3, 4, num_neighbors=num_neighbors, selection="blend", blend_alpha=1.0, weighting=weighting)
+    exhaustive = ConvNN2d(3, 4, num_neighbors=num_neighbors, selection="all", weighting=weighting)
+    exhaustive.load_state_dict(blend.state_dict())
+    with record_neighbors(blend) as records:
+        out = blend(x)
+    torch.testing.assert_close(out, exhaustive(x), rtol=0, atol=0)
+    tokens = x.flatten(2).transpose(1, 2).double()  # (B, N, C)
+    cosine = torch.nn.functional.normalize(tokens, dim=-1) @ torch.nn.functional.normalize(tokens, dim=-1).mT
+    cosine.diagonal(dim1=1, dim2=2).fill_(math.inf)  # the query first
+    expected = torch.sort(cosine, dim=-1, descending=True, stable=True).indices[..., :num_neighbors]
+    assert torch.equal(records[""][0].topk_idx[:, 0], expected)
+
+
+@pytest.mark.parametrize("weighting", ["none", "uniform"])
+def test_learned_query_key_projections_need_softmax_weighting(weighting):
+    """Top-K indices carry no gradient: without softmax weights q_proj and k_proj could never learn (and DDP
+    stops on parameters that get no gradient)."""
+    with pytest.raises(ValueError, match=f"qk_dim needs weighting='softmax'.*weighting='{weighting}'"):
+        ConvNN2d(4, 4, qk_dim=8, weighting=weighting)
+    layer = ConvNN2d(4, 4, qk_dim=8, weighting="softmax")
+    layer(torch.randn(1, 4, 5, 5)).sum().backward()
+    assert layer.q_proj.weight.grad.abs().sum() > 0 and layer.k_proj.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_neighbors": 10, "selection": "window"}, "num_neighbors"),
+    ({"num_neighbors": 10, "selection": "blend", "blend_alpha": 0.0}, "num_neighbors"),
     ({"window_size": 4}, "window_size"),
     ({"selection": "random", "num_candidates": 4}, "num_candidates"),
     ({"selection": "random"}, "num_candidates"),

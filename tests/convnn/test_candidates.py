@@ -1,0 +1,109 @@
+"""Random candidates across a model (METHOD §3, convnn.candidates): own seeds per layer, per-sample eval draws."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from convnn import create_model, record_neighbors
+from convnn.candidates import keyed_candidates, sample_keys
+
+VIT_RANDOM = dict(dim=32, depth=6, num_heads=2, attention="convnn", num_neighbors=9, selection="random",
+                  num_candidates=32)  # 64 patches + CLS = 65 tokens, r = 32
+CNN_RANDOM = dict(widths=[8, 16], depths=[1, 0], num_neighbors=4, selection="random", num_candidates=12)
+
+
+def _candidates(model, x) -> dict[str, torch.Tensor]:
+    """Each random layer's recorded candidates for one forward call on ``x``: name → (B or 1, r)."""
+    with torch.no_grad(), record_neighbors(model) as records:
+        model(x)
+    return {name: calls[0].candidates for name, calls in records.items() if calls and calls[0].candidates is not None}
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize("name, args", [("convnn_vit_cifar", VIT_RANDOM), ("convnn_resnet_cifar", CNN_RANDOM)])
+def test_two_random_layers_of_one_model_draw_different_candidates(name, args, mode):
+    model = create_model(name, **args).train(mode == "train")
+    drawn = _candidates(model, torch.randn(2, 3, 32, 32))
+    assert len(drawn) >= 2
+    for (first, a), (second, b) in itertools.pairwise(drawn.items()):
+        if a.shape == b.shape:  # layers of the same token count
+            assert not torch.equal(a, b), (first, second)
+
+
+@pytest.mark.parametrize("name, args", [("convnn_vit_cifar", VIT_RANDOM), ("convnn_resnet_cifar", CNN_RANDOM)])
+def test_the_same_image_alone_and_inside_a_batch_gets_the_same_candidates(name, args):
+    torch.manual_seed(0)
+    model = create_model(name, **args).eval()
+    batch = torch.randn(5, 3, 32, 32)
+    together, alone = _candidates(model, batch), _candidates(model, batch[3:4])
+    for layer, candidates in together.items():
+        assert candidates.shape[0] == 5
+        assert torch.equal(alone[layer][0], candidates[3]), layer
+        assert not torch.equal(candidates[0], candidates[1]), layer  # another image, other candidates
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch[3:4]), model(batch)[3:4], rtol=1e-5, atol=1e-5)
+
+
+def test_a_vit_with_r_32_of_65_tokens_over_6_blocks_sees_the_tokens_the_draws_predict():
+    """Each block draws 32 of the 65 tokens independently, so a token is missed by all 6 with (33/65)^6: the union
+    covers ≈ 98.3 % of the tokens of an image (a draw shared by every block covered 32/65 ≈ 49 %)."""
+    torch.manual_seed(1)
+    model = create_model("convnn_vit_cifar", **VIT_RANDOM).eval()
+    drawn = _candidates(model, torch.randn(64, 3, 32, 32))
+    assert len(drawn) == 6
+    covered = torch.zeros(64, 65, dtype=torch.bool)
+    for candidates in drawn.values():
+        covered.scatter_(1, candidates, True)
+    expected = 1 - (33 / 65) ** 6
+    # 64 × 65 token indicators, each Bernoulli(expected): the mean's std is ≈ 0.002.
+    assert covered.float().mean().item() == pytest.approx(expected, abs=0.01)
+
+
+def test_a_random_vit_is_not_blind_to_any_patch():
+    """Replacing any one patch by noise moves the eval logits (with one candidate set shared by every block and
+    image, half of the patches never reached the CLS token)."""
+    torch.manual_seed(2)
+    model = create_model("convnn_vit_cifar", **VIT_RANDOM).eval()
+    image = torch.randn(1, 3, 32, 32)
+    changed = image.repeat(64, 1, 1, 1)
+    for patch in range(64):
+        row, col = divmod(patch, 8)
+        changed[patch, :, 4 * row:4 * row + 4, 4 * col:4 * col + 4] = torch.randn(3, 4, 4)
+    with torch.no_grad():
+        moved = (model(changed) - model(image)).abs().amax(1)
+    assert (moved > 1e-4).all()
+
+
+def test_the_candidate_seed_is_a_model_argument_that_sets_every_layers_draws():
+    x = torch.randn(2, 3, 32, 32)
+    first, again = (_candidates(create_model("convnn_vit_cifar", **VIT_RANDOM, candidate_seed=7).eval(), x)
+                    for _ in range(2))
+    other = _candidates(create_model("convnn_vit_cifar", **VIT_RANDOM, candidate_seed=8).eval(), x)
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not any(torch.equal(first[name], other[name]) for name in first)
+    with pytest.raises(ValueError, match="candidate_seed"):
+        create_model("convnn_vit_cifar", **VIT_RANDOM, seed=3)
+
+
+def test_training_draws_advance_per_step_from_the_layers_stream():
+    model = create_model("convnn_resnet_cifar", **CNN_RANDOM).train()
+    x = torch.randn(2, 3, 32, 32)
+    steps = [_candidates(model, x) for _ in range(2)]
+    restarted = _candidates(create_model("convnn_resnet_cifar", **CNN_RANDOM).train(), x)
+    for name in steps[0]:
+        assert steps[0][name].shape == (1, 12)  # one draw shared by the batch
+        assert not torch.equal(steps[0][name], steps[1][name])
+        assert torch.equal(restarted[name], steps[0][name])
+
+
+def test_keyed_draws_are_uniform_without_replacement():
+    """Over 4000 keys each of 20 tokens is drawn r/N = 25 % of the time; no token twice in a row."""
+    keys = sample_keys(torch.arange(4000, dtype=torch.float32).view(4000, 1))
+    drawn = keyed_candidates(keys, 12345, num_tokens=20, num_candidates=5).numpy()
+    assert all(len(set(row)) == 5 for row in drawn)
+    frequency = np.bincount(drawn.ravel(), minlength=20) / 4000
+    std = math.sqrt(0.25 * 0.75 / 4000)
+    assert np.abs(frequency - 0.25).max() < 5 * std
