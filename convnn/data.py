@@ -222,6 +222,14 @@ class DeviceLoader:
         """Choose the epoch whose permutation the next iteration uses."""
         self.epoch = epoch
 
+    def rng_state(self) -> dict[str, Tensor]:
+        """The augmentation generator's state (the permutation is a function of the epoch), for a resume file."""
+        return {"augment": self._augment_generator.get_state()}
+
+    def load_rng_state(self, state: dict[str, Tensor]) -> None:
+        """Continue the augmentation stream from :meth:`rng_state`'s ``state``."""
+        self._augment_generator.set_state(state["augment"])
+
     def _indices(self) -> Tensor:
         count = len(self.labels)
         if not self.train:
@@ -283,6 +291,14 @@ class FolderLoader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle the next iteration uses."""
         self.sampler.set_epoch(epoch)
+
+    def rng_state(self) -> dict[str, Tensor]:
+        """Empty: the shuffle is a function of (seed, epoch) and the workers' transforms are seeded from the global
+        generator, which a resume file keeps anyway."""
+        return {}
+
+    def load_rng_state(self, state: dict[str, Tensor]) -> None:
+        """Nothing to restore (:meth:`rng_state`)."""
 
     def __len__(self) -> int:
         return len(self.loader)

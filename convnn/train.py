@@ -14,7 +14,9 @@ Several machines (run on each; rank 0's host is the rendezvous endpoint)::
         -m convnn.train --preset imagenet-resnet50-hybrid --data imagefolder --data-root /data/imagenet --out runs
 
 Writes under ``--out``: ``NAME.log.jsonl`` (one JSON line per epoch: train/test loss and accuracy, learning rate,
-epoch time), ``NAME.resume.pt`` (state to continue with ``--resume``), and at the end the checkpoint
+epoch time), ``NAME.resume.pt`` (state to continue with ``--resume``: weights, optimiser and every random stream of
+every rank — global, augmentation, mixing and each random layer's candidates — so a resumed run continues exactly as
+an uninterrupted one would, bit for bit on a CPU, given the same number of processes), and at the end the checkpoint
 ``NAME.safetensors`` + ``NAME.json`` (the model card, whose ``test_top1``/``test_loss`` are those of the weights as
 stored in ``--save-dtype``; for int8 also the trained model's, with ``_before_quantization``). Only rank 0 logs and
 writes.
@@ -43,6 +45,7 @@ from tqdm import tqdm
 
 from kernels import BACKEND_ENV_VAR, BACKENDS, record_backends
 
+from .candidates import candidate_states, load_candidate_states
 from .card import MAX_INPUT_SIZE
 from .checkpoint import WEIGHTS_DTYPES, ModelCard, save_checkpoint
 from .data import (
@@ -328,11 +331,68 @@ def train_epoch(run: _Run, epoch: int) -> tuple[float, float, int]:
 
 
 def _build_model(config: TrainConfig, num_classes: int, device: torch.device) -> tuple[nn.Module, dict]:
-    model_args = {**config.model_args, "num_classes": num_classes}
+    """The model and the arguments the card stores: the run's seed is the model's ``candidate_seed`` (the seed every
+    random layer derives its own from, :mod:`convnn.candidates`) unless ``model_args`` sets one."""
+    model_args = {"candidate_seed": config.seed, **config.model_args, "num_classes": num_classes}
     try:
         return create_model(config.model, **model_args).to(device), model_args
     except TypeError as err:  # an argument the constructor does not take
         raise ValueError(f"model_args do not fit {config.model!r}: {err}") from err
+
+
+def _rng_state(run: _Run, model: nn.Module) -> dict:
+    """Every random stream this rank draws from: torch's global generators (dropout, DropPath, Beta draws, worker
+    seeds), the loader's augmentation, mixup/CutMix's generator and each random layer's candidate stream."""
+    state = {"torch": torch.get_rng_state(), "mix": run.mix_generator.get_state(),
+             "loader": run.train_loader.rng_state(), "candidates": candidate_states(model)}
+    if run.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(run.device)
+    return state
+
+
+def _load_rng_state(run: _Run, model: nn.Module, state: dict) -> None:
+    """Continue every stream of :func:`_rng_state` from ``state``."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and run.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], run.device)
+    run.mix_generator.set_state(state["mix"])
+    run.train_loader.load_rng_state(state["loader"])
+    load_candidate_states(model, state["candidates"])
+
+
+def _all_rng_states(run: _Run, model: nn.Module) -> list[dict]:
+    """:func:`_rng_state` of every rank, in rank order (gathered to every rank; rank 0 saves them)."""
+    state = _rng_state(run, model)
+    if not dist.is_initialized():
+        return [state]
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    return states
+
+
+def _resume(run: _Run, model: nn.Module, path: Path, rank: int, world_size: int) -> tuple[int, float]:
+    """Load a resume file into ``model``, the optimiser and this rank's random streams; (epochs done, seconds).
+
+    A file written by another number of processes restores weights and optimiser, but not the random streams
+    (logged): the run continues, though not exactly as it would have.
+    """
+    state = torch.load(path, map_location=run.device, weights_only=True)
+    model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    streams = state.get("rng", [])
+    if len(streams) == world_size:
+        _load_rng_state(run, model, _to_cpu(streams[rank]))
+    elif run.is_main:
+        log.warning("%s holds the random streams of %d processes, this run has %d: they start afresh, so the "
+                    "resumed run is not the one that was interrupted", path.name, len(streams), world_size)
+    return state["epoch"], state["elapsed"]
+
+
+def _to_cpu(value):
+    """Generator states must be CPU byte tensors (``torch.load`` maps them to the run's device)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    return {key: _to_cpu(item) for key, item in value.items()} if isinstance(value, dict) else value
 
 
 def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
@@ -374,10 +434,7 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
         epochs_done, elapsed = 0, 0.0
         resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
         if config.resume and resume_path.is_file():
-            state = torch.load(resume_path, map_location=device, weights_only=True)
-            model.load_state_dict(state["model"])
-            run.optimizer.load_state_dict(state["optimizer"])
-            epochs_done, elapsed = state["epoch"], state["elapsed"]
+            epochs_done, elapsed = _resume(run, model, resume_path, rank, world_size)
         if run.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if epochs_done == 0:
@@ -395,6 +452,7 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
                 elapsed += epoch_time
                 epochs_done += 1
                 metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
+                streams = _all_rng_states(run, model)
                 if run.is_main:
                     row = {"epoch": epochs_done, "train_loss": train_loss, **metrics, "lr": lr,
                            "epoch_time_s": epoch_time, "images_per_s": steps * config.batch_size / epoch_time}
@@ -402,8 +460,10 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
                         file.write(json.dumps(row) + "\n")
                     log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epochs_done, config.epochs,
                              train_loss, metrics["test_top1"], epoch_time)
-                    torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                                "epoch": epochs_done, "elapsed": elapsed}, resume_path)
+                    partial = resume_path.with_name(resume_path.name + ".partial")  # a run stopped mid-write keeps the
+                    torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),  # last file
+                                "epoch": epochs_done, "elapsed": elapsed, "rng": streams}, partial)
+                    os.replace(partial, resume_path)
             if not metrics:  # resumed after the last epoch: report the finished model
                 metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
         card = ModelCard(

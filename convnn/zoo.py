@@ -48,14 +48,21 @@ def parse_job(text: str) -> Job:
     return Job(preset, int(seed) if seed and int(seed) != 0 else None)
 
 
+def device_ids(num_gpus: int, visible: str | None) -> list[str]:
+    """What each job's ``CUDA_VISIBLE_DEVICES`` names for GPUs 0 … num_gpus − 1: the entries of the parent's
+    ``visible`` list when it names exactly that many devices, else the indices (an unset or empty variable names
+    none: it must not hide the GPU from the jobs)."""
+    named = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
+    return named if len(named) == num_gpus else [str(gpu) for gpu in range(num_gpus)]
+
+
 def run_jobs(jobs: list[Job], num_gpus: int, jobs_per_gpu: int, out: Path, extra: list[str],
              deadline: float) -> dict[str, str]:
     """Run ``jobs`` over ``num_gpus`` GPUs (0 = CPU, one at a time); returns name → "ok" / "failed (rc)" / ...."""
     out.mkdir(parents=True, exist_ok=True)
     pending, running, status = list(jobs), [], {}
     slots = {gpu: jobs_per_gpu for gpu in range(max(num_gpus, 1))}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if num_gpus else []
-    device_ids = visible if len(visible) == num_gpus else [str(gpu) for gpu in range(num_gpus)]
+    devices = device_ids(num_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     start = time.monotonic()
     while pending or running:
         for job in list(running):
@@ -71,7 +78,7 @@ def run_jobs(jobs: list[Job], num_gpus: int, jobs_per_gpu: int, out: Path, extra
             command = [sys.executable, "-m", "convnn.train", "--preset", job.preset, "--out", str(out), *extra]
             if job.seed is not None:
                 command += ["--seed", str(job.seed)]
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device_ids[gpu]} if num_gpus else dict(os.environ)
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[gpu]} if num_gpus else dict(os.environ)
             with (out / f"{job.name}.out").open("w") as console:
                 job.process = subprocess.Popen(command, env=env, stdout=console, stderr=subprocess.STDOUT)
             job.gpu, job.started = gpu, time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convnn import load_checkpoint
+from convnn import create_model, load_checkpoint
 from convnn.data import normalize, synthetic_images
 from convnn.presets import PRESETS
 from convnn.train import learning_rate, parse_config, train
@@ -19,11 +19,16 @@ TINY = ["--data", "synthetic", "--image-size", "16", "--subset", "128", "--batch
         "--model-args", '{"widths": [8, 16], "depths": [1, 0]}', "--lr", "0.05", "--warmup-epochs", "0"]
 
 
-def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_path):
+TINY_ARCH = {"widths": [8, 16], "depths": [1, 0]}
+
+
+@pytest.mark.parametrize("convnn_options", [{}, {"qk_dim": 4, "weighting": "softmax"}], ids=["plain", "learned-qk"])
+def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_path, convnn_options):
+    """Also with learned q/k projections, which DDP only accepts when they get a gradient (softmax weighting)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(ROOT / "tests/convnn/ddp_worker.py"), "--preset", "cnn-l0.5", "--name", "ddp", "--epochs", "3",
-               "--out", str(tmp_path), *TINY]
+               "--out", str(tmp_path), *TINY, "--model-args", json.dumps({**TINY_ARCH, **convnn_options})]
     subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600, capture_output=True)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for name, tensor in rank0.items():
@@ -32,15 +37,32 @@ def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_p
     assert len(rows) == 3 and rows[-1]["train_loss"] < rows[0]["train_loss"]
     _, card = load_checkpoint(tmp_path / "ddp")
     assert card.training["world_size"] == 2 and card.model_args["num_classes"] == 4
+    if convnn_options:  # the projections trained: they differ from a fresh model's initial ones
+        torch.manual_seed(0)
+        initial = create_model(card.model, **card.model_args).state_dict()
+        projections = [name for name in rank0 if name.endswith(("q_proj.weight", "k_proj.weight"))]
+        assert projections and all(not torch.equal(rank0[name], initial[name]) for name in projections)
 
 
-def test_resume_continues_from_the_last_epoch(tmp_path):
-    args = ["--preset", "cnn-l0", "--name", "r", "--out", str(tmp_path), *TINY]
-    train(parse_config([*args, "--epochs", "1"]))
-    _, metrics = train(parse_config([*args, "--epochs", "2", "--resume"]))
-    rows = [json.loads(line) for line in (tmp_path / "r.log.jsonl").read_text().splitlines()]
-    assert [row["epoch"] for row in rows] == [1, 2]
-    assert metrics["test_top1"] == rows[-1]["test_top1"]
+@pytest.mark.parametrize("preset, model_args", [
+    ("cnn-l0.5", {**TINY_ARCH, "selection": "random", "num_candidates": 12}),  # crop/flip, mixup, candidates
+    ("vit-convnn16", {"img_size": 16, "dim": 16, "depth": 2, "num_heads": 2, "num_neighbors": 4,  # + DropPath
+                      "selection": "random", "num_candidates": 8}),
+], ids=["cnn-random", "vit-random"])
+def test_an_interrupted_run_resumed_equals_the_uninterrupted_run_bit_for_bit(tmp_path, preset, model_args):
+    """3 epochs straight == 2 epochs (stopped by --max-steps) + --resume: the same train losses and weights,
+    bit for bit on a CPU, so every random stream continued where it was."""
+    args = ["--preset", preset, "--epochs", "3", "--out", str(tmp_path), *TINY, "--mixup-alpha", "0.5",
+            "--model-args", json.dumps(model_args)]
+    straight, _ = train(parse_config([*args, "--name", "straight"]))
+    steps_per_epoch = 128 // 32
+    train(parse_config([*args, "--name", "resumed", "--max-steps", str(2 * steps_per_epoch)]))
+    resumed, _ = train(parse_config([*args, "--name", "resumed", "--resume"]))
+    losses = {name: [json.loads(line)["train_loss"] for line in (tmp_path / f"{name}.log.jsonl").open()]
+              for name in ("straight", "resumed")}
+    assert len(losses["straight"]) == 3 and losses["resumed"] == losses["straight"]
+    for name, tensor in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
