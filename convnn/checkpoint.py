@@ -22,6 +22,7 @@ card also keeps the saved model's as ``test_top1_before_quantization`` and ``tes
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 from collections.abc import Callable
@@ -57,6 +58,7 @@ MAX_EXHAUSTIVE_TOKENS = 4096
 # ViT-B/16 (imagenet-vit-b16-convnn), holds 86.8 M; 100 M is 400 MB in fp32.
 MAX_PARAMETERS = 100_000_000
 _EXHAUSTIVE_SELECTIONS = ("all", "blend")
+ALIASES_KEY = "tied"  # safetensors metadata: JSON {alias: stored name} of tied tensors stored once
 STORED_METRICS = ("test_top1", "test_loss")  # the metrics save_checkpoint(measure=...) replaces by the stored weights'
 BEFORE_SUFFIX = "_before_quantization"  # int8 card: the float model's metrics, e.g. test_top1<suffix>
 
@@ -133,6 +135,30 @@ def _check_model(card: ModelCard, source: str) -> None:
                               f"{shape} for one image, not (1, {classes}) logits")
 
 
+def _aliases(data: bytes, state: dict[str, torch.Tensor], source: str) -> dict[str, str]:
+    """The tied names a weights file leaves out (alias → stored name), from its safetensors metadata.
+
+    The metadata is the JSON header the safetensors format puts first: an 8-byte little-endian length, then the
+    header, whose ``"__metadata__"`` holds :data:`ALIASES_KEY` (written by :func:`stage_checkpoint`).
+
+    Raises:
+        CheckpointError: an aliases entry that is not a JSON object of names, names a stored tensor as an alias,
+            or points to a tensor the file does not hold; the message names ``source``.
+    """
+    header_size = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
+    if ALIASES_KEY not in metadata:
+        return {}
+    try:
+        aliases = json.loads(metadata[ALIASES_KEY])
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{source}: the tied-weight aliases are not JSON ({err})") from err
+    if (not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())
+            or aliases.keys() & state.keys() or not set(aliases.values()) <= state.keys()):
+        raise CheckpointError(f"{source}: the tied-weight aliases must map names not stored to stored tensors")
+    return aliases
+
+
 def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) -> nn.Module:
     """The model ``card`` describes, holding the weights serialised in ``data``, in eval mode on the CPU.
 
@@ -159,18 +185,22 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
         state = safetensors.torch.load(data)
     except SafetensorError as err:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err})") from err
+    aliases = _aliases(data, state, weights_path.name)
     model = create_model(card.model, **card.model_args)
     own = model.state_dict()
     scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
               if name.endswith(INT8_SCALE_SUFFIX)}
     common = own.keys() & state.keys()
-    problems = {"missing": sorted(own.keys() - state.keys()), "unexpected": sorted(state.keys() - own.keys()),
+    stored = state.keys() | aliases.keys()
+    problems = {"missing": sorted(own.keys() - stored), "unexpected": sorted(stored - own.keys()),
                 "mis-shaped": sorted(name for name in common if own[name].shape != state[name].shape)}
     if any(problems.values()):
         raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
                               + describe_problems(problems))
     stored_dtypes = {name: tensor.dtype for name, tensor in state.items()}
     state = dequantize(state, scales, own, card.weights_dtype, weights_path.name)
+    state.update({alias: state[name] for alias, name in aliases.items()})  # tied weights: one stored tensor
+    stored_dtypes.update({alias: stored_dtypes[name] for alias, name in aliases.items()})
     broken = not_finite(state)
     if broken:
         hint = ", which ends at ±65504" if stored_dtypes[broken[0]] == torch.float16 else ""
@@ -268,9 +298,12 @@ def stage_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
     if broken:
         raise ValueError(f"{len(broken)} tensors of the model hold an inf or NaN (e.g. {broken[0]}): not saved")
     weights_path, card_path = checkpoint_paths(path)
-    state = storage_state(model, dtype)
+    state, aliases = storage_state(model, dtype)
     weights_dtype = weights_dtype_name(state, dtype)
-    data = safetensors.torch.save(state, metadata={"model": card.model, "format_version": str(CARD_VERSION)})
+    metadata = {"model": card.model, "format_version": str(CARD_VERSION)}
+    if aliases:
+        metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    data = safetensors.torch.save(state, metadata=metadata)
     draft = replace(card, name=weights_path.stem, weights_dtype=weights_dtype, weights_sha256=_sha256(data))
     text = draft.to_json(str(card_path))
     try:

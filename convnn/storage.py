@@ -17,7 +17,8 @@ from torch import nn
 
 from .card import WEIGHTS_DTYPES, CheckpointError
 
-__all__ = ["INT8_SCALE_SUFFIX", "dequantize", "describe_problems", "not_finite", "storage_state", "weights_dtype_name"]
+__all__ = ["INT8_SCALE_SUFFIX", "dequantize", "describe_problems", "not_finite", "shared_tensors", "storage_state",
+           "weights_dtype_name"]
 
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # int8 scales: dtypes read back
 INT8_SCALE_SUFFIX = "::scale"  # key of an int8 tensor's scales: "<name>::scale" ("::" is in no state-dict key)
@@ -57,22 +58,52 @@ def _quantize_int8(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch
     return q.to(torch.int8), scale
 
 
-def storage_state(model: nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring).
+def shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Names of ``state`` that are the very same tensor as an earlier one (tied weights): alias → first name.
+
+    "The same tensor" means the same storage, offset, shape, strides and dtype, as for a module that assigns
+    another module's parameter (``b.weight = a.weight``); the first name in state-dict order is the one stored.
+    Tensors that only share part of a storage (a slice of another) are not aliases: they are stored as copies.
+    """
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state.items():
+        if tensor.device.type == "meta":
+            continue
+        identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                    tuple(tensor.stride()), tensor.dtype)
+        if identity in seen:
+            aliases[name] = seen[identity]
+        else:
+            seen[identity] = name
+    return aliases
+
+
+def storage_state(model: nn.Module, dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """``model``'s state dict as it is written: floating tensors in ``dtype`` (int8: see the module docstring), each
+    tied tensor once.
+
+    Returns:
+        tuple[dict[str, Tensor], dict[str, str]]: the tensors to store, and the tied names left out (alias → the
+        stored name, :func:`shared_tensors`), which the loader restores from the stored one.
 
     Raises:
         ValueError: an empty tensor to store as int8; the message names it.
     """
+    full = model.state_dict()
+    aliases = shared_tensors(full)
     state = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in full.items():
+        if name in aliases:
+            continue
         tensor = tensor.detach().cpu()
         if dtype == torch.int8 and tensor.is_floating_point() and tensor.dim() >= 2:
             state[name], state[name + INT8_SCALE_SUFFIX] = _quantize_int8(tensor, name)
         elif dtype is not None and tensor.is_floating_point():
             state[name] = tensor.to(_UNQUANTIZED_DTYPE if dtype == torch.int8 else dtype)
         else:
-            state[name] = tensor
-    return {name: tensor.contiguous() for name, tensor in state.items()}
+            state[name] = tensor.clone()  # its own memory: safetensors refuses tensors that share any
+    return {name: tensor.contiguous() for name, tensor in state.items()}, aliases
 
 
 def weights_dtype_name(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> str:

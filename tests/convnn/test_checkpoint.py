@@ -600,3 +600,40 @@ def test_an_input_size_a_model_without_exhaustive_layers_cannot_take_is_refused(
     _rewrite(tmp_path / "v", input_size=input_size)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(tmp_path / "v")
+
+
+class _TiedNet(nn.Module):
+    """Two convolutions sharing one weight (as a model that ties its embeddings), then a linear head."""
+
+    def __init__(self, num_classes: int = 10, candidate_seed: int = 0) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
+        self.second.weight = self.first.weight
+        self.head = nn.Linear(3, num_classes)
+
+    def forward(self, x):
+        return self.head(self.second(self.first(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.float16, torch.int8])
+def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path, monkeypatch, dtype):
+    """A model whose modules share a weight saves (safetensors alone refuses shared tensors), stores it once, and
+    loads back tied: the same logits as stored in fp32 / as-is, within rounding in fp16 and int8."""
+    from convnn.models import registry
+
+    monkeypatch.setitem(registry._MODELS, "tied_net", _TiedNet)
+    torch.manual_seed(0)
+    model = _TiedNet().eval()
+    card = ModelCard(name="t", model="tied_net", model_args={}, classes=[str(c) for c in range(10)], input_size=8,
+                     mean=[0.5] * 3, std=[0.25] * 3)
+    weights, _ = save_checkpoint(model, tmp_path / "t", card, dtype)
+    assert "second.weight" not in load_file(weights)  # stored once
+    loaded, _ = load_checkpoint(tmp_path / "t")
+    assert loaded.second.weight is loaded.first.weight
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        if dtype in (None, torch.float32):
+            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+        else:
+            change = (loaded(x) - model(x)).abs().max() / model(x).abs().max()
+            assert change < INT8_LOGIT_TOL
