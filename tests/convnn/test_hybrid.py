@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from convnn import HybridConvNN2d
@@ -17,20 +18,30 @@ def test_channel_split_is_round_lambda_times_c_out(ratio, knn_channels):
 
 
 def test_lambda_zero_is_conv_then_one_by_one_mix():
+    """METHOD §5: λ = 0 is the matched baseline, a 3×3 convolution (padding 1) followed by the 1×1 mix."""
     torch.manual_seed(0)
     layer = HybridConvNN2d(3, 6, branch_ratio=0.0)
     x = torch.randn(2, 3, 7, 7)
-    expected = nn.functional.conv2d(layer.conv(x), layer.mix.weight, layer.mix.bias)
+    conv_w, conv_b = layer.conv.weight, layer.conv.bias  # (6, 3, 3, 3), (6,)
+    mix_w, mix_b = layer.mix.weight[:, :, 0, 0], layer.mix.bias  # (6, 6), (6,)
+    expected = torch.einsum("oc,bchw->bohw", mix_w, F.conv2d(x, conv_w, conv_b, padding=1)) + mix_b.view(1, 6, 1, 1)
     torch.testing.assert_close(layer(x), expected, **FP32_EXACT)
+    assert sum(p.numel() for p in layer.parameters()) == 6 * 3 * 9 + 6 + 6 * 6 + 6  # no ConvNN branch
 
 
 def test_branches_put_convnn_channels_first():
+    """The ConvNN branch (here window selection with a conv's weights, METHOD §4.1) fills channels [0, C_knn),
+    the convolution [C_knn, C_out), then the 1×1 mix: each checked against F.conv2d."""
     torch.manual_seed(1)
-    layer = HybridConvNN2d(3, 6, branch_ratio=0.5, num_neighbors=4)
+    layer = HybridConvNN2d(3, 6, branch_ratio=0.5, num_neighbors=9, selection="window")
+    knn_conv = nn.Conv2d(3, 3, 3, padding=1)
+    layer.knn.load_conv2d_weight(knn_conv)
     x = torch.randn(1, 3, 5, 5)
-    both = layer.branches(x)
-    torch.testing.assert_close(both[:, :3], layer.knn(x), rtol=0, atol=0)
-    torch.testing.assert_close(both[:, 3:], layer.conv(x), rtol=0, atol=0)
+    knn_part = F.conv2d(x, knn_conv.weight, knn_conv.bias, padding=1)
+    conv_part = F.conv2d(x, layer.conv.weight, layer.conv.bias, padding=1)
+    torch.testing.assert_close(layer.branches(x), torch.cat([knn_part, conv_part], dim=1), **FP32_EXACT)
+    expected = F.conv2d(torch.cat([knn_part, conv_part], dim=1), layer.mix.weight, layer.mix.bias)
+    torch.testing.assert_close(layer(x), expected, **FP32_EXACT)
 
 
 @pytest.mark.parametrize("ratio", [-0.1, 1.5])
