@@ -36,7 +36,7 @@ from torch import nn
 
 from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
 from .layers import ConvNN2d, ConvNNAttention
-from .models import create_model
+from .models import create_model, model_cost
 from .storage import (
     INT8_SCALE_SUFFIX,
     dequantize,
@@ -57,6 +57,13 @@ MAX_EXHAUSTIVE_TOKENS = 4096
 # card is a few hundred bytes anyone can upload, and its model_args could ask for gigabytes. The largest preset,
 # ViT-B/16 (imagenet-vit-b16-convnn), holds 86.8 M; 100 M is 400 MB in fp32.
 MAX_PARAMETERS = 100_000_000
+# The rest of a card's budget, checked from its arguments before anything is built (convnn.models.cost). Modules:
+# building takes time per module (ResNet-50 hybrid: 205, ViT-B/16: 152). Multiply-adds per image (ViT-B/16 at 224 px:
+# 17 G; ResNet-50 hybrid with exhaustive K = 16: 10 G). Activation values per image (ResNet-50 hybrid: 98 M, 0.4 GB
+# in fp32; 300 M is 1.2 GB).
+MAX_MODULES = 2_000
+MAX_FLOPS = 50_000_000_000
+MAX_ACTIVATIONS = 300_000_000
 _EXHAUSTIVE_SELECTIONS = ("all", "blend")
 ALIASES_KEY = "tied"  # safetensors metadata: JSON {alias: stored name} of tied tensors stored once
 STORED_METRICS = ("test_top1", "test_loss")  # the metrics save_checkpoint(measure=...) replaces by the stored weights'
@@ -74,6 +81,30 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _check_cost(card: ModelCard, source: str) -> None:
+    """Refuse a card whose model costs more than the budget, from its arguments alone (nothing is built).
+
+    Raises:
+        CheckpointError: ``model_args`` the model's cost function refuses, or a cost over :data:`MAX_PARAMETERS`
+            state-dict values, :data:`MAX_MODULES` modules, :data:`MAX_FLOPS` multiply-adds or
+            :data:`MAX_ACTIVATIONS` activation values per image; the message gives the number and the limit.
+    """
+    try:
+        cost = model_cost(card.model, card.input_size, **card.model_args)
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
+    if cost is None:  # registered without a cost function: the meta-device build below bounds it
+        return
+    for what, value, limit in (("parameters and buffers", cost.values, MAX_PARAMETERS),
+                               ("modules", cost.modules, MAX_MODULES),
+                               ("multiply-adds per image", cost.flops, MAX_FLOPS),
+                               ("activation values per image", cost.activations, MAX_ACTIVATIONS)):
+        if value > limit:
+            raise CheckpointError(f"{source}: model {card.model!r} as the card describes it would have {value:,} "
+                                  f"{what} at input_size {card.input_size}, more than the {limit:,} a checkpoint "
+                                  "may have (refused before building it)")
+
+
 def _check_model(card: ModelCard, source: str) -> None:
     """Refuse the model ``card`` describes before any real memory is spent on it.
 
@@ -87,13 +118,17 @@ def _check_model(card: ModelCard, source: str) -> None:
         card (ModelCard): a checked card.
         source (str): the card file, for messages.
 
+    Before anything is built, the card's cost is checked from its arguments alone (:func:`_check_cost`).
+
     Raises:
-        CheckpointError: the model cannot be built from the card (an unknown model, arguments it does not take or
-            refuses); its state dict holds more than MAX_PARAMETERS values (the message gives both numbers); it does
-            not run on the card's input size; a ConvNN layer with ``selection`` in ``("all", "blend")`` sees
-            N > :data:`MAX_EXHAUSTIVE_TOKENS` tokens there (the message names the layer, N and the limit); or its
-            output for one image is not (1, C) logits with C = ``len(card.classes)`` (the message gives both).
+        CheckpointError: a cost over the budget (:func:`_check_cost`); the model cannot be built from the card (an
+            unknown model, arguments it does not take or refuses); its state dict holds more than MAX_PARAMETERS
+            values (the message gives both numbers); it does not run on the card's input size; a ConvNN layer with
+            ``selection`` in ``("all", "blend")`` sees N > :data:`MAX_EXHAUSTIVE_TOKENS` tokens there (the message
+            names the layer, N and the limit); or its output for one image is not (1, C) logits with
+            C = ``len(card.classes)`` (the message gives both).
     """
+    _check_cost(card, source)
     try:
         with torch.device("meta"):
             model = create_model(card.model, **card.model_args).eval()

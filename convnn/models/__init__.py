@@ -1,10 +1,12 @@
 """Model zoo: registered constructors for CIFAR and ImageNet ConvNN models."""
 
-from .registry import create_model, list_models, register_model
+from .cost import ModelCost
+from .registry import create_model, list_models, model_cost, register_model
 from .resnet import ResNetCifar, convnn_resnet50, convnn_resnet_cifar
 from .vit import VisionTransformer, convnn_vit_b16, convnn_vit_cifar
 
 __all__ = [
+    "ModelCost",
     "ResNetCifar",
     "VisionTransformer",
     "convnn_resnet50",
@@ -13,5 +15,6 @@ __all__ = [
     "convnn_vit_cifar",
     "create_model",
     "list_models",
+    "model_cost",
     "register_model",
 ]

@@ -6,17 +6,46 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["create_model", "list_models", "register_model"]
+from .cost import ModelCost
+
+__all__ = ["create_model", "list_models", "model_cost", "register_model"]
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
+_COSTS: dict[str, Callable[..., ModelCost]] = {}
 
 
-def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Decorator: register ``fn`` under its ``__name__`` as a model constructor taking keyword arguments."""
-    if fn.__name__ in _MODELS:
-        raise ValueError(f"model {fn.__name__!r} is already registered")
-    _MODELS[fn.__name__] = fn
-    return fn
+def register_model(fn: Callable[..., nn.Module] | None = None, *, cost: Callable[..., ModelCost] | None = None):
+    """Decorator: register ``fn`` under its ``__name__`` as a model constructor taking keyword arguments.
+
+    Args:
+        fn (Callable): the constructor (``@register_model``), or None (``@register_model(cost=...)``).
+        cost (Callable, optional): ``cost(input_size, **model_args) -> ModelCost``, what the model costs without
+            building it (:mod:`convnn.models.cost`); :func:`model_cost` answers from it, so a card can be refused
+            before any module is built. Default: None (the model's cost is only known once built)
+    """
+    def register(constructor: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if constructor.__name__ in _MODELS:
+            raise ValueError(f"model {constructor.__name__!r} is already registered")
+        _MODELS[constructor.__name__] = constructor
+        if cost is not None:
+            _COSTS[constructor.__name__] = cost
+        return constructor
+    return register if fn is None else register(fn)
+
+
+def model_cost(name: str, input_size: int, **model_args) -> ModelCost | None:
+    """What the registered model ``name`` with ``model_args`` costs at ``input_size``² pixels, without building it.
+
+    Returns:
+        ModelCost or None: None when the model was registered without a cost function.
+
+    Raises:
+        ValueError: unknown ``name``, or an argument the cost function refuses (a size that is not an integer…).
+        TypeError: an argument the cost function does not take.
+    """
+    if name not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {list_models()}")
+    return _COSTS[name](input_size, **model_args) if name in _COSTS else None
 
 
 def list_models() -> list[str]:
@@ -25,7 +54,7 @@ def list_models() -> list[str]:
 
 
 def create_model(name: str, **model_args) -> nn.Module:
-    """Build the registered model ``name`` with ``model_args``.
+    """Build the registered model ``name`` with ``model_args`` (check :func:`model_cost` first for untrusted arguments).
 
     Raises:
         ValueError: unknown ``name`` (the message lists the known ones).

@@ -9,6 +9,7 @@ from torchvision.models.resnet import Bottleneck, ResNet
 
 from ..candidates import assign_candidate_seeds
 from ..layers import HybridConvNN2d
+from .cost import resnet50_cost, resnet_cifar_cost
 from .registry import register_model
 
 __all__ = ["ResNetCifar", "convnn_resnet50", "convnn_resnet_cifar"]
@@ -105,7 +106,7 @@ class ResNetCifar(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-@register_model
+@register_model(cost=resnet_cifar_cost)
 def convnn_resnet_cifar(**kwargs) -> ResNetCifar:
     """The CIFAR ResNet of :class:`ResNetCifar` (λ = 0.5, exhaustive K = 9 unless overridden)."""
     return ResNetCifar(**kwargs)
@@ -119,7 +120,7 @@ class _HybridDownsample(nn.Sequential):
                          nn.AvgPool2d(2))
 
 
-@register_model
+@register_model(cost=resnet50_cost)
 def convnn_resnet50(*, branch_ratio: float = 0.5, num_classes: int = 1000, num_neighbors: int = 16,
                     candidate_seed: int = 0, **convnn_options) -> ResNet:
     """torchvision's ResNet-50 with each bottleneck's 3×3 convolution replaced by a hybrid layer (paper, §7).

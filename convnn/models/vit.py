@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from ..candidates import assign_candidate_seeds
 from ..layers import create_attention
+from .cost import ModelCost, vit_cost
 from .registry import register_model
 
 __all__ = ["VisionTransformer", "convnn_vit_b16", "convnn_vit_cifar"]
@@ -104,15 +105,21 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-@register_model
+@register_model(cost=vit_cost)
 def convnn_vit_cifar(**kwargs) -> VisionTransformer:
     """ViT for 32×32 CIFAR: patch 4 (64 patches + CLS), dim 128, depth 6, 4 heads (≈1.2 M parameters)."""
     return VisionTransformer(**kwargs)
 
 
-@register_model
+_VIT_B16 = dict(img_size=224, patch_size=16, num_classes=1000, dim=768, depth=12, num_heads=12)
+
+
+def _vit_b16_cost(input_size: int, *, attention: str = "convnn", num_neighbors: int = 25, **kwargs) -> ModelCost:
+    return vit_cost(input_size, **{**_VIT_B16, **kwargs}, attention=attention, num_neighbors=num_neighbors)
+
+
+@register_model(cost=_vit_b16_cost)
 def convnn_vit_b16(*, attention: str = "convnn", num_neighbors: int = 25, **kwargs) -> VisionTransformer:
     """ViT-Base/16 at 224 px (dim 768, depth 12, 12 heads); ConvNN-attention with K = 25 as in the paper (§7)."""
     knn = {} if attention == "mhsa" else {"num_neighbors": num_neighbors}
-    defaults = dict(img_size=224, patch_size=16, num_classes=1000, dim=768, depth=12, num_heads=12)
-    return VisionTransformer(**{**defaults, **kwargs}, attention=attention, **knn)
+    return VisionTransformer(**{**_VIT_B16, **kwargs}, attention=attention, **knn)

@@ -1,0 +1,232 @@
+"""What a model costs, computed from its arguments without building it: so a card can be refused before any module
+exists (a card of a few hundred bytes can ask for ``depths=[1000, 1000, 1000]``, which takes a minute to build).
+
+Each registered model of this library has a cost function (``register_model(cost=...)``) taking the card's input
+size and the model's keyword arguments and returning a :class:`ModelCost`:
+
+* ``values``: parameters and buffers, i.e. the numbers in the state dict — exact;
+* ``modules``: ``len(list(model.modules()))`` — exact (what building costs grows with it);
+* ``flops``: multiply-adds for one image at that input size, counting convolutions, linear layers, ConvNN
+  aggregation and the scores each selection rule computes (exhaustive rules score N² pairs on the reference path);
+* ``activations``: values one image's forward pass produces, layer outputs plus score matrices — an estimate of
+  peak memory, within a small factor.
+
+The arguments that set these numbers are checked here (integers where the constructors need them); everything else
+is left to the constructor, which a card only reaches once its cost is within budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..layers._validation import check_int, check_positive, check_ratio
+
+__all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "vit_cost"]
+
+_EXHAUSTIVE = ("all", "blend")  # selections whose reference path scores every query against every key
+_TORCHVISION_RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride) per stage
+_BOTTLENECK_EXPANSION = 4
+_MAX_STAGES = 64  # a resolution halves per stage: past ~10 the map is one pixel; bounds this function's own loop
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """The cost of one model at one input size (module docstring).
+
+    Attributes:
+        values (int): numbers in the state dict (parameters and buffers).
+        modules (int): ``nn.Module`` instances.
+        flops (int): multiply-adds for one image.
+        activations (int): values one image's forward pass produces (outputs and score matrices).
+    """
+
+    values: int
+    modules: int
+    flops: int
+    activations: int
+
+    def __add__(self, other: ModelCost) -> ModelCost:
+        return ModelCost(self.values + other.values, self.modules + other.modules, self.flops + other.flops,
+                         self.activations + other.activations)
+
+
+_NONE = ModelCost(0, 0, 0, 0)
+
+
+def _sum(costs) -> ModelCost:
+    total = _NONE
+    for cost in costs:
+        total = total + cost
+    return total
+
+
+def _batch_norm(channels: int, pixels: int) -> ModelCost:
+    """BatchNorm2d: weight, bias, running mean and var, num_batches_tracked."""
+    return ModelCost(4 * channels + 1, 1, channels * pixels, channels * pixels)
+
+
+def _conv(c_in: int, c_out: int, kernel: int, pixels: int, bias: bool = False) -> ModelCost:
+    values = c_in * c_out * kernel * kernel + (c_out if bias else 0)
+    return ModelCost(values, 1, c_in * c_out * kernel * kernel * pixels, c_out * pixels)
+
+
+def _linear(d_in: int, d_out: int, rows: int = 1) -> ModelCost:
+    return ModelCost(d_in * d_out + d_out, 1, d_in * d_out * rows, d_out * rows)
+
+
+def _simple(count: int = 1) -> ModelCost:
+    """Modules without state (activations, pooling, containers)."""
+    return ModelCost(0, count, 0, 0)
+
+
+def _times(cost: ModelCost, count: int) -> ModelCost:
+    return ModelCost(cost.values * count, cost.modules * count, cost.flops * count, cost.activations * count)
+
+
+def _selection_scores(selection: str, tokens: int, keys: int, num_candidates: int | None) -> int:
+    """Query–key scores one map computes under a selection rule (per head)."""
+    if selection in _EXHAUSTIVE:
+        return tokens * keys
+    if selection == "random" and num_candidates is not None:
+        return tokens * (min(num_candidates, tokens) + 1)
+    return 0
+
+
+def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: int = 9, selection: str = "all",
+              num_candidates: int | None = None, window_size: int = 3, qk_dim: int | None = None,
+              coord_channels: bool = False, groups: int = 1, bias: bool = True, **_) -> ModelCost:
+    """A ConvNN2d on an H×W map: its Conv1D, learned q/k projections, the scores its rule computes."""
+    check_int("num_neighbors", num_neighbors, 1)
+    check_int("window_size", window_size, 1)
+    check_int("groups", groups, 1)
+    if qk_dim is not None:
+        check_int("qk_dim", qk_dim, 1)
+    if num_candidates is not None:
+        check_int("num_candidates", num_candidates, 1)
+    height, width = side
+    tokens = height * width
+    features = qk_dim or c_in + (2 if coord_channels else 0)
+    padded = (height + window_size - 1) * (width + window_size - 1)
+    keys = padded if selection == "blend" else tokens
+    scores = _selection_scores(selection, tokens, keys, num_candidates)
+    weight = c_out * (c_in // groups) * num_neighbors
+    projections = 2 * (c_in + (2 if coord_channels else 0)) * qk_dim if qk_dim else 0
+    return ModelCost(weight + (c_out if bias else 0) + projections, 1 + (2 if qk_dim else 0),
+                     weight * tokens + scores * features + projections * tokens,
+                     c_out * tokens + tokens * num_neighbors * (c_in + 2) + scores * (2 if selection == "blend" else 1))
+
+
+def _hybrid(c_in: int, c_out: int, side: tuple[int, int], branch_ratio: float, bias: bool,
+            options: dict) -> ModelCost:
+    """HybridConvNN2d (3×3 conv branch, ConvNN branch, 1×1 mix) on an H×W map."""
+    check_ratio("branch_ratio", branch_ratio)
+    pixels = side[0] * side[1]
+    knn_channels = round(branch_ratio * c_out)
+    cost = _simple() + _conv(c_out, c_out, 1, pixels, bias=True)  # itself, the mix
+    if knn_channels:
+        cost = cost + _convnn2d(c_in, knn_channels, side, bias=bias, **options)
+    if c_out - knn_channels:
+        cost = cost + _conv(c_in, c_out - knn_channels, 3, pixels, bias=bias)
+    return cost
+
+
+def _check_sizes(name: str, values, low: int) -> list[int]:
+    if not isinstance(values, list | tuple) or not values:
+        raise ValueError(f"{name} must be a non-empty list of integers, got {values!r}")
+    for value in values:
+        check_int(name, value, low)
+    return list(values)
+
+
+def resnet_cifar_cost(input_size: int, *, widths=(64, 128, 256), depths=(1, 1, 1), branch_ratio: float = 0.5,
+                      num_classes: int = 10, in_chans: int = 3, candidate_seed: int = 0, **convnn_options
+                      ) -> ModelCost:
+    """The cost of :class:`~convnn.models.ResNetCifar` at ``input_size``² pixels (module docstring).
+
+    Raises:
+        ValueError: widths or depths that are not non-empty lists of integers (≥ 1, resp. ≥ 0) of one length, or a
+            size-setting option that is not a positive integer.
+    """
+    widths, depths = _check_sizes("widths", widths, 1), _check_sizes("depths", depths, 0)
+    if len(widths) != len(depths) or len(widths) > _MAX_STAGES:
+        raise ValueError(f"widths and depths must have the same length, at most {_MAX_STAGES}, got {len(widths)} "
+                         f"and {len(depths)}")
+    check_int("num_classes", num_classes, 1)
+    check_int("in_chans", in_chans, 1)
+    side = input_size
+    cost = _simple(3) + _conv(in_chans, widths[0], 3, side * side) + _batch_norm(widths[0], side * side)  # root, stem
+    for stage, (width, depth) in enumerate(zip(widths, depths, strict=True)):
+        pixels = side * side
+        hybrid = _hybrid(width, width, (side, side), branch_ratio, False, convnn_options)
+        # ResidualBlock, its act1 Sequential and two GELUs; two hybrid layers; two BatchNorms
+        block = _sum([_simple(4), hybrid, hybrid, _batch_norm(width, pixels), _batch_norm(width, pixels)])
+        cost = cost + _simple() + _times(block, depth)  # the stage's Sequential
+        if stage + 1 < len(widths):
+            down = _hybrid(width, widths[stage + 1], (side, side), branch_ratio, False, convnn_options)
+            side //= 2
+            cost = cost + down + _simple(3) + _batch_norm(widths[stage + 1], side * side)  # Sequential, pool, GELU
+    return cost + _simple() + _linear(widths[-1], num_classes)  # stages' Sequential, head
+
+
+def resnet50_cost(input_size: int, *, branch_ratio: float = 0.5, num_classes: int = 1000, num_neighbors: int = 16,
+                  candidate_seed: int = 0, **convnn_options) -> ModelCost:
+    """The cost of :func:`~convnn.models.convnn_resnet50` at ``input_size``² pixels (module docstring).
+
+    Raises:
+        ValueError: a size-setting argument that is not a positive integer.
+    """
+    check_int("num_classes", num_classes, 1)
+    options = dict(convnn_options, num_neighbors=num_neighbors)
+    side = math.ceil(input_size / 2)  # conv1, stride 2
+    cost = _simple(4) + _conv(3, 64, 7, side * side) + _batch_norm(64, side * side)  # root, ReLU, max- and avg-pool
+    side = math.ceil(side / 2)
+    inplanes = 64
+    for planes, blocks, stride in _TORCHVISION_RESNET50:
+        cost = cost + _simple()  # the layer's Sequential
+        for block in range(blocks):
+            strided = stride == 2 and block == 0
+            pixels, out_side = side * side, side // 2 if strided else side
+            out_pixels, wide = out_side * out_side, planes * _BOTTLENECK_EXPANSION
+            cost = cost + _sum([_simple(2), _conv(inplanes, planes, 1, pixels), _batch_norm(planes, pixels),
+                                _hybrid(planes, planes, (side, side), branch_ratio, False, options),
+                                _batch_norm(planes, out_pixels), _conv(planes, wide, 1, out_pixels),
+                                _batch_norm(wide, out_pixels)])  # block, ReLU
+            if strided:
+                cost = cost + _simple(2)  # _HybridDownsample's Sequential and its average pooling
+            if block == 0:
+                cost = cost + _simple() + _conv(inplanes, wide, 1, out_pixels) + _batch_norm(wide, out_pixels)
+            inplanes, side = wide, out_side
+    return cost + _linear(inplanes, num_classes)
+
+
+def vit_cost(input_size: int, *, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, num_classes: int = 10,
+             dim: int = 128, depth: int = 6, num_heads: int = 4, mlp_ratio: float = 4.0, attention: str = "mhsa",
+             drop_path_rate: float = 0.0, candidate_seed: int = 0, num_neighbors: int = 16, selection: str = "all",
+             num_candidates: int | None = None, **_) -> ModelCost:
+    """The cost of :class:`~convnn.models.VisionTransformer` (its own ``img_size``; the card's input size must
+    match it, which the model checks when it runs).
+
+    Raises:
+        ValueError: a size-setting argument that is not a positive integer (a finite number > 0 for mlp_ratio).
+    """
+    for name, value in (("img_size", img_size), ("patch_size", patch_size), ("in_chans", in_chans),
+                        ("num_classes", num_classes), ("dim", dim), ("depth", depth), ("num_heads", num_heads),
+                        ("num_neighbors", num_neighbors)):
+        check_int(name, value, 0 if name == "depth" else 1)
+    check_positive("mlp_ratio", mlp_ratio)
+    tokens = (img_size // patch_size) ** 2 + 1
+    hidden = int(dim * mlp_ratio)
+    if attention == "mhsa":
+        scores = tokens * tokens
+    else:
+        scores = _selection_scores(selection, tokens, tokens, num_candidates) + tokens * num_neighbors
+    mixer = _linear(dim, 3 * dim, tokens) + _linear(dim, dim, tokens) + ModelCost(
+        0 if attention == "mhsa" else dim * num_neighbors, 1, scores * dim, scores * num_heads)
+    norm = ModelCost(2 * dim, 1, dim * tokens, dim * tokens)
+    # Block, its MLP's Sequential and GELU, DropPath; two LayerNorms; the token mixer; the MLP's two Linears
+    block = _sum([_simple(4), norm, norm, mixer, _linear(dim, hidden, tokens), _linear(hidden, dim, tokens)])
+    blocks = _times(block, depth)
+    embed = _conv(in_chans, dim, patch_size, (img_size // patch_size) ** 2, bias=True)
+    return (_simple(2) + embed + ModelCost(dim + tokens * dim, 0, 0, tokens * dim) + blocks + norm
+            + _linear(dim, num_classes))
