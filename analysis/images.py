@@ -1,5 +1,13 @@
 """Reading user images safely, the model's view of them, and nearest-neighbour upscaling for display.
 
+Intake: :func:`load_image` (files) and :func:`image_from_array` (arrays) accept any image of at most
+:data:`MAX_IMAGE_PIXELS` (Pillow's decompression-bomb limit), HEIC/HEIF photos included (read by ``pillow-heif``).
+An image more than twice the working size is first reduced by an integer factor without being decoded or copied at
+full size (JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale; an array is averaged over blocks through a view), then
+resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then ends in the same steps
+(:func:`_accept`): 16-bit and float values reduced to 8 bits, transparency composited onto white, RGB, and a note
+saying what was done (which the app shows).
+
 Positions follow STYLE §4: ``(row, col)``, with a ``_px`` suffix for image pixels. The images the app shows are the
 model input (e.g. 32×32) upscaled by an integer factor, so a click at display pixel ``(row, col)`` is model-input
 pixel ``(row // factor, col // factor)`` exactly (:func:`display_to_input_px`).
@@ -14,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+import pillow_heif
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
 from convnn.data import preprocess_image, resize_image
 
+pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
+
 __all__ = [
-    "MAX_IMAGE_SIDE_PX",
+    "MAX_IMAGE_PIXELS",
     "WORKING_SIDE_PX",
     "InputImage",
     "clamp_px",
@@ -35,11 +46,22 @@ __all__ = [
     "upscale_nearest",
 ]
 
-MAX_IMAGE_SIDE_PX = 4096  # larger uploads are refused (a 4096² RGB image is 48 MB decoded)
-WORKING_SIDE_PX = 1024  # uploads are downscaled to at most this side on arrival (the models see 32 px anyway)
+MAX_IMAGE_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # width × height above which Pillow raises DecompressionBombError
+#                                                (2 × its default 89,478,485 px ≈ 179 MP): larger images are refused
+WORKING_SIDE_PX = 1024  # images are downscaled to at most this side on arrival (the models see 32 px anyway)
 DISPLAY_SIDE_PX = 256  # images are shown upscaled to about this side
 MAX_ASPECT_RATIO = 2.0  # longer side / shorter side beyond which the note says the model sees a squashed image
-_UINT16_TO_UINT8 = 257  # 65535 / 255: a 16-bit value → 8 bits
+BACKGROUND_RGB = (255, 255, 255)  # transparent pixels are composited onto white, as a browser shows them on a page
+_REDUCING_GAP = 2.0  # the cheap integer reduction on arrival stops at ≥ this × the working size before the exact
+#                      resample: Pillow's default reducing_gap for Image.thumbnail ("very close to fair resampling")
+_UINT16_MAX = 65535  # white in a 16-bit image
+_ORIENTATIONS_TURNING_90 = frozenset({5, 6, 7, 8})  # EXIF Orientation values (tag 0x0112) that swap width and height
+_SIDE_IMAGE_FORMATS = frozenset({"MPO"})  # JPEG multi-picture: the extra images are previews, stereo views or HDR
+#                                           gain maps of the photo, not frames or pages
+_PIXEL_LIMIT = (f"images of up to {MAX_IMAGE_PIXELS:,} px (about {MAX_IMAGE_PIXELS / 1e6:.0f} MP; Pillow refuses "
+                "more as a possible decompression bomb) are accepted: please downscale it first")
+_SIXTEEN_BIT_NOTE = "a 16-bit image, reduced to 8 bits per pixel"
+_TRANSPARENT_NOTE = "transparent pixels were composited onto white (the model sees white there)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,8 +71,9 @@ class InputImage:
     Attributes:
         pixels (np.ndarray): (H, W, 3) uint8 RGB, at most :data:`WORKING_SIDE_PX` a side.
         digest (str): sha256 of the pixels and shape; the image's cache key.
-        note (str): what was done on arrival (e.g. "downscaled from 3000×2000 px", "a 16-bit image, reduced to
-            8 bits per pixel", a far-from-square shape), or "".
+        note (str): what was done on arrival, clauses joined by "; " (e.g. "downscaled from 6000×4000 to 1024×683
+            px", "a 16-bit image, reduced to 8 bits per pixel", transparency composited onto white, only the first
+            of several frames used, a far-from-square shape), or "".
     """
 
     pixels: np.ndarray
@@ -69,55 +92,91 @@ class InputImage:
         return Image.fromarray(self.pixels, "RGB")
 
 
-def _check_side(width: int, height: int, what: str = "the image") -> None:
-    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_SIDE_PX` a side (``what`` names it)."""
-    if max(width, height) > MAX_IMAGE_SIDE_PX:
-        raise ValueError(f"{what} is {width}×{height} px; images up to {MAX_IMAGE_SIDE_PX} px a side are accepted: "
-                         "please downscale it first")
+def _check_pixels(width: int, height: int, what: str = "the image") -> None:
+    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_PIXELS` (``what`` names the image)."""
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"{what} is {width}×{height} px ({width * height / 1e6:.0f} MP); {_PIXEL_LIMIT}")
 
 
-_SIXTEEN_BIT_NOTE = "a 16-bit image, reduced to 8 bits per pixel"
+def _reduction_factor(width: int, height: int) -> int:
+    """The integer factor a ``width``×``height`` px image is reduced by on arrival, before the exact resample: the
+    largest that leaves its longer side ≥ ``_REDUCING_GAP`` × :data:`WORKING_SIDE_PX` (1 up to twice that size)."""
+    return max(1, int(max(width, height) / (_REDUCING_GAP * WORKING_SIDE_PX)))
 
 
-def _uint16_to_uint8(values: np.ndarray) -> np.ndarray:
-    """16-bit values (0…65535) → uint8 (0…255), rounded: 65535 → 255, as a 16-bit PNG is read."""
-    return np.clip(np.rint(np.asarray(values, dtype=np.float64) / _UINT16_TO_UINT8), 0, 255).astype(np.uint8)
+def _to_uint8(values: np.ndarray, white: float, factor: int = 1) -> np.ndarray:
+    """Values in 0…``white`` → uint8 0…255 (``white`` → 255, rounded), averaged over ``factor``×``factor`` blocks.
+
+    Args:
+        values (np.ndarray): (H, W) or (H, W, C); C = 4 is RGBA with straight (not premultiplied) alpha.
+        white (float): the value meaning full intensity (255 for uint8, 65535 for uint16, 1 for bool or float).
+        factor (int): block side in pixels; an axis shorter than ``factor`` is averaged over its whole length, and
+            the last rows and columns short of a whole block are dropped. Default: 1
+
+    Returns:
+        np.ndarray: (H // f, W // f) or (H // f, W // f, C) uint8. The blocks are read through a reshaped view,
+        so nothing full-size is copied: the one array made is the float32 result. RGBA colour is averaged weighted
+        by alpha (as Pillow reduces RGBA, premultiplied), so that a colour hidden under alpha 0 does not bleed in.
+    """
+    rows_per_block, cols_per_block = min(factor, values.shape[0]), min(factor, values.shape[1])
+    height, width = values.shape[0] // rows_per_block, values.shape[1] // cols_per_block
+    channels = values.shape[2] if values.ndim == 3 else 1
+    blocks = values[:height * rows_per_block, :width * cols_per_block].reshape(
+        height, rows_per_block, width, cols_per_block, channels)  # (H', f, W', f, C), a view
+    if channels == 4:
+        means = np.empty((height, width, 4), np.float32)
+        colour, alpha = means[..., :3], means[..., 3:]  # views, filled in place
+        np.einsum("afbgc,afbg->abc", blocks[..., :3], blocks[..., 3], out=colour, dtype=np.float32,
+                  casting="unsafe")  # Σ colour · alpha per block
+        blocks[..., 3:].sum(axis=(1, 3), dtype=np.float32, out=alpha)  # Σ alpha
+        np.divide(colour, alpha, out=colour, where=alpha > 0)  # where Σ alpha = 0, Σ colour · alpha is 0 too
+        alpha /= rows_per_block * cols_per_block  # mean alpha
+    else:
+        means = blocks.mean(axis=(1, 3), dtype=np.float32)
+    means *= 255 / white
+    np.clip(np.rint(means, out=means), 0, 255, out=means)
+    return means.astype(np.uint8).reshape((height, width, channels)[:values.ndim])
 
 
-def _array_to_uint8(pixels: np.ndarray) -> tuple[np.ndarray, str]:
-    """Pixel values of an accepted dtype → uint8 and a note ("" when nothing was done); see :func:`image_from_array`."""
+def _white_point(pixels: np.ndarray) -> tuple[float, str]:
+    """The value meaning full intensity in ``pixels``' dtype and a note ("" unless 16-bit); see
+    :func:`image_from_array` for the dtypes accepted. Reads the minimum and maximum of a float array, no copy."""
     if pixels.dtype == np.uint8:
-        return pixels, ""
+        return 255, ""
     if pixels.dtype == np.bool_:
-        return pixels.astype(np.uint8) * 255, ""
+        return 1, ""
     if pixels.dtype == np.uint16:
-        return _uint16_to_uint8(pixels), _SIXTEEN_BIT_NOTE
+        return _UINT16_MAX, _SIXTEEN_BIT_NOTE
     if np.issubdtype(pixels.dtype, np.floating):
-        if not np.isfinite(pixels).all():
+        low, high = float(pixels.min()), float(pixels.max())  # NaN propagates to both, ±inf shows in one
+        if not (np.isfinite(low) and np.isfinite(high)):
             raise ValueError("the image has NaN or infinite values: a float image must hold values in [0, 1]")
-        low, high = float(pixels.min()), float(pixels.max())
         if low < 0 or high > 1:
             raise ValueError(f"a float image must hold values in [0, 1] (they are scaled to 0–255), got {low:.4g}…"
                              f"{high:.4g}: divide 8-bit values by 255 or pass a uint8 array")
-        return np.rint(pixels.astype(np.float64) * 255).astype(np.uint8), ""
+        return 1.0, ""
     raise ValueError(f"an image array must be uint8, uint16, bool or float in [0, 1], got {pixels.dtype}")
 
 
 def image_from_array(pixels: np.ndarray, note: str = "") -> InputImage:
-    """Wrap a pixel array as an :class:`InputImage` (downscaled to :data:`WORKING_SIDE_PX` if larger).
+    """Wrap a pixel array as an :class:`InputImage`, by the same size and transparency rules as :func:`load_image`.
 
     Args:
-        pixels (np.ndarray): (H, W) grey, (H, W, 1) grey, (H, W, 3) RGB or (H, W, 4) RGBA (converted to RGB), of
-            dtype uint8 (0…255), uint16 (0…65535, reduced to 8 bits as :func:`load_image` reads a 16-bit PNG), bool
-            (False black, True white) or float in [0, 1] (scaled to 0…255).
+        pixels (np.ndarray): (H, W) grey, (H, W, 1) grey, (H, W, 3) RGB or (H, W, 4) RGBA (straight alpha;
+            composited onto white), of dtype uint8 (0…255), uint16 (0…65535, reduced to 8 bits as
+            :func:`load_image` reads a 16-bit PNG), bool (False black, True white) or float in [0, 1] (scaled to
+            0…255); H·W at most :data:`MAX_IMAGE_PIXELS`. An array more than twice the working size is first
+            averaged over blocks read through a view (:func:`_to_uint8`), so it is never copied at full size.
         note (str): note to keep with the image. Default: ""
 
     Returns:
-        InputImage: (H', W', 3) uint8 RGB pixels; its note says what was done (16-bit reduced, downscaled…).
+        InputImage: (H', W', 3) uint8 RGB pixels, at most :data:`WORKING_SIDE_PX` a side; its note says what was
+        done (16-bit reduced, downscaled, transparency composited…).
 
     Raises:
-        ValueError: another shape (e.g. (H, W, 2)) or dtype (e.g. int64), an empty or oversized image, or a float
-            image with NaN, ±inf or values outside [0, 1]; the message names what was received.
+        ValueError: another shape (e.g. (H, W, 2)) or dtype (e.g. int64), an empty image or one of more than
+            :data:`MAX_IMAGE_PIXELS`, or a float image with NaN, ±inf or values outside [0, 1]; the message names
+            what was received.
     """
     pixels = np.asarray(pixels)
     if pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3, 4)):
@@ -126,48 +185,102 @@ def image_from_array(pixels: np.ndarray, note: str = "") -> InputImage:
         raise ValueError("the image is empty (0 pixels)")
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
-    _check_side(pixels.shape[1], pixels.shape[0])  # before any conversion copies it
-    values, depth_note = _array_to_uint8(pixels)  # uint8 (H, W), (H, W, 3) or (H, W, 4): PIL's L, RGB or RGBA
-    return _accept(Image.fromarray(np.ascontiguousarray(values)), "; ".join(filter(None, [note, depth_note])))
+    height, width = pixels.shape[:2]
+    _check_pixels(width, height)  # before anything reads the values
+    white, depth_note = _white_point(pixels)
+    factor = _reduction_factor(width, height)
+    values = pixels if pixels.dtype == np.uint8 and factor == 1 else _to_uint8(pixels, white, factor)
+    return _accept(Image.fromarray(values), (width, height), [note, depth_note])  # PIL's L, RGB or RGBA
 
 
-def _to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
-    """16-bit and 32-bit int/float grey images → 8-bit grey ("L"), so ``convert("RGB")`` does not clip them white.
+def _to_8bit(image: Image.Image, sixteen_bit: bool) -> tuple[Image.Image, str]:
+    """32-bit int and float grey images ("I", "F") → 8-bit grey ("L"), so ``convert("RGB")`` does not clip them white.
 
-    ``I;16*`` modes are scaled by their range (65535 → 255, ÷ :data:`_UINT16_TO_UINT8`); ``I`` and ``F`` (whose
-    range is not fixed) are stretched from their min–max to 0–255 (NaN → 0). Other modes are returned unchanged.
-    Returns the image and a note ("" when nothing was done).
+    Values that came from a 16-bit image (``sixteen_bit``) are scaled by their range (65535 → 255); other ``I`` and
+    ``F`` images (whose range is not fixed) are stretched from their min–max to 0–255 (NaN → 0). Other modes are
+    returned unchanged. Returns the image and a note ("" when nothing was done).
     """
-    if image.mode.startswith("I;16"):
-        return Image.fromarray(_uint16_to_uint8(np.asarray(image)), "L"), _SIXTEEN_BIT_NOTE
-    if image.mode in ("I", "F"):
-        values = np.asarray(image, dtype=np.float64)
-        finite = values[np.isfinite(values)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-        scale = 255.0 / (high - low) if high > low else 0.0
-        values = np.nan_to_num((values - low) * scale, nan=0.0, posinf=255.0, neginf=0.0)
-        kind = "a 32-bit integer" if image.mode == "I" else "a floating-point"
-        note = f"{kind} image: its values {low:.4g}…{high:.4g} were stretched to 8 bits (0–255)"
-    else:
+    if image.mode not in ("I", "F"):
         return image, ""
-    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), "L"), note
+    values = np.asarray(image, dtype=np.float64)
+    if sixteen_bit:
+        return Image.fromarray(_to_uint8(values, _UINT16_MAX)), _SIXTEEN_BIT_NOTE
+    finite = values[np.isfinite(values)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    scale = 255.0 / (high - low) if high > low else 0.0
+    values = np.nan_to_num((values - low) * scale, nan=0.0, posinf=255.0, neginf=0.0)
+    kind = "a 32-bit integer" if image.mode == "I" else "a floating-point"
+    note = f"{kind} image: its values {low:.4g}…{high:.4g} were stretched to 8 bits (0–255)"
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8)), note
 
 
-def _accept(image: Image.Image, note: str = "") -> InputImage:
-    width, height = image.size
-    _check_side(width, height)
-    image, depth_note = _to_8bit(image)
-    notes = [note, depth_note]
+def _composite_on_white(image: Image.Image) -> tuple[Image.Image, str]:
+    """An image with an alpha band (LA, RGBA) → RGB composited onto :data:`BACKGROUND_RGB` (colour · α + white ·
+    (1 − α)), and the note; an image without alpha, or fully opaque, is returned unchanged with ""."""
+    if "A" not in image.getbands() or image.getchannel("A").getextrema()[0] == 255:
+        return image, ""
+    composited = Image.new("RGB", image.size, BACKGROUND_RGB)
+    composited.paste(image, mask=image.getchannel("A"))
+    return composited, _TRANSPARENT_NOTE
+
+
+def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> InputImage:
+    """The steps every image ends in: ``image`` (upright, perhaps already reduced on arrival from ``size`` =
+    (width, height) px) → an :class:`InputImage` of at most :data:`WORKING_SIDE_PX` a side.
+
+    Palette, bilevel and 16-bit images are first converted to modes that Pillow resamples properly (RGB, RGBA when
+    they carry transparency, 32-bit "I"); then the exact Lanczos downscale (Pillow weights colour by alpha), values
+    to 8 bits (:func:`_to_8bit`), transparency onto white (:func:`_composite_on_white`), RGB. The note joins
+    ``notes`` (what was done before) and what was done here.
+    """
+    width, height = size
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         notes.append(f"the image is {width}×{height} px, far from square: the model sees it squashed to a square")
-    rgb = image.convert("RGB")
-    if max(width, height) > WORKING_SIDE_PX:
-        rgb.thumbnail((WORKING_SIDE_PX, WORKING_SIDE_PX), Image.Resampling.LANCZOS)
-        notes.append(f"downscaled from {width}×{height} to {rgb.width}×{rgb.height} px")
-    note = "; ".join(filter(None, notes))
-    pixels = np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
+    sixteen_bit = image.mode.startswith("I;16")
+    if sixteen_bit:
+        image = image.convert("I")  # Pillow resamples 16-bit values only as 32-bit ones
+    elif image.has_transparency_data and image.mode not in ("RGBA", "LA"):
+        image = image.convert("RGBA")  # palette + tRNS, PA, a colour key, premultiplied RGBa / La
+    elif image.mode in ("1", "P"):
+        image = image.convert("RGB")  # Pillow resamples these nearest-neighbour only
+    image.thumbnail((WORKING_SIDE_PX, WORKING_SIDE_PX), Image.Resampling.LANCZOS, reducing_gap=_REDUCING_GAP)
+    if image.size != size:
+        notes.append(f"downscaled from {width}×{height} to {image.width}×{image.height} px")
+    image, depth_note = _to_8bit(image, sixteen_bit)
+    image, alpha_note = _composite_on_white(image)
+    pixels = np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
     digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
-    return InputImage(pixels, digest, note)
+    return InputImage(pixels, digest, "; ".join(filter(None, [*notes, depth_note, alpha_note])))
+
+
+def _accept_file(image: Image.Image, name: str) -> InputImage:
+    """An opened, not yet decoded image file called ``name`` → :class:`InputImage`: its first frame, reduced on
+    arrival, turned upright by its EXIF orientation."""
+    width, height = image.size
+    _check_pixels(width, height, name)  # Pillow checked too, unless another library lifted its limit
+    notes = []
+    frames = getattr(image, "n_frames", 1)
+    if frames > 1 and image.format not in _SIDE_IMAGE_FORMATS:
+        notes.append(f"the file holds {frames} frames or pages: only frame {image.tell() + 1}, the one shown first, "
+                     "is used")
+    turned = image.getexif().get(ExifTags.Base.Orientation) in _ORIENTATIONS_TURNING_90
+    factor = _reduction_factor(width, height)
+    if factor > 1:
+        # JPEG: decode at 1/2, 1/4 or 1/8 scale (at most 1/factor); HEIF: decode an embedded thumbnail instead if
+        # one is at least that large; other formats: no effect
+        image.draft(None, (-(-width // factor), -(-height // factor)))
+    try:
+        image.load()  # decodes (at the reduced scale)
+    except ValueError as err:  # how pillow_heif reports a corrupt or truncated HEIF (Pillow raises OSError)
+        raise _unreadable(name, err) from err
+    ImageOps.exif_transpose(image, in_place=True)  # HEIF: libheif has applied its rotation already and pillow_heif
+    #                                                reset the EXIF tag, so nothing is turned twice
+    return _accept(image, (height, width) if turned else (width, height), notes)
+
+
+def _unreadable(name: str, err: Exception) -> ValueError:
+    """The error for a file called ``name`` that opened as an image but could not be decoded."""
+    return ValueError(f"{name} could not be read as an image (truncated or corrupt file?): {err}")
 
 
 @functools.lru_cache(maxsize=32)
@@ -176,31 +289,33 @@ def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
         raise ValueError(f"{path.name} is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # up to MAX_IMAGE_PIXELS is accepted
             with Image.open(path) as image:
-                _check_side(*image.size, path.name)
-                image.load()
-                return _accept(ImageOps.exif_transpose(image))  # upright as a photo viewer shows it
+                return _accept_file(image, path.name)
     except UnidentifiedImageError as err:
-        raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, WebP, BMP, GIF…)") from err
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise ValueError(f"{path.name} has too many pixels to open safely: {err}") from err
+        raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, HEIC, WebP, BMP, GIF, TIFF…)") \
+            from err
+    except Image.DecompressionBombError as err:
+        raise ValueError(f"{path.name} has too many pixels to open safely ({err}); {_PIXEL_LIMIT}") from err
     except OSError as err:
-        raise ValueError(f"{path.name} could not be read as an image (truncated or corrupt file?): {err}") from err
+        raise _unreadable(path.name, err) from err
 
 
 def load_image(path: str | Path) -> InputImage:
     """Read an uploaded image file (cached per path, size and modification time).
 
     Args:
-        path (str or Path): the file.
+        path (str or Path): the file: any format Pillow reads, and HEIC/HEIF. Of a file with several frames or
+            pages (animated GIF, multi-page TIFF, several HEIF images) the first is used, and the note says so.
 
     Returns:
         InputImage: RGB pixels, turned upright by the EXIF orientation, 16-bit and float images rescaled to 8 bits,
-        downscaled to at most :data:`WORKING_SIDE_PX` a side (``note`` says what was done).
+        transparency composited onto white, downscaled to at most :data:`WORKING_SIDE_PX` a side (a large JPEG is
+        decoded at 1/2, 1/4 or 1/8 scale first); ``note`` says what was done.
 
     Raises:
-        ValueError: a missing, empty, unreadable or non-image file, or one over :data:`MAX_IMAGE_SIDE_PX` a side.
+        ValueError: a missing, empty, unreadable or non-image file, or one of more than :data:`MAX_IMAGE_PIXELS`;
+            the message names the file (its name only, not the server's path).
     """
     path = Path(path)
     if not path.is_file():
