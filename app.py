@@ -5,11 +5,19 @@
 Binds 127.0.0.1; the port comes from ``--port``, else ``$PORT`` / ``$GRADIO_SERVER_PORT``, else 7860. Runs on CPU;
 with a GPU the models run there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
 number and figure comes from :mod:`analysis`, and every user action has an ``api_name`` for ``gradio_client``.
+
+What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
+slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time, a
+request body of at most MAX_REQUEST_MB, uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB
+(deleted FILE_MAX_AGE_S after their last use, as Gradio's own cache of uploads and downloads is), and the analysis
+caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to MAX_SESSIONS sessions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import functools
 import os
 import tempfile
@@ -17,6 +25,7 @@ from pathlib import Path
 
 import gradio as gr
 import torch
+from starlette.middleware import Middleware
 
 import analysis as an
 from analysis import figures
@@ -24,10 +33,23 @@ from analysis import figures
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
 EXAMPLES_DIR = REPO / "examples"
-WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # uploaded checkpoints and exports
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # uploads and exports, one folder per session
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
-MAX_UPLOAD_MB = 50  # larger uploads are refused by the server before they are stored
+MAX_UPLOAD_MB = 50  # larger uploaded files are refused by the server before they are stored
+MAX_REQUEST_MB = 60  # one request's body: a checkpoint's weights (≤ MAX_UPLOAD_MB) and its card, with room to spare
+MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports together (≈ 40 checkpoints of the largest size)
+FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
+FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
+MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; the next one is refused ("Queue is full")
+FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
+SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
+SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click
+MAX_THREADS = 6  # worker threads running handlers (Gradio's max_threads, 40 by default): more add no speed on a few
+#                   cores, only memory (each thread's allocations keep a malloc arena of their own)
+MALLOC_ARENAS = 2  # glibc malloc arenas (by default up to 8 per core, one per allocating thread, rarely returned)
+MAX_SESSIONS = 32  # sessions whose state Gradio keeps (each holds its last outputs, ≈ 0.3 MB of figure JSON); the
+#                    least recently used goes first (its uploads stay reachable: they are found by its session id)
 GUIDE = [
     "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
     "**2 · Read the prediction.** The five most probable classes for the image the model sees (32×32).",
@@ -38,6 +60,11 @@ GUIDE = [
 
 
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
+
+
+def default_workspace() -> an.Workspace:
+    """The work dir's uploads and exports: WORK_DIR, at most MAX_WORK_DIR_MB, FILE_MAX_AGE_S after their last use."""
+    return an.Workspace(WORK_DIR, MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S)
 
 
 def user_errors(fn):
@@ -56,27 +83,30 @@ def user_errors(fn):
 class Explorer:
     """The app's handlers: thin adapters from UI values (paths, numbers, ``gr.SelectData``) to :mod:`analysis`.
 
+    Handlers that read files take the event's ``gr.Request``: its session owns the uploads and exports it makes
+    (a direct call without one is the one local session).
+
     Args:
         checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
         device (str): where models run. Default: CUDA if available, else CPU
+        workspace (an.Workspace): where uploads and exports are kept. Default: :func:`default_workspace`
     """
 
-    def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None) -> None:
+    def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None,
+                 workspace: an.Workspace | None = None) -> None:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
+        self.workspace = workspace or default_workspace()
 
     # -- resolving UI values ---------------------------------------------------------------------------------------
-    def model(self, checkpoint: str | None) -> an.LoadedModel:
-        if not checkpoint:
-            raise ValueError("Choose a model first (or upload a .safetensors + .json checkpoint).")
-        path = Path(checkpoint)
-        if path.suffix != ".json":
-            path = self.checkpoint_dir / f"{path.name}.json"
-        path = path.resolve()
-        if not any(path.is_relative_to(root) for root in (self.checkpoint_dir, WORK_DIR.resolve())):
-            raise ValueError(f"unknown checkpoint {checkpoint!r}: choose one from the list or upload one")
-        return an.load_model(path, self.device)
+    @staticmethod
+    def session(request: gr.Request | None) -> str | None:
+        return getattr(request, "session_hash", None)
+
+    def model(self, checkpoint: str | None, request: gr.Request | None = None) -> an.LoadedModel:
+        card = an.checkpoint_card(checkpoint, self.checkpoint_dir, self.workspace, self.session(request))
+        return an.load_model(card, self.device)
 
     @staticmethod
     def image(image_path: str | None) -> an.InputImage:
@@ -84,35 +114,40 @@ class Explorer:
             raise ValueError("Pick an example or upload an image first.")
         return an.load_image(image_path)
 
-    def choices(self, uploads: list[str]) -> list[tuple[str, str]]:
-        shipped = [(label, str(path)) for label, path in an.list_checkpoints(self.checkpoint_dir)]
-        return shipped + [(f"uploaded: {Path(p).stem}", p) for p in uploads]
+    def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
+        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir)]
+        return shipped + [tuple(upload) for upload in uploads]
 
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
-    def on_model(self, checkpoint: str | None):
-        loaded = self.model(checkpoint)
+    def on_model(self, checkpoint: str | None, request: gr.Request | None = None):
+        loaded = self.model(checkpoint, request)
         probes = loaded.probes
         default = next((p for p in probes if p.height < loaded.card.input_size), probes[0]) if probes else None
-        card = "```\n" + an.card_summary(loaded.card) + "\n```"
         heads = max((p.num_heads for p in probes), default=1)
-        return (card, gr.update(choices=[(p.label, p.name) for p in probes], value=default and default.name),
+        return (an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
+                gr.update(choices=[(p.label, p.name) for p in probes], value=default and default.name),
                 gr.update(maximum=heads - 1, value=0, visible=heads > 1))
 
     @user_errors
-    def on_query_px(self, checkpoint: str | None, row_px: float, col_px: float) -> tuple[int, int]:
+    def on_query_px(self, checkpoint: str | None, row_px: float, col_px: float,
+                    request: gr.Request | None = None) -> tuple[int, int]:
         """The query pixel moved inside the (new) model's input, so a model of another input size still answers."""
-        size = self.model(checkpoint).card.input_size
+        size = self.model(checkpoint, request).card.input_size
         return an.clamp_px(self.pixel(row_px, col_px), size, size)
 
     @user_errors
-    def on_checkpoint_upload(self, files: list[str] | None, uploads: list[str]):
-        card_path = str(an.store_upload(files or [], WORK_DIR / "checkpoints", self.device))
-        uploads = [*uploads, card_path]
-        return gr.update(choices=self.choices(uploads), value=card_path), uploads
+    def on_checkpoint_upload(self, files: list[str] | None, uploads: list[tuple[str, str]],
+                             request: gr.Request | None = None):
+        choice = an.store_upload(files or [], self.workspace, self.session(request), self.device)
+        label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
+        uploads = [*uploads, (label, choice)]
+        return gr.update(choices=self.choices(uploads), value=choice), uploads
 
+    @user_errors
     def on_example(self, evt: gr.SelectData) -> str:
-        return self.examples[evt.index]
+        return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
 
     @user_errors
     def on_image_upload(self, path: str | None) -> str:
@@ -120,8 +155,8 @@ class Explorer:
         return path
 
     @user_errors
-    def on_image(self, checkpoint: str | None, image_path: str | None):
-        loaded, image = self.model(checkpoint), self.image(image_path)
+    def on_image(self, checkpoint: str | None, image_path: str | None, request: gr.Request | None = None):
+        loaded, image = self.model(checkpoint, request), self.image(image_path)
         if image.note:
             gr.Warning(image.note)
         view = an.model_view(image, loaded.card.input_size)
@@ -129,40 +164,46 @@ class Explorer:
 
     # -- the query ---------------------------------------------------------------------------------------------------
     @user_errors
-    def on_click(self, checkpoint: str | None, evt: gr.SelectData) -> tuple[int, int]:
-        size = self.model(checkpoint).card.input_size
-        return an.display_to_input_px(evt.index[0], evt.index[1], an.display_factor(size), size, size)
+    def on_click(self, checkpoint: str | None, evt: gr.SelectData, request: gr.Request | None = None
+                 ) -> tuple[int, int]:
+        size = self.model(checkpoint, request).card.input_size
+        factor = an.display_factor(size)
+        x_px, y_px = an.click_position(evt.index, size * factor, size * factor)  # Gradio gives (x, y)
+        return an.display_to_input_px(x_px, y_px, factor, size, size)
 
     @staticmethod
     def pixel(row_px: float, col_px: float) -> tuple[int, int]:
         return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
 
-    def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+    def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head, request):
         """The model, image and :func:`analysis.query_neighbors` result for the UI's values."""
-        loaded, image = self.model(checkpoint), self.image(image_path)
+        loaded, image = self.model(checkpoint, request), self.image(image_path)
         options = an.RuleOptions.from_ui(k, window, candidates, seed, alpha, head)
         return loaded, image, an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
 
     @user_errors
-    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
+    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head,
+                     request: gr.Request | None = None):
         loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
-                                           seed, alpha, head)
+                                           seed, alpha, head, request)
         view = an.model_view(image, loaded.card.input_size)
         return (an.display_image(view, an.display_factor(view.shape[0]), result.query_px),
                 figures.neighbor_panel(view, result), an.neighbors_summary(result),
                 an.query_record(loaded, image, result))
 
     @user_errors
-    def on_export(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head):
-        """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click."""
+    def on_export(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head,
+                  request: gr.Request | None = None):
+        """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click.
+        Gradio serves them from its own cache (the work dir is never served)."""
         loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
-                                           seed, alpha, head)
-        return [str(path) for path in an.export_query(WORK_DIR / "exports", loaded, image, result)]
+                                           seed, alpha, head, request)
+        return [str(path) for path in an.export_query(self.workspace, self.session(request), loaded, image, result)]
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
-    def on_weights(self, checkpoint, image_path, layer, row_px, col_px, head):
-        loaded = self.model(checkpoint)
+    def on_weights(self, checkpoint, image_path, layer, row_px, col_px, head, request: gr.Request | None = None):
+        loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
         if probe.mixer == "mhsa":
             return None, None, None, f"{probe.name} is plain attention: no rank-slot kernel to show."
@@ -174,8 +215,8 @@ class Explorer:
                 f"Σ contributions + bias vs the layer's own output: max |diff| = {contrib.max_abs_residual:.2e}")
 
     @user_errors
-    def on_mix(self, checkpoint, image_path, layer, row_px, col_px):
-        loaded = self.model(checkpoint)
+    def on_mix(self, checkpoint, image_path, layer, row_px, col_px, request: gr.Request | None = None):
+        loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
         if probe.kind != "hybrid":
             return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
@@ -184,26 +225,26 @@ class Explorer:
         return figures.mix_figure(mix, probe.name, cell), an.mix_summary(mix, cell)
 
     @user_errors
-    def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head):
-        loaded, image = self.model(checkpoint), self.image(image_path)
+    def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head, request: gr.Request | None = None):
+        loaded, image = self.model(checkpoint, request), self.image(image_path)
         query_px = self.pixel(row_px, col_px)
         field = an.receptive_field(loaded, image, layer, query_px, hops, head)
         counts = ", ".join(f"hop {h}: {n} px" for h, n in enumerate(field.pixel_counts))
         return figures.hop_figure(an.model_view(image, loaded.card.input_size), field, query_px), counts
 
     @user_errors
-    def on_spectrum(self, checkpoint, image_path):
-        return figures.spectrum_figure(an.selection_spectrum(self.model(checkpoint), self.image(image_path)))
+    def on_spectrum(self, checkpoint, image_path, request: gr.Request | None = None):
+        return figures.spectrum_figure(an.selection_spectrum(self.model(checkpoint, request), self.image(image_path)))
 
     @user_errors
-    def on_attribution(self, checkpoint, image_path, method, target):
-        loaded, image = self.model(checkpoint), self.image(image_path)
+    def on_attribution(self, checkpoint, image_path, method, target, request: gr.Request | None = None):
+        loaded, image = self.model(checkpoint, request), self.image(image_path)
         result = an.attribution_map(loaded, image, method, target or None)
         return figures.attribution_figure(an.model_view(image, loaded.card.input_size), result), result.note
 
     @user_errors
-    def on_equivalence(self, checkpoint, image_path, layer):
-        return an.equivalence_summary(self.model(checkpoint), self.image(image_path), layer)
+    def on_equivalence(self, checkpoint, image_path, layer, request: gr.Request | None = None):
+        return an.equivalence_summary(self.model(checkpoint, request), self.image(image_path), layer)
 
     @staticmethod
     def on_equivalence_reset(*_) -> str:  # a new model, image or layer: the demo's last result no longer applies
@@ -218,7 +259,8 @@ class Explorer:
     def on_pixel_click(self, image_path, evt: gr.SelectData) -> tuple[int, int]:
         view = an.pixel_view(self.image(image_path))
         factor = an.display_factor(max(view.shape[:2]), 384)
-        return an.display_to_input_px(evt.index[0], evt.index[1], factor, *view.shape[:2])
+        x_px, y_px = an.click_position(evt.index, view.shape[1] * factor, view.shape[0] * factor)
+        return an.display_to_input_px(x_px, y_px, factor, *view.shape[:2])
 
     @user_errors
     def on_pixel_query(self, image_path, row_px, col_px) -> tuple[int, int]:
@@ -236,9 +278,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     """The page: model and image pickers, prediction, the click-to-query panel and the analysis tabs."""
     ex = explorer or Explorer()
     choices = ex.choices([])
-    default = next((path for _, path in choices if Path(path).stem == DEFAULT_CHECKPOINT),
+    default = next((choice for _, choice in choices if choice == DEFAULT_CHECKPOINT),
                    choices[0][1] if choices else None)
-    with gr.Blocks(title="ConvNN Explorer") as demo:
+    with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
         uploads = gr.State([])
         gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation. "
                     f"Compute path: **{an.compute_path(ex.device)}**.")
@@ -248,7 +290,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             with gr.Column(scale=1):
                 checkpoint = gr.Dropdown(choices, value=default, label="Model",
                                          allow_custom_value=True, elem_id="checkpoint")
-                card = gr.Markdown(elem_id="card")
+                card = gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
+                                  elem_id="card")
                 checkpoint_files = gr.File(file_count="multiple", file_types=[".safetensors", ".json"],
                                            label="…or upload your checkpoint (.safetensors + .json, "
                                                  f"up to {MAX_UPLOAD_MB} MB)")
@@ -279,7 +322,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                     window_size = gr.Number(0, precision=0, minimum=0, label="window R (0 = auto)")
                     num_candidates = gr.Number(0, precision=0, minimum=0,
                                                label="random r ≥ K (0 = layer's / 32; ≥ N = all)")
-                    seed = gr.Number(0, precision=0, minimum=0, label="seed")
+                    seed = gr.Number(0, precision=0, minimum=0, label="seed (0 = the layer's)")
                     head = gr.Number(0, precision=0, minimum=0, label="attention head", visible=False)
                 blend_alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
                                         elem_id="blend_alpha")
@@ -333,6 +376,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         multihop = (ex.on_multihop, [*query, hops, head], [hop_plot, hop_note])
         attribution = (ex.on_attribution, [checkpoint, image_file, method, target],
                        [attribution_plot, attribution_note])
+        equivalence = (ex.on_equivalence, [checkpoint, image_file, layer], equivalence_text)
         pixel_query = (ex.on_pixel_query, [image_file, pixel_row, pixel_col], [pixel_row, pixel_col])
         pixels = (ex.on_pixels, [image_file, pixel_row, pixel_col, pixel_k, position_weight], pixel_plot)
         # The views that follow a neighbours update, with what they read. The equivalence demo (seconds and ~1 GB on
@@ -342,11 +386,25 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                        (None, ex.on_equivalence_reset, [checkpoint, image_file, layer], equivalence_text),
                        (None, *attribution)]
 
+        # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
+        # predictions never wait behind them; a session has at most one of each pending (always_last), and a change
+        # of what a slow view reads cancels its pending run (the frontend asks the queue to drop it).
+        slow_views = {attribution[0]: [], equivalence[0]: []}  # fn → its events
+
+        def listen(fn, on, *args, **kwargs):
+            """``on(fn, *args, **kwargs)``, in the slow group if ``fn`` is a slow view."""
+            if fn not in slow_views:
+                return on(fn, *args, **kwargs)
+            event = on(fn, *args, **kwargs, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY,
+                       trigger_mode="always_last")
+            slow_views[fn].append(event)
+            return event
+
         def chain(event, *steps):
             """``event.then`` each ``(fn, inputs, outputs[, api_name])`` in turn; unnamed steps stay private."""
             for fn, inputs, outputs, *api_name in steps:
-                event = event.then(fn, inputs, outputs, api_name=api_name[0] if api_name else None,
-                                   api_visibility="public" if api_name else "private")
+                event = listen(fn, event.then, inputs, outputs, api_name=api_name[0] if api_name else None,
+                               api_visibility="public" if api_name else "private")
             return event
 
         def after_query(event, changed=None, public: bool = False):
@@ -379,33 +437,57 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             control.change(*neighbors, api_visibility="private")
         blend_alpha.release(*neighbors, api_visibility="private")
         hops.release(*multihop, api_name="multihop")
-        attribution_button.click(*attribution, api_name="attribution")
-        equivalence_button.click(ex.on_equivalence, [checkpoint, image_file, layer], equivalence_text,
-                                 api_name="equivalence")
+        listen(attribution[0], attribution_button.click, *attribution[1:], api_name="attribution")
+        listen(equivalence[0], equivalence_button.click, *equivalence[1:], api_name="equivalence")
         chain(pixel_image.select(ex.on_pixel_click, image_file, [pixel_row, pixel_col], api_visibility="private"),
               (*pixels, "pixel_neighbors"))
         for control in (pixel_k, position_weight):
             control.release(*pixels, api_visibility="private")
         after_query(chain(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private"), predict,
                           (ex.on_pixel_image, image_file, pixel_image), pixel_query, pixels, spectrum, neighbors))
+        for fn, inputs, _ in (attribution, equivalence):
+            gr.on([control.change for control in inputs], None, cancels=slow_views[fn])
+    demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
     return demo
 
 
-def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False):
-    """Serve ``demo`` on 127.0.0.1:``port`` (the examples folder is served too; uploads up to MAX_UPLOAD_MB)."""
-    WORK_DIR.mkdir(parents=True, exist_ok=True)
+def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None):
+    """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
+    page through Gradio's cache); files up to MAX_UPLOAD_MB, request bodies up to MAX_REQUEST_MB; ``workspace``
+    (default: the one on WORK_DIR) is swept every FILE_SWEEP_S while the server runs."""
+    workspace = workspace or default_workspace()
+    app_kwargs = {"middleware": [Middleware(an.RequestSizeLimit, max_bytes=MAX_REQUEST_MB * 2**20)],
+                  "lifespan": workspace.lifespan(FILE_SWEEP_S)}
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
-                       allowed_paths=[str(EXAMPLES_DIR), str(WORK_DIR)], quiet=prevent_thread_lock,
-                       max_file_size=f"{MAX_UPLOAD_MB}mb")
+                       allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
+                       max_file_size=f"{MAX_UPLOAD_MB}mb", state_session_capacity=MAX_SESSIONS,
+                       max_threads=MAX_THREADS)
+
+
+def limit_malloc_arenas() -> None:
+    """Cap glibc's malloc arenas at MALLOC_ARENAS for this process, as ``MALLOC_ARENA_MAX`` would (unless it is set).
+
+    Every thread that allocates gets an arena of its own, and memory freed in one is rarely given back: under many
+    clients the server's RSS kept growing with no cache growing (bench/robustness.py). Elsewhere than glibc, nothing.
+    """
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # -8: M_ARENA_MAX in glibc's malloc.h
 
 
 def main() -> None:
+    limit_malloc_arenas()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT
     parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")
     parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR, help="folder of shipped checkpoints")
+    env_cache = os.environ.get("CONVNN_CACHE_MB") or an.DEFAULT_CACHE_BYTES // 2**20
+    parser.add_argument("--cache-mb", type=int, default=int(env_cache),
+                        help="bytes all analysis caches may hold together, in MB (default: $CONVNN_CACHE_MB or 512)")
     args = parser.parse_args()
-    launch(build_demo(Explorer(args.checkpoints)), args.port)
+    an.set_cache_budget(args.cache_mb * 2**20)
+    explorer = Explorer(args.checkpoints)
+    launch(build_demo(explorer), args.port, workspace=explorer.workspace)
 
 
 if __name__ == "__main__":

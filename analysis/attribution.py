@@ -3,11 +3,15 @@
 Gradient methods (Saliency, Integrated Gradients) differentiate through the neighbours the layers selected but hold
 that choice fixed: top-K indices carry no gradient (METHOD §2). Occlusion re-runs the model on masked images, so the
 layers may select different neighbours: it measures the effect of the selection too.
+
+Attributions run on a copy of the model of their own (made once per loaded model, under its lock, and cached with
+it): their many forward passes (64 for occlusion) then neither wait for nor hold the model's lock, which every
+recorded forward pass of the other views takes, so a click or a prediction never queues behind an attribution.
 """
 
 from __future__ import annotations
 
-import functools
+import copy
 import reprlib
 from dataclasses import dataclass
 
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 from captum.attr import IntegratedGradients, Occlusion, Saliency
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage, model_input
 from .tracing import trace_image
@@ -28,6 +33,7 @@ IG_STEPS = 16  # Riemann steps of Integrated Gradients: a coarse but interactive
 OCCLUSION_WINDOW_PX = 4  # occluding square, pixels (a ViT patch on CIFAR)
 OCCLUSION_STRIDE_PX = 4  # non-overlapping squares: 64 forward passes on a 32×32 input
 _BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion
+_MODEL_COPIES = 2  # models with an attribution copy kept (each as large as its model)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Attribution:
     note: str
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(16)
 def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target: str | None = None) -> Attribution:
     """Attribute the score of ``target`` (default: the predicted class) to the input pixels (cached).
 
@@ -73,13 +79,22 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
     else:
         raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
     x = model_input(image, loaded.card).to(loaded.device)
-    with loaded.lock:
-        values = _attribute(loaded.model, x, method, index)
+    values = _attribute(_own_model(loaded), x, method, index)
     return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
 
 
+@bounded_cache(_MODEL_COPIES)
+def _own_model(loaded: LoadedModel) -> torch.nn.Module:
+    """A copy of ``loaded.model`` for attributions alone, made under the model's lock (so no recording is copied).
+
+    The neighbour recorder's state is per module, so only passes through the shared model need its lock; passes
+    through this copy record nothing and change nothing, so they need none."""
+    with loaded.lock:
+        return copy.deepcopy(loaded.model)
+
+
 def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int) -> torch.Tensor:
-    """(1, 3, S, S) attributions of class ``index``; the caller holds the model's lock."""
+    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy)."""
     if method == "saliency":
         values = Saliency(model).attribute(x.requires_grad_(), target=index, abs=True)
     elif method == "integrated_gradients":

@@ -4,35 +4,45 @@ A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`).
 kept in a bounded cache keyed by the card path and both files' sizes and modification times, so switching back
 and forth between checkpoints is instant and a replaced or edited file is reloaded. A model with a probe layer of more
 than :data:`convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens is refused: the explorer's "all" rule scores every token of
-a layer against every other. :func:`store_upload` accepts a user's checkpoint only once it loads.
+a layer against every other, and so is one whose forward pass overflows on a mid-grey image (inf or NaN in any
+module's output: every view of it would show meaningless numbers).
+
+What the page names a checkpoint by is resolved by :func:`checkpoint_card` against what exists, never used as a path:
+a shipped checkpoint by its stem (or its card's path inside the checkpoint folder), an upload by the id
+:func:`store_upload` returned, inside the session's own :class:`~analysis.workspace.Workspace` folder. An upload is
+stored under fixed names and accepted only once it loads.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
 import os
-import shutil
+import reprlib
 import threading
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 
+import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from convnn import CheckpointError, ModelCard, load_checkpoint
 from convnn.checkpoint import BEFORE_SUFFIX, MAX_EXHAUSTIVE_TOKENS, checkpoint_paths
 from kernels import resolve_backend
 
+from .caching import bounded_cache
+from .images import image_from_array, model_input
 from .probes import ProbeLayer, find_probe_layers
+from .workspace import UPLOADS, Workspace
 
 __all__ = [
+    "UPLOAD_PREFIX",
     "LoadedModel",
     "card_summary",
+    "checkpoint_card",
     "compute_path",
     "list_checkpoints",
     "load_model",
@@ -42,6 +52,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _MODEL_CACHE_SIZE = 4  # loaded models kept in memory (a CIFAR ResNet or ViT is 5–10 MB of fp32 weights)
+UPLOAD_PREFIX = "upload:"  # a checkpoint choice naming an upload: this prefix, then its workspace entry id
+_CARD_FILE, _WEIGHTS_FILE = "checkpoint.json", "checkpoint.safetensors"  # an upload's stored names (one stem)
+_PROBE_GREY = 128  # the overflow probe: an image of this value in every channel, normalised by the card's mean/std
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,10 +183,52 @@ def _check_probe_tokens(probes: Sequence[ProbeLayer], card: ModelCard, source: s
                 f"models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a smaller input_size")
 
 
-@functools.lru_cache(maxsize=_MODEL_CACHE_SIZE)
+def _outputs(value: object) -> list[Tensor]:
+    """The tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(value, Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    return [t for item in items for t in _outputs(item)]
+
+
+def _check_finite_forward(model: nn.Module, card: ModelCard, device: str, source: str) -> None:
+    """Refuse a model whose forward pass on a mid-grey image gives an inf or NaN anywhere.
+
+    Forward hooks on every module record, in call order, the first whose output is not finite, so the message
+    names where the overflow starts (weights scaled far past float32's range reach every later layer as inf).
+
+    Raises:
+        CheckpointError: the normalised input or a module's output holds an inf or NaN; the message names ``source``
+            and the first module, as ``name (ClassName)``.
+    """
+    side = card.input_size
+    x = model_input(image_from_array(np.full((side, side, 3), _PROBE_GREY, np.uint8)), card).to(device)
+    first: list[str] = []
+
+    def hook(name: str):
+        def check(module: nn.Module, args: tuple, output: object) -> None:
+            if not first and not all(bool(torch.isfinite(t).all()) for t in _outputs(output)):
+                first.append(f"{name or 'the whole model'} ({type(module).__name__})")
+        return check
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in model.named_modules()]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    where = "the normalised input (the card's mean/std)" if not torch.isfinite(x).all() else first[0] if first else None
+    if where is not None:
+        raise CheckpointError(f"{source}: on a mid-grey image the output of {where} is not finite (inf or NaN): the "
+                              "weights overflow float32, so nothing this model computes means anything")
+
+
+@bounded_cache(_MODEL_CACHE_SIZE)
 def _load_cached(card_path: Path, stamps: tuple[tuple[int, int], tuple[int, int]], device: str) -> LoadedModel:
     """The model of ``card_path``; ``stamps`` (the weights' and the card's size and mtime) only key the cache."""
     model, card = load_checkpoint(card_path, device=device)
+    _check_finite_forward(model, card, device, card_path.name)
     probes = find_probe_layers(model, card.input_size, device=torch.device(device))
     _check_probe_tokens(probes, card, card_path.name)
     return LoadedModel(model, card, probes, torch.device(device))
@@ -192,8 +247,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
 
     Raises:
         CheckpointError: a missing or corrupt file, or weights that do not fit the card (from
-            :func:`convnn.load_checkpoint`), or a probe layer of more than
-            :data:`~convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size.
+            :func:`convnn.load_checkpoint`), a probe layer of more than
+            :data:`~convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size, or a forward pass on a
+            mid-grey image that is not finite somewhere (the message names the first module).
     """
     weights_path, card_path = checkpoint_paths(path)
     if not weights_path.is_file() or not card_path.is_file():
@@ -202,40 +258,82 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     return _load_cached(card_path.resolve(), stamps, str(torch.device(device)))
 
 
-def store_upload(files: Sequence[str | Path], folder: str | Path, device: str | torch.device = "cpu") -> Path:
-    """Keep an uploaded checkpoint: copy its two files into a new subfolder of ``folder`` and load it once.
+def store_upload(files: Sequence[str | Path], workspace: Workspace, session: str | None,
+                 device: str | torch.device = "cpu") -> str:
+    """Keep an uploaded checkpoint: store its two files as a new entry of ``session`` in ``workspace``, under fixed
+    names (nothing the upload says names a path), and load it once.
 
     Args:
         files (Sequence[str or Path]): the uploaded files, exactly one ``.safetensors`` and one ``.json``.
-        folder (str or Path): where uploads are kept, one fresh subfolder each (so equal names never clash).
+        workspace (Workspace): where uploads are kept (bounded in bytes and time).
+        session (str or None): the uploading session; only it can open the upload (:func:`checkpoint_card`).
         device (str or torch.device): where the check load runs. Default: ``"cpu"``
 
     Returns:
-        Path: the stored card, for :func:`load_model`.
+        str: the choice that names the upload: :data:`UPLOAD_PREFIX` + its entry id.
 
     Raises:
-        ValueError: not one file of each kind, or a checkpoint that does not load (a :class:`CheckpointError`,
-            re-raised naming the uploaded file instead of the storage folder). Whatever is raised, the subfolder
-            is removed: no half-accepted upload stays behind.
+        ValueError: not one file of each kind, a workspace without room for them (nothing is written), or a
+            checkpoint that does not load (a :class:`CheckpointError`, re-raised naming the uploaded files instead of
+            the stored ones). Whatever is raised after the files are stored, the entry is removed: no half-accepted
+            upload stays behind.
     """
     paths = [Path(f) for f in files]
     cards = [p for p in paths if p.suffix == ".json"]
     weights = [p for p in paths if p.suffix == ".safetensors"]
     if len(cards) != 1 or len(weights) != 1:
         raise ValueError("upload exactly two files: the weights (.safetensors) and the model card (.json)")
-    target = Path(folder) / uuid.uuid4().hex
-    target.mkdir(parents=True)
-    card_path = target / cards[0].name
+    entry = workspace.add(session, UPLOADS, {_CARD_FILE: cards[0], _WEIGHTS_FILE: weights[0]})
     try:
-        shutil.copyfile(cards[0], card_path)
-        shutil.copyfile(weights[0], card_path.with_suffix(".safetensors"))
-        load_model(card_path, device)
+        load_model(entry / _CARD_FILE, device)
     except Exception as err:  # whatever refused the checkpoint, no half-accepted upload stays behind
-        shutil.rmtree(target, ignore_errors=True)
-        if isinstance(err, ValueError):  # name the user's file, not the server's upload folder
-            raise ValueError(str(err).replace(f"{target}{os.sep}", "")) from err
+        workspace.remove(entry)
+        if isinstance(err, ValueError):  # name the user's files, not the stored ones
+            message = str(err)
+            for stored, uploaded in ((_CARD_FILE, cards[0].name), (_WEIGHTS_FILE, weights[0].name)):
+                message = message.replace(str(entry / stored), uploaded).replace(stored, uploaded)
+            raise ValueError(message) from err
         raise
-    return card_path
+    return UPLOAD_PREFIX + entry.name
+
+
+def _in_folder(parent: PurePath, folder: Path) -> bool:
+    """Whether ``parent`` (typed, relative to the working directory or absolute) is ``folder``."""
+    if str(parent) == ".":
+        return True
+    try:
+        return Path(os.path.realpath(parent)) == folder.resolve()
+    except ValueError:  # a NUL byte: no folder
+        return False
+
+
+def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace, session: str | None) -> Path:
+    """The card file a checkpoint choice names, looked up among what exists (the text itself never opens a file).
+
+    Args:
+        choice (str or None): a shipped checkpoint's stem (``"cnn-l0.5"``), or its card's path inside ``folder``
+            (``"checkpoints/cnn-l0.5.json"``, absolute or relative to the working directory), or
+            :data:`UPLOAD_PREFIX` + the id :func:`store_upload` returned.
+        folder (str or Path): the shipped checkpoints.
+        workspace (Workspace): the uploads.
+        session (str or None): the asking session; it reaches its own uploads only.
+
+    Returns:
+        Path: the card, for :func:`load_model`.
+
+    Raises:
+        ValueError: no choice; a name that is no ``*.json`` of ``folder`` (the message quotes it shortened); an
+            upload that this session does not have (never had, or deleted after its age).
+    """
+    if not choice:
+        raise ValueError("Choose a model first (or upload a .safetensors + .json checkpoint).")
+    if choice.startswith(UPLOAD_PREFIX):
+        return workspace.open(session, UPLOADS, choice.removeprefix(UPLOAD_PREFIX)) / _CARD_FILE
+    folder, typed = Path(folder), PurePath(choice)
+    name = typed.name if typed.suffix == ".json" else f"{typed.name}.json"
+    if name in {path.name for path in folder.glob("*.json")} and _in_folder(typed.parent, folder):
+        return folder / name
+    raise ValueError(f"unknown checkpoint {reprlib.repr(choice)}: choose one from the list or upload one")
 
 
 def compute_path(device: str | torch.device) -> str:

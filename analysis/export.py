@@ -7,6 +7,7 @@ when rank numbers are written in the cells (:func:`analysis.figures.ranks_labell
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import asdict
@@ -20,6 +21,7 @@ from .figures import RULE_TITLES, rank_colors, ranks_labelled
 from .images import InputImage, model_view, upscale_nearest
 from .neighbors import QueryNeighbors
 from .probes import cell_rect_px
+from .workspace import EXPORTS, Workspace
 
 __all__ = ["MAX_LISTED_CELLS", "export_query", "neighbors_summary", "neighbors_to_dict", "overlay_png", "query_record"]
 
@@ -153,19 +155,22 @@ def query_record(loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbo
     return neighbors_to_dict(neighbors) | {"checkpoint": loaded.card.name, "image_sha256": image.digest}
 
 
-def export_query(folder: str | Path, loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbors
-                 ) -> tuple[Path, Path]:
-    """Write the query's :func:`overlay_png` and its :func:`query_record` JSON into ``folder`` (created if missing).
+def export_query(workspace: Workspace, session: str | None, loaded: LoadedModel, image: InputImage,
+                 neighbors: QueryNeighbors) -> tuple[Path, Path]:
+    """Write the query's :func:`overlay_png` and its :func:`query_record` JSON as a new export of ``session``.
 
     Returns:
-        tuple[Path, Path]: the PNG and the JSON, named after model, image digest, layer and query pixel (so exporting
-        the same query again overwrites them).
+        tuple[Path, Path]: the PNG and the JSON, in a fresh entry of ``workspace``, named by the server from the
+        image digest, the layer and the query pixel (``neighbors-<digest>-<layer>-<row>-<col>``): nothing the card
+        says becomes part of a name.
+
+    Raises:
+        ValueError: the workspace has no room for them (nothing is written).
     """
     row_px, col_px = neighbors.query_px
-    name = f"{loaded.card.name}-{image.digest[:10]}-{neighbors.layer.name}-{row_px}-{col_px}".replace(".", "_")
-    stem = Path(folder) / name
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    png, data = stem.with_suffix(".png"), stem.with_suffix(".json")
-    overlay_png(model_view(image, loaded.card.input_size), neighbors).save(png)
-    data.write_text(json.dumps(query_record(loaded, image, neighbors), indent=1))
-    return png, data
+    stem = f"neighbors-{image.digest[:10]}-{neighbors.layer.name}-{row_px}-{col_px}".replace(".", "_")
+    png = io.BytesIO()
+    overlay_png(model_view(image, loaded.card.input_size), neighbors).save(png, format="PNG")
+    data = json.dumps(query_record(loaded, image, neighbors), indent=1).encode()
+    entry = workspace.add(session, EXPORTS, {f"{stem}.png": png.getvalue(), f"{stem}.json": data})
+    return entry / f"{stem}.png", entry / f"{stem}.json"

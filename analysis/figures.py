@@ -3,10 +3,13 @@
 Conventions: fixed heights, units in titles and axis labels, colour-blind-safe palettes (Viridis/Cividis for
 sequential values, a diverging RdBu for signed ones, Okabe–Ito for categories). Images are drawn pixel for pixel
 (``go.Image``: pixel ``(row, col)`` is centred at ``x = col, y = row``), so a cell's outline is its pixel rectangle
-± 0.5.
+± 0.5. Plotly renders a subset of HTML in its text (``<a href>`` becomes a link), so text from a model card (class
+names) is escaped (:func:`html.escape`) before it reaches a figure.
 """
 
 from __future__ import annotations
+
+import html
 
 import numpy as np
 import plotly.graph_objects as go
@@ -291,9 +294,11 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
 
     Args:
         view (np.ndarray): (S, S, 3) uint8.
-        attribution (Attribution): the map, (S, S) float ≥ 0, titled with its method and class.
+        attribution (Attribution): the map, (S, S) float ≥ 0, titled with its method and class (the card's class
+            name, escaped: shown as text).
     """
-    title = f"{attribution.method.replace('_', ' ')} for class '{attribution.target}' (|attribution|, a.u.)"
+    target = html.escape(attribution.target)
+    title = f"{attribution.method.replace('_', ' ')} for class '{target}' (|attribution|, a.u.)"
     fig = make_subplots(1, 2, subplot_titles=["model input", "attribution (a.u.)"], horizontal_spacing=0.08)
     fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=attribution.values, colorscale="Cividis", colorbar=dict(title="a.u."),

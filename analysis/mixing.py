@@ -7,13 +7,13 @@ pixel is ``‖M_knn z_knn‖ / (‖M_knn z_knn‖ + ‖M_conv z_conv‖)`` (L2 o
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage
 from .probes import probe_module
@@ -43,7 +43,7 @@ class BranchMix:
     share: np.ndarray
 
 
-@functools.lru_cache(maxsize=32)
+@bounded_cache(32)
 def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
     """The ConvNN vs convolution share of ``layer``'s 1×1 mix output at every pixel (cached).
 

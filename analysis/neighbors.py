@@ -5,8 +5,11 @@ For a probe layer and an image, the rules act on the features the layer itself s
 
 * ``"window"``: the R×R window around the query (zero-padded, raster order): a convolution;
 * ``"all"``: the top K by feature similarity over every token: attention-style selection;
-* ``"random"``: the top K among r candidates drawn from ``seed`` (plus the query);
-* ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`);
+* ``"random"``: the top K among r candidates (plus the query), drawn as the layer draws in eval mode: from the
+  image's key and the seed (by default the layer's own, so the rule reproduces a random layer exactly;
+  :mod:`convnn.candidates`);
+* ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`); α = 0 is the
+  window rule and α = 1 the all rule exactly (:func:`convnn.functional.effective_selection`);
 * ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
   hybrid uses its kernel's window, and MHSA (which selects nothing) is shown by its K largest attention weights.
 
@@ -18,7 +21,6 @@ padding cells outside the grid (e.g. row −1); a ViT's CLS token has no cell an
 
 from __future__ import annotations
 
-import functools
 import itertools
 import numbers
 from dataclasses import dataclass, replace
@@ -27,11 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from convnn.candidates import keyed_candidates
 from convnn.functional import (
     blend_select,
+    effective_selection,
     pad_map,
     padded_to_cells,
-    sample_candidates,
     to_tokens,
     window_indices,
     window_size_for,
@@ -64,8 +67,7 @@ RULES = ("window", "all", "random", "blend")
 LAYER_RULE = "layer"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
-_SELECTION_CACHE_SIZE = 128  # selections kept, holding at most _SELECTION_CACHE_BYTES of arrays in all:
-_SELECTION_CACHE_BYTES = 128 * 2**20  # a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB
+_SELECTION_CACHE_SIZE = 128  # selections kept (a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB)
 _QUERY_KEY_CACHE_SIZE = 32  # (model, image, layer) q, k features kept; each ≤ 2 × N × C floats (≈0.5 MB on CIFAR)
 
 
@@ -77,7 +79,8 @@ class RuleOptions:
         num_neighbors (int, optional): K.
         window_size (int, optional): R, odd; also the window of the "inside the R×R window" share.
         num_candidates (int, optional): r of the random rule.
-        seed (int): seed of the random candidates. Default: 0
+        seed (int, optional): seed of the random candidates; None: the layer's own (0 for a layer without one).
+            Default: None
         blend_alpha (float): α of the blend rule, 0 = window, 1 = feature similarity. Default: 0.5
         head (int): attention head whose q, k are used (0 for maps). Default: 0
     """
@@ -85,14 +88,15 @@ class RuleOptions:
     num_neighbors: int | None = None
     window_size: int | None = None
     num_candidates: int | None = None
-    seed: int = 0
+    seed: int | None = None
     blend_alpha: float = 0.5
     head: int = 0
 
     @classmethod
-    def from_ui(cls, k: float, window: float, candidates: float, seed: float, alpha: float, head: float
+    def from_ui(cls, k: float, window: float, candidates: float, seed: float | None, alpha: float, head: float
                 ) -> RuleOptions:
-        """Options from the app's number boxes, where 0 means "the layer's own" for K, R and r.
+        """Options from the app's number boxes, where 0 (or an empty box) means "the layer's own" for K, R, r and the
+        seed.
 
         Raises:
             ValueError: K, R or r not a whole finite number ≥ 0 (``inf``, ``NaN``, ``2.7``, ``−1``); the message names
@@ -101,7 +105,7 @@ class RuleOptions:
         """
         k, window, candidates = (whole_number(v, name, minimum=0) for v, name in (
             (k, "K (neighbours per query)"), (window, "the window side R"), (candidates, "r (random candidates)")))
-        return cls(k or None, window or None, candidates or None, seed, alpha, head)
+        return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
 def max_window_size(probe: ProbeLayer) -> int:
@@ -117,9 +121,10 @@ def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
     K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
-    r to the layer's r (else 32), raised to K. As in the layers (METHOD §3), r ≥ N (every token) makes the random
-    rule the "all" rule, so r is capped at N (:attr:`QueryNeighbors.random_uses_all_tokens`). Whole floats
-    (``9.0``) are accepted for the integer fields and returned as ``int``.
+    r to the layer's r (else 32), raised to K; the seed to the layer's (else 0). As in the layers (METHOD §3), r ≥ N
+    (every token) makes the random rule the "all" rule, so r is capped at N
+    (:attr:`QueryNeighbors.random_uses_all_tokens`). Whole floats (``9.0``) are accepted for the integer fields and
+    returned as ``int``.
 
     Returns:
         RuleOptions: every field set, K, R, r, seed and head as ``int`` and α as ``float``.
@@ -152,7 +157,7 @@ def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
     alpha = options.blend_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"blend α must be in [0, 1], got {alpha!r}")
-    seed = whole_number(options.seed, "seed", 0, MAX_SEED)
+    seed = whole_number(probe.seed or 0 if options.seed is None else options.seed, "seed", 0, MAX_SEED)
     return RuleOptions(k, window, min(candidates, probe.num_tokens), seed, float(alpha), probe.check_head(options.head))
 
 
@@ -210,7 +215,7 @@ def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, 
 
 
 def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, rule: str,
-                  num_neighbors: int) -> Selection:
+                  num_neighbors: int, keys: np.ndarray) -> Selection:
     prefix, self_first = probe.num_prefix_tokens, probe.kind != "attention"
     num_tokens = q.shape[2]
     if rule == "all" or options.num_candidates >= num_tokens:  # r ≥ N: every token is a candidate (METHOD §3)
@@ -218,9 +223,8 @@ def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions,
         self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
         topk_scores, topk_idx = select_topk(scores, num_neighbors, self_index)
         candidates = candidate_cells = candidate_is_prefix = None
-    else:  # random: r sampled keys plus the query itself (METHOD §3)
-        generator = torch.Generator().manual_seed(options.seed)
-        candidates = sample_candidates(num_tokens, options.num_candidates, 1, generator, q.device)
+    else:  # random: r sampled keys plus the query itself (METHOD §3), drawn as the layer draws in eval mode
+        candidates = keyed_candidates(keys, options.seed, num_tokens, options.num_candidates).to(q.device)
         topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=probe.similarity,
                                                  candidates=candidates, self_first=self_first)
         topk_scores, topk_idx = topk_scores[:, :, prefix:], topk_idx[:, :, prefix:]
@@ -244,7 +248,7 @@ def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Sel
     return Selection(cells, is_prefix, scores.cpu().numpy())
 
 
-@functools.lru_cache(maxsize=_QUERY_KEY_CACHE_SIZE)
+@bounded_cache(_QUERY_KEY_CACHE_SIZE)
 def _query_key(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
     """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer)."""
     probe = loaded.probe(layer)
@@ -292,12 +296,15 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
     return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)))
 
 
-@bounded_cache(_SELECTION_CACHE_SIZE, _SELECTION_CACHE_BYTES)
+@bounded_cache(_SELECTION_CACHE_SIZE)
 def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
     """:func:`rule_selection` for checked ``rule`` and :func:`_options_read` ``options``."""
     probe = loaded.probe(layer)
     q, k = _query_key(loaded, image, layer)
     q, k = q[:, options.head:options.head + 1], k[:, options.head:options.head + 1]  # (1, 1, N, D)
+    keys = trace_image(loaded, image).sample_keys
+    if rule == "blend":  # its ends are the two operations exactly
+        rule = effective_selection(rule, options.blend_alpha)
     with torch.no_grad():
         if rule == LAYER_RULE:
             record = trace_image(loaded, image).records.get(probe.name)
@@ -307,10 +314,10 @@ def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, op
                 size = probe.window_size
                 return _window_rule(probe, q, k, replace(options, num_neighbors=size**2, window_size=size), blend=False)
             layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
-            return _feature_rule(probe, q, k, options, "all", layer_k)
+            return _feature_rule(probe, q, k, options, "all", layer_k, keys)
         if rule in ("window", "blend"):
             return _window_rule(probe, q, k, options, blend=rule == "blend")
-        return _feature_rule(probe, q, k, options, rule, options.num_neighbors)
+        return _feature_rule(probe, q, k, options, rule, options.num_neighbors, keys)
 
 
 def distance_stats(cells: np.ndarray, is_prefix: np.ndarray, query_cells: np.ndarray, window_size: int

@@ -11,7 +11,6 @@ position (:func:`convnn.functional.coordinate_channels`, scaled by ``position_we
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, window_indices, window_size_for
 from kernels.reference import select_topk, similarity_scores
 
+from .caching import bounded_cache
 from .images import InputImage
 from .neighbors import distance_stats, jaccard
 from .values import whole_number
@@ -31,7 +31,7 @@ _MAX_NEIGHBORS = 4096
 MAX_POSITION_WEIGHT = 100.0  # position channels up to 100× the colour range; larger only overflows the scores
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(16)
 def pixel_view(image: InputImage, max_side: int = PIXEL_VIEW_SIDE_PX) -> np.ndarray:
     """The upload downsampled (Lanczos) to at most ``max_side`` a side, aspect kept: (h, w, 3) uint8."""
     pil = image.pil

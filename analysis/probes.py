@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention, NeighborRecord, record_neighbors
+from convnn.candidates import sample_keys
 from convnn.functional import to_tokens
 from convnn.layers import ConvNNAttention, KVTAttention
 
@@ -62,6 +64,8 @@ class ProbeLayer:
         num_candidates (int or None): the layer's r for random selection.
         num_heads (int): attention heads (1 for maps).
         branch_ratio (float or None): λ of a hybrid layer.
+        seed (int or None): the seed of the layer's candidate draws (:mod:`convnn.candidates`), None for layers
+            that draw none (MHSA, conv-only hybrid).
     """
 
     name: str
@@ -79,6 +83,7 @@ class ProbeLayer:
     num_candidates: int | None = None
     num_heads: int = 1
     branch_ratio: float | None = None
+    seed: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +123,8 @@ def _describe(name: str, module: nn.Module, grid: tuple[int, int], prefix: int, 
         mixer = "kvt" if isinstance(module, KVTAttention) else "convnn" if is_knn else "mhsa"
         return ProbeLayer(name, "attention", mixer, height, width, prefix, input_size, name if is_knn else None,
                           module.num_neighbors if is_knn else None, module.selection if is_knn else "dense", "dot",
-                          num_candidates=module.num_candidates if is_knn else None, num_heads=module.num_heads)
+                          num_candidates=module.num_candidates if is_knn else None, num_heads=module.num_heads,
+                          seed=module.seed if is_knn else None)
     hybrid = isinstance(module, HybridConvNN2d)
     knn = module.knn if hybrid else module
     if knn is None:
@@ -126,7 +132,8 @@ def _describe(name: str, module: nn.Module, grid: tuple[int, int], prefix: int, 
                           window_size=module.conv.kernel_size[0], branch_ratio=module.branch_ratio)
     return ProbeLayer(name, "hybrid" if hybrid else "convnn2d", "convnn", height, width, 0, input_size,
                       f"{name}.knn" if hybrid else name, knn.num_neighbors, knn.selection, knn.similarity,
-                      knn.window_size, knn.num_candidates, branch_ratio=module.branch_ratio if hybrid else None)
+                      knn.window_size, knn.num_candidates, branch_ratio=module.branch_ratio if hybrid else None,
+                      seed=knn.seed)
 
 
 def _is_probe(module: nn.Module, parent_is_hybrid: bool) -> bool:
@@ -219,11 +226,14 @@ class Trace:
         inputs (dict[str, Tensor]): probe name → its input, (1, C, H, W) for maps, (1, N, dim) for tokens.
         records (dict[str, NeighborRecord]): probe name → what the layer selected (absent for layers that select
             nothing).
+        sample_keys (np.ndarray): (1,) uint64 key of the model input, from which the model's random layers drew
+            their candidates in eval mode (:mod:`convnn.candidates`).
     """
 
     logits: Tensor
     inputs: dict[str, Tensor]
     records: dict[str, NeighborRecord]
+    sample_keys: np.ndarray
 
 
 def run_trace(model: nn.Module, probes: tuple[ProbeLayer, ...], x: Tensor) -> Trace:
@@ -254,7 +264,7 @@ def run_trace(model: nn.Module, probes: tuple[ProbeLayer, ...], x: Tensor) -> Tr
         for handle in handles:
             handle.remove()
     selected = {p.name: records[p.record_name][0] for p in probes if p.record_name and records.get(p.record_name)}
-    return Trace(logits, inputs, selected)
+    return Trace(logits, inputs, selected, sample_keys(x))
 
 
 def layer_query_key(module: nn.Module, probe: ProbeLayer, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,6 @@ share of them inside the query's R×R window. A convolution sits at 100% inside;
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 
 from convnn.functional import padded_to_cells
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage
 from .neighbors import LAYER_RULE, RuleOptions, distance_stats, rule_selection
@@ -39,7 +39,7 @@ class SpectrumRow:
     window_size: int
 
 
-@functools.lru_cache(maxsize=16)
+@bounded_cache(16)
 def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3) -> tuple[SpectrumRow, ...]:
     """Every probe layer's mean neighbour distance and in-window share on ``image`` (cached).
 

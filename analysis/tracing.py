@@ -6,10 +6,9 @@ Every view of an image (prediction, neighbours, weights, λ mix, spectrum, multi
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage, model_input
 from .probes import Trace, run_trace
@@ -20,7 +19,7 @@ TOP_CLASSES = 5
 _TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every probe layer's input (≈1 MB for CIFAR models)
 
 
-@functools.lru_cache(maxsize=_TRACE_CACHE_SIZE)
+@bounded_cache(_TRACE_CACHE_SIZE)
 def trace_image(loaded: LoadedModel, image: InputImage) -> Trace:
     """The recorded forward pass of ``loaded`` on ``image`` (cached per model identity and image digest).
 

@@ -1,25 +1,34 @@
-"""Checking the numbers a user types (a pixel, K, a seed, a number of hops) before they reach arrays and RNGs, and
-recognising a request that ran out of memory.
+"""Checking the numbers a user types or a page sends (a pixel, K, a seed, a click) before they reach arrays and RNGs,
+and wording the errors a user can cause for the page.
 
 UI number boxes and ``gradio_client`` calls deliver floats, possibly ``inf``, ``NaN`` or ``2.7``; ``int()`` on those
 raises ``OverflowError`` or silently truncates. :func:`whole_number` turns them into an ``int`` or a ``ValueError``
-that names the field. :func:`user_error_message` tells the errors a user can cause (a bad value or file, or an
-allocation failure from large options: :func:`is_out_of_memory`) from bugs, and words them for the page.
+that names the field; :func:`click_position` does the same for a select event's position. :func:`user_error_message`
+tells the errors a user can cause (a bad value or file, or an allocation failure from large options:
+:func:`is_out_of_memory`) from bugs, and words them for the page: every absolute path shortened to its file name,
+at most :data:`MAX_MESSAGE_CHARS`, escaped for HTML (the page renders error messages as HTML).
 """
 
 from __future__ import annotations
 
+import html
 import math
 import numbers
+import re
 
 import torch
 
-__all__ = ["MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "is_out_of_memory", "user_error_message", "whole_number"]
+__all__ = ["MAX_MESSAGE_CHARS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position", "is_out_of_memory",
+           "user_error_message", "whole_number"]
 
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed accepts
 OUT_OF_MEMORY_MESSAGE = ("Not enough memory for this request: choose a smaller K, window R or r, another layer, or a "
                          "smaller image or model, and try again.")
 _OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate", "cannot allocate")  # torch's CPU and CUDA allocators
+MAX_MESSAGE_CHARS = 1000  # longer messages (a 5000-character name quoted by a library) are cut
+# The folders of an absolute path (POSIX or Windows) in a message: a separator not inside a word, a URL or a relative
+# path, then each folder (it may hold spaces, not start with one) and its separator. The file name after them stays.
+_ABSOLUTE_FOLDERS = re.compile(r"(?<![\w.~:/\\-])(?:[A-Za-z]:)?[\\/](?:[^\s\\/'\"][^\\/\n'\"]*?[\\/])+")
 
 
 def whole_number(value: object, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -53,6 +62,26 @@ def whole_number(value: object, name: str, minimum: int | None = None, maximum: 
     return number
 
 
+def click_position(index: object, width_px: int, height_px: int) -> tuple[float, float]:
+    """A select event's ``index`` (Gradio's ``[x, y]`` in display pixels) as two numbers.
+
+    Args:
+        index (object): what the event carried; the page sends two numbers, a crafted request anything.
+        width_px, height_px (int): the displayed image's size, for the message.
+
+    Returns:
+        tuple[float, float]: ``(x, y)`` as received, both finite.
+
+    Raises:
+        ValueError: not two finite real numbers (``[None, None]``, ``None``, ``["a", 1]``, ``[inf, 2]``): the message
+            a click outside the image gets.
+    """
+    if (isinstance(index, list | tuple) and len(index) == 2 and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in index)):
+        return index[0], index[1]
+    raise ValueError(f"the click ({index!r:.40}) is outside the {width_px}×{height_px} image")
+
+
 def is_out_of_memory(err: BaseException) -> bool:
     """Whether ``err`` reports an allocation failure: ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA), or a
     ``RuntimeError`` from torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory: …")."""
@@ -65,9 +94,15 @@ def user_error_message(err: BaseException) -> str | None:
     """What to tell the user about ``err``, or None when it is not one a user can cause (a bug: let it propagate).
 
     Returns:
-        str or None: ``str(err)`` for ``ValueError`` (including :class:`convnn.CheckpointError`) and ``OSError``;
-        :data:`OUT_OF_MEMORY_MESSAGE` when :func:`is_out_of_memory`; None otherwise.
+        str or None: for ``ValueError`` (including :class:`convnn.CheckpointError`) and ``OSError``, ``str(err)`` with
+        every absolute path shortened to its file name (``/srv/app/checkpoints/a.json`` → ``a.json``: no message
+        says where the server keeps files), cut to :data:`MAX_MESSAGE_CHARS` and HTML-escaped (``<``, ``>``, ``&``:
+        card text in a message is shown, not rendered); :data:`OUT_OF_MEMORY_MESSAGE` when :func:`is_out_of_memory`;
+        None otherwise.
     """
     if isinstance(err, ValueError | OSError):
-        return str(err)
+        message = _ABSOLUTE_FOLDERS.sub("", str(err))
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS - 1] + "…"
+        return html.escape(message, quote=False)
     return OUT_OF_MEMORY_MESSAGE if is_out_of_memory(err) else None

@@ -8,7 +8,6 @@ values and the output of a layer are computed once per (model, image, layer); a 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from convnn.candidates import keyed_draws
 from convnn.functional import pad_map, to_tokens
 
+from .caching import bounded_cache
 from .checkpoints import LoadedModel
 from .images import InputImage
 from .neighbors import LAYER_RULE, RuleOptions, rule_selection
@@ -114,7 +115,7 @@ def _attention_output(module: torch.nn.Module, x: Tensor) -> Tensor:
     return captured[0]
 
 
-@functools.lru_cache(maxsize=_LAYER_OUTPUT_CACHE_SIZE)
+@bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
 def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
     """What ``layer`` gathers and what it outputs on ``image``: one layer call per (model, image, layer).
 
@@ -124,7 +125,7 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tu
     probe = loaded.probe(layer)
     trace = trace_image(loaded, image)
     x, module = trace.inputs[probe.name], probe_module(loaded.model, probe)
-    with torch.no_grad(), loaded.lock:
+    with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
         if probe.kind == "attention":
             _, _, v = module.project_qkv(x)
             return v, _attention_output(module, x)

@@ -18,6 +18,7 @@ from analysis import (
     pixel_neighbors,
     pixel_view,
     query_neighbors,
+    trace_image,
 )
 from analysis.figures import neighbor_panel, pixel_figure, ranks_labelled
 
@@ -56,8 +57,12 @@ def test_exports_describe_the_overlay(load_small, image):
     assert data["query"] == {"row_px": 10, "col_px": 20, "row": 5, "col": 10}
     assert set(data["rules"]) == {"window", "all", "random", "blend", "layer"}
     first = data["rules"]["window"]["neighbors"][0]
+    # The layer scores its input features by cosine: the query cell (5, 10) against the window's first cell (4, 9).
+    features = trace_image(loaded, image).inputs["stages.1.0.conv1"][0].double()  # (C, H, W)
+    query, neighbor = features[:, 5, 10], features[:, 4, 9]
+    cosine = float(query @ neighbor / (query.norm() * neighbor.norm()))
     assert first == {"rank": 0, "row": 4, "col": 9, "is_cls": False, "rect_px": [8, 18, 10, 20],
-                     "similarity": pytest.approx(first["similarity"])}
+                     "similarity": pytest.approx(cosine, abs=1e-5)}
     assert len(data["rules"]["random"]["candidates"]) == 12
     png = overlay_png(model_view(image, 32), result)
     assert png.mode == "RGB" and png.width > 5 * 320 and png.height > 320

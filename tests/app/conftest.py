@@ -28,6 +28,6 @@ def app_url(explorer):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = app.build_demo(explorer)
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True)
+    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
     yield url
     demo.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import analysis as an
 import app
 from convnn import load_checkpoint, save_checkpoint
 from convnn.checkpoint import MAX_EXHAUSTIVE_TOKENS
+from tests.image_files import png_claiming_size
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 NO_OVERRIDES = dict(k=0, window=0, candidates=0, seed=0, alpha=0.5, head=0)
@@ -48,15 +50,22 @@ def test_bad_images_give_clear_messages(explorer, checkpoint_dir, tmp_path):
     checkpoint = str(checkpoint_dir / "cnn-l0.5.json")
     (tmp_path / "notes.png").write_text("this is text, not a picture")
     (tmp_path / "empty.png").write_bytes(b"")
-    Image.new("RGB", (5000, 10)).save(tmp_path / "huge.png")
+    png_claiming_size(tmp_path / "huge.png", 20_000, 10_000)  # over Pillow's decompression-bomb limit
     for name, message in [("notes.png", "not an image that can be read"), ("empty.png", "empty"),
-                          ("huge.png", "up to 4096 px a side")]:
+                          ("huge.png", "huge.png has too many pixels to open safely")]:
         with pytest.raises(gr.Error, match=message):
             explorer.on_image(checkpoint, str(tmp_path / name))
         with pytest.raises(gr.Error, match=message):  # the upload button refuses it before it replaces the image
             explorer.on_image_upload(str(tmp_path / name))
     with pytest.raises(gr.Error, match="Pick an example or upload an image first"):
         explorer.on_image(checkpoint, None)
+
+
+def test_what_was_done_to_an_image_is_said_on_the_page(explorer, checkpoint_dir, tmp_path):
+    """The image's note (here: transparency made white) is shown as a warning when the image is used."""
+    Image.new("RGBA", (8, 8), (255, 0, 0, 0)).save(tmp_path / "clear.png")
+    with pytest.warns(UserWarning, match="transparent pixels were composited onto white"):
+        explorer.on_image(str(checkpoint_dir / "cnn-l0.5.json"), str(tmp_path / "clear.png"))
 
 
 def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_dir, example_image, tmp_path):
@@ -129,10 +138,16 @@ def test_a_bug_is_not_disguised_as_a_user_error(explorer, checkpoint_dir, exampl
                               **NO_OVERRIDES)
 
 
-def test_an_upload_with_more_tokens_than_the_budget_is_refused(explorer, checkpoint_dir, tmp_path, monkeypatch):
+def stored_files(work_dir: Path) -> list[Path]:
+    """The files an explorer's work dir holds (uploads and exports, in per-session folders)."""
+    return [path for path in work_dir.rglob("*") if path.is_file()]
+
+
+def test_an_upload_with_more_tokens_than_the_budget_is_refused(checkpoint_dir, tmp_path, monkeypatch):
     """A 40 KB random-selection checkpoint at input_size 128 has a 128×128 = 16384-token layer: the "all" rule
     would have asked for 7 GB on the first click. It is refused at upload, and leaves nothing behind."""
     monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
     weights, card_path = save_checkpoint(model, tmp_path / "big", dataclasses.replace(card, input_size=128))
     with pytest.raises(gr.Error) as refused:
@@ -141,7 +156,7 @@ def test_an_upload_with_more_tokens_than_the_budget_is_refused(explorer, checkpo
         f"big.json: at input_size 128, layer stages.0.0.conv1 has N = 16384 tokens (128×128); the explorer compares "
         f"every token with every other, so it opens models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a "
         f"smaller input_size")
-    assert list((tmp_path / "work" / "checkpoints").iterdir()) == []
+    assert stored_files(tmp_path / "work") == []
 
 
 def test_a_card_naming_fewer_classes_than_the_model_outputs_is_refused_at_upload(explorer, checkpoint_dir, tmp_path):
@@ -154,9 +169,10 @@ def test_a_card_naming_fewer_classes_than_the_model_outputs_is_refused_at_upload
         explorer.on_checkpoint_upload([str(tmp_path / "five.json"), str(tmp_path / "five.safetensors")], [])
 
 
-def test_a_refused_checkpoint_upload_leaves_no_folder_behind(explorer, checkpoint_dir, tmp_path, monkeypatch):
+def test_a_refused_checkpoint_upload_leaves_no_folder_behind(checkpoint_dir, tmp_path, monkeypatch):
     """Whatever the validation raises (here an unexpected RuntimeError), the copied files are removed."""
     monkeypatch.setattr(app, "WORK_DIR", tmp_path)
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
 
     def fail(*args, **kwargs):
         raise RuntimeError("unexpected")
@@ -165,7 +181,7 @@ def test_a_refused_checkpoint_upload_leaves_no_folder_behind(explorer, checkpoin
     files = [str(checkpoint_dir / "cnn-l0.json"), str(checkpoint_dir / "cnn-l0.safetensors")]
     with pytest.raises(RuntimeError, match="unexpected"):
         explorer.on_checkpoint_upload(files, [])
-    assert list((tmp_path / "checkpoints").iterdir()) == []
+    assert stored_files(tmp_path) == []
 
 
 def test_a_refused_checkpoint_upload_names_the_file_not_the_server_folder(explorer, checkpoint_dir, tmp_path):
@@ -187,7 +203,7 @@ def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path
     explorer = app.Explorer(tmp_path, device="cpu")
     demo = app.build_demo(explorer)
     dropdown = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "checkpoint")
-    assert [choice[1] for choice in dropdown.choices] == [str(tmp_path / "good.json")]
+    assert [choice[1] for choice in dropdown.choices] == ["good"]  # a stem: no server path in the page
     shown, _, _ = explorer.on_model(str(tmp_path / "good.json"))
     assert "test accuracy (top-1): n/a" in shown and "nan%" not in shown
 
@@ -225,23 +241,25 @@ def test_vit_stats_explain_that_padding_cells_do_not_exist_there(explorer, check
 def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
     update, uploads = explorer.on_checkpoint_upload(
         [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")], [])
-    assert update["value"] == uploads[0] and ("uploaded: vit-mhsa", uploads[0]) in update["choices"]
-    card, layers, head = explorer.on_model(uploads[0])
+    label, choice = uploads[0]
+    assert update["value"] == choice and label == "uploaded: vit-mhsa: ViT, MHSA" and uploads[0] in update["choices"]
+    card, layers, head = explorer.on_model(choice)
     assert "MHSA" in card and layers["value"] == "blocks.0.attn" and head["visible"]
 
 
-def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(explorer, checkpoint_dir, tmp_path, monkeypatch):
+def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(checkpoint_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "vit-mhsa.json")
     weights, card_path = save_checkpoint(model, tmp_path / "mine8", card, dtype=torch.int8)
     _, uploads = explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
-    shown, _, _ = explorer.on_model(uploads[0])
+    shown, _, _ = explorer.on_model(uploads[0][1])
     assert "weights stored as: int8 (per-channel scales" in shown
     card_path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(gr.Error) as refused:
         explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
     assert refused.value.message.startswith("mine8.json: not a readable JSON model card (RecursionError")
-    assert len(list((tmp_path / "work" / "checkpoints").iterdir())) == 1  # the refused upload left nothing
+    assert len(stored_files(tmp_path / "work")) == 2  # the first upload's two files: the refused one left nothing
 
 
 def chain_steps(demo: gr.Blocks, component: gr.components.Component, event: str) -> list:
@@ -274,7 +292,8 @@ def test_a_control_refreshes_only_the_tabs_that_read_it(explorer):
     query = ["on_neighbors", "on_weights", "on_mix", "on_multihop"]
     assert event_chain(demo, controls["Layer"], "input") == [*query, "on_equivalence_reset"]
     assert event_chain(demo, controls["attention head"], "input") == ["on_neighbors", "on_weights", "on_multihop"]
-    for knob in ("K (0 = layer's)", "window R (0 = auto)", "random r ≥ K (0 = layer's / 32; ≥ N = all)", "seed"):
+    for knob in ("K (0 = layer's)", "window R (0 = auto)", "random r ≥ K (0 = layer's / 32; ≥ N = all)",
+                 "seed (0 = the layer's)"):
         assert event_chain(demo, controls[knob], "change") == ["on_neighbors"]
     assert event_chain(demo, controls["blend α (0 = window, 1 = features)"], "release") == ["on_neighbors"]
     assert event_chain(demo, controls["hops (towards the input)"], "release") == ["on_multihop"]
@@ -295,7 +314,7 @@ def test_a_new_model_or_image_refreshes_every_view(explorer):
     assert event_chain(demo, blocks["image_file"], "change") == [
         "on_image", "on_spectrum", "on_pixel_image", "on_pixel_query", "on_pixels", *views]
     for control in (blocks["layer"], blocks["attention head"]):
-        assert not any((control._id, "change") in step.targets for step in demo.fns.values())
+        assert not any((control._id, "change") in step.targets for step in demo.fns.values() if step.fn)
 
 
 def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_everywhere(explorer, checkpoint_dir,
@@ -426,7 +445,7 @@ def test_switching_to_a_model_with_the_same_layer_names_updates_the_page(app_url
         page.locator("#checkpoint input").click()
         page.locator("#checkpoint input").fill("cnn-random")
         page.get_by_role("option").filter(has_text="cnn-random").first.click()
-        expect(page.locator("#card")).to_contain_text("cnn-random", timeout=30_000)
+        expect(page.locator("#card textarea")).to_have_value(re.compile("^cnn-random: "), timeout=30_000)
         expect(stats).to_contain_text(new, timeout=60_000)
         page.locator("#layer input").click()  # a layer the user picks still updates the panel (.input)
         page.get_by_role("option").filter(has_text="stages.0.0.conv1 ·").first.click()

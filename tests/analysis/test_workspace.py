@@ -1,0 +1,98 @@
+"""The work dir of uploads and exports, and the request size limit (analysis/workspace.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from analysis import RequestSizeLimit, Workspace
+from analysis.workspace import EXPORTS, UPLOADS
+
+
+def files_under(folder) -> list:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def test_entries_are_named_by_the_workspace_and_reached_by_their_session_only(tmp_path):
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
+    source = tmp_path / "upload.bin"
+    source.write_bytes(b"w" * 100)
+    entry = workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}", "checkpoint.safetensors": source})
+    assert entry.parent.parent.parent == tmp_path / "work" and len(entry.name) == 32
+    assert sorted(p.name for p in entry.iterdir()) == ["checkpoint.json", "checkpoint.safetensors"]
+    assert workspace.open("alice", UPLOADS, entry.name) == entry
+    for session, entry_id in (("bob", entry.name), (None, entry.name), ("alice", "../" + entry.name),
+                              ("alice", "0" * 31)):
+        with pytest.raises(ValueError, match="this upload is no longer on the server"):
+            workspace.open(session, UPLOADS, entry_id)
+    with pytest.raises(ValueError, match=r"not a plain file name: '\.\./x'"):
+        workspace.add("alice", EXPORTS, {"../x": b""})
+    assert workspace.used_bytes() == 102
+
+
+def test_a_write_past_the_byte_bound_is_refused_before_anything_is_written(tmp_path):
+    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60)
+    workspace.add("alice", EXPORTS, {"a.json": b"x" * 600})
+    with pytest.raises(ValueError, match=r"the server keeps at most 0\.0 MB of uploads and exports and holds 0\.0 MB "
+                                         r"now, too much for 0\.0 MB more: try again later \(files are deleted 1 min"):
+        workspace.add("bob", EXPORTS, {"b.json": b"x" * 500})
+    assert [p.name for p in files_under(tmp_path / "work")] == ["a.json"]
+
+
+def test_a_sweep_deletes_what_was_not_used_for_max_age(tmp_path):
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
+    old, used = (workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}"}) for _ in range(2))
+    stray = tmp_path / "work" / "checkpoints" / "0f" / "left.json"  # an older layout's file, at an entry's depth
+    stray.parent.mkdir(parents=True)
+    stray.write_text("{}")
+    past = time.time() - 120
+    for path in (old, used, stray):
+        os.utime(path, (past, past))
+    workspace.open("alice", UPLOADS, used.name)  # opening renews it
+    assert workspace.sweep() == 2 and not old.exists() and not stray.exists() and used.exists()
+    assert workspace.sweep(now=time.time() + 61) == 1 and list((tmp_path / "work").iterdir()) == []
+
+
+def test_the_lifespan_sweeps_as_the_server_starts(tmp_path):
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
+    entry = workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}"})
+    os.utime(entry, (0, 0))
+
+    async def start_and_stop():
+        async with workspace.lifespan(every_s=3600)(None):
+            return entry.exists()
+
+    assert asyncio.run(start_and_stop()) is False
+
+
+def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes]) -> list[dict]:
+    """What ``middleware`` sends for a POST with ``headers`` (the app behind it answers 200 and reads nothing)."""
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def receive():
+        raise AssertionError("the body was read")
+
+    async def send(message):
+        sent.append(message)
+
+    middleware.app = app
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "headers": list(headers.items())}
+    asyncio.run(middleware(scope, receive, send))
+    return sent
+
+
+def test_a_request_body_over_the_limit_is_refused_from_its_declared_length():
+    limit = RequestSizeLimit(None, max_bytes=3 * 2**20)
+    assert respond(limit, {b"content-length": str(3 * 2**20).encode()})[0]["status"] == 200
+    refused = respond(limit, {b"content-length": str(3 * 2**20 + 1).encode()})
+    assert refused[0]["status"] == 413
+    assert refused[1]["body"] == b"one request may carry at most 3 MB (3145728 bytes); this one declares 3145729 bytes"
+    assert respond(limit, {b"transfer-encoding": b"chunked"})[0]["status"] == 411  # no length: none to check
+    assert respond(limit, {b"content-length": b"-5"})[0]["status"] == 413
+    assert respond(limit, {})[0]["status"] == 200  # no body (a GET)

@@ -1,0 +1,378 @@
+"""The issue "Safe, and open to what people bring": what a card, an upload or a request says never names a path,
+reaches the page as markup or shows a server path; the queue, the uploads, the work dir and the caches are bounded.
+
+Handlers are called directly (a ``gr.Request`` stands for a session); the queue, the upload limit and the file route
+are tried against a served app, and the page's rendering of card text in a real browser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import gradio as gr
+import httpx
+import pytest
+import torch
+from gradio.utils import get_upload_folder
+from PIL import Image
+
+import analysis as an
+import app
+from convnn import CheckpointError, load_checkpoint, save_checkpoint
+from tests.app.test_app import CELL_LAYER, NO_OVERRIDES, browser_page, click
+
+SESSION_A, SESSION_B = gr.Request(session_hash="session-a"), gr.Request(session_hash="session-b")
+HOSTILE = 'pwn```\n</code><img id="evil-img" src="http://127.0.0.1:9/x.png"><a id="evil-link" href="http://x">a</a>'
+
+
+def copy_checkpoint(source_dir: Path, stem: str, target_dir: Path, new_stem: str | None = None, **card_fields
+                    ) -> Path:
+    """``stem``'s card and weights copied to ``target_dir`` (as ``new_stem``), the card's fields replaced."""
+    target_dir.mkdir(parents=True, exist_ok=True)
+    new_stem = new_stem or stem
+    card = json.loads((source_dir / f"{stem}.json").read_text())
+    (target_dir / f"{new_stem}.json").write_text(json.dumps(card | card_fields))
+    shutil.copyfile(source_dir / f"{stem}.safetensors", target_dir / f"{new_stem}.safetensors")
+    return target_dir / f"{new_stem}.json"
+
+
+@pytest.fixture
+def work_dir(tmp_path, monkeypatch) -> Path:
+    """A fresh app work dir for the explorers this test makes."""
+    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    return tmp_path / "work"
+
+
+def files_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def server_paths_in(message: str) -> list[str]:
+    """The absolute folders of this machine that ``message`` names (none may appear in the page)."""
+    roots = {str(Path(tempfile.gettempdir())), str(app.REPO), str(Path.home()), os.getcwd()}
+    return [root for root in roots if root in message]
+
+
+# -- 1 · card text never becomes a path ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["{outside}/pwn", "../../../../pwn", "x" * 5000, 'a/b\\c:*?"<>|\n\x00 é ☕.json',
+                                  ".", "CON"], ids=["absolute", "dotdot", "5000 chars", "odd chars", "dot", "CON"])
+def test_exports_are_named_by_the_server_whatever_the_card_name(checkpoint_dir, example_image, tmp_path, work_dir,
+                                                                 name):
+    """A card named "/some/dir/pwn" made /export create that folder and write there; 5000 characters failed with
+    the server's path in the message. Now every file is written inside the work dir under a server-made name."""
+    outside = tmp_path / "outside"
+    card_path = copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=name.format(outside=outside))
+    explorer = app.Explorer(card_path.parent, device="cpu")
+    files = explorer.on_export(str(card_path), str(example_image), CELL_LAYER, 10, 20, **NO_OVERRIDES)
+    assert not outside.exists()
+    written = files_under(tmp_path)
+    assert written == sorted([*files_under(tmp_path / "ckpt"), *map(Path, files)])  # nothing else anywhere
+    for path in map(Path, files):
+        assert path.is_relative_to(work_dir) and path.name.isascii() and "pwn" not in path.name
+        assert len(path.name) < 100 and path.name.startswith("neighbors-")
+    assert json.loads(Path(files[1]).read_text())["checkpoint"] == name.format(outside=outside)  # the text, as text
+
+
+@pytest.mark.parametrize("stem", ["x" * 245, "..", "my card (1)", "café ☕", " -rf ", "a.b.c"])
+def test_uploads_are_stored_under_server_names_whatever_the_file_names(checkpoint_dir, tmp_path, work_dir, stem):
+    """The card's file name was the stored name, the weights' made from it: a 245-character card name + ".safetensors"
+    passed the file system's 255-byte limit (an OSError naming the server path); the user chose names in the server's
+    folder."""
+    card = copy_checkpoint(checkpoint_dir, "vit-mhsa", tmp_path / "mine", new_stem=stem[:240])
+    card = card.rename(card.with_name(f"{stem}.json"))  # 250 bytes; the weights' 240 + 12
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    update, _ = explorer.on_checkpoint_upload([str(card), str(card.with_name(f"{stem[:240]}.safetensors"))],
+                                                    [], request=SESSION_A)
+    stored = files_under(work_dir)
+    assert len(stored) == 2 and all(p.name.isascii() and stem.strip() not in p.name for p in stored)
+    assert {p.suffix for p in stored} == {".json", ".safetensors"}
+    assert str(work_dir) not in str(update["value"])  # the page is handed an id, not a server path
+    shown, _, _ = explorer.on_model(update["value"], request=SESSION_A)
+    assert shown.startswith("vit-mhsa: ViT, MHSA")
+
+
+# -- 3 · the queue is bounded, slow views have their own group ----------------------------------------------------
+def dependency(demo: gr.Blocks, name: str) -> list:
+    return [fn for fn in demo.fns.values() if fn.name == name]
+
+
+def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_request(explorer):
+    demo = app.build_demo(explorer)
+    assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
+    assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
+    slow = dependency(demo, "on_attribution") + dependency(demo, "on_equivalence")
+    assert len(slow) == 5  # the attribution button, the three chains that refresh it, the equivalence button
+    for fn in slow:
+        assert (fn.concurrency_id, fn.concurrency_limit, fn.trigger_mode) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY,
+                                                                             "always_last")
+    fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
+    assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
+    cancelled = {i for fn in demo.fns.values() if fn.is_cancel_function for i in fn.cancels}
+    assert cancelled == {fn._id for fn in slow}  # a new model, image, method, class or layer cancels what waits
+    blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
+    cancellers = {target for fn in demo.fns.values() if fn.is_cancel_function for target in fn.targets}
+    for control in ("checkpoint", "image_file", "method", "class (empty = predicted)", "layer"):
+        assert (blocks[control]._id, "change") in cancellers
+
+
+@contextlib.contextmanager
+def served(demo: gr.Blocks):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, url, _ = app.launch(demo, port, prevent_thread_lock=True)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkpoint_dir, example_image, work_dir):
+    """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
+    request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
+    monkeypatch.setattr(app, "MAX_QUEUED_EVENTS", 2, raising=False)
+    stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
+    os.utime(stale, (0, 0))
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(*args, **kwargs):
+        started.set()
+        release.wait(30)
+        return "released"
+
+    monkeypatch.setattr(an, "equivalence_summary", blocked)
+    demo = app.build_demo(explorer)
+    fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
+    with served(demo) as url:
+        assert not stale.exists()  # swept as the server started
+        assert demo.state_session_capacity == app.MAX_SESSIONS  # Gradio keeps the state of so many sessions
+        with open(example_image, "rb") as file:
+            image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
+        data = [str(checkpoint_dir / "cnn-l0.5.json"), {"path": image, "meta": {"_type": "gradio.FileData"}},
+                CELL_LAYER]
+
+        def join(session: str) -> httpx.Response:
+            return httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
+                                                                   "session_hash": session, "trigger_id": None})
+        try:
+            assert join("s0").status_code == 200 and started.wait(30)  # runs (the slow group's one place)
+            assert [join(f"s{i}").status_code for i in (1, 2)] == [200, 200]  # wait in the queue
+            refused = join("s3")
+            assert refused.status_code == 503 and "Queue is full" in refused.text
+        finally:
+            release.set()
+
+
+# -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
+def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
+    """Three 45 MB files in one request were accepted and stayed on disk."""
+    before = set(Path(get_upload_folder()).rglob("*"))
+    part = b"\0" * (app.MAX_REQUEST_MB * 2**20 // 3 + 1)
+    files = [("files", (f"part{i}.safetensors", part)) for i in range(3)]
+    response = httpx.post(f"{app_url}gradio_api/upload", files=files)
+    assert response.status_code == 413 and f"{app.MAX_REQUEST_MB} MB" in response.text
+    assert set(Path(get_upload_folder()).rglob("*")) == before  # refused before any of it was stored
+
+
+def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, work_dir, monkeypatch):
+    size = sum(p.stat().st_size for p in checkpoint_dir.glob("vit-mhsa.*"))
+    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1.5 * size / 2**20, raising=False)
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
+    explorer.on_checkpoint_upload(files, [], request=SESSION_A)
+    with pytest.raises(gr.Error, match=r"the server keeps at most .* MB of uploads and exports"):
+        explorer.on_checkpoint_upload(files, [], request=SESSION_B)
+    assert len(files_under(work_dir)) == 2  # the refused upload wrote nothing
+
+
+def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example_image, work_dir):
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
+    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
+    explorer.on_export(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 3, 3, **NO_OVERRIDES,
+                       request=SESSION_A)
+    assert len(files_under(work_dir)) == 4
+    assert explorer.workspace.sweep() == 0  # nothing is old yet
+    later = os.stat(work_dir).st_mtime + app.FILE_MAX_AGE_S + 1
+    assert explorer.workspace.sweep(now=later) == 2 and files_under(work_dir) == []  # the upload and the export
+    with pytest.raises(gr.Error, match="no longer on the server"):
+        explorer.on_model(update["value"], request=SESSION_A)
+    demo = app.build_demo(explorer)
+    assert demo.delete_cache == (app.FILE_SWEEP_S, app.FILE_MAX_AGE_S)  # Gradio's own cache: uploads, downloads
+
+
+def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir):
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
+    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
+    assert explorer.on_model(update["value"], request=SESSION_A)[0].startswith("vit-mhsa")
+    with pytest.raises(gr.Error, match=r"no longer on the server|unknown checkpoint"):
+        explorer.on_model(update["value"], request=SESSION_B)
+    stored = next(p for p in files_under(work_dir) if p.suffix == ".json")
+    with pytest.raises(gr.Error, match="unknown checkpoint"):  # its path, typed in, opens nothing either
+        explorer.on_model(str(stored), request=SESSION_B)
+
+
+def test_the_work_dir_is_not_served_and_exports_come_through_gradios_cache(app_url, checkpoint_dir, example_image):
+    from gradio_client import Client, handle_file
+
+    planted = app.WORK_DIR / "planted.json"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("{}")
+    try:
+        assert httpx.get(f"{app_url}gradio_api/file={planted}").status_code == 403
+    finally:
+        planted.unlink()
+    client = Client(app_url, verbose=False)
+    png, data = client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(example_image)), CELL_LAYER,
+                               10, 20, 0, 0, 0, 0, 0.5, 0, api_name="/export")
+    assert json.loads(Path(data).read_text())["query"]["row_px"] == 10 and Image.open(png).width > 1000
+
+
+# -- 5 · card text is shown as text ---------------------------------------------------------------------------------
+def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoint_dir, example_image, tmp_path):
+    classes = [f"<a href='http://x'>c{i}</a>" for i in range(10)]
+    card_path = copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=HOSTILE, classes=classes)
+    explorer = app.Explorer(card_path.parent, device="cpu")
+    demo = app.build_demo(explorer)
+    card_box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "card")
+    assert isinstance(card_box, gr.Textbox) and not card_box.interactive
+    shown, _, _ = explorer.on_model(str(card_path))
+    assert shown == an.card_summary(an.load_model(card_path).card) and shown.startswith(HOSTILE)
+    with pytest.raises(gr.Error) as refused:  # the message names the card: its markup is escaped for the page
+        explorer.on_neighbors(str(card_path), str(example_image), "no-such-layer", 3, 3, **NO_OVERRIDES)
+    assert "<img" not in refused.value.message and '&lt;img id="evil-img"' in refused.value.message
+    figure, _ = explorer.on_attribution(str(card_path), str(example_image), "saliency", "")
+    assert "<a" not in figure.layout.title.text and "&lt;a href=" in figure.layout.title.text
+
+
+@pytest.mark.browser
+def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path):
+    """The card's name broke out of its Markdown code block and its <img> and <a> tags rendered (the browser fetched
+    the image); a class name became a link in the attribution title; error messages render HTML."""
+    from playwright.sync_api import expect
+
+    classes = [f'<a id="evil-class" href="http://x">c{i}</a>' for i in range(10)]
+    copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=HOSTILE, classes=classes)
+    demo = app.build_demo(app.Explorer(tmp_path / "ckpt", device="cpu"))
+    with served(demo) as url, browser_page(url) as page:
+        page.get_by_role("tab", name="Attribution").click()
+        expect(page.locator("#attribution_plot .gtitle")).to_contain_text("evil-class", timeout=60_000)
+        expect(page.locator("#card textarea")).to_have_value(an.card_summary(an.load_model(
+            tmp_path / "ckpt" / "cnn-l0.5.json").card))
+        page.locator("#layer input").fill("no-such-layer")
+        page.locator("#layer input").press("Enter")
+        expect(page.get_by_test_id("toast-body").first).to_contain_text('<img id="evil-img"', timeout=30_000)
+        assert page.locator("[id^=evil]").count() == 0 and page.locator("#attribution_plot .gtitle a").count() == 0
+
+
+# -- 6 · messages name no server path -------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["x" * 5000, "x" * 5000 + ".json", "../" * 2000 + "etc/passwd"])
+def test_long_checkpoint_names_give_a_short_message_without_server_paths(explorer, value):
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_model(value)
+    message = refused.value.message
+    assert message.startswith("unknown checkpoint") and len(message) < 300 and server_paths_in(message) == []
+
+
+def test_a_broken_file_under_the_work_dir_is_named_without_the_servers_folders(checkpoint_dir, tmp_path, work_dir):
+    """A stored upload whose weights were replaced: the library's message named the full path of the stored file."""
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
+    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
+    weights = next(p for p in files_under(work_dir) if p.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\1")
+    with pytest.raises(gr.Error, match="sha256 differs") as refused:
+        explorer.on_model(update["value"], request=SESSION_A)
+    assert server_paths_in(refused.value.message) == [] and str(work_dir) not in refused.value.message
+
+
+def test_a_broken_shipped_checkpoint_is_named_relative_to_the_app(checkpoint_dir, tmp_path):
+    card = copy_checkpoint(checkpoint_dir, "cnn-l0", tmp_path / "ckpt")
+    weights = card.with_suffix(".safetensors")
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\1")
+    with pytest.raises(gr.Error) as refused:
+        app.Explorer(card.parent, device="cpu").on_model(str(card))
+    assert refused.value.message.startswith("cnn-l0.safetensors: sha256 differs")
+    assert server_paths_in(refused.value.message) == []
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("/srv/my app/ckpt/a.json: bad", "a.json: bad"),
+    (" /srv/app/b.safetensors: sha256 differs", " b.safetensors: sha256 differs"),
+    ("[Errno 36] File name too long: '/var/lib/x/" + "y" * 40 + "'", "[Errno 36] File name too long: '" + "y" * 40
+     + "'"),
+    ("C:\\Users\\me\\w.safetensors: cannot be read", "w.safetensors: cannot be read"),
+    ("K/N = 9/16 and a ≥ b", "K/N = 9/16 and a ≥ b"),
+])
+def test_the_page_gets_file_names_not_server_paths(text, shown):
+    assert an.user_error_message(ValueError(text)) == shown
+
+
+# -- 7 · weights that overflow are refused at load --------------------------------------------------------------------
+def scaled_upload(checkpoint_dir: Path, folder: Path, scales: dict[str, float]) -> list[str]:
+    """cnn-l0.5 saved in fp32 with the tensors named in ``scales`` multiplied ("*": every floating tensor)."""
+    model, card = load_checkpoint(checkpoint_dir / "cnn-l0.5.json")
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and (name in scales or "*" in scales):
+                tensor.mul_(scales.get(name, scales.get("*")))
+    weights, card_path = save_checkpoint(model, folder / "big", card, dtype=torch.float32)
+    return [str(card_path), str(weights)]
+
+
+@pytest.mark.parametrize(("scales", "module"), [
+    ({"*": 1e37}, "stem.1 (BatchNorm2d)"),  # the stem conv gives ≈ 5e35, finite; its BatchNorm γ·(x − μ)/σ ≈ 1e54
+    # γ·x̂ ≈ 1e29 on the grey image (finite); the next hybrid's convolution multiplies that by ≈ 1e30: inf
+    ({"stages.1.0.act1.0.weight": 1e30, "stages.1.0.conv2.conv.weight": 1e30}, "stages.1.0.conv2.conv (Conv2d)"),
+], ids=["every tensor × 1e37", "two layers × 1e30"])
+def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_dir, tmp_path, work_dir, scales,
+                                                                   module):
+    """fp32 weights scaled by 1e37 loaded; /predict said the output was not finite, but /neighbors, /spectrum and
+    /attribution showed meaningless numbers."""
+    files = scaled_upload(checkpoint_dir, tmp_path, scales)
+    with pytest.raises(gr.Error) as refused:
+        app.Explorer(checkpoint_dir, device="cpu").on_checkpoint_upload(files, [], request=SESSION_A)
+    assert refused.value.message == (f"big.json: on a mid-grey image the output of {module} is not finite (inf or "
+                                     "NaN): the weights overflow float32, so nothing this model computes means "
+                                     "anything")
+    assert files_under(work_dir) == []
+    with pytest.raises(CheckpointError, match=f"the output of {module.split()[0]} "):
+        an.load_model(files[0])
+
+
+# -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
+def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
+    launched = []
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace: launched.append(port))
+    monkeypatch.setattr(app, "build_demo", lambda explorer: None)
+    before = an.cache_budget()
+    monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])
+    try:
+        app.main()
+        assert an.cache_budget() == 64 * 2**20 and launched == [7999]
+    finally:
+        an.set_cache_budget(before)
+
+
+# -- 9 · a select event without a position ----------------------------------------------------------------------------
+@pytest.mark.parametrize("index", [[None, None], None, [3], ["a", "b"], [float("inf"), 4], [4, float("nan")]])
+def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer, checkpoint_dir, example_image,
+                                                                        index):
+    event = gr.SelectData(None, {"index": index, "value": None})
+    with pytest.raises(gr.Error, match=r"the click .* is outside the 256×256 image"):
+        explorer.on_click(str(checkpoint_dir / "cnn-l0.5.json"), event)
+    with pytest.raises(gr.Error, match=r"the click .* is outside the 384×384 image"):  # 32×32 px shown at 12×
+        explorer.on_pixel_click(str(example_image), event)
+    with pytest.raises(gr.Error, match=r"the click \(x=300, y=3\) is outside the 256×256 image"):
+        explorer.on_click(str(checkpoint_dir / "cnn-l0.5.json"), click(300, 3))
+    with pytest.raises(gr.Error, match=r"the example's index must be (a whole number|in \[0, 19\]), got"):
+        explorer.on_example(gr.SelectData(None, {"index": index, "value": None}))  # the gallery's select
