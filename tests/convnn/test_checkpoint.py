@@ -389,13 +389,17 @@ def _rewrite(path, edit=lambda state: None, **card_fields) -> None:
 
 
 def test_exhaustive_layers_beyond_the_token_budget_are_refused_without_running(saved):
-    """At 128 px the first stage's all-pairs selection would hold (128²)² fp32 scores (1 GB per image)."""
+    """At 96 px the first stage's all-pairs selection would hold (96²)² fp32 scores (340 MB per image): over the
+    token budget though within the activation budget; at 128 px (1 GB) the card's cost refuses it first."""
     _, path = saved
     _rewrite(path, input_size=64)  # N = 4096 = the limit: loads
     assert load_checkpoint(path)[1].input_size == 64
+    _rewrite(path, input_size=96)
+    with pytest.raises(CheckpointError, match=r"m.json: at input_size 96, layer .*knn \(selection='all'\) scores "
+                                              r"all N = 9216 tokens .* more than the 4096 allowed"):
+        load_checkpoint(path)
     _rewrite(path, input_size=128)
-    with pytest.raises(CheckpointError, match=r"m.json: at input_size 128, layer .*knn \(selection='all'\) scores "
-                                              r"all N = 16384 tokens .* more than the 4096 allowed"):
+    with pytest.raises(CheckpointError, match=r"m.json: .* activation values per image at input_size 128"):
         load_checkpoint(path)
 
 
