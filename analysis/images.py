@@ -8,7 +8,7 @@ resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then en
 (:func:`_accept`): 16-bit and float values reduced to 8 bits, transparency composited onto white, RGB, and a note
 saying what was done (which the app shows).
 
-Positions follow STYLE §4: ``(row, col)``, with a ``_px`` suffix for image pixels. The images the app shows are the
+Positions are ``(row, col)``, with a ``_px`` suffix for image pixels. The images the app shows are the
 model input (e.g. 32×32) upscaled by an integer factor, so a click at display pixel ``(row, col)`` is model-input
 pixel ``(row // factor, col // factor)`` exactly (:func:`display_to_input_px`).
 """

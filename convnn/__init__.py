@@ -1,4 +1,4 @@
-"""ConvNN: convolution and attention as one k-nearest-neighbour aggregation (METHOD.md).
+"""ConvNN: convolution and attention as one k-nearest-neighbour aggregation (docs/method.md, cited as METHOD §N).
 
 Layers (``ConvNN2d``, ``HybridConvNN2d``, ``ConvNNAttention``, ``KVTAttention``, ``MultiheadSelfAttention``),
 models (``create_model``), checkpoints (``save_checkpoint`` / ``load_checkpoint``) and the neighbour recorder.

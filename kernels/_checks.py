@@ -1,4 +1,4 @@
-"""Argument checks shared by the reference dispatch and the fused kernel's launcher (STYLE §6)."""
+"""Argument checks shared by the reference dispatch and the fused kernel's launcher."""
 
 from __future__ import annotations
 

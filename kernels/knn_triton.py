@@ -17,19 +17,19 @@ write partial top-K lists, and a second launch (``_knn_fwd_merge``) merges them.
 
 Running top-K. Each score is packed with its candidate column into one int64 key: the high 32 bits hold an
 order-preserving int32 image of the fp32 score, the low 32 bits ``0x7FFFFFFF − column``, so a larger key is a larger
-score and, among equal scores, the lower column (KERNEL.md). ``self_first`` ranks the query's own candidate with
+score and, among equal scores, the lower column (docs/kernel.md). ``self_first`` ranks the query's own candidate with
 score +∞ (its real score is restored for the weights). The accumulator keeps ``K_PAD`` = next power of two ≥ K keys
 per query: ``acc = max(bitonic_merge(acc), topk(tile, K_PAD))`` (the max of an ascending and a descending sorted
 list is the top half of their union, as a bitonic sequence). Only scores above a row's current K-th can enter: a
 tile without any costs one compare, and rows with a few are inserted one row maximum at a time instead of sorting
-the whole tile (the top-K selection, not the GEMM, dominates the forward: KERNEL.md).
+the whole tile (the top-K selection, not the GEMM, dominates the forward: docs/kernel.md).
 
 Non-finite scores follow the reference's rule (:mod:`kernels.reference`): each score tile is canonicalised (NaN →
 −∞, +∞ → the largest finite fp32) before it is ranked, so NaN keys rank last and weigh 0, and the forced query
 (+∞) stays strictly first.
 
 Dtypes. q, k, v in fp32, bf16 or fp16 (all the same); scores, softmax and every accumulator are fp32. fp32 inputs
-use ``input_precision="ieee"`` in ``tl.dot`` because TF32 scores change the selected set (KERNEL.md). The Conv1D
+use ``input_precision="ieee"`` in ``tl.dot`` because TF32 scores change the selected set (docs/kernel.md). The Conv1D
 runs on ``tl.dot`` in the input dtype with fp32 accumulation; ``out`` is stored in the input dtype.
 
 Backward reuses the forward's ``idx`` (int32) and weights ``a`` (fp32); nothing is re-selected. With

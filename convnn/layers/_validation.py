@@ -1,4 +1,4 @@
-"""Argument checks shared by the layer constructors (STYLE §6: the message names the argument and the range)."""
+"""Argument checks shared by the layer constructors (the message names the argument and the range)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernel tests run on the GPU when there is one, else on CPU through Triton's interpreter (KERNEL.md, "Testing").
+"""Kernel tests run on the GPU when there is one, else on CPU through Triton's interpreter (docs/kernel.md).
 
 Without CUDA, ``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` before anything imports Triton; this file replaces
 the interpreter's element-by-element xor reduction (which ``tl.sort``/``tl.topk`` use for every compare-and-swap) with
