@@ -18,10 +18,12 @@ import re
 
 import torch
 
+from convnn.validation import SEED_RANGE
+
 __all__ = ["MAX_MESSAGE_CHARS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position", "is_out_of_memory",
            "user_error_message", "whole_number"]
 
-MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed accepts
+MAX_SEED = SEED_RANGE[1]  # the library's one seed range (convnn.validation): 2**63 − 1
 OUT_OF_MEMORY_MESSAGE = ("Not enough memory for this request: choose a smaller K, window R or r, another layer, or a "
                          "smaller image or model, and try again.")
 _OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate", "cannot allocate")  # torch's CPU and CUDA allocators

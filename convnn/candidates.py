@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from .functional import sample_candidates
-from .layers._validation import SEED_RANGE, check_choice, check_int
+from .validation import SEED_RANGE, check_choice, check_int, derive_seed
 
 __all__ = [
     "CANDIDATE_SAMPLINGS",
@@ -48,12 +48,11 @@ __all__ = [
 ]
 
 CANDIDATE_SAMPLINGS = ("batch", "sample")
-_SEED_MASK = SEED_RANGE[1]  # 2**63 − 1: derived seeds stay in what torch.Generator.manual_seed takes
 # splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014): the increment is
 # 2**64 / golden ratio, then two xor-shift-multiply rounds; a bijection of the 64-bit integers with good avalanche.
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_KEY_BYTES = 8  # sample keys and layer seeds are 64-bit
+_KEY_BYTES = 8  # sample keys are 64-bit
 # The per-sample keys of the model input currently running, innermost model last (one tuple per context, so
 # threads and nested models never see each other's keys).
 _KEY_STACK: ContextVar[tuple[np.ndarray | None, ...]] = ContextVar("convnn_sample_keys", default=())
@@ -67,10 +66,10 @@ def layer_seed(model_seed: int, name: str) -> int:
         name (str): ``model.named_modules()`` name, e.g. ``"stages.0.0.conv1.knn"``.
 
     Returns:
-        int: in [0, 2**63 − 1]: the first 8 bytes of ``blake2b(f"{model_seed}/{name}")``, as an integer.
+        int: in [0, 2**63 − 1]: :func:`convnn.validation.derive_seed` of ``(model_seed, name)``, the first 8 bytes
+        of ``blake2b(f"{model_seed}/{name}")`` as an integer.
     """
-    digest = hashlib.blake2b(f"{model_seed}/{name}".encode(), digest_size=_KEY_BYTES).digest()
-    return int.from_bytes(digest, "little") & _SEED_MASK
+    return derive_seed(model_seed, name)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from .validation import derive_seed
+
 __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
@@ -193,9 +195,9 @@ def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -
 class DeviceLoader:
     """Batches of an in-memory dataset held on the training device, sharded across DDP ranks.
 
-    Each epoch draws one permutation from ``seed + epoch`` (identical on every rank), each rank takes a contiguous
-    equal share of it (the remainder is dropped, as ``DistributedSampler(drop_last=True)``), and batches are
-    augmented on the device.
+    Each epoch draws one permutation from a seed derived from ``(seed, epoch)`` (identical on every rank), each rank
+    takes a contiguous equal share of it (the remainder is dropped, as ``DistributedSampler(drop_last=True)``), and
+    batches are augmented on the device (a stream seeded from ``(seed, rank)``).
 
     Args:
         images (np.ndarray): (N, H, W, 3) uint8.
@@ -216,7 +218,7 @@ class DeviceLoader:
         self.batch_size, self.device, self.train = batch_size, device, train
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.epoch = 0  # set by set_epoch
-        self._augment_generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+        self._augment_generator = torch.Generator(device=device).manual_seed(derive_seed(seed, "augment", rank))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose permutation the next iteration uses."""
@@ -235,7 +237,8 @@ class DeviceLoader:
         if not self.train:
             share = torch.arange(count, device=self.device)
             return share[self.rank::self.world_size]
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, "order", self.epoch))
+        order = torch.randperm(count, generator=generator)
         per_rank = count // self.world_size
         return order[self.rank * per_rank:(self.rank + 1) * per_rank].to(self.device)
 

@@ -57,7 +57,7 @@ from .checkpoint import (
     stage_checkpoint,
 )
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
-from .train import evaluate
+from .metrics import test_metrics
 
 __all__ = ["BEFORE_SUFFIX", "EvaluationData", "main"]
 
@@ -99,7 +99,7 @@ class EvaluationData:
         """
         loader = DeviceLoader(self.images, self.labels, self.batch_size, self.device, train=False,
                               mean=tuple(card.mean), std=tuple(card.std))
-        metrics = evaluate(model.to(self.device), loader, self.device, amp=False)
+        metrics = test_metrics(model.to(self.device), loader, self.device, amp=False)
         _check_finite(metrics, card.name)
         return metrics
 

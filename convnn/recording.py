@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .functional import padded_to_cells
 
-__all__ = ["NeighborRecord", "record_neighbors"]
+__all__ = ["NeighborRecord", "Recordable", "record_neighbors"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class NeighborRecord:
         return padded_to_cells(self.topk_idx, self.width, self.padding)
 
 
-class _Recordable(nn.Module):
+class Recordable(nn.Module):
     """Mixin of the layers that can report their neighbours: ``_records`` is a list while recording, else None."""
 
     _records: list[NeighborRecord] | None = None
@@ -69,7 +69,7 @@ def record_neighbors(model: nn.Module) -> Iterator[dict[str, list[NeighborRecord
         ...     logits = model(images)
         >>> records["stage1.0.conv1.knn"][0].topk_idx.shape  # (B, 1, N, K)
     """
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, _Recordable)}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, Recordable)}
     records: dict[str, list[NeighborRecord]] = {name: [] for name in layers}
     for name, layer in layers.items():
         layer._records = records[name]

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from kernels import BACKEND_ENV_VAR, BACKENDS, record_backends
+from kernels import BACKENDS, record_backends, use_backend
 
 from .candidates import candidate_states, load_candidate_states
 from .card import MAX_INPUT_SIZE
@@ -60,14 +60,12 @@ from .data import (
     load_cifar10,
     synthetic_images,
 )
-from .layers._validation import check_choice, check_int, check_nonnegative, check_positive, check_ratio
+from .metrics import test_metrics
 from .models import create_model, list_models
 from .presets import preset
+from .validation import SEED_RANGE, check_choice, check_int, check_nonnegative, check_positive, check_ratio, derive_seed
 
 log = logging.getLogger("convnn.train")
-# Generator seeds derived from a run's seed (seed·1000 + rank in DeviceLoader, seed·7919 + rank for mixing) must stay
-# in the layers' SEED_RANGE (what torch.Generator.manual_seed takes without wrapping): run seeds are 32-bit.
-_MAX_SEED = 2**32 - 1
 
 
 @dataclass
@@ -113,7 +111,7 @@ class TrainConfig:
         for name, low in integers.items():
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), low)
-        check_int("seed", self.seed, 0, _MAX_SEED)
+        check_int("seed", self.seed, *SEED_RANGE)
         check_int("image_size", self.image_size, 1, MAX_INPUT_SIZE)  # the card's input_size
         check_positive("lr", self.lr)
         check_ratio("momentum", self.momentum)
@@ -208,21 +206,6 @@ def mix_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, alph
         mixed[..., top:top + cut_h, left:left + cut_w] = images[perm][..., top:top + cut_h, left:left + cut_w]
         ratio = 1 - cut_h * cut_w / (H * W)
     return mixed, ratio * targets + (1 - ratio) * targets[perm]
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, amp: bool) -> dict[str, float]:
-    """Top-1 accuracy (percent) and mean cross-entropy on ``loader``, summed over all ranks."""
-    model.eval()
-    totals = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, correct, count
-    for images, labels in loader:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(images)
-        totals += torch.stack([F.cross_entropy(logits.float(), labels, reduction="sum"),
-                               (logits.argmax(1) == labels).sum(), torch.tensor(len(labels), device=device)]).double()
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    return {"test_loss": (totals[0] / totals[2]).item(), "test_top1": (100 * totals[1] / totals[2]).item()}
 
 
 def _hardware(device: torch.device, world_size: int) -> str:
@@ -395,8 +378,96 @@ def _to_cpu(value):
     return {key: _to_cpu(item) for key, item in value.items()} if isinstance(value, dict) else value
 
 
+@dataclass
+class _Progress:
+    """How far a run is: epochs finished, training seconds, the last test metrics, the ConvNN paths taken."""
+
+    epochs_done: int = 0
+    elapsed: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    backends: set[str] = field(default_factory=set)
+
+
+def _setup(config: TrainConfig, device: torch.device, rank: int, world_size: int):
+    """Data, model and optimiser of a run: (run, model, model arguments for the card, data description, classes,
+    mean, std, input size)."""
+    train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
+    if len(train_loader) == 0:
+        raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images")
+    model, model_args = _build_model(config, len(classes), device)
+    run = _Run(config, DistributedDataParallel(model) if world_size > 1 else model,
+               make_optimizer(model, config), train_loader, test_loader, len(classes), device,
+               config.amp and device.type == "cuda", rank == 0,
+               torch.Generator().manual_seed(derive_seed(config.seed, "mix", rank)))
+    return run, model, model_args, data, classes, mean, std, input_size
+
+
+def _train_epochs(run: _Run, model: nn.Module, progress: _Progress, out: Path) -> None:
+    """Train the remaining epochs; after each, measure, log one JSON line and write the resume file (rank 0)."""
+    config, device = run.config, run.device
+    resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
+    with record_backends() as backends:  # the paths the ConvNN layers took, for the card
+        while progress.epochs_done < config.epochs and progress.epochs_done * run.steps_per_epoch < run.steps_planned():
+            started = time.perf_counter()
+            train_loss, lr, steps = train_epoch(run, progress.epochs_done)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            epoch_time = time.perf_counter() - started
+            progress.elapsed += epoch_time
+            progress.epochs_done += 1
+            progress.metrics = test_metrics(run.ddp_model, run.test_loader, device, run.amp)
+            streams = _all_rng_states(run, model)
+            if run.is_main:
+                row = {"epoch": progress.epochs_done, "train_loss": train_loss, **progress.metrics, "lr": lr,
+                       "epoch_time_s": epoch_time, "images_per_s": steps * config.batch_size / epoch_time}
+                with log_path.open("a") as file:
+                    file.write(json.dumps(row) + "\n")
+                log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", progress.epochs_done,
+                         config.epochs, train_loss, progress.metrics["test_top1"], epoch_time)
+                partial = resume_path.with_name(resume_path.name + ".partial")  # a run stopped mid-write keeps
+                torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),  # the last file
+                            "epoch": progress.epochs_done, "elapsed": progress.elapsed, "rng": streams}, partial)
+                os.replace(partial, resume_path)
+        if not progress.metrics:  # resumed after the last epoch: report the finished model
+            progress.metrics = test_metrics(run.ddp_model, run.test_loader, device, run.amp)
+    progress.backends |= backends
+
+
+def _run(config: TrainConfig, device: torch.device, rank: int, world_size: int) -> tuple[nn.Module, dict]:
+    """:func:`train` once the process group and the device are set up."""
+    out = Path(config.out)
+    run, model, model_args, data, classes, mean, std, input_size = _setup(config, device, rank, world_size)
+    progress = _Progress()
+    resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
+    if config.resume and resume_path.is_file():
+        progress.epochs_done, progress.elapsed = _resume(run, model, resume_path, rank, world_size)
+    if run.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        if progress.epochs_done == 0:
+            log_path.write_text("")
+        log.info("%s: %s (%d parameters) on %s, from epoch %d", config.name, config.model,
+                 sum(p.numel() for p in model.parameters()), _hardware(device, world_size), progress.epochs_done + 1)
+    _train_epochs(run, model, progress, out)
+    card = ModelCard(
+        name=config.name, model=config.model, model_args=model_args, classes=classes, input_size=input_size,
+        mean=list(mean), std=list(std), metrics=progress.metrics, recipe=dataclasses.asdict(config), data=data,
+        training={"epochs": progress.epochs_done, "seed": config.seed, "train_time_s": round(progress.elapsed, 1),
+                  "hardware": _hardware(device, world_size), "world_size": world_size,
+                  "versions": _versions(), "date": datetime.date.today().isoformat(),
+                  "backend": " + ".join(sorted(progress.backends)) or "none (no ConvNN aggregation)"})
+    # Every rank measures the weights as stored on its shard of the test data; rank 0 writes.
+    save_checkpoint(model, out / config.name, card, getattr(torch, config.save_dtype), write=run.is_main,
+                    measure=lambda stored, _: test_metrics(stored.to(device), run.test_loader, device, run.amp))
+    if run.is_main:
+        log.info("weights as stored (%s): test top-1 %.2f%% (trained model %.2f%%)", config.save_dtype,
+                 card.metrics["test_top1"], progress.metrics["test_top1"])
+    return model, progress.metrics
+
+
 def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
     """Run the whole training described by ``config`` (checked first with :meth:`TrainConfig.check`).
+
+    ``config.backend`` applies to every ConvNN layer left at ``backend="auto"`` (:func:`kernels.use_backend`).
 
     Returns:
         tuple[nn.Module, dict[str, float]]: this rank's trained model (unwrapped from DDP) and its final test
@@ -418,68 +489,10 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN pick the fastest algorithms
-    if config.backend != "auto":  # an explicit --backend wins over $CONVNN_BACKEND
-        os.environ[BACKEND_ENV_VAR] = config.backend
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    out = Path(config.out)
     try:
-        train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
-        if len(train_loader) == 0:
-            raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images")
-        model, model_args = _build_model(config, len(classes), device)
-        run = _Run(config, DistributedDataParallel(model) if world_size > 1 else model,
-                   make_optimizer(model, config), train_loader, test_loader, len(classes), device,
-                   config.amp and device.type == "cuda", rank == 0,
-                   torch.Generator().manual_seed(config.seed * 7919 + rank))
-        epochs_done, elapsed = 0, 0.0
-        resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
-        if config.resume and resume_path.is_file():
-            epochs_done, elapsed = _resume(run, model, resume_path, rank, world_size)
-        if run.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            if epochs_done == 0:
-                log_path.write_text("")
-            log.info("%s: %s (%d parameters) on %s, from epoch %d", config.name, config.model,
-                     sum(p.numel() for p in model.parameters()), _hardware(device, world_size), epochs_done + 1)
-        metrics: dict[str, float] = {}
-        with record_backends() as backends:  # the paths the ConvNN layers took, for the card
-            while epochs_done < config.epochs and epochs_done * run.steps_per_epoch < run.steps_planned():
-                started = time.perf_counter()
-                train_loss, lr, steps = train_epoch(run, epochs_done)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                epoch_time = time.perf_counter() - started
-                elapsed += epoch_time
-                epochs_done += 1
-                metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
-                streams = _all_rng_states(run, model)
-                if run.is_main:
-                    row = {"epoch": epochs_done, "train_loss": train_loss, **metrics, "lr": lr,
-                           "epoch_time_s": epoch_time, "images_per_s": steps * config.batch_size / epoch_time}
-                    with log_path.open("a") as file:
-                        file.write(json.dumps(row) + "\n")
-                    log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", epochs_done, config.epochs,
-                             train_loss, metrics["test_top1"], epoch_time)
-                    partial = resume_path.with_name(resume_path.name + ".partial")  # a run stopped mid-write keeps the
-                    torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),  # last file
-                                "epoch": epochs_done, "elapsed": elapsed, "rng": streams}, partial)
-                    os.replace(partial, resume_path)
-            if not metrics:  # resumed after the last epoch: report the finished model
-                metrics = evaluate(run.ddp_model, test_loader, device, run.amp)
-        card = ModelCard(
-            name=config.name, model=config.model, model_args=model_args, classes=classes, input_size=input_size,
-            mean=list(mean), std=list(std), metrics=metrics, recipe=dataclasses.asdict(config), data=data,
-            training={"epochs": epochs_done, "seed": config.seed, "train_time_s": round(elapsed, 1),
-                      "hardware": _hardware(device, world_size), "world_size": world_size,
-                      "versions": _versions(), "date": datetime.date.today().isoformat(),
-                      "backend": " + ".join(sorted(backends)) or "none (no ConvNN aggregation)"})
-        # Every rank measures the weights as stored on its shard of the test data; rank 0 writes.
-        save_checkpoint(model, out / config.name, card, getattr(torch, config.save_dtype), write=run.is_main,
-                        measure=lambda stored, _: evaluate(stored.to(device), test_loader, device, run.amp))
-        if run.is_main:
-            log.info("weights as stored (%s): test top-1 %.2f%% (trained model %.2f%%)", config.save_dtype,
-                     card.metrics["test_top1"], metrics["test_top1"])
-        return model, metrics
+        with use_backend(config.backend):
+            return _run(config, device, rank, world_size)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

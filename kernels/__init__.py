@@ -1,6 +1,6 @@
 """ConvNN k-nearest-neighbour aggregation: the PyTorch reference, the fused Triton kernel, and the dispatch."""
 
-from .dispatch import BACKEND_ENV_VAR, BACKENDS, knn_aggregate, resolve_backend, triton_available
+from .dispatch import BACKEND_ENV_VAR, BACKENDS, knn_aggregate, resolve_backend, triton_available, use_backend
 from .reference import SIMILARITIES, WEIGHTINGS, KnnResult, knn_aggregate_reference
 from .usage import record_backends
 
@@ -15,4 +15,5 @@ __all__ = [
     "record_backends",
     "resolve_backend",
     "triton_available",
+    "use_backend",
 ]

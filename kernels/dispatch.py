@@ -3,14 +3,18 @@
 Backend choice (``backend="auto"``): the fused Triton kernel for CUDA tensors when Triton imports and the call uses
 only what the kernel implements (:func:`kernels._checks.fused_unsupported_reason`, the rule its launcher enforces:
 cosine or scaled-dot-product similarity, no mask, K ≤ 128, one head or depthwise aggregation, fp32/bf16/fp16);
-the PyTorch reference otherwise. The environment variable ``CONVNN_BACKEND`` (``reference`` | ``triton``), read at
-call time, overrides ``"auto"``, so a whole training run or app session can be forced onto either path.
+the PyTorch reference otherwise. ``"auto"`` defers, in this order, to the innermost :func:`use_backend` block (how a
+training run applies its ``--backend``) and to the environment variable ``CONVNN_BACKEND`` (``reference`` |
+``triton``, read at call time: a user's override for a whole process).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
@@ -18,10 +22,31 @@ from torch import Tensor
 from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, knn_aggregate_reference
 
-__all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available"]
+__all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
 
 BACKENDS = ("auto", "reference", "triton")
 BACKEND_ENV_VAR = "CONVNN_BACKEND"
+_CHOSEN: ContextVar[str] = ContextVar("convnn_backend", default="auto")  # set by use_backend
+
+
+@contextmanager
+def use_backend(backend: str) -> Iterator[None]:
+    """Inside the block, ConvNN aggregations asked for ``backend="auto"`` resolve as ``backend`` (a layer built with
+    an explicit backend keeps it). Blocks nest; each thread and task sees its own.
+
+    Args:
+        backend (str): ``"auto"``, ``"reference"`` or ``"triton"``.
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    token = _CHOSEN.set(backend)
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
 
 
 @functools.cache
@@ -35,7 +60,8 @@ def triton_available() -> bool:
 
 
 def resolve_backend(backend: str, device: torch.device, unsupported: str | None = None) -> str:
-    """Resolve ``"auto"`` (and ``CONVNN_BACKEND``) to ``"reference"`` or ``"triton"`` for tensors on ``device``.
+    """Resolve ``"auto"`` (through :func:`use_backend` and ``CONVNN_BACKEND``) to ``"reference"`` or ``"triton"`` for
+    tensors on ``device``.
 
     Args:
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``.
@@ -52,6 +78,8 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = _CHOSEN.get()
     if backend == "auto":
         backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
         if backend not in BACKENDS:

@@ -10,8 +10,8 @@ from kernels import WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
 
 from ..candidates import CandidateSampler
-from ..recording import _Recordable
-from ._validation import check_choice, check_floating_input, check_int, check_positive
+from ..recording import Recordable
+from ..validation import check_choice, check_floating_input, check_int, check_positive
 
 __all__ = ["ATTENTIONS", "ConvNNAttention", "KVTAttention", "MultiheadSelfAttention", "create_attention"]
 
@@ -78,7 +78,7 @@ class MultiheadSelfAttention(nn.Module):
         return f"{self.dim}, num_heads={self.num_heads}"
 
 
-class ConvNNAttention(_Recordable, MultiheadSelfAttention):
+class ConvNNAttention(Recordable, MultiheadSelfAttention):
     """ConvNN-attention: per head, top-K keys by scaled dot product, softmax over the K, depthwise Conv1D over ranks.
 
     Implements METHOD §5: replaces multi-head self-attention in a ViT. For each head the query picks its K

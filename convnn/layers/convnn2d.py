@@ -22,13 +22,13 @@ from ..functional import (
     to_tokens,
     window_indices,
 )
-from ..recording import _Recordable
-from ._validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
+from ..recording import Recordable
+from ..validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
 
 __all__ = ["ConvNN2d"]
 
 
-class ConvNN2d(_Recordable):
+class ConvNN2d(Recordable):
     """Each pixel aggregates its K selected neighbours with a Conv1D over rank slots (rank 0 = the pixel itself).
 
     Implements METHOD §2–3 on a 2-D map of N = H·W tokens. For query pixel ``i`` the layer scores candidate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_int, check_ratio
+from ..validation import check_int, check_ratio
 from .convnn2d import ConvNN2d
 
 __all__ = ["HybridConvNN2d"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..layers._validation import check_int, check_positive, check_ratio
+from ..validation import check_int, check_positive, check_ratio
 
 __all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "vit_cost"]
 

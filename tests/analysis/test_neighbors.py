@@ -211,8 +211,8 @@ def test_distance_stats_leave_cls_out_of_the_distance():
     (RuleOptions(window_size=19), "R must be odd with R² ≥ K = 9 and at most 17 (as wide as the 16×16 grid of "
                                   "stages.1.0.conv1), got R = 19"),
     (RuleOptions(window_size=101), "at most 17"),
-    (RuleOptions(seed=2**64), "seed must be in [0, 18446744073709551615], got 18446744073709551616"),
-    (RuleOptions(seed=-1), "seed must be in [0, 18446744073709551615], got -1"),
+    (RuleOptions(seed=2**63), "seed must be in [0, 9223372036854775807], got 9223372036854775808"),
+    (RuleOptions(seed=-1), "seed must be in [0, 9223372036854775807], got -1"),
     (RuleOptions(blend_alpha=math.nan), "blend α must be in [0, 1], got nan"),
     (RuleOptions(blend_alpha="0.5"), "blend α must be in [0, 1], got '0.5'"),
     (RuleOptions(head=0.5), "head must be a whole number, got 0.5"),

@@ -168,7 +168,7 @@ def test_a_nan_measurement_of_the_stored_weights_is_never_written_into_a_card(sa
                                                                                monkeypatch):
     """The source measures fine; the stored weights' loss is NaN (here forced): the run stops, nothing is written."""
     measured = iter([{"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}])
-    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", save_dtype, "--device", "cpu",
                            "--out", str(tmp_path / "new")])
@@ -224,14 +224,14 @@ def test_a_nan_measurement_of_a_later_checkpoint_writes_nothing_and_the_run_can_
     second, out = _copy(source, tmp_path / "src", "second"), tmp_path / "new"
     ok, nan = {"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}
     measured = iter([ok, ok, ok, nan])  # vit, vit stored, second, second stored
-    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
     argv = [str(source), str(second), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
             "--out", str(out)]
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(argv)
     assert info.value.code == "python -m convnn.evaluate: second: metrics.test_loss must be a finite number, got nan"
     assert next(measured, None) is None and not out.exists()
-    monkeypatch.setattr(evaluate_cli, "evaluate", lambda *args, **kwargs: ok)
+    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: ok)
     evaluate_cli.main(argv)
     assert sorted(path.name for path in out.iterdir()) == ["second.json", "second.safetensors", "vit.json",
                                                            "vit.safetensors"]

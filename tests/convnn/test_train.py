@@ -80,6 +80,17 @@ def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     assert card["training"]["backend"] == ("none (no ConvNN aggregation)" if without else "reference")
 
 
+def test_a_runs_backend_reaches_the_layers_without_touching_the_environment(tmp_path, monkeypatch):
+    """--backend is applied through kernels.use_backend: the card records it and os.environ is left as it was."""
+    monkeypatch.delenv("CONVNN_BACKEND", raising=False)
+    before = dict(os.environ)
+    config = parse_config(["--preset", "cnn-l0.5", "--name", "b", "--out", str(tmp_path), "--epochs", "1",
+                           "--backend", "reference", *TINY])
+    train(config)
+    assert dict(os.environ) == before
+    assert json.loads((tmp_path / "b.json").read_text())["training"]["backend"] == "reference"
+
+
 @pytest.mark.parametrize("save_dtype", ["int8", "float16"])
 def test_the_card_scores_the_weights_as_stored(save_dtype, tmp_path):
     """The card's test_top1/test_loss are the stored weights' on the test split; for int8 the float model's are
@@ -154,8 +165,8 @@ def test_resuming_a_finished_run_rewrites_its_checkpoint_without_training(tmp_pa
     (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
     (["--weight-decay", "inf"], "weight_decay must be a number in [0, ∞), got inf"),
     (["--momentum", "1.5"], "momentum must be a number in [0, 1], got 1.5"),
-    (["--seed", "-1"], "seed must be an integer in [0, 4294967295], got -1"),
-    (["--seed", str(2**32)], "seed must be an integer in [0, 4294967295], got 4294967296"),
+    (["--seed", "-1"], "seed must be an integer in [0, 9223372036854775807], got -1"),  # the one seed range
+    (["--seed", str(2**63)], "seed must be an integer in [0, 9223372036854775807], got 9223372036854775808"),
     (["--image-size", "1024"], "image_size must be an integer in [1, 512], got 1024"),  # the card's limit
     (["--subset", "0"], "subset"),
     (["--model-args", "[1, 2]"], "model-args"),

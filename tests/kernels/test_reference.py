@@ -111,3 +111,20 @@ def test_record_backends_names_the_path_each_aggregation_took():
     assert outer == {"reference"} and inner == {"triton"}
     knn_aggregate(q, q, v, weight, num_neighbors=4)  # outside any block: nothing is collected, nothing fails
     assert outer == {"reference"}
+
+
+def test_use_backend_sets_what_auto_resolves_to_inside_the_block_only(monkeypatch):
+    """An explicit context (how a training run applies --backend), innermost first, ahead of $CONVNN_BACKEND; an
+    explicit backend argument is kept."""
+    from kernels import BACKEND_ENV_VAR, resolve_backend, use_backend
+
+    monkeypatch.setenv(BACKEND_ENV_VAR, "triton")
+    cpu = torch.device("cpu")
+    with use_backend("reference"):
+        assert resolve_backend("auto", cpu) == "reference"
+        with use_backend("auto"):  # defers to the environment again
+            assert resolve_backend("auto", torch.device("cuda")) == "triton"
+    monkeypatch.delenv(BACKEND_ENV_VAR)
+    assert resolve_backend("auto", torch.device("cuda")) in ("reference", "triton")  # outside: auto
+    with pytest.raises(ValueError, match="backend must be one of"), use_backend("cuda"):
+        pass

@@ -1,12 +1,29 @@
-"""Argument checks shared by the layer constructors (the message names the argument and the range)."""
+"""Argument checks shared by the library (the message names the argument and the range), and its one seed range.
+
+Every seed a user gives (a layer's ``seed``, a model's ``candidate_seed``, a training run's ``--seed``, the app's
+seed box) lies in :data:`SEED_RANGE`; seeds the library derives from them (:func:`derive_seed`) lie there too.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 
-SEED_RANGE = (0, 2**63 - 1)  # what torch.Generator.manual_seed accepts without wrapping
+SEED_RANGE = (0, 2**63 - 1)  # what torch.Generator.manual_seed takes without wrapping to a negative int64
+_SEED_BYTES = 8
+
+
+def derive_seed(*parts: object) -> int:
+    """A seed in :data:`SEED_RANGE` derived from ``parts`` (a seed and labels such as a layer's name or a rank).
+
+    Returns:
+        int: the first 8 bytes of ``blake2b("/".join(str(p) for p in parts))`` as a little-endian integer, masked
+        to 63 bits: independent-looking seeds for different parts, the same for the same parts on any machine.
+    """
+    digest = hashlib.blake2b("/".join(str(part) for part in parts).encode(), digest_size=_SEED_BYTES).digest()
+    return int.from_bytes(digest, "little") & SEED_RANGE[1]
 
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
