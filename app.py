@@ -28,7 +28,7 @@ import torch
 from starlette.middleware import Middleware
 
 import analysis as an
-from analysis import figures
+from analysis.rendering import figures
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -127,7 +127,7 @@ class Explorer:
         default = next((p for p in probes if p.height < loaded.card.input_size), probes[0]) if probes else None
         heads = max((p.num_heads for p in probes), default=1)
         return (an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
-                gr.update(choices=[(p.label, p.name) for p in probes], value=default and default.name),
+                gr.update(choices=[(an.layer_label(p), p.name) for p in probes], value=default and default.name),
                 gr.update(maximum=heads - 1, value=0, visible=heads > 1))
 
     @user_errors
@@ -205,7 +205,7 @@ class Explorer:
     def on_weights(self, checkpoint, image_path, layer, row_px, col_px, head, request: gr.Request | None = None):
         loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
-        if probe.mixer == "mhsa":
+        if probe.dense:
             return None, None, None, f"{probe.name} is plain attention: no rank-slot kernel to show."
         heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
         if probe.record_name is None:
@@ -218,7 +218,7 @@ class Explorer:
     def on_mix(self, checkpoint, image_path, layer, row_px, col_px, request: gr.Request | None = None):
         loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
-        if probe.kind != "hybrid":
+        if not probe.is_hybrid:
             return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
         mix = an.branch_mix(loaded, self.image(image_path), layer)
         cell = an.query_cell(probe, *self.pixel(row_px, col_px))

@@ -1,25 +1,25 @@
 """Analysis behind ConvNN Explorer: pure functions of (model, image, query, options) → arrays, dataclasses, figures.
 
-Imports ``convnn`` and ``kernels``, never ``gradio``; only :mod:`analysis.figures` makes Plotly figures. Results
-are cached per (model, image) in one store under one byte budget (:mod:`analysis.caching`), so repeated clicks are
-lookups; the files users bring and take away live in a bounded :class:`Workspace` (:mod:`analysis.workspace`).
+Three roles, one subpackage each, imported in this order (each only imports those before it):
+
+* :mod:`analysis.session` — what a visit holds: the models (``models``) and images (``images``) it opened, one
+  recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
+  (``selections``), the caches under one byte budget (``caching``), the files users bring and take away
+  (``workspace``) and the checks of what they type (``inputs``);
+* :mod:`analysis.views` — one module per view, none importing another: ``neighbors``, ``weights`` (the
+  aggregation kernel and the λ mix), ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``,
+  ``attribution``, ``pixels`` (the input-level view);
+* :mod:`analysis.rendering` — ``figures`` (Plotly) and ``export`` (JSON, Markdown, PNG), sharing one overlay
+  drawer (``overlay``).
+
+Imports ``convnn``, never ``kernels`` or ``gradio``.
 """
 
-from .attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
-from .caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
-from .checkpoints import (
-    UPLOAD_PREFIX,
-    LoadedModel,
-    card_summary,
-    checkpoint_card,
-    compute_path,
-    list_checkpoints,
-    load_model,
-    store_upload,
-)
-from .equivalence import Equivalence, attention_equivalence, conv_equivalence, equivalence_summary
-from .export import export_query, neighbors_summary, neighbors_to_dict, overlay_png, query_record
-from .images import (
+from convnn.introspect import compute_path
+
+from .rendering.export import export_query, neighbors_summary, neighbors_to_dict, overlay_png, query_record
+from .session.caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
+from .session.images import (
     InputImage,
     clamp_px,
     display_factor,
@@ -30,25 +30,7 @@ from .images import (
     model_input,
     model_view,
 )
-from .mixing import BranchMix, branch_mix, mix_summary
-from .multihop import ReceptiveField, receptive_field
-from .neighbors import (
-    RULES,
-    NeighborSet,
-    QueryNeighbors,
-    RuleOptions,
-    Selection,
-    jaccard,
-    max_window_size,
-    query_neighbors,
-    resolve_options,
-    rule_selection,
-)
-from .pixels import PixelNeighbors, pixel_neighbors, pixel_view
-from .probes import ProbeLayer, cell_rect_px, find_probe_layers, query_cell
-from .spectrum import SpectrumRow, selection_spectrum
-from .tracing import top_classes, trace_image
-from .values import (
+from .session.inputs import (
     MAX_MESSAGE_CHARS,
     MAX_SEED,
     OUT_OF_MEMORY_MESSAGE,
@@ -57,8 +39,40 @@ from .values import (
     user_error_message,
     whole_number,
 )
-from .weights import AggregationKernel, Contributions, aggregation_kernel, neighbor_contributions
-from .workspace import RequestSizeLimit, Workspace
+from .session.models import (
+    UPLOAD_PREFIX,
+    LoadedModel,
+    card_summary,
+    checkpoint_card,
+    list_checkpoints,
+    load_model,
+    store_upload,
+)
+from .session.selections import (
+    RuleOptions,
+    Selection,
+    jaccard,
+    max_window_size,
+    resolve_options,
+    rule_selection,
+    rule_title,
+)
+from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
+from .session.workspace import RequestSizeLimit, Workspace
+from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
+from .views.equivalence import Equivalence, attention_equivalence, conv_equivalence, equivalence_summary
+from .views.neighbors import NeighborSet, QueryNeighbors, query_neighbors
+from .views.pixels import PixelNeighbors, pixel_neighbors, pixel_view
+from .views.spectrum import ReceptiveField, SpectrumRow, receptive_field, selection_spectrum
+from .views.weights import (
+    AggregationKernel,
+    BranchMix,
+    Contributions,
+    aggregation_kernel,
+    branch_mix,
+    mix_summary,
+    neighbor_contributions,
+)
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -67,7 +81,6 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",
     "OUT_OF_MEMORY_MESSAGE",
-    "RULES",
     "UPLOAD_PREFIX",
     "AggregationKernel",
     "Attribution",
@@ -75,10 +88,10 @@ __all__ = [
     "Contributions",
     "Equivalence",
     "InputImage",
+    "LayerInfo",
     "LoadedModel",
     "NeighborSet",
     "PixelNeighbors",
-    "ProbeLayer",
     "QueryNeighbors",
     "ReceptiveField",
     "RequestSizeLimit",
@@ -104,10 +117,10 @@ __all__ = [
     "display_to_input_px",
     "equivalence_summary",
     "export_query",
-    "find_probe_layers",
     "image_from_array",
     "is_out_of_memory",
     "jaccard",
+    "layer_label",
     "list_checkpoints",
     "load_image",
     "load_model",
@@ -127,6 +140,7 @@ __all__ = [
     "receptive_field",
     "resolve_options",
     "rule_selection",
+    "rule_title",
     "selection_spectrum",
     "set_cache_budget",
     "store_upload",

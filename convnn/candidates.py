@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from .functional import sample_candidates
+from .selection import SelectionRule
 from .validation import SEED_RANGE, check_choice, check_int, derive_seed
 
 __all__ = [
@@ -141,18 +142,20 @@ class CandidateSampler:
         self.reseed(seed)
 
     @classmethod
-    def for_selection(cls, selection: str, num_candidates: int | None, num_neighbors: int, candidate_sampling: str,
-                      seed: int) -> CandidateSampler:
-        """The sampler of a layer: draws only for ``selection="random"``, which needs ``num_candidates ≥ K``.
+    def for_rule(cls, rule: SelectionRule, num_candidates: int | None, num_neighbors: int, candidate_sampling: str,
+                 seed: int) -> CandidateSampler:
+        """The sampler of a layer selecting by ``rule``: it draws only for a rule that reads ``num_candidates``
+        (``"random"``), which needs ``num_candidates ≥ K``.
 
         Raises:
-            ValueError: ``selection="random"`` without an integer ``num_candidates ≥ num_neighbors``, or a bad
+            ValueError: such a rule without an integer ``num_candidates ≥ num_neighbors``, or a bad
                 ``candidate_sampling`` or ``seed``.
         """
-        if selection != "random":
+        if "num_candidates" not in rule.reads:
             return cls(None, candidate_sampling, seed)
         if num_candidates is None:
-            raise ValueError(f"selection='random' needs num_candidates ≥ num_neighbors = {num_neighbors}, got None")
+            raise ValueError(f"selection={rule.name!r} needs num_candidates ≥ num_neighbors = {num_neighbors}, "
+                             "got None")
         check_int("num_candidates", num_candidates, num_neighbors)
         return cls(num_candidates, candidate_sampling, seed)
 

@@ -13,7 +13,7 @@ with :func:`load_checkpoint`'s own checks (so it refuses whatever the loader wou
 loaded model, and only then writes the two files, each through a temporary file renamed into place, so a save that
 fails leaves an existing checkpoint as it was. Every model is checked on the ``meta`` device before it is built (its
 size, the token count of exhaustive ConvNN layers, and one logit per class at the card's input size), so a card
-cannot make the loader allocate more than :data:`MAX_PARAMETERS` values. Measured metrics
+cannot make the loader allocate more than :data:`convnn.budget.MAX_PARAMETERS` values. Measured metrics
 (``save_checkpoint(..., measure=...)``): ``test_top1`` and ``test_loss`` are those of the weights as stored; an int8
 card also keeps the saved model's as ``test_top1_before_quantization`` and ``test_loss_before_quantization``
 (:data:`BEFORE_SUFFIX`), which a card of weights stored otherwise never holds.
@@ -34,9 +34,9 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
+from .budget import check_model
 from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
-from .layers import ConvNN2d, ConvNNAttention
-from .models import create_model, model_cost
+from .models import create_model
 from .storage import (
     INT8_SCALE_SUFFIX,
     dequantize,
@@ -46,25 +46,10 @@ from .storage import (
     weights_dtype_name,
 )
 
-__all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "MAX_PARAMETERS", "STORED_METRICS", "WEIGHTS_DTYPES",
-           "CheckpointError", "ModelCard", "StagedCheckpoint", "checkpoint_paths", "load_checkpoint", "save_checkpoint",
-           "stage_checkpoint"]
+__all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES",
+           "CheckpointError", "ModelCard", "StagedCheckpoint", "checkpoint_paths", "load_checkpoint",
+           "save_checkpoint", "stage_checkpoint"]
 
-# Tokens N a layer that scores every candidate (ConvNN2d "all"/"blend", k-NN attention "all") may see: its reference
-# path holds N² fp32 scores per image, 64 MB at 4096 (ImageNet presets at 224 px: 3136; CIFAR models: ≤ 1024).
-MAX_EXHAUSTIVE_TOKENS = 4096
-# Values (parameters and buffers) a card's model may hold, checked on the meta device before the model is built: a
-# card is a few hundred bytes anyone can upload, and its model_args could ask for gigabytes. The largest preset,
-# ViT-B/16 (imagenet-vit-b16-convnn), holds 86.8 M; 100 M is 400 MB in fp32.
-MAX_PARAMETERS = 100_000_000
-# The rest of a card's budget, checked from its arguments before anything is built (convnn.models.cost). Modules:
-# building takes time per module (ResNet-50 hybrid: 205, ViT-B/16: 152). Multiply-adds per image (ViT-B/16 at 224 px:
-# 17 G; ResNet-50 hybrid with exhaustive K = 16: 10 G). Activation values per image (ResNet-50 hybrid: 98 M, 0.4 GB
-# in fp32; 300 M is 1.2 GB).
-MAX_MODULES = 2_000
-MAX_FLOPS = 50_000_000_000
-MAX_ACTIVATIONS = 300_000_000
-_EXHAUSTIVE_SELECTIONS = ("all", "blend")
 ALIASES_KEY = "tied"  # safetensors metadata: JSON {alias: stored name} of tied tensors stored once
 STORED_METRICS = ("test_top1", "test_loss")  # the metrics save_checkpoint(measure=...) replaces by the stored weights'
 BEFORE_SUFFIX = "_before_quantization"  # int8 card: the float model's metrics, e.g. test_top1<suffix>
@@ -79,95 +64,6 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _check_cost(card: ModelCard, source: str) -> None:
-    """Refuse a card whose model costs more than the budget, from its arguments alone (nothing is built).
-
-    Raises:
-        CheckpointError: ``model_args`` the model's cost function refuses, or a cost over :data:`MAX_PARAMETERS`
-            state-dict values, :data:`MAX_MODULES` modules, :data:`MAX_FLOPS` multiply-adds or
-            :data:`MAX_ACTIVATIONS` activation values per image; the message gives the number and the limit.
-    """
-    try:
-        cost = model_cost(card.model, card.input_size, **card.model_args)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
-    if cost is None:  # registered without a cost function: the meta-device build below bounds it
-        return
-    for what, value, limit in (("parameters and buffers", cost.values, MAX_PARAMETERS),
-                               ("modules", cost.modules, MAX_MODULES),
-                               ("multiply-adds per image", cost.flops, MAX_FLOPS),
-                               ("activation values per image", cost.activations, MAX_ACTIVATIONS)):
-        if value > limit:
-            raise CheckpointError(f"{source}: model {card.model!r} as the card describes it would have {value:,} "
-                                  f"{what} at input_size {card.input_size}, more than the {limit:,} a checkpoint "
-                                  "may have (refused before building it)")
-
-
-def _check_model(card: ModelCard, source: str) -> None:
-    """Refuse the model ``card`` describes before any real memory is spent on it.
-
-    The model is built on the ``meta`` device (shapes, no storage), so a card of a few hundred bytes cannot make the
-    loader allocate gigabytes: its state dict must hold at most :data:`MAX_PARAMETERS` values. Then every ConvNN
-    layer's forward is replaced by one that only records the token count N of its input and returns an empty output
-    of the right shape (the reference path does not run on ``meta``), and the model runs on a (1, 3, S, S) input,
-    S = ``card.input_size``: shapes only, no arithmetic, for every model.
-
-    Args:
-        card (ModelCard): a checked card.
-        source (str): the card file, for messages.
-
-    Before anything is built, the card's cost is checked from its arguments alone (:func:`_check_cost`).
-
-    Raises:
-        CheckpointError: a cost over the budget (:func:`_check_cost`); the model cannot be built from the card (an
-            unknown model, arguments it does not take or refuses); its state dict holds more than MAX_PARAMETERS
-            values (the message gives both numbers); it does not run on the card's input size; a ConvNN layer with
-            ``selection`` in ``("all", "blend")`` sees N > :data:`MAX_EXHAUSTIVE_TOKENS` tokens there (the message
-            names the layer, N and the limit); or its output for one image is not (1, C) logits with
-            C = ``len(card.classes)`` (the message gives both).
-    """
-    _check_cost(card, source)
-    try:
-        with torch.device("meta"):
-            model = create_model(card.model, **card.model_args).eval()
-    except (ValueError, TypeError, RuntimeError) as err:
-        raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
-    size = sum(tensor.numel() for tensor in model.state_dict().values())
-    if size > MAX_PARAMETERS:
-        raise CheckpointError(f"{source}: model {card.model!r} built from the card holds {size:,} parameters, more "
-                              f"than the {MAX_PARAMETERS:,} a checkpoint may have")
-    tokens: dict[str, int] = {}
-
-    def shape_only(name: str, layer: nn.Module) -> Callable[..., torch.Tensor]:
-        def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if isinstance(layer, ConvNN2d):  # (B, C_in, H, W) → (B, C_out, H, W)
-                tokens[name] = x.shape[2] * x.shape[3]
-                return x.new_empty(x.shape[0], layer.out_channels, *x.shape[2:])
-            tokens[name] = x.shape[1]  # attention: (B, N, dim) → (B, N, dim)
-            return x.new_empty(x.shape)
-        return forward
-
-    for name, layer in model.named_modules():
-        if isinstance(layer, ConvNN2d | ConvNNAttention):
-            layer.forward = shape_only(name, layer)
-    side = card.input_size
-    try:
-        with torch.no_grad():
-            logits = model(torch.empty(1, 3, side, side, device="meta"))
-    except (ValueError, RuntimeError) as err:
-        raise CheckpointError(f"{source}: the model does not run on a {side}×{side} input (input_size): {err}") from err
-    for name, layer in model.named_modules():
-        if name in tokens and layer.selection in _EXHAUSTIVE_SELECTIONS and tokens[name] > MAX_EXHAUSTIVE_TOKENS:
-            raise CheckpointError(f"{source}: at input_size {side}, layer {name} (selection={layer.selection!r}) "
-                                  f"scores all N = {tokens[name]} tokens against each other, more than the "
-                                  f"{MAX_EXHAUSTIVE_TOKENS} allowed (N² scores per image): use a smaller input_size")
-    classes = len(card.classes)
-    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-    if shape != (1, classes):
-        raise CheckpointError(f"{source}: the card names {classes} classes, but the model built from it outputs "
-                              f"{shape} for one image, not (1, {classes}) logits")
 
 
 def _aliases(data: bytes, state: dict[str, torch.Tensor], source: str) -> dict[str, str]:
@@ -198,8 +94,8 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
     """The model ``card`` describes, holding the weights serialised in ``data``, in eval mode on the CPU.
 
     The checks of :func:`load_checkpoint` after the card is read: :func:`save_checkpoint` runs them on what it is
-    about to write. The model is checked on the ``meta`` device (:func:`_check_model`) before it is built, and
-    shapes are checked before anything is dequantized.
+    about to write. The model is checked from its card and on the ``meta`` device (:func:`convnn.budget.check_model`)
+    before it is built, and shapes are checked before anything is dequantized.
 
     Args:
         data (bytes): the contents of a ``.safetensors`` weights file.
@@ -208,14 +104,15 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
         card_path (Path): the card file, for messages.
 
     Raises:
-        CheckpointError: a model the card cannot have (:func:`_check_model`: one that cannot be built, is larger than
-            :data:`MAX_PARAMETERS`, does not run at the card's input size, has a ConvNN layer that would score too
-            many tokens there, or gives a number of logits other than the card's classes), an unreadable safetensors
+        CheckpointError: a model the card cannot have (:func:`convnn.budget.check_model`: one that costs too much,
+            cannot be built, holds too many values, does not run at the card's input size, has a ConvNN layer that
+            would score too many tokens there, or gives a number of logits other than the card's classes), an
+            unreadable safetensors
             file, weights that do not fit the model (missing, unexpected or mis-shaped tensors), tensors that do not
             match the card's ``weights_dtype`` (:func:`convnn.storage.dequantize`), or a weight that is inf or NaN
             once loaded.
     """
-    _check_model(card, str(card_path))
+    check_model(card, str(card_path))
     try:
         state = safetensors.torch.load(data)
     except SafetensorError as err:
@@ -295,6 +192,20 @@ class StagedCheckpoint:
         return self.weights_path, self.card_path
 
 
+def _card_metrics(metrics: dict, measured: dict | None, weights_dtype: str) -> dict:
+    """The metrics of a staged card: the :data:`STORED_METRICS` of ``measured`` (the weights as stored) over the
+    card's own, which an int8 card keeps as ``<name>`` + :data:`BEFORE_SUFFIX` (unless it has those already); a card
+    of weights stored otherwise keeps no ``*_before_quantization`` metrics."""
+    before_names = {name + BEFORE_SUFFIX for name in STORED_METRICS}
+    if measured is not None:
+        before = {name + BEFORE_SUFFIX: metrics[name] for name in STORED_METRICS
+                  if weights_dtype == "int8" and name in metrics}
+        metrics = {**before, **metrics, **measured}
+    if weights_dtype != "int8":
+        metrics = {key: value for key, value in metrics.items() if key not in before_names}
+    return metrics
+
+
 def stage_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard, dtype: torch.dtype | None = None,
                      measure: Callable[[nn.Module, ModelCard], dict[str, float]] | None = None) -> StagedCheckpoint:
     """Everything :func:`save_checkpoint` does but write: ``model`` and ``card`` checked, measured and serialised.
@@ -346,15 +257,8 @@ def stage_checkpoint(model: nn.Module, path: str | os.PathLike, card: ModelCard,
         stored = _restore(data, checked, weights_path, card_path)
     except CheckpointError as err:
         raise CheckpointError(f"not saved, as load_checkpoint would refuse it: {err}") from err
-    metrics = checked.metrics
-    if measure is not None:
-        before = {name + BEFORE_SUFFIX: metrics[name] for name in STORED_METRICS
-                  if weights_dtype == "int8" and name in metrics}
-        metrics = {**before, **metrics, **measure(stored, checked)}
-    if weights_dtype != "int8":
-        metrics = {key: value for key, value in metrics.items()
-                   if key not in {name + BEFORE_SUFFIX for name in STORED_METRICS}}
-    text = replace(checked, metrics=metrics).to_json(str(card_path))
+    measured = measure(stored, checked) if measure is not None else None
+    text = replace(checked, metrics=_card_metrics(checked.metrics, measured, weights_dtype)).to_json(str(card_path))
     return StagedCheckpoint(weights_path, card_path, ModelCard.from_json(text, str(card_path)), data, text)
 
 
@@ -422,8 +326,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
             tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
             (:func:`convnn.storage.dequantize`), a weight that is inf or NaN once loaded, or a model the card cannot
-            have (``_check_model``: larger than :data:`MAX_PARAMETERS`, not runnable at the card's input size, a
-            ConvNN layer that would score too many tokens there, or a number of logits other than the card's classes).
+            have (:func:`convnn.budget.check_model`: over the budget, not runnable at the card's input size, a ConvNN
+            layer that would score too many tokens there, or a number of logits other than the card's classes).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):

@@ -13,6 +13,7 @@ Nothing is ever downloaded. ``root`` defaults to the environment variable ``CONV
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = [
     "FolderLoader",
     "data_fingerprint",
     "load_cifar10",
+    "mix_batch",
     "normalize",
     "preprocess_image",
     "random_crop_flip",
@@ -190,6 +192,40 @@ def random_crop_flip(images: Tensor, padding: int, generator: torch.Generator) -
     cols = torch.where(flip, 2 * dx + W - 1 - cols, cols)  # mirror within the crop window
     batch = torch.arange(B, device=images.device).view(B, 1, 1)
     return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+def mix_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, smoothing: float,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup or CutMix (chosen by a coin flip from ``generator``) with a Beta(α, α) ratio, and label smoothing.
+
+    Args:
+        images (Tensor): (B, C, H, W) a training batch.
+        labels (Tensor): (B,) int64 class indices.
+        num_classes (int): classes of the targets.
+        alpha (float): Beta(α, α) parameter; 0 = no mixing (smoothed one-hot targets only).
+        smoothing (float): label smoothing in [0, 1).
+        generator (torch.Generator): CPU generator of the permutation, the coin and the CutMix box (the Beta ratio
+            comes from torch's global generator).
+
+    Returns:
+        tuple[Tensor, Tensor]: the mixed images (B, C, H, W) and soft targets (B, num_classes) float32.
+    """
+    targets = F.one_hot(labels, num_classes).float() * (1 - smoothing) + smoothing / num_classes
+    if alpha <= 0:
+        return images, targets
+    ratio = float(torch.distributions.Beta(alpha, alpha).sample())
+    perm = torch.randperm(images.shape[0], generator=generator).to(images.device)
+    if torch.rand(1, generator=generator).item() < 0.5:
+        mixed = ratio * images + (1 - ratio) * images[perm]
+    else:
+        H, W = images.shape[-2:]
+        cut_h, cut_w = int(H * math.sqrt(1 - ratio)), int(W * math.sqrt(1 - ratio))
+        top = int(torch.randint(0, H - cut_h + 1, (1,), generator=generator))
+        left = int(torch.randint(0, W - cut_w + 1, (1,), generator=generator))
+        mixed = images.clone()
+        mixed[..., top:top + cut_h, left:left + cut_w] = images[perm][..., top:top + cut_h, left:left + cut_w]
+        ratio = 1 - cut_h * cut_w / (H * W)
+    return mixed, ratio * targets + (1 - ratio) * targets[perm]
 
 
 class DeviceLoader:

@@ -15,17 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.reference import neighbor_weights, select_topk, similarity_scores
-
 __all__ = [
-    "SELECTIONS",
     "blend_scores",
-    "blend_select",
     "block_sparse_mask",
     "causal_mask",
-    "check_window_neighbors",
     "coordinate_channels",
-    "effective_selection",
     "pad_map",
     "padded_to_cells",
     "query_positions_in_padded",
@@ -35,29 +29,6 @@ __all__ = [
     "window_indices",
     "window_size_for",
 ]
-
-SELECTIONS = ("all", "random", "window", "blend")
-
-
-def effective_selection(selection: str, blend_alpha: float) -> str:
-    """The rule a layer runs: ``"blend"`` at its ends is exactly the two operations (METHOD §3).
-
-    α = 0 is the ``"window"`` rule (a convolution: the window's K cells in raster order, zero padding) and α = 1 the
-    ``"all"`` rule (attention-style: every token of the unpadded map, the query first, ranked by feature score).
-    The blended score itself only tends to them: near α = 0 it ranks the query's own cell first, near α = 1 it
-    still scores the padding cells. Any other selection, or 0 < α < 1, is returned unchanged.
-    """
-    if selection == "blend" and blend_alpha in (0, 1):
-        return "window" if blend_alpha == 0 else "all"
-    return selection
-
-
-def check_window_neighbors(selection: str, num_neighbors: int, window_size: int) -> None:
-    """Raise ``ValueError`` when the ``"window"`` rule (also blend at α = 0) is asked for more than R² neighbours."""
-    if selection == "window" and num_neighbors > window_size**2:
-        raise ValueError(f"selection='window' (and 'blend' at blend_alpha=0) needs num_neighbors ≤ "
-                         f"window_size**2 = {window_size**2}, got {num_neighbors}")
-
 
 def to_tokens(x: Tensor) -> Tensor:
     """(B, C, H, W) feature map → (B, 1, N, C) single-head tokens, a view (no copy)."""
@@ -164,7 +135,8 @@ def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) ->
         feature_scores (Tensor): (B, H, Nq, M) feature similarities to the padded grid, as
             :func:`kernels.reference.similarity_scores` returns them (no NaN, no +∞).
         spatial (Tensor): (Nq, M) output of :func:`spatial_scores`.
-        blend_alpha (float): α ∈ (0, 1]; α = 0 is the window rule itself (:func:`effective_selection`).
+        blend_alpha (float): α ∈ (0, 1]; α = 0 is the window rule itself
+            (:func:`convnn.selection.effective_selection`).
 
     Returns:
         Tensor: (B, H, Nq, M) blended scores in [0, 1], or −∞.
@@ -174,34 +146,6 @@ def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) ->
     high = torch.where(finite, feature_scores, -math.inf).amax(-1, keepdim=True)
     feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
     return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
-
-
-def blend_select(
-    q: Tensor, k_padded: Tensor, height: int, width: int, window_size: int, num_neighbors: int, blend_alpha: float,
-    similarity: str = "cosine", weighting: str = "none", temperature: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """Top-K of the blended spatial/feature score over the padded grid, the query itself at rank 0 (METHOD §3).
-
-    Args:
-        q (Tensor): (B, H, N, D) query features of the unpadded map.
-        k_padded (Tensor): (B, H, M, D) key features of the zero-padded map, M = (H + 2p)·(W + 2p).
-        height, width (int): size of the unpadded map.
-        window_size (int): R, sets the padding and the spatial scale.
-        num_neighbors (int): K.
-        blend_alpha (float): α ∈ [0, 1].
-        similarity, weighting, temperature: as in :func:`kernels.knn_aggregate`.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``topk_idx`` (B, H, N, K) int64 into the padded grid and ``topk_weights``
-        (B, H, N, K) from the blended scores.
-    """
-    pad = window_size // 2
-    with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
-        scores = blend_scores(similarity_scores(q, k_padded, similarity),
-                              spatial_scores(height, width, window_size, q.device), blend_alpha)
-        topk_scores, topk_idx = select_topk(scores, num_neighbors,
-                                            query_positions_in_padded(height, width, pad, q.device))
-        return topk_idx, neighbor_weights(topk_scores, weighting, temperature)
 
 
 def sample_candidates(

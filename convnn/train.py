@@ -45,7 +45,6 @@ from tqdm import tqdm
 
 from kernels import BACKENDS, record_backends, use_backend
 
-from .candidates import candidate_states, load_candidate_states
 from .card import MAX_INPUT_SIZE
 from .checkpoint import WEIGHTS_DTYPES, ModelCard, save_checkpoint
 from .data import (
@@ -58,11 +57,13 @@ from .data import (
     FolderLoader,
     data_fingerprint,
     load_cifar10,
+    mix_batch,
     synthetic_images,
 )
 from .metrics import test_metrics
 from .models import create_model, list_models
 from .presets import preset
+from .resume import RandomStreams, load_resume, save_resume
 from .validation import SEED_RANGE, check_choice, check_int, check_nonnegative, check_positive, check_ratio, derive_seed
 
 log = logging.getLogger("convnn.train")
@@ -187,27 +188,6 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {config.optimizer!r}")
 
 
-def mix_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, smoothing: float,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixup or CutMix (alternating by a coin flip) with a Beta(α, α) ratio; returns images and soft targets."""
-    targets = F.one_hot(labels, num_classes).float() * (1 - smoothing) + smoothing / num_classes
-    if alpha <= 0:
-        return images, targets
-    ratio = float(torch.distributions.Beta(alpha, alpha).sample())
-    perm = torch.randperm(images.shape[0], generator=generator).to(images.device)
-    if torch.rand(1, generator=generator).item() < 0.5:
-        mixed = ratio * images + (1 - ratio) * images[perm]
-    else:
-        H, W = images.shape[-2:]
-        cut_h, cut_w = int(H * math.sqrt(1 - ratio)), int(W * math.sqrt(1 - ratio))
-        top = int(torch.randint(0, H - cut_h + 1, (1,), generator=generator))
-        left = int(torch.randint(0, W - cut_w + 1, (1,), generator=generator))
-        mixed = images.clone()
-        mixed[..., top:top + cut_h, left:left + cut_w] = images[perm][..., top:top + cut_h, left:left + cut_w]
-        ratio = 1 - cut_h * cut_w / (H * W)
-    return mixed, ratio * targets + (1 - ratio) * targets[perm]
-
-
 def _hardware(device: torch.device, world_size: int) -> str:
     if device.type == "cuda":
         return f"{world_size}× {torch.cuda.get_device_name(device)}"
@@ -277,6 +257,10 @@ class _Run:
     def steps_per_epoch(self) -> int:
         return len(self.train_loader)
 
+    def streams(self, model: nn.Module) -> RandomStreams:
+        """The random streams this rank draws from (for the resume file)."""
+        return RandomStreams(model, self.train_loader, self.mix_generator, self.device)
+
     def steps_planned(self) -> int:
         total = self.config.epochs * self.steps_per_epoch
         return total if self.config.max_steps is None else min(total, self.config.max_steps)
@@ -323,61 +307,6 @@ def _build_model(config: TrainConfig, num_classes: int, device: torch.device) ->
         raise ValueError(f"model_args do not fit {config.model!r}: {err}") from err
 
 
-def _rng_state(run: _Run, model: nn.Module) -> dict:
-    """Every random stream this rank draws from: torch's global generators (dropout, DropPath, Beta draws, worker
-    seeds), the loader's augmentation, mixup/CutMix's generator and each random layer's candidate stream."""
-    state = {"torch": torch.get_rng_state(), "mix": run.mix_generator.get_state(),
-             "loader": run.train_loader.rng_state(), "candidates": candidate_states(model)}
-    if run.device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(run.device)
-    return state
-
-
-def _load_rng_state(run: _Run, model: nn.Module, state: dict) -> None:
-    """Continue every stream of :func:`_rng_state` from ``state``."""
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and run.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], run.device)
-    run.mix_generator.set_state(state["mix"])
-    run.train_loader.load_rng_state(state["loader"])
-    load_candidate_states(model, state["candidates"])
-
-
-def _all_rng_states(run: _Run, model: nn.Module) -> list[dict]:
-    """:func:`_rng_state` of every rank, in rank order (gathered to every rank; rank 0 saves them)."""
-    state = _rng_state(run, model)
-    if not dist.is_initialized():
-        return [state]
-    states: list = [None] * dist.get_world_size()
-    dist.all_gather_object(states, state)
-    return states
-
-
-def _resume(run: _Run, model: nn.Module, path: Path, rank: int, world_size: int) -> tuple[int, float]:
-    """Load a resume file into ``model``, the optimiser and this rank's random streams; (epochs done, seconds).
-
-    A file written by another number of processes restores weights and optimiser, but not the random streams
-    (logged): the run continues, though not exactly as it would have.
-    """
-    state = torch.load(path, map_location=run.device, weights_only=True)
-    model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    streams = state.get("rng", [])
-    if len(streams) == world_size:
-        _load_rng_state(run, model, _to_cpu(streams[rank]))
-    elif run.is_main:
-        log.warning("%s holds the random streams of %d processes, this run has %d: they start afresh, so the "
-                    "resumed run is not the one that was interrupted", path.name, len(streams), world_size)
-    return state["epoch"], state["elapsed"]
-
-
-def _to_cpu(value):
-    """Generator states must be CPU byte tensors (``torch.load`` maps them to the run's device)."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    return {key: _to_cpu(item) for key, item in value.items()} if isinstance(value, dict) else value
-
-
 @dataclass
 class _Progress:
     """How far a run is: epochs finished, training seconds, the last test metrics, the ConvNN paths taken."""
@@ -416,7 +345,7 @@ def _train_epochs(run: _Run, model: nn.Module, progress: _Progress, out: Path) -
             progress.elapsed += epoch_time
             progress.epochs_done += 1
             progress.metrics = test_metrics(run.ddp_model, run.test_loader, device, run.amp)
-            streams = _all_rng_states(run, model)
+            streams = run.streams(model).of_every_rank()
             if run.is_main:
                 row = {"epoch": progress.epochs_done, "train_loss": train_loss, **progress.metrics, "lr": lr,
                        "epoch_time_s": epoch_time, "images_per_s": steps * config.batch_size / epoch_time}
@@ -424,10 +353,7 @@ def _train_epochs(run: _Run, model: nn.Module, progress: _Progress, out: Path) -
                     file.write(json.dumps(row) + "\n")
                 log.info("epoch %d/%d  train loss %.4f  test top-1 %.2f%%  %.1fs", progress.epochs_done,
                          config.epochs, train_loss, progress.metrics["test_top1"], epoch_time)
-                partial = resume_path.with_name(resume_path.name + ".partial")  # a run stopped mid-write keeps
-                torch.save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),  # the last file
-                            "epoch": progress.epochs_done, "elapsed": progress.elapsed, "rng": streams}, partial)
-                os.replace(partial, resume_path)
+                save_resume(resume_path, model, run.optimizer, progress.epochs_done, progress.elapsed, streams)
         if not progress.metrics:  # resumed after the last epoch: report the finished model
             progress.metrics = test_metrics(run.ddp_model, run.test_loader, device, run.amp)
     progress.backends |= backends
@@ -440,7 +366,8 @@ def _run(config: TrainConfig, device: torch.device, rank: int, world_size: int) 
     progress = _Progress()
     resume_path, log_path = out / f"{config.name}.resume.pt", out / f"{config.name}.log.jsonl"
     if config.resume and resume_path.is_file():
-        progress.epochs_done, progress.elapsed = _resume(run, model, resume_path, rank, world_size)
+        progress.epochs_done, progress.elapsed = load_resume(resume_path, run.optimizer, run.streams(model), rank,
+                                                             world_size)
     if run.is_main:
         out.mkdir(parents=True, exist_ok=True)
         if progress.epochs_done == 0:

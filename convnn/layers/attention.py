@@ -8,14 +8,15 @@ from torch import Tensor, nn
 
 from kernels import WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
+from kernels.reference import aggregate_neighbors, neighbor_weights
 
 from ..candidates import CandidateSampler
 from ..recording import Recordable
+from ..selection import SelectionOptions, rule_names, selection_rule
 from ..validation import check_choice, check_floating_input, check_int, check_positive
 
 __all__ = ["ATTENTIONS", "ConvNNAttention", "KVTAttention", "MultiheadSelfAttention", "create_attention"]
 
-ATTENTION_SELECTIONS = ("all", "random")
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -74,6 +75,11 @@ class MultiheadSelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, h, N, d)
         return self.proj(out.transpose(1, 2).flatten(2))
 
+    def describe(self, name: str) -> dict:
+        """What this layer is, for :func:`convnn.introspect.convnn_layers`: attention over every token."""
+        return {"kind": "attention", "mixer": "mhsa", "record_name": None, "num_neighbors": None,
+                "selection": "dense", "similarity": "dot", "num_heads": self.num_heads}
+
     def extra_repr(self) -> str:
         return f"{self.dim}, num_heads={self.num_heads}"
 
@@ -115,21 +121,24 @@ class ConvNNAttention(Recordable, MultiheadSelfAttention):
     """
 
     learnable_kernel = True
+    mixer = "convnn"  # how convnn.introspect names it
 
     def __init__(self, dim: int, num_heads: int = 8, num_neighbors: int = 16, selection: str = "all",
                  num_candidates: int | None = None, weighting: str = "softmax", temperature: float = 1.0,
                  qkv_bias: bool = True, proj_bias: bool = True, candidate_sampling: str = "batch", seed: int = 0,
                  backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__(dim, num_heads, qkv_bias, proj_bias, device=device, dtype=dtype)
-        check_choice("selection", selection, ATTENTION_SELECTIONS)
+        rule = selection_rule(selection)
+        if rule.needs_grid:
+            raise ValueError(f"selection must be one of {rule_names(needs_grid=False)} for attention (tokens have no "
+                             f"grid), got {selection!r}")
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
         check_int("num_neighbors", num_neighbors, 1)
         check_positive("temperature", temperature)
         self.num_neighbors, self.selection, self.num_candidates = num_neighbors, selection, num_candidates
         self.weighting, self.temperature, self.backend = weighting, temperature, backend
-        self._sampler = CandidateSampler.for_selection(selection, num_candidates, num_neighbors, candidate_sampling,
-                                                       seed)
+        self._sampler = CandidateSampler.for_rule(rule, num_candidates, num_neighbors, candidate_sampling, seed)
         kernel = torch.ones(dim, 1, num_neighbors, device=device, dtype=dtype)
         if self.learnable_kernel:
             self.weight = nn.Parameter(kernel)
@@ -140,12 +149,31 @@ class ConvNNAttention(Recordable, MultiheadSelfAttention):
         self.check_input(x, attn_mask)
         N = x.shape[1]
         q, k, v = self.project_qkv(x)
-        candidates = self._sampler(x, N, self.training)
-        result = knn_aggregate(q, k, v, self.weight, num_neighbors=self.num_neighbors, similarity="dot",
-                               weighting=self.weighting, temperature=self.temperature, groups=self.dim,
-                               candidates=candidates, attn_mask=attn_mask, backend=self.backend)
-        self._record(result.topk_idx, result.topk_weights, 1, N, candidates=candidates)
-        return self.proj(result.out.transpose(1, 2))  # (B, dim, N) → (B, N, dim)
+        rule = selection_rule(self.selection)
+        if rule.fused:  # selection and aggregation in one call: the fused kernel on CUDA
+            candidates = self._sampler(x, N, self.training)
+            result = knn_aggregate(q, k, v, self.weight, num_neighbors=self.num_neighbors, similarity="dot",
+                                   weighting=self.weighting, temperature=self.temperature, groups=self.dim,
+                                   candidates=candidates, attn_mask=attn_mask, backend=self.backend)
+            self._record(result.topk_idx, result.topk_weights, 1, N, candidates=candidates)
+            return self.proj(result.out.transpose(1, 2))  # (B, dim, N) → (B, N, dim)
+        if attn_mask is not None:
+            raise ValueError(f"attn_mask needs a selection the kernels run (one of "
+                             f"{tuple(n for n in rule_names(needs_grid=False) if selection_rule(n).fused)}), "
+                             f"got {self.selection!r}")
+        options = SelectionOptions(self.num_neighbors, "dot", self_first=False)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
+            neighbors = rule.select(q, k, None, options)
+            weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)
+        out = aggregate_neighbors(v, neighbors.topk_idx, weights, self.weight, None, self.dim)  # (B, dim, N)
+        self._record(neighbors.topk_idx, weights, 1, N)
+        return self.proj(out.transpose(1, 2))
+
+    def describe(self, name: str) -> dict:
+        """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name)."""
+        return {"kind": "attention", "mixer": self.mixer, "record_name": name, "num_neighbors": self.num_neighbors,
+                "selection": self.selection, "similarity": "dot", "num_candidates": self.num_candidates,
+                "num_heads": self.num_heads, "seed": self.seed}
 
     @property
     def seed(self) -> int:
@@ -165,6 +193,7 @@ class KVTAttention(ConvNNAttention):
     """
 
     learnable_kernel = False
+    mixer = "kvt"
 
 
 ATTENTIONS = {"mhsa": MultiheadSelfAttention, "kvt": KVTAttention, "convnn": ConvNNAttention}

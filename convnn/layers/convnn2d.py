@@ -9,20 +9,12 @@ from torch import Tensor, nn
 
 from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
 from kernels.dispatch import BACKENDS
-from kernels.reference import aggregate_neighbors, neighbor_scores, neighbor_weights
+from kernels.reference import aggregate_neighbors, neighbor_weights
 
 from ..candidates import CandidateSampler
-from ..functional import (
-    SELECTIONS,
-    blend_select,
-    check_window_neighbors,
-    coordinate_channels,
-    effective_selection,
-    pad_map,
-    to_tokens,
-    window_indices,
-)
+from ..functional import coordinate_channels, pad_map, to_tokens
 from ..recording import Recordable
+from ..selection import SelectionOptions, check_window_neighbors, effective_selection, selection_rule
 from ..validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
 
 __all__ = ["ConvNN2d"]
@@ -120,7 +112,7 @@ class ConvNN2d(Recordable):
         dtype=None,
     ) -> None:
         super().__init__()
-        check_choice("selection", selection, SELECTIONS)
+        rule = selection_rule(selection)  # one of convnn.selection.SELECTION_RULES
         check_choice("similarity", similarity, SIMILARITIES)
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
@@ -154,8 +146,7 @@ class ConvNN2d(Recordable):
         self.k_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, num_neighbors, **factory))
         self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self._sampler = CandidateSampler.for_selection(selection, num_candidates, num_neighbors, candidate_sampling,
-                                                       seed)
+        self._sampler = CandidateSampler.for_rule(rule, num_candidates, num_neighbors, candidate_sampling, seed)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -206,48 +197,46 @@ class ConvNN2d(Recordable):
         B, _, H, W = x.shape
         N = H * W
         q_map, k_map = self.query_key_features(x)
-        selection = effective_selection(self.selection, self.blend_alpha)  # blend's ends: window and all
-        if selection in ("window", "blend"):
-            pad = self.window_size // 2
-            num_keys = (H + 2 * pad) * (W + 2 * pad)
-            if self.num_neighbors > num_keys:
-                raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
-                                 f"got {self.num_neighbors}")
-            q = to_tokens(q_map)
-            if selection == "window":
-                check_window_neighbors(selection, self.num_neighbors, self.window_size)
-                topk_idx = window_indices(H, W, self.window_size, self.num_neighbors, x.device).expand(B, 1, N, -1)
-                topk_weights = self._window_weights(q, to_tokens(pad_map(k_map, pad)), topk_idx)
-            else:
-                topk_idx, topk_weights = blend_select(
-                    q, to_tokens(pad_map(k_map, pad)), H, W, self.window_size, self.num_neighbors, self.blend_alpha,
-                    self.similarity, self.weighting, self.temperature)
-            values = to_tokens(pad_map(x, pad))
-            weights_or_none = None if self.weighting == "none" and selection == "window" else topk_weights
-            out = aggregate_neighbors(values, topk_idx, weights_or_none, self.weight, self.bias, self.groups)
-            self._record(topk_idx, topk_weights, H, W, padding=pad)
-        else:
+        rule = selection_rule(effective_selection(self.selection, self.blend_alpha))  # blend's ends: window, all
+        if rule.fused:  # selection and aggregation in one call: the fused kernel on CUDA
             candidates = self._sampler(x, N, self.training)
             result = knn_aggregate(
                 to_tokens(q_map), to_tokens(k_map), to_tokens(x), self.weight, self.bias,
                 num_neighbors=self.num_neighbors, similarity=self.similarity, weighting=self.weighting,
                 temperature=self.temperature, groups=self.groups, candidates=candidates, self_first=True,
                 backend=self.backend)
-            out = result.out
             self._record(result.topk_idx, result.topk_weights, H, W, candidates=candidates)
+            return result.out.view(B, self.out_channels, H, W)
+        if rule.needs_grid:
+            pad = self.window_size // 2
+            num_keys = (H + 2 * pad) * (W + 2 * pad)
+            if self.num_neighbors > num_keys:
+                raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
+                                 f"got {self.num_neighbors}")
+        options = SelectionOptions(self.num_neighbors, self.similarity, self.window_size, self.blend_alpha)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
+            neighbors = rule.select(to_tokens(q_map), to_tokens(k_map), (H, W), options)
+            weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)
+        gather = rule.gathers and self.weighting == "none"  # a convolution: every window cell counts once
+        if gather:
+            weights = torch.ones_like(weights)
+        values = to_tokens(pad_map(x, neighbors.padding))
+        out = aggregate_neighbors(values, neighbors.topk_idx, None if gather else weights, self.weight, self.bias,
+                                  self.groups)
+        self._record(neighbors.topk_idx, weights, H, W, padding=neighbors.padding)
         return out.view(B, self.out_channels, H, W)
+
+    def describe(self, name: str) -> dict:
+        """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name)."""
+        return {"kind": "convnn2d", "mixer": "convnn", "record_name": name, "num_neighbors": self.num_neighbors,
+                "selection": self.selection, "similarity": self.similarity, "window_size": self.window_size,
+                "num_candidates": self.num_candidates, "seed": self.seed,
+                "blend_alpha": self.blend_alpha if self.selection == "blend" else None}
 
     @property
     def seed(self) -> int:
         """The layer's candidate seed (:class:`~convnn.candidates.CandidateSampler`)."""
         return self._sampler.seed
-
-    def _window_weights(self, q: Tensor, k_padded: Tensor, topk_idx: Tensor) -> Tensor:
-        """ρ of the window neighbours: ones for ``"none"``, else from their scores (no N×N matrix)."""
-        if self.weighting == "none":
-            return torch.ones(topk_idx.shape, device=q.device, dtype=torch.promote_types(q.dtype, torch.float32))
-        scores = neighbor_scores(q, k_padded, topk_idx, self.similarity)
-        return neighbor_weights(scores, self.weighting, self.temperature)
 
     def extra_repr(self) -> str:
         defaults = {"num_neighbors": 9, "selection": "all", "similarity": "cosine", "weighting": "none",

@@ -83,5 +83,14 @@ class HybridConvNN2d(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.mix(self.branches(x))
 
+    def describe(self, name: str) -> dict:
+        """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name): its
+        ConvNN branch's selection, or, when it has none, a convolution over its kernel's window."""
+        if self.knn is None:
+            return {"kind": "hybrid", "mixer": "conv", "record_name": None, "num_neighbors": None,
+                    "selection": "conv", "similarity": "cosine", "window_size": self.conv.kernel_size[0],
+                    "branch_ratio": self.branch_ratio}
+        return {**self.knn.describe(f"{name}.knn"), "kind": "hybrid", "branch_ratio": self.branch_ratio}
+
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, branch_ratio={self.branch_ratio}"

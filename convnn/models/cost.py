@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..selection import selection_rule
 from ..validation import check_int, check_positive, check_ratio
 
 __all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "vit_cost"]
 
-_EXHAUSTIVE = ("all", "blend")  # selections whose reference path scores every query against every key
 _TORCHVISION_RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride) per stage
 _BOTTLENECK_EXPANSION = 4
 _MAX_STAGES = 64  # a resolution halves per stage: past ~10 the map is one pixel; bounds this function's own loop
@@ -85,10 +85,16 @@ def _times(cost: ModelCost, count: int) -> ModelCost:
 
 
 def _selection_scores(selection: str, tokens: int, keys: int, num_candidates: int | None) -> int:
-    """Query–key scores one map computes under a selection rule (per head)."""
-    if selection in _EXHAUSTIVE:
+    """Query–key scores one map computes under a selection rule (per head): N·keys for exhaustive rules, N·(r + 1)
+    for rules that draw candidates, none otherwise.
+
+    Raises:
+        ValueError: an unknown selection (:func:`convnn.selection.selection_rule`).
+    """
+    rule = selection_rule(selection)
+    if rule.exhaustive:
         return tokens * keys
-    if selection == "random" and num_candidates is not None:
+    if "num_candidates" in rule.reads and num_candidates is not None:
         return tokens * (min(num_candidates, tokens) + 1)
     return 0
 
@@ -108,7 +114,7 @@ def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: in
     tokens = height * width
     features = qk_dim or c_in + (2 if coord_channels else 0)
     padded = (height + window_size - 1) * (width + window_size - 1)
-    keys = padded if selection == "blend" else tokens
+    keys = padded if selection_rule(selection).needs_grid else tokens
     scores = _selection_scores(selection, tokens, keys, num_candidates)
     weight = c_out * (c_in // groups) * num_neighbors
     projections = 2 * (c_in + (2 if coord_channels else 0)) * qk_dim if qk_dim else 0

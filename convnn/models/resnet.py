@@ -76,6 +76,8 @@ class ResNetCifar(nn.Module):
             theirs from ``candidate_seed``), or an invalid option.
     """
 
+    family = "ResNet"  # convnn.introspect.model_family
+
     def __init__(self, *, widths: Sequence[int] = (64, 128, 256), depths: Sequence[int] = (1, 1, 1),
                  branch_ratio: float = 0.5, num_classes: int = 10, in_chans: int = 3, candidate_seed: int = 0,
                  **convnn_options) -> None:
@@ -137,5 +139,6 @@ def convnn_resnet50(*, branch_ratio: float = 0.5, num_classes: int = 1000, num_n
             options = dict(num_neighbors=num_neighbors, **convnn_options)
             block.conv2 = (_HybridDownsample(channels, branch_ratio, **options) if block.conv2.stride == (2, 2)
                            else HybridConvNN2d(channels, channels, branch_ratio, bias=False, **options))
+    model.family = "ResNet"  # convnn.introspect.model_family
     return assign_candidate_seeds(model, candidate_seed)
 

@@ -68,6 +68,8 @@ class VisionTransformer(nn.Module):
         Input (B, in_chans, img_size, img_size) → logits (B, num_classes).
     """
 
+    family = "ViT"  # convnn.introspect.model_family
+
     def __init__(self, *, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, num_classes: int = 10,
                  dim: int = 128, depth: int = 6, num_heads: int = 4, mlp_ratio: float = 4.0, attention: str = "mhsa",
                  drop_path_rate: float = 0.0, candidate_seed: int = 0, **knn_options) -> None:

@@ -8,9 +8,9 @@ import torch
 
 import analysis as an
 from analysis import RuleOptions, attribution_map, image_from_array, rule_selection, trace_image
-from analysis.caching import bounded_cache, nbytes
-from analysis.checkpoints import _load_cached
-from analysis.neighbors import Selection, _selection
+from analysis.session.caching import bounded_cache, nbytes
+from analysis.session.models import _load_cached
+from analysis.session.selections import Selection, _selection
 
 MB = 2**20
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from analysis import image_from_array, load_image
-from analysis.images import MAX_IMAGE_PIXELS
+from analysis.session.images import MAX_IMAGE_PIXELS
 from tests.image_files import png_claiming_size
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)

@@ -30,7 +30,7 @@ from analysis import (
     top_classes,
 )
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
-from convnn.checkpoint import MAX_EXHAUSTIVE_TOKENS
+from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
 from tests.small_models import REPO_ROOT
 
@@ -69,7 +69,7 @@ def test_listing_skips_malformed_cards_with_a_warning(checkpoint_dir, tmp_path, 
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     for stem in ("good", "bad", "broken", "deep"):
         shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / f"{stem}.safetensors")
-    with caplog.at_level(logging.WARNING, logger="analysis.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="analysis.session.models"):
         listed = list_checkpoints(tmp_path)
     assert listed == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
     assert [m.split(":")[0] for m in caplog.messages] == ["skipping checkpoint bad.json",

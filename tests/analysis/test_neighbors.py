@@ -23,8 +23,9 @@ from analysis import (
     rule_selection,
     trace_image,
 )
-from analysis.figures import neighbor_panel
-from analysis.neighbors import NeighborSet, _selection, distance_stats
+from analysis.rendering.figures import neighbor_panel
+from analysis.session.selections import _selection, distance_stats
+from analysis.views.neighbors import NeighborSet
 from convnn.functional import pad_map, to_tokens
 from kernels.reference import aggregate_neighbors
 from tests.tolerances import FP32_EXACT

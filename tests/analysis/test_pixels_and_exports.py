@@ -20,7 +20,8 @@ from analysis import (
     query_neighbors,
     trace_image,
 )
-from analysis.figures import neighbor_panel, pixel_figure, ranks_labelled
+from analysis.rendering.figures import neighbor_panel, pixel_figure
+from analysis.rendering.overlay import ranks_labelled
 
 
 def test_pixels_like_this_one_stay_in_the_same_colour_region():
@@ -80,7 +81,7 @@ def test_neighbor_panel_draws_every_neighbour(load_small, image):
 @pytest.mark.parametrize(("num_neighbors", "labelled"), [(9, True), (64, False)])
 def test_the_png_writes_rank_numbers_exactly_when_the_figure_does(load_small, image, monkeypatch, num_neighbors,
                                                                    labelled):
-    """One rule (figures.ranks_labelled): K ≤ 32 on cells ≥ 2 px; K = 64 on 2-px cells is shown by colour only."""
+    """One rule (overlay.ranks_labelled): K ≤ 32 on cells ≥ 2 px; K = 64 on 2-px cells is shown by colour only."""
     result = query_neighbors(load_small("cnn-l0.5"), image, "stages.1.0.conv1", (10, 20),
                              RuleOptions(num_neighbors=num_neighbors))
     assert ranks_labelled(result.layer, num_neighbors) is labelled

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from analysis import RequestSizeLimit, Workspace
-from analysis.workspace import EXPORTS, UPLOADS
+from analysis.session.workspace import EXPORTS, UPLOADS
 
 
 def files_under(folder) -> list:

@@ -18,7 +18,7 @@ from PIL import Image
 import analysis as an
 import app
 from convnn import load_checkpoint, save_checkpoint
-from convnn.checkpoint import MAX_EXHAUSTIVE_TOKENS
+from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
@@ -177,7 +177,7 @@ def test_a_refused_checkpoint_upload_leaves_no_folder_behind(checkpoint_dir, tmp
     def fail(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr(an.checkpoints, "load_model", fail)
+    monkeypatch.setattr(an.session.models, "load_model", fail)
     files = [str(checkpoint_dir / "cnn-l0.json"), str(checkpoint_dir / "cnn-l0.safetensors")]
     with pytest.raises(RuntimeError, match="unexpected"):
         explorer.on_checkpoint_upload(files, [])
@@ -451,3 +451,43 @@ def test_switching_to_a_model_with_the_same_layer_names_updates_the_page(app_url
         page.get_by_role("option").filter(has_text="stages.0.0.conv1 ·").first.click()
         expect(page.locator("#neighbor_plot .gtitle")).to_contain_text("cell (16, 16) in stages.0.0.conv1",
                                                                        timeout=30_000)
+
+
+def _nearest_in_colour(q, k, grid, options):
+    """A toy rule: the 'all' rule scored on the first 3 feature channels only ("nearest in colour")."""
+    from convnn.selection import select_all
+
+    return select_all(q[..., :3], k[..., :3], grid, options)
+
+
+def test_a_rule_registered_in_the_library_is_a_selection_of_the_layer_every_view_and_the_app(
+        explorer, checkpoint_dir, example_image, monkeypatch):
+    """One registry (convnn.selection): adding a rule there makes ConvNN2d select with it, query_neighbors compute
+    it and the app's page show it, with nothing else changed."""
+    import torch.nn.functional as F
+
+    from convnn import ConvNN2d
+    from convnn.selection import SELECTION_RULES, SelectionRule
+
+    rule = SelectionRule("colour", "nearest in colour only", _nearest_in_colour)
+    monkeypatch.setitem(SELECTION_RULES, "colour", rule)
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 4, 6)
+    layer = ConvNN2d(5, 3, num_neighbors=4, selection="colour")
+    tokens = x.flatten(2).transpose(1, 2)  # (B, N, 5)
+    colour = F.normalize(tokens[..., :3], dim=-1)
+    scores = colour @ colour.transpose(1, 2)
+    scores.diagonal(dim1=1, dim2=2).fill_(float("inf"))  # the query first
+    idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :4]  # (B, N, K)
+    gathered = torch.stack([tokens[b, idx[b]] for b in range(2)])  # (B, N, K, 5)
+    expected = F.conv1d(gathered.permute(0, 3, 1, 2).reshape(2, 5, -1), layer.weight, layer.bias, stride=4)
+    torch.testing.assert_close(layer(x), expected.view(2, 3, 4, 6), rtol=1e-5, atol=1e-5)
+
+    loaded, image = an.load_model(checkpoint_dir / "cnn-l0.5.json"), an.load_image(example_image)
+    result = an.query_neighbors(loaded, image, CELL_LAYER, (10, 20))
+    assert list(result.sets) == ["window", "all", "random", "blend", "colour", "layer"]
+    assert result.sets["colour"].cells.shape == (9, 2)  # the layer's K
+    _, figure, stats, data = explorer.on_neighbors(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image),
+                                                   CELL_LAYER, 10, 20, **NO_OVERRIDES)
+    assert "nearest in colour only" in stats and "colour" in data["rules"]
+    assert any("nearest in colour only" in a.text for a in figure.layout.annotations)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from convnn import CheckpointError, ModelCard, create_model, load_checkpoint, save_checkpoint
+from convnn import CheckpointError, ModelCard, budget, create_model, load_checkpoint, save_checkpoint
 from convnn import checkpoint as checkpoint_module
 from convnn.checkpoint import INT8_SCALE_SUFFIX
 from convnn.presets import PRESETS
@@ -575,7 +575,7 @@ def test_a_card_asking_for_a_huge_model_is_refused_before_anything_is_built(mode
     card.model_args = {"branch_ratio": 0.5, **model_args}
     card.weights_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
     (tmp_path / "evil.json").write_text(card.to_json(), encoding="utf-8")
-    devices, create_model_ = [], checkpoint_module.create_model
+    devices, create_model_ = [], budget.create_model
 
     def meta_only(name, **model_args):
         devices.append(torch.get_default_device().type)
@@ -583,7 +583,7 @@ def test_a_card_asking_for_a_huge_model_is_refused_before_anything_is_built(mode
             raise AssertionError(f"{name} built on {devices[-1]} before its size was checked")
         return create_model_(name, **model_args)
 
-    monkeypatch.setattr(checkpoint_module, "create_model", meta_only)
+    monkeypatch.setattr(budget, "create_model", meta_only)
     monkeypatch.setattr(torch.nn.Module, "__init__", lambda *_: pytest.fail("a module was built"))
     with pytest.raises(CheckpointError, match=rf"evil.json: .*{message}"):
         load_checkpoint(weights)
@@ -596,10 +596,10 @@ def test_the_largest_presets_fit_the_parameter_budget(preset):
     fields = PRESETS[preset]
     card = ModelCard(name=preset, model=fields["model"], model_args=fields["model_args"],
                      classes=[str(c) for c in range(1000)], input_size=224, mean=[0.5] * 3, std=[0.25] * 3)
-    checkpoint_module._check_model(card, preset)
+    budget.check_model(card, preset)
     card.classes = card.classes[:10]
     with pytest.raises(CheckpointError, match=r"names 10 classes, but the model built from it outputs \(1, 1000\)"):
-        checkpoint_module._check_model(card, preset)
+        budget.check_model(card, preset)
 
 
 @pytest.mark.parametrize("input_size", [64, 30])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from convnn.checkpoint import MAX_ACTIVATIONS, MAX_FLOPS, MAX_MODULES, MAX_PARAMETERS
+from convnn.budget import MAX_ACTIVATIONS, MAX_FLOPS, MAX_MODULES, MAX_PARAMETERS
 from convnn.models import create_model, model_cost
 from convnn.presets import PRESETS
 

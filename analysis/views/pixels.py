@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, window_indices, window_size_for
-from kernels.reference import select_topk, similarity_scores
+from convnn.selection import top_keys
 
-from .caching import bounded_cache
-from .images import InputImage
-from .neighbors import distance_stats, jaccard
-from .values import whole_number
+from ..session.caching import bounded_cache
+from ..session.images import InputImage
+from ..session.inputs import whole_number
+from ..session.selections import distance_stats, jaccard
 
 __all__ = ["MAX_POSITION_WEIGHT", "PIXEL_VIEW_SIDE_PX", "PixelNeighbors", "pixel_neighbors", "pixel_view"]
 
@@ -91,8 +91,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
         features = torch.cat([features, position_weight * coordinate_channels(height, width)], dim=1)
     tokens = to_tokens(features)  # (1, 1, N, C)
     index = row * width + col
-    scores = similarity_scores(tokens[:, :, index:index + 1], tokens, "euclidean")  # (1, 1, 1, N)
-    _, like_idx = select_topk(scores, num_neighbors, torch.tensor([index]))
+    _, like_idx = top_keys(tokens[:, :, index:index + 1], tokens, num_neighbors, "euclidean", torch.tensor([index]))
     like_cells = padded_to_cells(like_idx[0, 0, 0], width, 0).numpy()
     size = window_size_for(num_neighbors)
     near_cells = padded_to_cells(window_indices(height, width, size, num_neighbors)[index], width, size // 2).numpy()

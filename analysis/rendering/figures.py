@@ -16,17 +16,18 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from .attribution import Attribution
-from .mixing import BranchMix
-from .multihop import ReceptiveField
-from .neighbors import NeighborSet, QueryNeighbors
-from .pixels import PixelNeighbors
-from .probes import DEFAULT_WINDOW, ProbeLayer, cell_rect_px
-from .spectrum import SpectrumRow
-from .weights import AggregationKernel, Contributions
+from convnn.introspect import DEFAULT_WINDOW
+
+from ..session.selections import rule_title
+from ..session.traces import LayerInfo
+from ..views.attribution import Attribution
+from ..views.neighbors import NeighborSet, QueryNeighbors
+from ..views.pixels import PixelNeighbors
+from ..views.spectrum import ReceptiveField, SpectrumRow
+from ..views.weights import AggregationKernel, BranchMix, Contributions
+from .overlay import overlay_marks, rank_colors, ranks_labelled
 
 __all__ = [
-    "MAX_LABELLED_RANKS",
     "OKABE_ITO",
     "PANEL_HEIGHT",
     "attribution_figure",
@@ -39,29 +40,12 @@ __all__ = [
     "mix_figure",
     "neighbor_panel",
     "pixel_figure",
-    "rank_colors",
-    "ranks_labelled",
     "spectrum_figure",
 ]
 
 PANEL_HEIGHT = 380  # px, every image panel
 CHART_HEIGHT = 320  # px, bar charts and heatmaps
-RANK_COLORSCALE = "Viridis"  # rank 0 (dark purple) → rank K−1 (yellow)
-OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
-RULE_TITLES = {"window": "window (convolution)", "all": "all tokens (attention)", "random": "random candidates",
-               "blend": "blend", "layer": "what the layer used"}
-_MIN_LABELLED_CELL_PX = 2  # rank numbers are written inside cells at least this many image pixels wide
-MAX_LABELLED_RANKS = 32  # above this K, ranks are shown by colour and on hover only (numbers would overlap)
-
-
-def rank_colors(num_neighbors: int) -> list[str]:
-    """K colours from :data:`RANK_COLORSCALE`, rank 0 first, as ``"rgb(r, g, b)"`` strings."""
-    return sample_colorscale(RANK_COLORSCALE, np.linspace(0, 1, max(num_neighbors, 2)).tolist())[:num_neighbors]
-
-
-def _cell_box(probe: ProbeLayer, row: int, col: int) -> dict:
-    top, left, bottom, right = cell_rect_px(probe, row, col)
-    return dict(x0=left - 0.5, x1=right - 0.5, y0=top - 0.5, y1=bottom - 0.5)
+OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")  # colour-blind
 
 
 def _image_axes(fig: go.Figure, size: int, margin: float, row: int = 1, col: int = 1) -> None:
@@ -78,48 +62,30 @@ def _axis_refs(col: int) -> dict:
     return dict(xref=f"x{suffix}", yref=f"y{suffix}")
 
 
-def _neighbor_overlay(probe: ProbeLayer, nset: NeighborSet, query_cell: tuple[int, int], col: int
+def _neighbor_overlay(probe: LayerInfo, nset: NeighborSet, query_cell: tuple[int, int], col: int
                       ) -> tuple[list[dict], go.Scatter]:
-    """Outlines of the random candidates (faint), the K neighbours (rank colours) and the query (white/black).
-
-    Returns the outlines as layout shape dicts for subplot ``col`` (the caller assigns all panels' shapes at once:
-    adding shapes one by one is quadratic in Plotly) and one trace marking each neighbour, with its rank as text
-    when K ≤ :data:`MAX_LABELLED_RANKS` and the cells are big enough, else as a hover label only.
-    """
-    refs = _axis_refs(col)
-    shapes = []
-    if nset.candidates is not None:
-        faint = dict(color="rgba(255,255,255,0.55)", width=1, dash="dot")
-        shapes += [dict(type="rect", **_cell_box(probe, r, c), **refs, line=faint)
-                   for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True) if not prefix]
-    colors = rank_colors(len(nset.cells))
-    ranks, xs, ys, hover = [], [], [], []
-    for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
-        if prefix:
+    """The marks of :func:`analysis.rendering.overlay.overlay_marks` as Plotly: outlines as layout shape dicts for
+    subplot ``col`` (the caller assigns all panels' shapes at once: adding shapes one by one is quadratic in Plotly)
+    and one trace marking each neighbour, with its rank as text when ranks are labelled, else a hover label only."""
+    refs, shapes, xs, ys, texts, hovers, colors = _axis_refs(col), [], [], [], [], [], []
+    styles = {"candidate": dict(width=1, dash="dot"), "neighbor": dict(width=2.5)}
+    for mark in overlay_marks(probe, nset, query_cell):
+        top, left, bottom, right = mark.rect_px
+        box = dict(type="rect", x0=left - 0.5, x1=right - 0.5, y0=top - 0.5, y1=bottom - 0.5, **refs)
+        if mark.role == "query":  # white with a black inner line
+            shapes += [dict(box, line=dict(color="white", width=4)), dict(box, line=dict(color="black", width=1.5))]
             continue
-        box = _cell_box(probe, r, c)
-        shapes.append(dict(type="rect", **box, **refs, line=dict(color=colors[rank], width=2.5)))
-        ranks.append(rank)
-        xs.append((box["x0"] + box["x1"]) / 2)
-        ys.append((box["y0"] + box["y1"]) / 2)
-        hover.append(f"rank {rank} · cell ({r}, {c}) · similarity {score:.3f}")
-    query_box = _cell_box(probe, *query_cell)
-    shapes += [dict(type="rect", **query_box, **refs, line=dict(color="white", width=4)),
-               dict(type="rect", **query_box, **refs, line=dict(color="black", width=1.5))]
-    labelled = ranks_labelled(probe, len(nset.cells))
-    marks = go.Scatter(x=xs, y=ys, mode="text" if labelled else "markers", text=[str(rank) for rank in ranks],
-                       hovertext=hover, hoverinfo="text", textfont=dict(color="white", size=11),
-                       marker=dict(size=4, color=[colors[rank] for rank in ranks]), showlegend=False)
+        shapes.append(dict(box, line=dict(color=mark.color, **styles[mark.role])))
+        if mark.role == "neighbor":
+            xs.append((left + right - 1) / 2)
+            ys.append((top + bottom - 1) / 2)
+            texts.append(mark.label or "")
+            hovers.append(mark.hover)
+            colors.append(mark.color)
+    marks = go.Scatter(x=xs, y=ys, mode="text" if ranks_labelled(probe, len(nset.cells)) else "markers",
+                       text=texts, hovertext=hovers, hoverinfo="text", textfont=dict(color="white", size=11),
+                       marker=dict(size=4, color=colors), showlegend=False)
     return shapes, marks
-
-
-def ranks_labelled(probe: ProbeLayer, num_neighbors: int) -> bool:
-    """Whether rank numbers are written in the cells of ``probe``, in the figures and the PNG export alike.
-
-    True for K ≤ :data:`MAX_LABELLED_RANKS` neighbours on cells at least 2 model-input pixels wide; otherwise rank
-    is shown by colour only (numbers would overlap or not fit).
-    """
-    return num_neighbors <= MAX_LABELLED_RANKS and probe.input_size / probe.height >= _MIN_LABELLED_CELL_PX
 
 
 def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None) -> go.Figure:
@@ -141,7 +107,7 @@ def neighbor_panel(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str
         nset = neighbors.sets[rule]
         cls = "" if not nset.is_prefix.any() else f", CLS at rank {int(np.flatnonzero(nset.is_prefix)[0])}"
         fallback = " (r ≥ N: same as all)" if rule == "random" and neighbors.random_uses_all_tokens else ""
-        titles.append(f"{RULE_TITLES.get(rule, rule)}{fallback}<br><sup>mean dist {nset.mean_distance:.2f} cells · "
+        titles.append(f"{rule_title(rule)}{fallback}<br><sup>mean dist {nset.mean_distance:.2f} cells · "
                       f"{100 * nset.window_share:.0f}% in {window}×{window}{cls}</sup>")
     fig = make_subplots(1, len(rules), subplot_titles=titles, horizontal_spacing=0.02)
     margin = window // 2 * size / probe.height + 0.5

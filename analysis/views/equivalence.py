@@ -21,10 +21,9 @@ from torch import nn
 
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
 
-from .checkpoints import LoadedModel
-from .images import InputImage
-from .probes import probe_module
-from .tracing import trace_image
+from ..session.images import InputImage
+from ..session.models import LoadedModel
+from ..session.traces import probe_module, trace_image
 
 __all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary"]
 
@@ -66,7 +65,7 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
     probe = loaded.probe(layer)
-    if probe.kind == "attention":
+    if probe.is_attention:
         raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
     module = probe_module(loaded.model, probe)
     x = trace_image(loaded, image).inputs[probe.name].cpu()
@@ -91,7 +90,7 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     probe = loaded.probe(layer)
     module = probe_module(loaded.model, probe)
     x = trace_image(loaded, image).inputs[probe.name].cpu()
-    if probe.kind == "attention":
+    if probe.is_attention:
         tokens, dim, heads, source = x, module.dim, module.num_heads, "the layer's own q, k, v and output projections"
         mhsa = MultiheadSelfAttention(dim, heads)
         mhsa.load_state_dict({name: t.cpu() for name, t in module.state_dict().items() if name != "weight"})
@@ -116,7 +115,7 @@ def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> s
         ValueError: unknown layer.
     """
     results = [attention_equivalence(loaded, image, layer)]
-    if loaded.probe(layer).kind != "attention":
+    if not loaded.probe(layer).is_attention:
         results.insert(0, conv_equivalence(loaded, image, layer))
     return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
                         f"{r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)" for r in results)

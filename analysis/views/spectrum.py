@@ -1,4 +1,12 @@
-"""Neighbours of neighbours: the query's effective receptive field through consecutive probe layers.
+"""The convolution ↔ attention spectrum of a model on one image: how local each layer's selections are.
+
+For every probe layer, over all its queries (and all heads), the neighbours the layer really selected
+(``rule="layer"`` of :func:`analysis.session.selections.rule_selection`): their mean distance to the query in cells,
+and the share of them inside the query's R×R window. A convolution sits at 100% inside; attention-style selection
+spreads out.
+
+Also neighbours of neighbours (:func:`receptive_field`): the query's effective receptive field through consecutive
+probe layers.
 
 Hop 0 is the query's cell in the chosen layer; hop 1 its neighbours there (what the layer really selected); hop 2
 the neighbours, in the previous probe layer, of every cell covering a hop-1 pixel; and so on towards the input.
@@ -10,14 +18,70 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .checkpoints import LoadedModel
-from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, rule_selection
-from .probes import ProbeLayer, cell_rect_px, query_cell
-from .values import whole_number
+from convnn.functional import padded_to_cells
 
-__all__ = ["ReceptiveField", "receptive_field"]
+from ..session.caching import bounded_cache
+from ..session.images import InputImage
+from ..session.inputs import whole_number
+from ..session.models import LoadedModel
+from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_selection
+from ..session.traces import LayerInfo, cell_rect_px, query_cell
+
+__all__ = [
+    "ReceptiveField",
+    "SpectrumRow",
+    "receptive_field",
+    "selection_spectrum",
+]
+
+
+@dataclass(frozen=True)
+class SpectrumRow:
+    """One layer's place on the spectrum.
+
+    Attributes:
+        layer (str): probe layer name.
+        mean_distance (float): mean neighbour distance to the query in cells, over queries and heads.
+        window_share (float): share of neighbours inside the R×R window, in [0, 1].
+        window_size (int): R.
+    """
+
+    layer: str
+    mean_distance: float
+    window_share: float
+    window_size: int
+
+
+@bounded_cache(16)
+def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3) -> tuple[SpectrumRow, ...]:
+    """Every probe layer's mean neighbour distance and in-window share on ``image`` (cached).
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        window_size (int): R of the in-window share, odd. Default: 3
+
+    Returns:
+        tuple[SpectrumRow, ...]: one row per probe layer, forward order.
+
+    Raises:
+        ValueError: an even or non-positive ``window_size``.
+    """
+    if window_size < 1 or window_size % 2 == 0:
+        raise ValueError(f"window_size must be odd and ≥ 1, got {window_size}")
+    rows = []
+    for probe in loaded.probes:
+        grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
+        means, shares = [], []
+        for head in range(probe.num_heads):
+            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
+            mean, share = distance_stats(sel.cells, sel.is_prefix, grid, window_size)
+            means.append(np.nanmean(mean))
+            shares.append(share.mean())
+        rows.append(SpectrumRow(probe.name, float(np.mean(means)), float(np.mean(shares)), window_size))
+    return tuple(rows)
 
 
 @dataclass(frozen=True)
@@ -35,12 +99,12 @@ class ReceptiveField:
     pixel_counts: list[int]
 
 
-def _cell_slices(probe: ProbeLayer, row: int, col: int) -> tuple[slice, slice]:
+def _cell_slices(probe: LayerInfo, row: int, col: int) -> tuple[slice, slice]:
     top, left, bottom, right = cell_rect_px(probe, row, col)
     return slice(top, bottom), slice(left, right)
 
 
-def _cells_to_mask(probe: ProbeLayer, cells: np.ndarray) -> np.ndarray:
+def _cells_to_mask(probe: LayerInfo, cells: np.ndarray) -> np.ndarray:
     """(M, 2) cells → (S, S) bool mask of the model-input pixels they cover (cells off the grid are dropped)."""
     mask = np.zeros((probe.input_size, probe.input_size), dtype=bool)
     for row, col in cells:
@@ -49,7 +113,7 @@ def _cells_to_mask(probe: ProbeLayer, cells: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _mask_to_cells(probe: ProbeLayer, mask: np.ndarray) -> np.ndarray:
+def _mask_to_cells(probe: LayerInfo, mask: np.ndarray) -> np.ndarray:
     """Raster indices of the cells of ``probe`` that cover at least one pixel of ``mask``, (M,) int64."""
     return np.array([r * probe.width + c for r in range(probe.height) for c in range(probe.width)
                      if mask[_cell_slices(probe, r, c)].any()], dtype=np.int64)

@@ -4,6 +4,13 @@ METHOD §2 step 3: ``out[:, i] = bias + Σ_t W[:, :, t] · ρ_t · v[idx_t]``, t
 neighbour". :func:`neighbor_contributions` splits a query's output into those K terms, using the neighbours the layer
 really selected (:func:`convnn.record_neighbors`), so the terms plus the bias equal the layer's own output. The
 values and the output of a layer are computed once per (model, image, layer); a click only gathers its K terms.
+
+Also the λ mix of a hybrid layer (:func:`branch_mix`): how much of the 1×1 mix output comes from each branch, per
+pixel (METHOD §5).
+
+The hybrid layer concatenates ``z = [z_knn ; z_conv]`` (ConvNN channels first) and mixes with a 1×1 convolution
+``y = M z + b``. Splitting ``M = [M_knn  M_conv]`` gives ``y − b = M_knn z_knn + M_conv z_conv``; the ConvNN share of a
+pixel is ``‖M_knn z_knn‖ / (‖M_knn z_knn‖ + ‖M_conv z_conv‖)`` (L2 over output channels), in [0, 1].
 """
 
 from __future__ import annotations
@@ -18,14 +25,22 @@ from torch import Tensor
 from convnn.candidates import keyed_draws
 from convnn.functional import pad_map, to_tokens
 
-from .caching import bounded_cache
-from .checkpoints import LoadedModel
-from .images import InputImage
-from .neighbors import LAYER_RULE, RuleOptions, rule_selection
-from .probes import ProbeLayer, knn_branch, probe_module, query_cell
-from .tracing import trace_image
+from ..session.caching import bounded_cache
+from ..session.images import InputImage
+from ..session.models import LoadedModel
+from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
+from ..session.traces import LayerInfo, knn_branch, probe_module, query_cell, trace_image
 
-__all__ = ["AggregationKernel", "Contributions", "aggregation_kernel", "neighbor_contributions"]
+__all__ = [
+    "AggregationKernel",
+    "BranchMix",
+    "Contributions",
+    "aggregation_kernel",
+    "branch_mix",
+    "mix_summary",
+    "neighbor_contributions",
+]
+
 
 _LAYER_OUTPUT_CACHE_SIZE = 32  # (model, image, layer) values + outputs kept; each ≈ 2 × N × C floats
 
@@ -48,15 +63,15 @@ class AggregationKernel:
     description: str
 
 
-def _kernel_tensor(loaded: LoadedModel, probe: ProbeLayer) -> tuple[Tensor, str]:
+def _kernel_tensor(loaded: LoadedModel, probe: LayerInfo) -> tuple[Tensor, str]:
     module = probe_module(loaded.model, probe)
-    if probe.kind == "attention":
-        if probe.mixer == "mhsa":
+    if probe.is_attention:
+        if probe.dense:
             raise ValueError(f"{probe.name} is plain multi-head attention: it has no rank-slot kernel (a KVT or "
                              "ConvNN-attention layer has one)")
         kind = "KVT (fixed ones)" if probe.mixer == "kvt" else "ConvNN-attention depthwise Conv1D"
         return module.weight.detach(), kind
-    if probe.mixer == "conv":
+    if probe.conv_only:
         weight = module.conv.weight.detach().flatten(2)  # taps in raster order = window rank slots (METHOD §4.1)
         return weight, "3×3 conv branch, taps in raster order (= window selection's rank slots)"
     return knn_branch(module, probe).weight.detach(), "ConvNN branch Conv1D"
@@ -126,7 +141,7 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tu
     trace = trace_image(loaded, image)
     x, module = trace.inputs[probe.name], probe_module(loaded.model, probe)
     with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
-        if probe.kind == "attention":
+        if probe.is_attention:
             _, _, v = module.project_qkv(x)
             return v, _attention_output(module, x)
         return to_tokens(pad_map(x, trace.records[probe.name].padding)), knn_branch(module, probe)(x)
@@ -161,7 +176,7 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     values, layer_output = _values_and_output(loaded, image, probe.name)
     module = probe_module(loaded.model, probe)
     with torch.no_grad():
-        if probe.kind == "attention":
+        if probe.is_attention:
             token = index + probe.num_prefix_tokens
             idx, rho = record.topk_idx[0, head, token], record.topk_weights[0, head, token]
             d = module.head_dim
@@ -181,3 +196,58 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     return Contributions(selection.cells[index], selection.is_prefix[index], vectors.float().cpu().numpy(),
                          vectors.norm(dim=1).float().cpu().numpy(), bias.float().cpu().numpy(),
                          output.float().cpu().numpy())
+
+
+@dataclass(frozen=True)
+class BranchMix:
+    """Per-pixel branch shares of a hybrid layer's output.
+
+    Attributes:
+        branch_ratio (float): λ.
+        knn_channels (int): channels of the ConvNN branch (``round(λ·C_out)``).
+        conv_channels (int): channels of the convolution branch.
+        knn_norm (np.ndarray): (H, W) float32 ``‖M_knn z_knn‖`` per pixel.
+        conv_norm (np.ndarray): (H, W) float32 ``‖M_conv z_conv‖`` per pixel.
+        share (np.ndarray): (H, W) float32 ConvNN share in [0, 1] (0.5 where both norms are 0).
+    """
+
+    branch_ratio: float
+    knn_channels: int
+    conv_channels: int
+    knn_norm: np.ndarray
+    conv_norm: np.ndarray
+    share: np.ndarray
+
+
+@bounded_cache(32)
+def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
+    """The ConvNN vs convolution share of ``layer``'s 1×1 mix output at every pixel (cached).
+
+    Raises:
+        ValueError: ``layer`` is not a hybrid layer.
+    """
+    probe = loaded.probe(layer)
+    if not probe.is_hybrid:
+        raise ValueError(f"{probe.name} is not a hybrid layer: the λ mix exists only in HybridConvNN2d layers")
+    module = probe_module(loaded.model, probe)
+    x = trace_image(loaded, image).inputs[probe.name]
+    with torch.no_grad(), loaded.lock:
+        z = module.branches(x)  # (1, C_out, H, W), ConvNN channels first
+        split = module.knn_channels
+        weight = module.mix.weight  # (C_out, C_out, 1, 1)
+        knn_part = F.conv2d(z[:, :split], weight[:, :split]) if split else torch.zeros_like(z)
+        conv_part = F.conv2d(z[:, split:], weight[:, split:]) if module.conv_channels else torch.zeros_like(z)
+        knn_norm, conv_norm = knn_part.norm(dim=1)[0], conv_part.norm(dim=1)[0]
+        total = knn_norm + conv_norm
+        share = torch.where(total > 0, knn_norm / total.clamp_min(torch.finfo(total.dtype).tiny), 0.5)
+    return BranchMix(module.branch_ratio, module.knn_channels, module.conv_channels, knn_norm.cpu().numpy(),
+                     conv_norm.cpu().numpy(), share.cpu().numpy())
+
+
+def mix_summary(mix: BranchMix, cell: tuple[int, int]) -> str:
+    """The channel split, and at ``cell`` = ``(row, col)`` the two branches' norms and the ConvNN share, as text."""
+    row, col = cell
+    return (f"λ = {mix.branch_ratio}: {mix.knn_channels} ConvNN channels + {mix.conv_channels} conv channels. "
+            f"At cell ({row}, {col}): ‖ConvNN part‖ = {mix.knn_norm[row, col]:.3f}, ‖conv part‖ = "
+            f"{mix.conv_norm[row, col]:.3f}, ConvNN share = {100 * mix.share[row, col]:.1f}% "
+            f"(image mean {100 * mix.share.mean():.1f}%).")

@@ -3,7 +3,7 @@
 A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`). Models are loaded in eval mode and
 kept in a bounded cache keyed by the card path and both files' sizes and modification times, so switching back
 and forth between checkpoints is instant and a replaced or edited file is reloaded. A model with a probe layer of more
-than :data:`convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens is refused: the explorer's "all" rule scores every token of
+than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens is refused: the explorer's "all" rule scores every token of
 a layer against every other, and so is one whose forward pass overflows on a mid-grey image (inf or NaN in any
 module's output: every view of it would show meaningless numbers).
 
@@ -30,12 +30,12 @@ import torch
 from torch import Tensor, nn
 
 from convnn import CheckpointError, ModelCard, load_checkpoint
-from convnn.checkpoint import BEFORE_SUFFIX, MAX_EXHAUSTIVE_TOKENS, checkpoint_paths
-from kernels import resolve_backend
+from convnn.budget import MAX_EXHAUSTIVE_TOKENS, build_on_meta
+from convnn.checkpoint import BEFORE_SUFFIX, checkpoint_paths
+from convnn.introspect import LayerInfo, convnn_layers, layer_facts, model_family
 
 from .caching import bounded_cache
 from .images import image_from_array, model_input
-from .probes import ProbeLayer, find_probe_layers
 from .workspace import UPLOADS, Workspace
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "LoadedModel",
     "card_summary",
     "checkpoint_card",
-    "compute_path",
     "list_checkpoints",
     "load_model",
     "store_upload",
@@ -62,12 +61,12 @@ class LoadedModel:
     """A checkpoint loaded for analysis: the model in eval mode, its card and its probe layers.
 
     Compared and hashed by identity: :func:`load_model` returns the same object for the same unchanged files, so it
-    can key the per-image caches of :mod:`analysis.probes`.
+    can key the per-image caches of :mod:`analysis.session.traces`.
 
     Attributes:
         model (nn.Module): the model, eval mode, on ``device``.
         card (ModelCard): the checkpoint's card.
-        probes (tuple[ProbeLayer, ...]): the layers the explorer can open, in forward order.
+        probes (tuple[LayerInfo, ...]): the layers the explorer can open, in forward order.
         device (torch.device): where the model runs.
         lock (threading.RLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
             requests never interleave with the neighbour recorder (which is per-module state).
@@ -75,11 +74,11 @@ class LoadedModel:
 
     model: nn.Module
     card: ModelCard
-    probes: tuple[ProbeLayer, ...] = field(default=())
+    probes: tuple[LayerInfo, ...] = field(default=())
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def probe(self, name: str) -> ProbeLayer:
+    def probe(self, name: str) -> LayerInfo:
         """The probe layer called ``name``.
 
         Raises:
@@ -127,36 +126,58 @@ def _accuracy_text(value: object) -> str:
     return f"{value:.2f}%"
 
 
+_MIXER_TITLES = {"mhsa": "MHSA", "kvt": "KVT", "convnn": "ConvNN-attention"}
+
+
+def _layers_summary(card: ModelCard) -> tuple[str, dict | None]:
+    """``"<family>, <what its first ConvNN-family layer is>"`` and that layer's facts if it selects, from the model
+    built on the meta device (:func:`convnn.budget.build_on_meta`; the layers describe themselves)."""
+    try:
+        model = build_on_meta(card)
+    except CheckpointError:
+        return str(card.model), None
+    layers = layer_facts(model)
+    first = layers[0] if layers else {"kind": "", "mixer": ""}
+    selecting = next((facts for facts in layers if facts["record_name"] is not None), None)
+    if first["kind"] == "attention":
+        what = _MIXER_TITLES.get(first["mixer"], first["mixer"])
+    elif first["kind"] == "hybrid":
+        what = f"hybrid λ={first['branch_ratio']}"
+    else:
+        what = "ConvNN2d" if layers else "no ConvNN layer"
+    return f"{model_family(model)}, {what}", selecting
+
+
+def _selection_text(facts: dict) -> str:
+    """A layer's selection with the option that sets it: ``"random (r=32)"``, ``"blend (α=0.5)"``, ``"all"``."""
+    if facts["num_candidates"] is not None and facts["selection"] == "random":
+        return f"random (r={facts['num_candidates']})"
+    if facts.get("blend_alpha") is not None:
+        return f"{facts['selection']} (α={facts['blend_alpha']})"
+    return str(facts["selection"])
+
+
 def card_summary(card: ModelCard) -> str:
     """A short human description of a card: name, architecture, λ, K, selection, test accuracy and storage dtype.
 
-    Fields of an unexpected type are shown as missing (e.g. ``metrics`` that is not a JSON object) and a test
-    accuracy that is not a finite number as "n/a", so any card that loads can be described.
+    The architecture comes from the model's own layers (built on the meta device, so nothing is allocated); fields
+    of an unexpected type are shown as missing (e.g. ``metrics`` that is not a JSON object) and a test accuracy
+    that is not a finite number as "n/a", so any card that loads can be described.
 
     Returns:
         str: one title line, then one line per fact (plain text, no markup).
     """
     args = card.model_args if isinstance(card.model_args, dict) else {}
     metrics = card.metrics if isinstance(card.metrics, dict) else {}
-    if str(card.model).startswith("convnn_vit"):
-        mixer = str(args.get("attention", "mhsa"))
-        arch = f"ViT, {mixer.upper() if mixer != 'convnn' else 'ConvNN-attention'}"
-        knn = "" if mixer == "mhsa" else f", K={args.get('num_neighbors', 16)}"
-    else:
-        arch = f"ResNet, hybrid λ={args.get('branch_ratio', 0.5)}"
-        knn = "" if args.get("branch_ratio", 0.5) == 0 else f", K={args.get('num_neighbors', 9)}"
-    selection = str(args.get("selection", "all"))
-    if selection == "random":
-        selection += f" (r={args.get('num_candidates')})"
-    elif selection == "blend":
-        selection += f" (α={args.get('blend_alpha', 0.5)})"
-    title = f"{card.name}: {arch}{knn}" + ("" if knn == "" else f", {selection}")
+    arch, selecting = _layers_summary(card)
+    selection = _selection_text(selecting) if selecting else "—"
+    title = f"{card.name}: {arch}" + (f", K={selecting['num_neighbors']}, {selection}" if selecting else "")
     return "\n".join([
         title,
         f"architecture: {card.model} {json.dumps(args, sort_keys=True, default=str)}",
         f"λ (ConvNN share of channels): {args.get('branch_ratio', '—')}",
-        f"K (neighbours per query): {args.get('num_neighbors', '—') if knn else '—'}",
-        f"selection: {selection if knn else '—'}",
+        f"K (neighbours per query): {selecting['num_neighbors'] if selecting else '—'}",
+        f"selection: {selection}",
         f"test accuracy (top-1): {_accuracy_text(metrics.get('test_top1'))}",
         f"input: {card.input_size}×{card.input_size} px, {len(card.classes)} classes",
         f"weights stored as: {card.weights_dtype}" + (
@@ -165,7 +186,7 @@ def card_summary(card: ModelCard) -> str:
     ])
 
 
-def _check_probe_tokens(probes: Sequence[ProbeLayer], card: ModelCard, source: str) -> None:
+def _check_probe_tokens(probes: Sequence[LayerInfo], card: ModelCard, source: str) -> None:
     """Refuse a model whose probe layers the explorer cannot analyse within memory.
 
     The "all" rule and the attention equivalence demo score all N tokens of a layer against each other (N² scores)
@@ -229,7 +250,7 @@ def _load_cached(card_path: Path, stamps: tuple[tuple[int, int], tuple[int, int]
     """The model of ``card_path``; ``stamps`` (the weights' and the card's size and mtime) only key the cache."""
     model, card = load_checkpoint(card_path, device=device)
     _check_finite_forward(model, card, device, card_path.name)
-    probes = find_probe_layers(model, card.input_size, device=torch.device(device))
+    probes = convnn_layers(model, card.input_size, device=torch.device(device))
     _check_probe_tokens(probes, card, card_path.name)
     return LoadedModel(model, card, probes, torch.device(device))
 
@@ -248,7 +269,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     Raises:
         CheckpointError: a missing or corrupt file, or weights that do not fit the card (from
             :func:`convnn.load_checkpoint`), a probe layer of more than
-            :data:`~convnn.checkpoint.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size, or a forward pass on a
+            :data:`~convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size, or a forward pass on a
             mid-grey image that is not finite somewhere (the message names the first module).
     """
     weights_path, card_path = checkpoint_paths(path)
@@ -334,17 +355,3 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
     if name in {path.name for path in folder.glob("*.json")} and _in_folder(typed.parent, folder):
         return folder / name
     raise ValueError(f"unknown checkpoint {reprlib.repr(choice)}: choose one from the list or upload one")
-
-
-def compute_path(device: str | torch.device) -> str:
-    """Which ConvNN compute path runs on ``device``: the fused Triton kernel or the PyTorch reference.
-
-    Resolved by :func:`kernels.resolve_backend` (``"auto"``, honouring ``CONVNN_BACKEND``).
-
-    Returns:
-        str: e.g. ``"fused Triton kernel on cuda:0"`` or ``"PyTorch reference on cpu"``.
-    """
-    device = torch.device(device)
-    backend = resolve_backend("auto", device)
-    name = "fused Triton kernel" if backend == "triton" else "PyTorch reference"
-    return f"{name} on {device}"

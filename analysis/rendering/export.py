@@ -1,8 +1,8 @@
 """Exports of a query's neighbours: a JSON-ready dict, a Markdown summary and a PNG overlay rendered with PIL.
 
 Plotly's own PNG export needs Kaleido and a browser, which an offline install may lack; the overlay PNG is drawn
-here instead, pixel for pixel, with the figures' rank colours (:func:`analysis.figures.rank_colors`) and their rule for
-when rank numbers are written in the cells (:func:`analysis.figures.ranks_labelled`).
+here instead, pixel for pixel, from the same marks as the figures (:func:`analysis.rendering.overlay.overlay_marks`:
+rank colours, which ranks are written in the cells, candidates and the query).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw
 
-from .checkpoints import LoadedModel
-from .figures import RULE_TITLES, rank_colors, ranks_labelled
-from .images import InputImage, model_view, upscale_nearest
-from .neighbors import QueryNeighbors
-from .probes import cell_rect_px
-from .workspace import EXPORTS, Workspace
+from ..session.images import InputImage, model_view, upscale_nearest
+from ..session.models import LoadedModel
+from ..session.selections import rule_title
+from ..session.traces import cell_rect_px
+from ..session.workspace import EXPORTS, Workspace
+from ..views.neighbors import QueryNeighbors
+from .overlay import overlay_marks
 
 __all__ = ["MAX_LISTED_CELLS", "export_query", "neighbors_summary", "neighbors_to_dict", "overlay_png", "query_record"]
 
@@ -78,13 +79,13 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
         cells = ["CLS" if p else f"({r},{c})" for (r, c), p in zip(nset.cells, nset.is_prefix, strict=True)]
         more = len(cells) - MAX_LISTED_CELLS
         listed = ", ".join(cells[:MAX_LISTED_CELLS]) + (f", … {more} more (in the JSON export)" if more > 0 else "")
-        rows.append(f"| {RULE_TITLES[rule]} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% | {listed} |")
+        rows.append(f"| {rule_title(rule)} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% | {listed} |")
     overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in neighbors.overlaps.items())
     notes = [f"**Jaccard overlap:** {overlaps}"]
     if neighbors.random_uses_all_tokens:
         notes.append(f"r = {neighbors.options.num_candidates} ≥ N = {neighbors.layer.num_tokens} tokens: the random "
                      "rule draws every token, so it equals the all-tokens rule (METHOD §3).")
-    if neighbors.layer.kind == "attention":
+    if neighbors.layer.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "
                      "select (the all-tokens rule and the layer's own selection never contain them).")
@@ -103,28 +104,23 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
     panel.paste(Image.fromarray(upscale_nearest(view, factor)), (margin, margin + _CAPTION_PX))
     draw = ImageDraw.Draw(panel)
     nset = neighbors.sets[rule]
-    draw.text((4, 4), f"{RULE_TITLES.get(rule, rule)}: {nset.mean_distance:.2f} cells", fill=(255, 255, 255))
+    draw.text((4, 4), f"{rule_title(rule)}: {nset.mean_distance:.2f} cells", fill=(255, 255, 255))
 
-    def box(row: int, col: int) -> tuple[int, int, int, int]:
-        top, left, bottom, right = cell_rect_px(probe, row, col)
+    def box(rect_px: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        top, left, bottom, right = rect_px
         y0 = margin + _CAPTION_PX
         return left * factor + margin, top * factor + y0, right * factor + margin - 1, bottom * factor + y0 - 1
 
-    if nset.candidates is not None:
-        for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True):
-            if not prefix:
-                draw.rectangle(box(r, c), outline=(200, 200, 200), width=1)
-    colors = [ImageColor.getrgb(color) for color in rank_colors(len(nset.cells))]
-    labelled = ranks_labelled(probe, len(nset.cells))
-    for rank, ((r, c), prefix) in enumerate(zip(nset.cells, nset.is_prefix, strict=True)):
-        if not prefix:
-            draw.rectangle(box(r, c), outline=colors[rank], width=max(1, factor // 3))
-            if labelled:
-                x0, y0, _, _ = box(r, c)
-                draw.text((x0 + 3, y0 + 2), str(rank), fill=(255, 255, 255))
-    query = box(*neighbors.query_cell)
-    draw.rectangle(query, outline=(255, 255, 255), width=3)
-    draw.rectangle(query, outline=(0, 0, 0), width=1)
+    for mark in overlay_marks(probe, nset, neighbors.query_cell):
+        x0, y0, x1, y1 = box(mark.rect_px)
+        if mark.role == "query":  # white with a black inner line
+            draw.rectangle((x0, y0, x1, y1), outline=(255, 255, 255), width=3)
+            draw.rectangle((x0, y0, x1, y1), outline=(0, 0, 0), width=1)
+            continue
+        width = max(1, factor // 3) if mark.role == "neighbor" else 1
+        draw.rectangle((x0, y0, x1, y1), outline=ImageColor.getrgb(mark.color), width=width)
+        if mark.label is not None:
+            draw.text((x0 + 3, y0 + 2), mark.label, fill=(255, 255, 255))
     return panel
 
 

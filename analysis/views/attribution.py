@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from captum.attr import IntegratedGradients, Occlusion, Saliency
 
-from .caching import bounded_cache
-from .checkpoints import LoadedModel
-from .images import InputImage, model_input
-from .tracing import trace_image
+from ..session.caching import bounded_cache
+from ..session.images import InputImage, model_input
+from ..session.models import LoadedModel
+from ..session.traces import trace_image
 
 __all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
 

@@ -21,7 +21,6 @@ padding cells outside the grid (e.g. row −1); a ViT's CLS token has no cell an
 
 from __future__ import annotations
 
-import itertools
 import numbers
 from dataclasses import dataclass, replace
 
@@ -30,41 +29,35 @@ import torch
 from torch import Tensor
 
 from convnn.candidates import keyed_candidates
-from convnn.functional import (
-    blend_select,
+from convnn.functional import padded_to_cells, window_size_for
+from convnn.selection import (
+    SelectionOptions,
     effective_selection,
-    pad_map,
-    padded_to_cells,
-    to_tokens,
-    window_indices,
-    window_size_for,
+    neighbor_similarity,
+    rule_names,
+    selection_rule,
 )
-from kernels.reference import neighbor_scores, select_neighbors, select_topk, similarity_scores
 
 from .caching import bounded_cache
-from .checkpoints import LoadedModel
 from .images import InputImage
-from .probes import ProbeLayer, layer_query_key, probe_module, query_cell
-from .tracing import trace_image
-from .values import MAX_SEED, whole_number
+from .inputs import MAX_SEED, whole_number
+from .models import LoadedModel
+from .traces import LayerInfo, layer_query_key, probe_module, trace_image
 
 __all__ = [
     "LAYER_RULE",
-    "RULES",
-    "NeighborSet",
-    "QueryNeighbors",
     "RuleOptions",
     "Selection",
     "distance_stats",
     "jaccard",
     "max_window_size",
-    "query_neighbors",
     "resolve_options",
     "rule_selection",
+    "rule_title",
 ]
 
-RULES = ("window", "all", "random", "blend")
-LAYER_RULE = "layer"
+LAYER_RULE = "layer"  # what the layer itself selected (beside the registered rules of convnn.selection)
+LAYER_RULE_TITLE = "what the layer used"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
 _SELECTION_CACHE_SIZE = 128  # selections kept (a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB)
@@ -108,7 +101,7 @@ class RuleOptions:
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
-def max_window_size(probe: ProbeLayer) -> int:
+def max_window_size(probe: LayerInfo) -> int:
     """The largest window side R the rules accept on ``probe``: the smallest odd side ≥ the grid's longer side (a
     window as large as the grid, enough for K = H·W), or the layer's own R if that is larger.
 
@@ -117,7 +110,7 @@ def max_window_size(probe: ProbeLayer) -> int:
     return max(probe.window_size, max(probe.height, probe.width) | 1)
 
 
-def resolve_options(probe: ProbeLayer, options: RuleOptions) -> RuleOptions:
+def resolve_options(probe: LayerInfo, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
     K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
@@ -182,7 +175,7 @@ class Selection:
     candidate_is_prefix: np.ndarray | None = None
 
 
-def _tokens_to_cells(tokens: Tensor, probe: ProbeLayer) -> tuple[np.ndarray, np.ndarray]:
+def _tokens_to_cells(tokens: Tensor, probe: LayerInfo) -> tuple[np.ndarray, np.ndarray]:
     """Token indices (prefix first, then the grid in raster order) → ``(cells, is_prefix)``, prefix cells (−1, −1)."""
     grid = tokens - probe.num_prefix_tokens
     is_prefix = grid < 0
@@ -191,61 +184,46 @@ def _tokens_to_cells(tokens: Tensor, probe: ProbeLayer) -> tuple[np.ndarray, np.
     return cells.cpu().numpy(), is_prefix.cpu().numpy()
 
 
-def _grid_maps(probe: ProbeLayer, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """Grid part of single-head tokens (1, 1, N, D) → query tokens (1, 1, H·W, D) and key map (1, D, H, W)."""
-    prefix = probe.num_prefix_tokens
-    q_grid = q[:, :, prefix:]
-    k_map = k[0, 0, prefix:].T.reshape(1, -1, probe.height, probe.width)
-    return q_grid, k_map
-
-
-def _window_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, blend: bool) -> Selection:
-    q_grid, k_map = _grid_maps(probe, q, k)
-    pad = options.window_size // 2
-    k_padded = to_tokens(pad_map(k_map, pad))
-    if blend:
-        padded_idx, _ = blend_select(q_grid, k_padded, probe.height, probe.width, options.window_size,
-                                     options.num_neighbors, options.blend_alpha, probe.similarity)
-        padded_idx = padded_idx[0, 0]
-    else:
-        padded_idx = window_indices(probe.height, probe.width, options.window_size, options.num_neighbors, q.device)
-    scores = neighbor_scores(q_grid, k_padded, padded_idx[None, None], probe.similarity)[0, 0]
-    cells = padded_to_cells(padded_idx, probe.width, pad).cpu().numpy()
-    return Selection(cells, np.zeros(cells.shape[:2], dtype=bool), scores.cpu().numpy())
-
-
-def _feature_rule(probe: ProbeLayer, q: Tensor, k: Tensor, options: RuleOptions, rule: str,
-                  num_neighbors: int, keys: np.ndarray) -> Selection:
-    prefix, self_first = probe.num_prefix_tokens, probe.kind != "attention"
-    num_tokens = q.shape[2]
-    if rule == "all" or options.num_candidates >= num_tokens:  # r ≥ N: every token is a candidate (METHOD §3)
-        scores = similarity_scores(q[:, :, prefix:], k, probe.similarity)  # (1, 1, H·W, N)
-        self_index = torch.arange(prefix, num_tokens, device=q.device) if self_first else None
-        topk_scores, topk_idx = select_topk(scores, num_neighbors, self_index)
-        candidates = candidate_cells = candidate_is_prefix = None
-    else:  # random: r sampled keys plus the query itself (METHOD §3), drawn as the layer draws in eval mode
+def _rule_selection(probe: LayerInfo, q: Tensor, k: Tensor, rule_name: str, options: RuleOptions,
+                    keys: np.ndarray) -> Selection:
+    """Every query's neighbours under the registered rule ``rule_name`` (:mod:`convnn.selection`) on single-head
+    tokens (1, 1, N, D): a rule that needs a grid runs on the grid's tokens, any other on every token (the queries
+    of the grid are kept); a rule that draws candidates draws them as the layers do in eval mode."""
+    rule = selection_rule(effective_selection(rule_name, options.blend_alpha))
+    prefix, grid, num_tokens = probe.num_prefix_tokens, (probe.height, probe.width), q.shape[2]
+    select = SelectionOptions(options.num_neighbors, probe.similarity, options.window_size, options.blend_alpha,
+                              self_first=not probe.is_attention)
+    if rule.needs_grid:
+        q, k = q[:, :, prefix:], k[:, :, prefix:]
+        neighbors = rule.select(q, k, grid, select)
+        idx = neighbors.topk_idx[0, 0]
+        scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, grid, neighbors.padding)
+        cells = padded_to_cells(idx, probe.width, neighbors.padding).cpu().numpy()
+        return Selection(cells, np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())
+    candidates = candidate_cells = candidate_is_prefix = None
+    if "num_candidates" in rule.reads and options.num_candidates < num_tokens:  # r ≥ N: every token (METHOD §3)
         candidates = keyed_candidates(keys, options.seed, num_tokens, options.num_candidates).to(q.device)
-        topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=probe.similarity,
-                                                 candidates=candidates, self_first=self_first)
-        topk_scores, topk_idx = topk_scores[:, :, prefix:], topk_idx[:, :, prefix:]
         candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
-    cells, is_prefix = _tokens_to_cells(topk_idx[0, 0], probe)
-    return Selection(cells, is_prefix, topk_scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
+    neighbors = rule.select(q, k, grid, replace(select, candidates=candidates))
+    idx = neighbors.topk_idx[0, 0, prefix:]  # the grid's queries
+    scores = neighbor_similarity(q[:, :, prefix:], k, idx[None, None], probe.similarity)
+    cells, is_prefix = _tokens_to_cells(idx, probe)
+    return Selection(cells, is_prefix, scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
 
 
-def _recorded(probe: ProbeLayer, record, q: Tensor, k: Tensor, head: int) -> Selection:
+def _recorded(probe: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Selection:
+    """What the layer selected in the forward pass (:func:`convnn.record_neighbors`), with feature similarities."""
     idx = record.topk_idx[0, head]  # (Nq, K), Nq = tokens of the layer
-    if probe.kind == "attention":
+    if probe.is_attention:
         idx = idx[probe.num_prefix_tokens:]
         cells, is_prefix = _tokens_to_cells(idx, probe)
-        q_grid, keys = q[:, :, probe.num_prefix_tokens:], k
+        scores = neighbor_similarity(q[:, :, probe.num_prefix_tokens:], k, idx[None, None], probe.similarity)
     else:
         cells = padded_to_cells(idx, record.width, record.padding).cpu().numpy()
         is_prefix = np.zeros(cells.shape[:2], dtype=bool)
-        q_grid, k_map = _grid_maps(probe, q, k)
-        keys = to_tokens(pad_map(k_map, record.padding))
-    scores = neighbor_scores(q_grid, keys, idx[None, None], probe.similarity)[0, 0]
-    return Selection(cells, is_prefix, scores.cpu().numpy())
+        scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width),
+                                     record.padding)
+    return Selection(cells, is_prefix, scores[0, 0].cpu().numpy())
 
 
 @bounded_cache(_QUERY_KEY_CACHE_SIZE)
@@ -256,20 +234,18 @@ def _query_key(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tens
     return layer_query_key(probe_module(loaded.model, probe), probe, inputs)
 
 
-def _options_read(probe: ProbeLayer, rule: str, options: RuleOptions) -> RuleOptions:
+def _options_read(probe: LayerInfo, rule: str, options: RuleOptions) -> RuleOptions:
     """Resolved ``options`` with only the fields ``rule`` reads on ``probe`` kept, the others at their defaults.
 
     The cache key of :func:`_selection`, so that a knob a rule ignores (α for every rule but blend, the seed once
     r ≥ N, K for a layer's own recorded selection) never recomputes it.
     """
     if rule == LAYER_RULE:  # the layer's own K and R; only MHSA (no K) shows the options' K largest weights
-        fields = ("num_neighbors",) if probe.num_neighbors is None and probe.mixer != "conv" else ()
-    elif rule == "random":
-        draws = options.num_candidates < probe.num_tokens  # r ≥ N takes every token: no draw, no seed
-        fields = ("num_neighbors", "num_candidates", *(("seed",) if draws else ()))
+        fields = ("num_neighbors",) if probe.num_neighbors is None and not probe.conv_only else ()
     else:
-        fields = {"window": ("num_neighbors", "window_size"), "blend": ("num_neighbors", "window_size", "blend_alpha"),
-                  "all": ("num_neighbors",)}[rule]
+        fields = selection_rule(rule).reads
+        if "num_candidates" in fields and options.num_candidates >= probe.num_tokens:  # every token: no draw
+            fields = tuple(name for name in fields if name != "seed")
     return RuleOptions(head=options.head, **{name: getattr(options, name) for name in fields})
 
 
@@ -280,7 +256,8 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
         loaded (LoadedModel): the model.
         image (InputImage): the image.
         layer (str): probe layer name.
-        rule (str): one of :data:`RULES`, or ``"layer"`` for what the layer really selected (its own K, and for
+        rule (str): a registered rule (:func:`convnn.selection.rule_names`), or ``"layer"`` for what the layer really
+            selected (its own K, and for
             attention the options' head).
         options (RuleOptions): resolved or not (:func:`resolve_options` is applied).
 
@@ -291,8 +268,8 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
         ValueError: unknown layer or rule, or options outside their ranges.
     """
     probe = loaded.probe(layer)
-    if rule not in (*RULES, LAYER_RULE):
-        raise ValueError(f"rule must be one of {(*RULES, LAYER_RULE)}, got {rule!r}")
+    if rule not in (*rule_names(), LAYER_RULE):
+        raise ValueError(f"rule must be one of {(*rule_names(), LAYER_RULE)}, got {rule!r}")
     return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)))
 
 
@@ -303,21 +280,27 @@ def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, op
     q, k = _query_key(loaded, image, layer)
     q, k = q[:, options.head:options.head + 1], k[:, options.head:options.head + 1]  # (1, 1, N, D)
     keys = trace_image(loaded, image).sample_keys
-    if rule == "blend":  # its ends are the two operations exactly
-        rule = effective_selection(rule, options.blend_alpha)
     with torch.no_grad():
-        if rule == LAYER_RULE:
-            record = trace_image(loaded, image).records.get(probe.name)
-            if record is not None:
-                return _recorded(probe, record, q, k, options.head)
-            if probe.mixer == "conv":  # a convolution uses its whole kernel window
-                size = probe.window_size
-                return _window_rule(probe, q, k, replace(options, num_neighbors=size**2, window_size=size), blend=False)
-            layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
-            return _feature_rule(probe, q, k, options, "all", layer_k, keys)
-        if rule in ("window", "blend"):
-            return _window_rule(probe, q, k, options, blend=rule == "blend")
-        return _feature_rule(probe, q, k, options, rule, options.num_neighbors, keys)
+        if rule != LAYER_RULE:
+            return _rule_selection(probe, q, k, rule, options, keys)
+        record = trace_image(loaded, image).records.get(probe.name)
+        if record is not None:
+            return _recorded(probe, record, q, k, options.head)
+        if probe.conv_only:  # a convolution uses its whole kernel window
+            size = probe.window_size
+            return _rule_selection(probe, q, k, "window", replace(options, num_neighbors=size**2, window_size=size),
+                                   keys)
+        layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
+        return _rule_selection(probe, q, k, "all", replace(options, num_neighbors=layer_k), keys)
+
+
+def rule_title(rule: str) -> str:
+    """How figures and exports name a rule: its registered title, or :data:`LAYER_RULE_TITLE` for ``"layer"``.
+
+    Raises:
+        ValueError: neither a registered rule nor ``"layer"``.
+    """
+    return LAYER_RULE_TITLE if rule == LAYER_RULE else selection_rule(rule).title
 
 
 def distance_stats(cells: np.ndarray, is_prefix: np.ndarray, query_cells: np.ndarray, window_size: int
@@ -344,92 +327,7 @@ def distance_stats(cells: np.ndarray, is_prefix: np.ndarray, query_cells: np.nda
     return mean, inside.mean(-1)
 
 
-@dataclass(frozen=True)
-class NeighborSet:
-    """One query's K neighbours under one rule.
-
-    Attributes:
-        cells (np.ndarray): (K, 2) int64 ``(row, col)``, rank 0 first (window/blend: raster order of the window).
-        is_prefix (np.ndarray): (K,) bool, CLS tokens.
-        scores (np.ndarray): (K,) float32 feature similarity to the query.
-        mean_distance (float): mean Euclidean distance to the query in cells (NaN if none is on the grid).
-        window_share (float): share of the K inside the query's R×R window, in [0, 1].
-        candidates (np.ndarray or None): (r, 2) random candidates' cells; ``candidate_is_prefix`` (r,) bool.
-    """
-
-    cells: np.ndarray
-    is_prefix: np.ndarray
-    scores: np.ndarray
-    mean_distance: float
-    window_share: float
-    candidates: np.ndarray | None = None
-    candidate_is_prefix: np.ndarray | None = None
-
-    def keys(self) -> set:
-        """The neighbours as a set of ``(row, col)`` tuples, ``"CLS"`` for prefix tokens (for :func:`jaccard`)."""
-        return {"CLS" if p else (int(r), int(c)) for (r, c), p in zip(self.cells, self.is_prefix, strict=True)}
-
-
 def jaccard(a: set, b: set) -> float:
     """``|a ∩ b| / |a ∪ b|`` in [0, 1]; 1.0 for two empty sets."""
     union = a | b
     return len(a & b) / len(union) if union else 1.0
-
-
-@dataclass(frozen=True)
-class QueryNeighbors:
-    """The neighbours of one query in one layer under several rules.
-
-    Attributes:
-        layer (ProbeLayer): the layer.
-        options (RuleOptions): the resolved options used.
-        query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
-        query_cell (tuple[int, int]): ``(row, col)`` in the layer's grid.
-        sets (dict[str, NeighborSet]): rule → neighbours, in the requested order, then ``"layer"``.
-        overlaps (dict[tuple[str, str], float]): Jaccard overlap of each pair of rules.
-    """
-
-    layer: ProbeLayer
-    options: RuleOptions
-    query_px: tuple[int, int]
-    query_cell: tuple[int, int]
-    sets: dict[str, NeighborSet]
-    overlaps: dict[tuple[str, str], float]
-
-    @property
-    def random_uses_all_tokens(self) -> bool:
-        """Whether r ≥ N, so that the random rule drew every token and equals the "all" rule (METHOD §3)."""
-        return self.options.num_candidates >= self.layer.num_tokens
-
-
-def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
-                    options: RuleOptions = RuleOptions(), rules: tuple[str, ...] = RULES) -> QueryNeighbors:
-    """The neighbours of the query pixel ``query_px`` in ``layer`` under ``rules`` and under the layer itself.
-
-    Args:
-        loaded (LoadedModel): the model.
-        image (InputImage): the image.
-        layer (str): probe layer name.
-        query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
-        options (RuleOptions): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
-        rules (tuple[str, ...]): rules to compute, from :data:`RULES`. Default: all four
-
-    Returns:
-        QueryNeighbors: per rule sets with distances, plus ``"layer"``, and pairwise Jaccard overlaps.
-
-    Raises:
-        ValueError: unknown layer or rule, a pixel outside the image, or options outside their ranges.
-    """
-    probe = loaded.probe(layer)
-    options = resolve_options(probe, options)
-    row, col = query_cell(probe, *query_px)
-    index = row * probe.width + col
-    sets = {}
-    for rule in (*rules, LAYER_RULE):
-        sel = rule_selection(loaded, image, layer, rule, options)
-        mean, share = distance_stats(sel.cells[index:index + 1], sel.is_prefix[index:index + 1],
-                                     np.array([[row, col]]), options.window_size)
-        sets[rule] = NeighborSet(sel.cells[index], sel.is_prefix[index], sel.scores[index], float(mean[0]),
-                                 float(share[0]), sel.candidates, sel.candidate_is_prefix)
-    overlaps = {(a, b): jaccard(sets[a].keys(), sets[b].keys()) for a, b in itertools.combinations(sets, 2)}
-    return QueryNeighbors(probe, options, tuple(query_px), (row, col), sets, overlaps)

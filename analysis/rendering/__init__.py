@@ -1,0 +1,1 @@
+"""Figures (Plotly) and exports (JSON, Markdown, PNG) of the views, with one overlay drawer."""

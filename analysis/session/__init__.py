@@ -1,0 +1,1 @@
+"""What a visit to the explorer holds: models, images, traces, selections, caches, files, input checks."""

@@ -1,0 +1,217 @@
+"""Probe layers and one recorded forward pass per (model, image), and the top-5 prediction read from it.
+
+The probe layers are the layers the explorer opens, as :func:`convnn.introspect.convnn_layers` describes them.
+:func:`run_trace` runs the model once on an image with forward pre-hooks on the probe layers and the neighbour
+recorder open, and keeps the logits, each probe layer's input and what each ConvNN layer selected;
+:func:`trace_image` caches it per (model, image), so every view of an image starts from the same trace and a click
+costs no new forward pass. :func:`query_cell` and :func:`cell_rect_px` map between model-input pixels and a probe
+layer's cells; :func:`layer_label` names a layer for the page.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from convnn import ConvNN2d, NeighborRecord, record_neighbors
+from convnn.candidates import sample_keys
+from convnn.functional import to_tokens
+from convnn.introspect import LayerInfo
+
+from .caching import bounded_cache
+from .images import InputImage, model_input
+from .models import LoadedModel
+
+__all__ = [
+    "TOP_CLASSES",
+    "LayerInfo",
+    "Trace",
+    "cell_rect_px",
+    "knn_branch",
+    "layer_label",
+    "layer_query_key",
+    "probe_module",
+    "query_cell",
+    "run_trace",
+    "top_classes",
+    "trace_image",
+]
+
+
+def layer_label(probe: LayerInfo) -> str:
+    """Human label of a layer, e.g. ``"stages.0.0.conv1 · hybrid λ=0.5 K=9 · all · 32×32"``."""
+    if probe.is_attention:
+        what = {"mhsa": "MHSA", "kvt": f"KVT K={probe.num_neighbors}",
+                "convnn": f"ConvNN-attention K={probe.num_neighbors}"}.get(probe.mixer, probe.mixer)
+    elif probe.is_hybrid:
+        what = f"hybrid λ={probe.branch_ratio}" + ("" if probe.conv_only else f" K={probe.num_neighbors}")
+    else:
+        what = f"ConvNN2d K={probe.num_neighbors}"
+    grid = f"{probe.height}×{probe.width}" + (" patches + CLS" if probe.num_prefix_tokens else "")
+    return f"{probe.name} · {what} · {probe.selection} · {grid}"
+
+
+def probe_module(model: nn.Module, probe: LayerInfo) -> nn.Module:
+    """The module of ``probe`` in ``model``."""
+    return model.get_submodule(probe.name)
+
+
+def query_cell(probe: LayerInfo, row_px: int, col_px: int) -> tuple[int, int]:
+    """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
+
+    Raises:
+        ValueError: the pixel lies outside the ``input_size`` square.
+    """
+    size = probe.input_size
+    if not (0 <= row_px < size and 0 <= col_px < size):
+        raise ValueError(f"query pixel (row={row_px}, col={col_px}) is outside the {size}×{size} model input")
+    return row_px * probe.height // size, col_px * probe.width // size
+
+
+def cell_rect_px(probe: LayerInfo, row: int, col: int) -> tuple[int, int, int, int]:
+    """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
+
+    Cells outside the grid (padding) map to the same-size square outside the image. A 16×16 layer on a 32×32
+    input maps cell (r, c) to rows [2r, 2r + 2) and columns [2c, 2c + 2).
+    """
+    size = probe.input_size
+    return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
+            math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
+
+
+def knn_branch(module: nn.Module, probe: LayerInfo) -> ConvNN2d | None:
+    """The ConvNN2d that selects in a map probe layer: a hybrid's ConvNN branch, or the standalone layer itself.
+
+    None for a conv-only hybrid (λ·C_out rounds to 0 channels).
+    """
+    return module.knn if probe.is_hybrid else module
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One forward pass of a model on one image (hashed by identity).
+
+    Attributes:
+        logits (Tensor): (num_classes,) float32.
+        inputs (dict[str, Tensor]): probe name → its input, (1, C, H, W) for maps, (1, N, dim) for tokens.
+        records (dict[str, NeighborRecord]): probe name → what the layer selected (absent for layers that select
+            nothing).
+        sample_keys (np.ndarray): (1,) uint64 key of the model input, from which the model's random layers drew
+            their candidates in eval mode (:mod:`convnn.candidates`).
+    """
+
+    logits: Tensor
+    inputs: dict[str, Tensor]
+    records: dict[str, NeighborRecord]
+    sample_keys: np.ndarray
+
+
+def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Trace:
+    """Run ``model`` on ``x`` once, capturing each probe layer's input and what each ConvNN layer selected.
+
+    Uncached; :func:`analysis.tracing.trace_image` caches it per (model, image).
+
+    Args:
+        model (nn.Module): the model, eval mode.
+        probes (tuple[LayerInfo, ...]): its probe layers (:func:`convnn.introspect.convnn_layers`).
+        x (Tensor): (1, 3, S, S) float32 model input on the model's device.
+
+    Returns:
+        Trace: logits, probe inputs and recorded selections.
+    """
+    inputs: dict[str, Tensor] = {}
+
+    def hook(name: str):
+        def capture(module: nn.Module, args: tuple) -> None:
+            inputs[name] = args[0].detach()
+        return capture
+
+    handles = [probe_module(model, p).register_forward_pre_hook(hook(p.name)) for p in probes]
+    try:
+        with torch.no_grad(), record_neighbors(model) as records:
+            logits = model(x)[0].float()
+    finally:
+        for handle in handles:
+            handle.remove()
+    selected = {p.name: records[p.record_name][0] for p in probes if p.record_name and records.get(p.record_name)}
+    return Trace(logits, inputs, selected, sample_keys(x))
+
+
+def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The query and key features the layer's own selection scores, as tokens, every head at once.
+
+    For a ConvNN branch: its input (+ coordinate channels) or its learned q/k projections; for a conv-only hybrid:
+    the input itself; for attention: the q, k projections of every head.
+
+    Args:
+        module (nn.Module): the probe layer's module.
+        probe (LayerInfo): its description.
+        x (Tensor): its captured input, (1, C, H, W) or (1, N, dim).
+
+    Returns:
+        tuple[Tensor, Tensor]: ``q`` and ``k``, each (1, h, N, D) float32, h = :attr:`LayerInfo.num_heads` (1 for
+        maps), N = :attr:`LayerInfo.num_tokens` (prefix tokens first, then the grid in raster order).
+    """
+    with torch.no_grad():
+        if probe.is_attention:
+            q, k, _ = module.project_qkv(x)  # (B, h, N, d) each
+            return q.float(), k.float()
+        knn = knn_branch(module, probe)
+        q_map, k_map = (x, x) if knn is None else knn.query_key_features(x)
+        return to_tokens(q_map).float(), to_tokens(k_map).float()
+
+
+TOP_CLASSES = 5
+_TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every probe layer's input (≈1 MB for CIFAR models)
+
+
+@bounded_cache(_TRACE_CACHE_SIZE)
+def trace_image(loaded: LoadedModel, image: InputImage) -> Trace:
+    """The recorded forward pass of ``loaded`` on ``image`` (cached per model identity and image digest).
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image; resized and normalised as in training (:func:`analysis.images.model_input`).
+
+    Returns:
+        Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.
+
+    Raises:
+        ValueError: the model gives another number of class scores than its card names classes (so no class name
+            is ever looked up past the card's list).
+    """
+    x = model_input(image, loaded.card).to(loaded.device)
+    with loaded.lock:
+        trace = run_trace(loaded.model, loaded.probes, x)
+    if trace.logits.numel() != len(loaded.card.classes):
+        raise ValueError(f"{loaded.card.name}: the model gives {trace.logits.numel()} class scores but its card names "
+                         f"{len(loaded.card.classes)} classes: the card does not belong to these weights")
+    return trace
+
+
+def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES) -> dict[str, float]:
+    """The ``count`` most probable classes with their softmax probabilities, most probable first.
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        count (int): how many classes (clipped to the number of classes). Default: 5
+
+    Returns:
+        dict[str, float]: class name → probability in [0, 1], in descending order.
+
+    Raises:
+        ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input), or a class
+            count that does not match the card (:func:`trace_image`).
+    """
+    logits = trace_image(loaded, image).logits
+    if not torch.isfinite(logits).all():
+        raise ValueError(f"{loaded.card.name}: the model's output is not finite: the checkpoint's weights or the "
+                         f"card's mean/std are broken")
+    probabilities = torch.softmax(logits, dim=0)
+    values, indices = probabilities.topk(min(count, probabilities.numel()))
+    return {loaded.card.classes[i]: float(v) for v, i in zip(values.tolist(), indices.tolist(), strict=True)}
