@@ -1,7 +1,7 @@
 """The checked entry point :func:`knn_aggregate`: validates arguments once and picks the fused kernel or the reference.
 
 Backend choice (``backend="auto"``): the fused Triton kernel for CUDA tensors when Triton imports and the call uses
-only what the kernel implements (:func:`kernels._checks.fused_unsupported_reason`, the rule its launcher enforces:
+only what the kernel implements (:func:`kernels.checks.fused_unsupported_reason`, the rule its launcher enforces:
 cosine or scaled-dot-product similarity, no mask, K ≤ 128, one head or depthwise aggregation, fp32/bf16/fp16);
 the PyTorch reference otherwise. ``"auto"`` defers, in this order, to the innermost :func:`use_backend` block (how a
 training run applies its ``--backend``) and to the environment variable ``CONVNN_BACKEND`` (``reference`` |
@@ -19,7 +19,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
+from .checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, knn_aggregate_reference
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
@@ -67,7 +67,7 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``.
         device (torch.device): where the inputs live.
         unsupported (str, optional): why the fused kernel does not implement the requested call
-            (:func:`kernels._checks.fused_unsupported_reason`); None if it does. Default: None
+            (:func:`kernels.checks.fused_unsupported_reason`); None if it does. Default: None
 
     Returns:
         str: ``"reference"`` or ``"triton"``.

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
+from .checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult
 from .usage import note_backend
 
@@ -674,8 +674,8 @@ def _launch_fwd(q, k, v, weight, bias, num_neighbors, similarity, weighting, tem
                 self_first, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
     """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int32, a fp32.
 
-    For arguments that passed :func:`kernels._checks.check_knn_arguments` and
-    :func:`kernels._checks.fused_unsupported_reason`; checks only :func:`_check_launchable`. ``num_splits`` and
+    For arguments that passed :func:`kernels.checks.check_knn_arguments` and
+    :func:`kernels.checks.fused_unsupported_reason`; checks only :func:`_check_launchable`. ``num_splits`` and
     ``config`` (entries of :func:`_fwd_config`) override the heuristics (benchmarks, tests).
     """
     _check_launchable(q, k, v, weight, bias, candidates)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernels import dispatch, knn_aggregate, knn_triton, resolve_backend
-from kernels._checks import fused_unsupported_reason
+from kernels.checks import fused_unsupported_reason
 from kernels.knn_triton import knn_aggregate_triton
 from kernels.reference import aggregate_neighbors, knn_aggregate_reference, neighbor_weights, similarity_scores
 
