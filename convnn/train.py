@@ -368,6 +368,8 @@ def _run(config: TrainConfig, device: torch.device, rank: int, world_size: int) 
     if config.resume and resume_path.is_file():
         progress.epochs_done, progress.elapsed = load_resume(resume_path, run.optimizer, run.streams(model), rank,
                                                              world_size)
+    elif config.resume and run.is_main:
+        log.warning("--resume: no %s, so the run starts from epoch 1", resume_path)
     if run.is_main:
         out.mkdir(parents=True, exist_ok=True)
         if progress.epochs_done == 0:
@@ -426,8 +428,12 @@ def train(config: TrainConfig) -> tuple[nn.Module, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The CLI: a configuration or data the run cannot use ends it with the message, not a traceback."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    train(parse_config(argv))
+    try:
+        train(parse_config(argv))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"python -m convnn.train: {err}") from err
 
 
 if __name__ == "__main__":

@@ -85,6 +85,10 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
     if neighbors.random_uses_all_tokens:
         notes.append(f"r = {neighbors.options.num_candidates} ≥ N = {neighbors.layer.num_tokens} tokens: the random "
                      "rule draws every token, so it equals the all-tokens rule (METHOD §3).")
+    if neighbors.layer.dense:
+        notes.append(f"{neighbors.layer.name} is plain multi-head attention: it attends to every one of its "
+                     f"{neighbors.layer.num_tokens} tokens and selects none; \"what the layer used\" shows its "
+                     f"{neighbors.options.num_neighbors} largest attention weights of the query.")
     if neighbors.layer.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "

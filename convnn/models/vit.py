@@ -94,7 +94,8 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, C, H, W) → (B, N, dim) tokens after the final norm; token 0 is CLS, then patches in raster order."""
         if x.shape[-2:] != (self.img_size, self.img_size):
-            raise ValueError(f"input must be {self.img_size}×{self.img_size}, got {tuple(x.shape[-2:])}")
+            raise ValueError(f"input must be {self.img_size}×{self.img_size} (img_size), got {tuple(x.shape[-2:])} "
+                             f"(with --data synthetic or imagefolder, pass --image-size {self.img_size})")
         patches = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, num_patches, dim)
         tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), patches], dim=1) + self.pos_embed
         return self.norm(self.blocks(tokens))

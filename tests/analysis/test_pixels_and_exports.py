@@ -13,6 +13,7 @@ from analysis import (
     RuleOptions,
     image_from_array,
     model_view,
+    neighbors_summary,
     neighbors_to_dict,
     overlay_png,
     pixel_neighbors,
@@ -93,3 +94,10 @@ def test_the_png_writes_rank_numbers_exactly_when_the_figure_does(load_small, im
     assert written[1:] == ([str(t) for t in range(num_neighbors)] if labelled else [])  # after the caption
     figure = neighbor_panel(model_view(image, 32), result, ("window",))
     assert figure.data[1].mode == ("text" if labelled else "markers")
+
+
+def test_the_summary_says_that_plain_attention_selects_nothing(load_small, image):
+    """MHSA has no K: its "what the layer used" panel shows its K largest attention weights, and the page says so."""
+    result = query_neighbors(load_small("vit-mhsa"), image, "blocks.0.attn", (10, 20))
+    assert "plain multi-head attention: it attends to every one of its 65 tokens and selects none" in (
+        neighbors_summary(result))

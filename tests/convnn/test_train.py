@@ -184,3 +184,13 @@ def test_batch_larger_than_the_data_and_unknown_model_arguments_are_value_errors
     with pytest.raises(ValueError, match="model_args"):
         train(parse_config(["--preset", "cnn-l0", "--out", str(tmp_path), *TINY,
                             "--model-args", '{"num_neighbours": 4}']))
+
+
+def test_the_cli_ends_with_a_message_not_a_traceback_when_the_data_does_not_fit_the_model(tmp_path):
+    """A CIFAR ViT on synthetic data of the default 224 px: the message says which size to pass."""
+    from convnn.train import main
+
+    with pytest.raises(SystemExit, match=r"python -m convnn.train: input must be 32×32 \(img_size\), got \(224, 224\) "
+                                         r"\(with --data synthetic or imagefolder, pass --image-size 32\)"):
+        main(["--preset", "vit-mhsa", "--data", "synthetic", "--subset", "4", "--batch-size", "2", "--epochs", "1",
+              "--out", str(tmp_path)])
