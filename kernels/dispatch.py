@@ -19,6 +19,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
+from .autocast import autocast_aware
 from .checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, knn_aggregate_reference
 
@@ -95,6 +96,7 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
     return backend
 
 
+@autocast_aware
 def knn_aggregate(
     q: Tensor,
     k: Tensor,
@@ -116,7 +118,9 @@ def knn_aggregate(
 
     ``out[b, o, i] = bias[o] + Σ_t Σ_c weight[o, c, t] · ρ[b, i, t] · v[b, idx[b, i, t], c]`` with ``idx`` the
     top-K keys of query ``i`` by similarity (ties to the lower index). Indices carry no gradient; gradients reach
-    ``v``, ``weight``, ``bias`` and, for ``weighting="softmax"``, ``q`` and ``k``.
+    ``v``, ``weight``, ``bias`` and, for ``weighting="softmax"``, ``q`` and ``k``. Inside ``torch.autocast`` the
+    tensors are cast to the autocast dtype and scores, weights and sums accumulate in fp32
+    (:mod:`kernels.autocast`); outside it, fp32 inputs give IEEE fp32 scores.
 
     Args:
         q (Tensor): (B, H, Nq, D) queries, float32, bfloat16, float16 (or float64 on the reference).
@@ -150,9 +154,7 @@ def knn_aggregate(
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
                    groups=groups, candidates=candidates, self_first=self_first)
     if resolve_backend(backend, q.device, unsupported) == "triton":
-        from .knn_triton import knn_aggregate_triton_prechecked
+        from .knn_triton.function import aggregate_prechecked
 
-        # Arguments checked above (once per call). Under autocast q, k (projections) and v (the input) can differ
-        # in dtype; the kernel takes one.
-        return knn_aggregate_triton_prechecked(q.to(v.dtype), k.to(v.dtype), v, weight, bias, **options)
+        return aggregate_prechecked(q, k, v, weight, bias, **options)  # checked above, once per call
     return knn_aggregate_reference(q, k, v, weight, bias, attn_mask=attn_mask, **options)

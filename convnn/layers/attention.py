@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels import WEIGHTINGS, knn_aggregate
+from kernels.autocast import autocast_aware
 from kernels.dispatch import BACKENDS
 from kernels.reference import aggregate_neighbors, neighbor_weights
 
@@ -111,7 +112,8 @@ class ConvNNAttention(Recordable, MultiheadSelfAttention):
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``. Default: ``"auto"``
 
     Shape:
-        Input (B, N, dim), optional bool ``attn_mask`` broadcastable to (B, h, N, N) (reference path) → (B, N, dim).
+        Input (B, N, dim), optional bool ``attn_mask`` broadcastable to (B, h, N, N) (reference path) → (B, N, dim);
+        inside ``torch.autocast`` in the autocast dtype with fp32 scores and sums (:mod:`kernels.autocast`).
 
     Attributes:
         weight (Tensor): (dim, 1, K) depthwise aggregation kernel over rank slots, initialised to ones.
@@ -161,13 +163,20 @@ class ConvNNAttention(Recordable, MultiheadSelfAttention):
             raise ValueError(f"attn_mask needs a selection the kernels run (one of "
                              f"{tuple(n for n in rule_names(needs_grid=False) if selection_rule(n).fused)}), "
                              f"got {self.selection!r}")
+        out, idx, weights = self._select_aggregate(q, k, v, self.weight, rule)  # (B, dim, N)
+        self._record(idx, weights, 1, N)
+        return self.proj(out.transpose(1, 2))
+
+    @autocast_aware
+    def _select_aggregate(self, q: Tensor, k: Tensor, v: Tensor, weight: Tensor, rule) -> tuple[Tensor, ...]:
+        """A rule the kernels do not run: select, weigh, gather, Conv1D (in the autocast dtype under autocast, like
+        :func:`kernels.knn_aggregate`). Returns (out (B, dim, N), idx, weights)."""
         options = SelectionOptions(self.num_neighbors, "dot", self_first=False)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
             neighbors = rule.select(q, k, None, options)
             weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)
-        out = aggregate_neighbors(v, neighbors.topk_idx, weights, self.weight, None, self.dim)  # (B, dim, N)
-        self._record(neighbors.topk_idx, weights, 1, N)
-        return self.proj(out.transpose(1, 2))
+        out = aggregate_neighbors(v, neighbors.topk_idx, weights, weight, None, self.dim)
+        return out, neighbors.topk_idx, weights
 
     def describe(self, name: str) -> dict:
         """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name)."""

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
+from kernels.autocast import autocast_aware
 from kernels.dispatch import BACKENDS
 from kernels.reference import aggregate_neighbors, neighbor_weights
 
@@ -72,8 +73,10 @@ class ConvNN2d(Recordable):
 
     Shape:
         Input (B, C_in, H, W), float32, bfloat16 or float16 (float64 on the reference) → output (B, C_out, H, W),
-        same dtype. Internally scores are (B, N, N) or (B, N, r + 1) on the reference (never materialised by the
-        fused kernel) and neighbour indices (B, 1, N, K) int64; indices carry no gradient.
+        same dtype; inside ``torch.autocast`` the autocast dtype, computed from inputs and weights in that dtype
+        with fp32 scores and sums, as ``nn.Conv2d`` (:mod:`kernels.autocast`). Internally scores are (B, N, N) or
+        (B, N, r + 1) on the reference (never materialised by the fused kernel) and neighbour indices (B, 1, N, K)
+        int64; indices carry no gradient.
 
     Attributes:
         weight (Tensor): (C_out, C_in / groups, K), initialised like ``nn.Conv1d`` (Kaiming-uniform, a = √5).
@@ -213,18 +216,27 @@ class ConvNN2d(Recordable):
             if self.num_neighbors > num_keys:
                 raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
                                  f"got {self.num_neighbors}")
+        out, idx, weights, padding = self._select_aggregate(to_tokens(q_map), to_tokens(k_map), x, self.weight,
+                                                            self.bias, rule)
+        self._record(idx, weights, H, W, padding=padding)
+        return out.view(B, self.out_channels, H, W)
+
+    @autocast_aware
+    def _select_aggregate(self, q: Tensor, k: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
+                          rule) -> tuple[Tensor, Tensor, Tensor, int]:
+        """The rules the kernels do not run (window, blend): select, weigh, gather, Conv1D; in the autocast dtype
+        under autocast, like :func:`kernels.knn_aggregate`. Returns (out (B, C_out, N), idx, weights, padding)."""
+        H, W = x.shape[2:]
         options = SelectionOptions(self.num_neighbors, self.similarity, self.window_size, self.blend_alpha)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
-            neighbors = rule.select(to_tokens(q_map), to_tokens(k_map), (H, W), options)
+            neighbors = rule.select(q, k, (H, W), options)
             weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)
         gather = rule.gathers and self.weighting == "none"  # a convolution: every window cell counts once
         if gather:
             weights = torch.ones_like(weights)
         values = to_tokens(pad_map(x, neighbors.padding))
-        out = aggregate_neighbors(values, neighbors.topk_idx, None if gather else weights, self.weight, self.bias,
-                                  self.groups)
-        self._record(neighbors.topk_idx, weights, H, W, padding=neighbors.padding)
-        return out.view(B, self.out_channels, H, W)
+        out = aggregate_neighbors(values, neighbors.topk_idx, None if gather else weights, weight, bias, self.groups)
+        return out, neighbors.topk_idx, weights, neighbors.padding
 
     def describe(self, name: str) -> dict:
         """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name)."""

@@ -18,9 +18,9 @@ import re
 import pytest
 import torch
 
-from kernels import dispatch, knn_aggregate, knn_triton, resolve_backend
+from kernels import dispatch, knn_aggregate, resolve_backend
 from kernels.checks import fused_unsupported_reason
-from kernels.knn_triton import knn_aggregate_triton
+from kernels.knn_triton import backward, function, knn_aggregate_triton
 from kernels.reference import aggregate_neighbors, knn_aggregate_reference, neighbor_weights, similarity_scores
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -195,7 +195,7 @@ def _forward_variants(q, k, v, weight, bias, options, **overrides):
     """The forward launcher with default heuristics and with ``overrides`` (num_splits, config)."""
     args = (q, k, v, weight, bias, *options.values())
     with torch.no_grad():
-        return knn_triton._launch_fwd(*args), knn_triton._launch_fwd(*args, **overrides)
+        return function.launch_forward(*args), function.launch_forward(*args, **overrides)
 
 
 @pytest.mark.parametrize("candidates", ["all", "random"])
@@ -334,19 +334,19 @@ def test_deterministic_backward_equals_atomic_backward(similarity, aggregation):
 # Backward computes only the gradients autograd asks for
 # ---------------------------------------------------------------------------------------------------------------
 def _record_launches(monkeypatch, kernel_names):
-    """Wrap kernels of ``knn_triton`` so that each launch appends the kernel's name to the returned list."""
+    """Wrap backward kernels so that each launch appends the kernel's name to the returned list."""
     launched = []
 
     class Recorded:
         def __init__(self, name):
-            self.name, self.kernel = name, getattr(knn_triton, name)
+            self.name, self.kernel = name, getattr(backward, name)
 
         def __getitem__(self, grid):
             launched.append(self.name)
             return self.kernel[grid]
 
     for name in kernel_names:
-        monkeypatch.setattr(knn_triton, name, Recorded(name))
+        monkeypatch.setattr(backward, name, Recorded(name))
     return launched
 
 
@@ -372,14 +372,15 @@ def test_frozen_inputs_get_no_gradient_and_the_others_are_unchanged(aggregation,
         return result, [x.grad for x in fresh]
 
     _, every_grad = run(dict.fromkeys(LEAVES, True))
-    launched = _record_launches(monkeypatch, ["_knn_bwd_dvqk", "_knn_bwd_dw", "_knn_bwd_key_sum"])
+    launched = _record_launches(monkeypatch, ["knn_bwd_query", "knn_bwd_weight", "knn_bwd_key_sum"])
     trains = {name: name not in frozen.split() for name in LEAVES}
     result, grads = run(trains)
 
     query_owned = trains["q"] or trains["k"] or trains["v"] or (trains["weight"] and depthwise)
     key_sums = (trains["v"] + trains["k"]) if deterministic else 0
     standard_dw = trains["weight"] and not depthwise
-    assert launched == ["_knn_bwd_dvqk"] * query_owned + ["_knn_bwd_key_sum"] * key_sums + ["_knn_bwd_dw"] * standard_dw
+    assert launched == (["knn_bwd_query"] * query_owned + ["knn_bwd_key_sum"] * key_sums
+                        + ["knn_bwd_weight"] * standard_dw)
     leaves64 = [x.detach().double().requires_grad_(trains[name]) for name, x in zip(LEAVES, leaves, strict=True)]
     out64, _ = _reference_at(*leaves64, result.topk_idx, "cosine", "softmax", TEMPERATURE, groups)
     (out64 * grad_out.double()).sum().backward()
@@ -408,7 +409,7 @@ def test_each_entry_checks_its_arguments_once_and_matches_the_reference(entry, m
     """knn_aggregate(backend="triton") and knn_aggregate_triton run the argument checks (one device sync for the
     candidate range) and the fused-kernel rule once per call; selections, output and gradients equal the reference."""
     calls = []
-    for module in (dispatch, knn_triton):
+    for module in (dispatch, function):
         for name in ("check_knn_arguments", "fused_unsupported_reason"):
             monkeypatch.setattr(module, name, _counted(getattr(module, name), calls))
     q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,

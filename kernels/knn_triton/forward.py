@@ -1,0 +1,268 @@
+"""Forward kernels: scores and streaming top-K per query block (:func:`knn_fwd`), the merge of split candidate
+ranges (:func:`knn_fwd_merge`), and the weights + Conv1D over rank slots both end with (:func:`aggregate`).
+
+Every kernel takes its tensors as two tuples (``inputs``: Q, K, V, W, Bias, Cand, KInv; ``outputs``: Out, Idx, A,
+Part), one stride tuple per strided tensor, and one ``sizes`` tuple (H, Nq, Nk, num_cols, cols_per_split,
+num_neighbors, D, Dv, C_out, stride_cb). Base pointers are offset to the program's (sample, head) once, at the top.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .select import (
+    EMPTY_KEY,
+    NEG_INF,
+    POS_INF,
+    canonical,
+    column,
+    dot,
+    inv_norm,
+    merge_tile,
+    pack,
+    unpack_column,
+    unpack_score,
+)
+
+
+@triton.jit
+def _load_queries(q_base, q_strides, offs_m, mask_m, scale, D, COSINE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  D_PAD: tl.constexpr):
+    """The query block [BLOCK_M, D_PAD] in its own dtype and its per-row score scale (1/‖q‖ or 1/√D), fp32."""
+    offs_d = tl.arange(0, D_PAD)
+    q = tl.load(q_base + offs_m[:, None] * q_strides[2] + offs_d[None, :] * q_strides[3],
+                mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0)
+    if COSINE:
+        q_scale = inv_norm(q.to(tl.float32))
+    else:
+        q_scale = tl.zeros([BLOCK_M], tl.float32) + scale
+    return q, q_scale
+
+
+@triton.jit
+def _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, COSINE: tl.constexpr,
+                 D_PAD: tl.constexpr):
+    """s_ii for each query row of the block q [BLOCK_M, D_PAD] against its own key row (canonical fp32)."""
+    offs_d = tl.arange(0, D_PAD)
+    k_self = tl.load(k_base + offs_m[:, None] * k_strides[2] + offs_d[None, :] * k_strides[3],
+                     mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
+    s = tl.sum(q.to(tl.float32) * k_self, axis=1) * q_scale
+    if COSINE:
+        s = s * tl.load(kinv_base + offs_m, mask=mask_m, other=0.0)
+    return canonical(s)
+
+
+@triton.jit
+def _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n, D, COSINE: tl.constexpr,
+                IEEE: tl.constexpr, D_PAD: tl.constexpr):
+    """Canonical fp32 scores [BLOCK_M, BLOCK_N] of the query block against the key rows ``key_rows``."""
+    offs_d = tl.arange(0, D_PAD)
+    k = tl.load(k_base + key_rows[:, None] * k_strides[2] + offs_d[None, :] * k_strides[3],
+                mask=mask_n[:, None] & (offs_d[None, :] < D), other=0.0)
+    s = dot(q, tl.trans(k), IEEE) * q_scale[:, None]
+    if COSINE:
+        s = s * tl.load(kinv_base + key_rows, mask=mask_n, other=0.0)[None, :]
+    return canonical(s)
+
+
+@triton.jit
+def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
+              offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
+              CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+              K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+    """From the final top-K keys ``acc`` (sorted descending, rank 0 first): indices, weights a, then the Conv1D
+    over rank slots; writes Out, Idx and A. ``s_self`` [BLOCK_M]: each query's real own score (SELF_FIRST)."""
+    V, W, Bias, Cand = inputs[2], inputs[3], inputs[4], inputs[5]
+    Out, Idx, A = outputs[0], outputs[1], outputs[2]
+    H, Nq, num_neighbors, Dv, C_out, stride_cb = sizes[0], sizes[1], sizes[5], sizes[7], sizes[8], sizes[9]
+    b = pid_bh // H
+    h = pid_bh % H
+    slots = tl.arange(0, K_PAD)
+    mask_mk = mask_m[:, None] & (slots[None, :] < num_neighbors)  # [BLOCK_M, K_PAD]
+    scores = unpack_score(acc)
+    cols = unpack_column(acc)
+    if SELF_FIRST:  # the forced key ranks with +∞: rank 0 is the query itself, give it its real score
+        scores = tl.where(slots[None, :] == 0, s_self[:, None], scores)
+    if CANDIDATES:  # column 0 is the query, column c ≥ 1 the sampled key candidates[b, c − 1]
+        sampled = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_mk & (cols > 0), other=0).to(tl.int32)
+        keys_idx = tl.where(cols == 0, offs_m[:, None], sampled)
+    else:
+        keys_idx = cols
+    keys_idx = tl.where(mask_mk, keys_idx, 0)
+    valid = mask_mk & (scores > NEG_INF)
+    if WEIGHTING == 1:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
+        top = tl.max(tl.where(valid, scores, NEG_INF), axis=1)
+        top = tl.where(top > NEG_INF, top, 0.0)  # rows past Nq, or without a valid slot
+        e = tl.where(valid, tl.exp((scores - top[:, None]) * inv_temperature), 0.0)
+        a = e / tl.maximum(tl.sum(e, axis=1), 1.0)[:, None]  # the row maximum contributes exp(0) = 1
+    elif WEIGHTING == 2:
+        a = valid.to(tl.float32)
+        a = a / tl.maximum(tl.sum(a, axis=1), 1.0)[:, None]
+    else:
+        a = valid.to(tl.float32)
+    rows = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m[:, None] * num_neighbors + slots[None, :]
+    tl.store(Idx + rows, keys_idx, mask=mask_mk)
+    tl.store(A + rows, a, mask=mask_mk)
+
+    # Conv1D over rank slots: loop over neighbours at run time (static unrolling compiles for minutes at K = 32).
+    v_base = V + b * v_strides[0] + h * v_strides[1]
+    out_base = Out + b * o_strides[0]
+    dtype = V.dtype.element_ty
+    if DEPTHWISE:
+        for c0 in range(0, Dv, BLOCK_C):
+            offs_c = c0 + tl.arange(0, BLOCK_C)
+            mask_c = offs_c < Dv
+            mask_mc = mask_m[:, None] & mask_c[None, :]
+            chan = h * Dv + offs_c
+            out = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+            for t in range(num_neighbors):
+                j_t = column(keys_idx, slots, t)
+                a_t = column(a, slots, t)
+                g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3], mask=mask_mc,
+                            other=0.0)
+                w_t = tl.load(W + chan * w_strides[0] + t * w_strides[2], mask=mask_c, other=0.0).to(tl.float32)
+                out += g.to(tl.float32) * a_t[:, None] * w_t[None, :]
+            if HAS_BIAS:
+                out += tl.load(Bias + chan, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_base + chan[None, :] * o_strides[1] + offs_m[:, None] * o_strides[2],
+                     out.to(Out.dtype.element_ty), mask=mask_mc)
+    else:
+        for o0 in range(0, C_out, BLOCK_O):
+            offs_o = o0 + tl.arange(0, BLOCK_O)
+            mask_o = offs_o < C_out
+            out = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
+            for t in range(num_neighbors):
+                j_t = column(keys_idx, slots, t)
+                a_t = column(a, slots, t)
+                for c0 in range(0, Dv, BLOCK_C):
+                    offs_c = c0 + tl.arange(0, BLOCK_C)
+                    mask_c = offs_c < Dv
+                    g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
+                                mask=mask_m[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_M, BLOCK_C]
+                    g = (g.to(tl.float32) * a_t[:, None]).to(dtype)
+                    w_t = tl.load(W + offs_o[None, :] * w_strides[0] + offs_c[:, None] * w_strides[1]
+                                  + t * w_strides[2], mask=mask_c[:, None] & mask_o[None, :], other=0.0)
+                    out += dot(g, w_t.to(dtype), IEEE)
+            if HAS_BIAS:
+                out += tl.load(Bias + offs_o, mask=mask_o, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_base + offs_o[None, :] * o_strides[1] + offs_m[:, None] * o_strides[2],
+                     out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_o[None, :])
+
+
+@triton.jit
+def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
+            WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
+            CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr,
+            BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+    """Grid (query blocks, B·H, splits): scores + streaming top-K over one split of the candidates; without a
+    split also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part."""
+    tl.static_assert(BLOCK_N >= K_PAD)
+    Q, K, Cand, KInv = inputs[0], inputs[1], inputs[5], inputs[6]
+    H, Nq, Nk, num_cols, cols_per_split = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
+    num_neighbors, D, stride_cb = sizes[5], sizes[6], sizes[9]
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    b = pid_bh // H
+    h = pid_bh % H
+    row_lo = pid_m * BLOCK_M
+    offs_m = row_lo + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < Nq
+    slots = tl.arange(0, K_PAD)
+    live = slots >= K_PAD - num_neighbors
+    k_base = K + b * k_strides[0] + h * k_strides[1]
+    kinv_base = KInv + pid_bh * Nk
+    cand_base = Cand + b * stride_cb
+    q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale, D,
+                               COSINE, BLOCK_M, D_PAD)
+
+    acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
+    s_self = tl.zeros([BLOCK_M], tl.float32)
+    col_lo = pid_s * cols_per_split
+    col_hi = tl.minimum(col_lo + cols_per_split, num_cols)
+    if CANDIDATES:  # column 0 is the query itself, always a candidate (owned by split 0)
+        col_lo += 1
+        col_hi += 1
+    if CANDIDATES or SELF_FIRST:
+        s_self = _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, COSINE, D_PAD)
+        if pid_s == 0:  # the query's own key enters first: ranked +∞ when forced, else by its score
+            self_col = offs_m
+            if CANDIDATES:
+                self_col = tl.zeros([BLOCK_M], tl.int32)
+            rank_score = s_self
+            if SELF_FIRST:
+                rank_score = tl.zeros([BLOCK_M], tl.float32) + POS_INF
+            acc = tl.where(slots[None, :] == K_PAD - 1, pack(rank_score, self_col)[:, None], acc)
+
+    everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+    for start in range(col_lo, col_hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask_n = cols < col_hi
+        if CANDIDATES:
+            key_rows = tl.load(cand_base + (cols - 1), mask=mask_n, other=0)
+        else:
+            key_rows = cols
+        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n, D, COSINE, IEEE, D_PAD)
+        # Only the tiles that need it are masked: past the range, and where the query's own key (already in acc,
+        # or column 0) appears: any tile of sampled keys, the diagonal tiles of a forced self.
+        if CANDIDATES:
+            valid = mask_n[None, :] & (key_rows[None, :] != offs_m[:, None])
+            s = tl.where(valid, s, NEG_INF)
+        else:
+            needs_mask = start + BLOCK_N > col_hi
+            if SELF_FIRST:
+                needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
+            if needs_mask:
+                valid = mask_n[None, :] & (everything != 0)
+                if SELF_FIRST:
+                    valid = valid & (cols[None, :] != offs_m[:, None])
+                s = tl.where(valid, s, NEG_INF)
+            else:
+                valid = everything
+        acc = merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD, BLOCK_N)
+    acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
+
+    if SPLIT:
+        Part = outputs[3]
+        part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m
+        tl.store(Part + part_rows[:, None] * K_PAD + slots[None, :], acc, mask=mask_m[:, None])
+    else:
+        aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
+                  offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, DEPTHWISE, IEEE, BLOCK_M, K_PAD,
+                  BLOCK_C, BLOCK_O)
+
+
+@triton.jit
+def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale,
+                  inv_temperature, num_splits,
+                  WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
+                  CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+                  BLOCK_O: tl.constexpr):
+    """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`."""
+    Q, K, KInv, Part = inputs[0], inputs[1], inputs[6], outputs[3]
+    H, Nq, Nk = sizes[0], sizes[1], sizes[2]
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < Nq
+    slots = tl.arange(0, K_PAD)
+    acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
+    for split in range(num_splits):
+        part_rows = (pid_bh.to(tl.int64) * num_splits + split) * Nq + offs_m
+        part = tl.load(Part + part_rows[:, None] * K_PAD + slots[None, :], mask=mask_m[:, None], other=EMPTY_KEY)
+        acc = tl.maximum(tl.bitonic_merge(acc), part)
+    acc = tl.bitonic_merge(acc, descending=True)
+    s_self = tl.zeros([BLOCK_M], tl.float32)
+    if SELF_FIRST:
+        q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale,
+                                   sizes[6], COSINE, BLOCK_M, D_PAD)
+        s_self = _self_scores(q, q_scale, K + b * k_strides[0] + h * k_strides[1], k_strides, KInv + pid_bh * Nk,
+                              offs_m, mask_m, sizes[6], COSINE, D_PAD)
+    aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, offs_m,
+              mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, DEPTHWISE, IEEE, BLOCK_M, K_PAD, BLOCK_C,
+              BLOCK_O)

@@ -1,0 +1,337 @@
+"""Host side of the fused kernel: launch configuration, the forward and backward launchers, the autograd Function
+and the public entry :func:`knn_aggregate_triton`."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+from torch import Tensor
+
+from ..checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
+from ..reference import KnnResult
+from ..usage import note_backend
+from . import backward, forward
+from .select import NORM_EPS
+
+_WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
+_TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
+_MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
+_MAX_SPLITS = 16
+
+
+def _next_pow2(n: int, floor: int = 1) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int) -> dict:
+    """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K (the H200
+    sweeps in bench/RESULTS.md §1). Entries can be overridden through :func:`launch_forward`'s ``config``."""
+    k_pad = _next_pow2(num_neighbors, 2)
+    return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
+                BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
+                num_warps=4 if k_pad <= 16 else 8, num_stages=2)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere, e.g. in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.device) -> int:
+    """How many programs share one query block's candidates, so that the grid fills the GPU."""
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device)
+    if num_programs >= sms:
+        return 1
+    wanted = -(-_TARGET_PROGRAMS_PER_SM * sms // num_programs)
+    most = max(1, num_cols // (block_n * _MIN_TILES_PER_SPLIT))
+    return max(1, min(wanted, most, _MAX_SPLITS))
+
+
+def _check_launchable(q, k, v, weight, bias, candidates) -> None:
+    """Raise ``ValueError`` unless the tensors can go to one launch: a device Triton runs on, all on q's device,
+    q, k, v of one dtype. Everything else about the arguments is checked by the public entries
+    (:func:`knn_aggregate_triton`, :func:`kernels.knn_aggregate`) before they reach the launcher."""
+    if not triton_runs_on(q.device):
+        raise ValueError(f"the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got device={q.device}")
+    tensors = (("k", k), ("v", v), ("weight", weight), ("bias", bias), ("candidates", candidates))
+    for name, x in tensors:
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {x.device}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype on the Triton kernel, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def token_major(x: Tensor) -> Tensor:
+    """x (B, H, N, D) with unit stride along D (a copy if needed): rows gathered by index are then contiguous."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _inverse_key_norms(k: Tensor) -> Tensor:
+    """1 / max(‖k_j‖, eps) per key, fp32 (B·H, Nk): computed once instead of once per query block."""
+    return k.float().norm(dim=-1).clamp_min(NORM_EPS).reciprocal().reshape(-1, k.shape[2]).contiguous()
+
+
+def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
+                   self_first, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int32, a fp32.
+
+    For arguments that passed :func:`kernels.checks.check_knn_arguments` and
+    :func:`kernels.checks.fused_unsupported_reason`; checks only :func:`_check_launchable`. ``num_splits`` and
+    ``config`` (entries of :func:`fwd_config`) override the heuristics (benchmarks, tests).
+    """
+    _check_launchable(q, k, v, weight, bias, candidates)
+    B, H, Nq, D = q.shape
+    Nk, Dv = k.shape[2], v.shape[3]
+    C_out = weight.shape[0]
+    cfg = fwd_config(num_neighbors, D, Dv, C_out) | (config or {})
+    block_m, block_n, k_pad = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["K_PAD"]
+    out = torch.empty(B, C_out, Nq, device=q.device, dtype=q.dtype)
+    idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int32)
+    a = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.float32)
+    if candidates is not None:
+        cand, num_cols, stride_cb = candidates, candidates.shape[1], (candidates.stride(0)
+                                                                     if candidates.shape[0] > 1 else 0)
+    else:
+        cand, num_cols, stride_cb = idx, Nk, 0  # any pointer: never read
+    kinv = _inverse_key_norms(k) if similarity == "cosine" else a  # any pointer for dot: never read
+    grid_m = triton.cdiv(Nq, block_m)
+    if num_splits is None:
+        num_splits = _num_splits(grid_m * B * H, num_cols, block_n, q.device)
+    cols_per_split = triton.cdiv(triton.cdiv(num_cols, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(num_cols, cols_per_split)
+    split = num_splits > 1
+    part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
+    args = dict(
+        inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv), outputs=(out, idx, a, part),
+        q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(), w_strides=weight.stride(),
+        o_strides=out.stride(),
+        sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb),
+        scale=1.0 if similarity == "cosine" else 1.0 / math.sqrt(D), inv_temperature=1.0 / temperature,
+        WEIGHTING=_WEIGHTINGS[weighting], SELF_FIRST=bool(self_first), HAS_BIAS=bias is not None,
+        COSINE=similarity == "cosine", CANDIDATES=candidates is not None, DEPTHWISE=groups > 1,
+        IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=cfg["D_PAD"], K_PAD=k_pad, BLOCK_C=cfg["BLOCK_C"],
+        BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    forward.knn_fwd[(grid_m, B * H, num_splits)](**args, SPLIT=split, BLOCK_N=block_n)
+    if split:
+        forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
+    return out, idx, a
+
+
+def _normalize_backward(x: Tensor, grad_hat: Tensor) -> Tensor:
+    """Gradient w.r.t. x of x̂ = x / max(‖x‖, eps) (F.normalize), given the gradient w.r.t. x̂; fp32."""
+    x = x.float()
+    norm = x.norm(dim=-1, keepdim=True)
+    x_hat = x / norm.clamp_min(NORM_EPS)
+    projected = (grad_hat - x_hat * (x_hat * grad_hat).sum(-1, keepdim=True)) / norm.clamp_min(NORM_EPS)
+    return torch.where(norm > NORM_EPS, projected, grad_hat / NORM_EPS)
+
+
+def _key_order(idx: Tensor, Nk: int) -> tuple[Tensor, Tensor]:
+    """The (query, slot) entries of ``idx`` (BH, Nq, K) grouped by key: their order (BH, Nq·K) and each key's
+    start in it (BH, Nk + 1), both int32, for :func:`_key_sum`."""
+    BH = idx.shape[0] * idx.shape[1]
+    keys = idx.reshape(BH, -1).long()
+    sorted_keys, order = torch.sort(keys, dim=-1, stable=True)
+    bounds = torch.arange(Nk + 1, device=idx.device).expand(BH, Nk + 1).contiguous()
+    offsets = torch.searchsorted(sorted_keys, bounds).to(torch.int32).contiguous()
+    return order.to(torch.int32).contiguous(), offsets
+
+
+def _key_sum(contrib: Tensor, key_order: tuple[Tensor, Tensor], Nk: int) -> Tensor:
+    """Deterministic Σ over (query, slot) entries per key: contrib (BH, Nq·K, W) → (BH, Nk, W) fp32."""
+    BH, num_entries, width = contrib.shape
+    order, offsets = key_order
+    out = torch.empty(BH, Nk, width, device=contrib.device, dtype=torch.float32)
+    block_j = 32
+    backward.knn_bwd_key_sum[(triton.cdiv(Nk, block_j), BH)](
+        Contrib=contrib, Order=order, Offsets=offsets, Out=out, sizes=(Nk, num_entries, width), BLOCK_J=block_j,
+        BLOCK_W=_next_pow2(width, 16), num_warps=4)
+    return out
+
+
+def _weight_grad(grad_out: Tensor, v: Tensor, idx: Tensor, a: Tensor, block_c: int, block_o: int) -> Tensor:
+    """Standard Conv1D weight gradient (C_out, Dv, K) fp32 (one head): per-split partials, then their sum."""
+    B, _, Nq, K = idx.shape
+    Dv, C_out = v.shape[3], grad_out.shape[1]
+    block_r = 64
+    num_rows = B * Nq
+    oc_blocks = triton.cdiv(C_out, block_o) * triton.cdiv(Dv, block_c)
+    target = _TARGET_PROGRAMS_PER_SM * _sm_count(v.device)
+    num_splits = max(1, min(triton.cdiv(target, K * oc_blocks), triton.cdiv(num_rows, block_r * 4)))
+    rows_per_split = triton.cdiv(triton.cdiv(num_rows, num_splits), block_r) * block_r
+    num_splits = triton.cdiv(num_rows, rows_per_split)
+    part = torch.empty(num_splits, C_out, Dv, K, device=v.device, dtype=torch.float32)
+    backward.knn_bwd_weight[(K, oc_blocks, num_splits)](
+        inputs=(v, idx, a, grad_out), DWPart=part, v_strides=v.stride(), do_strides=grad_out.stride(),
+        sizes=(Nq, num_rows, rows_per_split, K, Dv, C_out), IEEE=v.dtype == torch.float32, BLOCK_R=block_r,
+        BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
+    return part.sum(0)
+
+
+def launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weighting, temperature, groups,
+                    needs_grad) -> tuple[Tensor | None, ...]:
+    """Gradients (dq, dk, dv, dweight, dbias) in fp32, each None unless ``needs_grad`` (five bools, for q, k, v,
+    weight, bias) asks for it; dq and dk are None too unless weighting is softmax.
+
+    Only what is asked for runs: the query-owned kernel when dq, dk, dv or a depthwise dweight is needed (it writes
+    dV and the depthwise dW partials whenever it runs; its softmax part only when dq or dk is needed), the
+    deterministic key sums for dv and dk, the standard dW kernel for dweight, the sum over dO for dbias.
+    """
+    need_q, need_k, need_v, need_w, need_b = needs_grad
+    B, H, Nq, D = q.shape
+    Nk, Dv = k.shape[2], v.shape[3]
+    C_out, K = weight.shape[0], idx.shape[-1]
+    BH = B * H
+    cosine = similarity == "cosine"
+    if weighting != "softmax":  # only softmax weights carry a gradient to q and k
+        need_q = need_k = False
+    softmax = need_q or need_k  # the kernel's softmax part (da → ds → dq, dk) runs only for them
+    depthwise = groups > 1
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    block_c, block_o = min(64, _next_pow2(Dv, 16)), min(64, _next_pow2(C_out, 16))
+    f32 = dict(device=q.device, dtype=torch.float32)
+    d_q = d_k = d_v = d_weight = d_bias = None
+    if softmax or need_v or (need_w and depthwise):
+        block_m = 64
+        grid_m = triton.cdiv(Nq, block_m)
+        dv = torch.zeros(BH, Nq * K if deterministic else Nk, Dv, **f32)
+        dq = torch.empty(BH, Nq, D, **f32) if softmax else dv
+        dk = (torch.empty(BH, Nq * K, D, **f32) if deterministic else torch.zeros(BH, Nk, D, **f32)) if softmax else dv
+        dw_part = torch.empty(grid_m, BH, Dv, K, **f32) if depthwise else dv
+        grad_a = grad_a.contiguous() if grad_a is not None and softmax else None
+        backward.knn_bwd_query[(grid_m, BH)](
+            inputs=(q, k, v, weight, idx, a, grad_a if grad_a is not None else a, grad_out),
+            grads=(dq, dk, dv, dw_part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+            w_strides=weight.stride(), do_strides=grad_out.stride(), sizes=(H, Nq, Nk, K, D, Dv, C_out),
+            scale=1.0 if cosine else 1.0 / math.sqrt(D), inv_temperature=1.0 / temperature, COSINE=cosine,
+            SOFTMAX=softmax, DEPTHWISE=depthwise, DETERMINISTIC=deterministic, HAS_GRAD_A=grad_a is not None,
+            IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=_next_pow2(D, 16), K_PAD=_next_pow2(K, 2),
+            BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
+        key_order = _key_order(idx, Nk) if deterministic and (need_v or need_k) else None
+        if need_v:
+            d_v = (_key_sum(dv, key_order, Nk) if deterministic else dv).view(B, H, Nk, Dv)
+        if need_q:
+            d_q = dq.view(B, H, Nq, D)
+            d_q = _normalize_backward(q, d_q) if cosine else d_q
+        if need_k:
+            d_k = (_key_sum(dk, key_order, Nk) if deterministic else dk).view(B, H, Nk, D)
+            d_k = _normalize_backward(k, d_k) if cosine else d_k
+        if need_w and depthwise:
+            d_weight = dw_part.sum(0).view(B, H * Dv, K).sum(0).unsqueeze(1)  # (H·Dv, 1, K)
+    if need_w and not depthwise:
+        d_weight = _weight_grad(grad_out, v, idx, a, block_c, block_o)
+    if need_b:
+        d_bias = grad_out.float().sum((0, 2))
+    return d_q, d_k, d_v, d_weight, d_bias
+
+
+class KnnAggregate(torch.autograd.Function):
+    """Autograd of the fused aggregation: :func:`launch_forward`, then :func:`launch_backward` on the saved
+    ``idx`` and ``a``. ``v`` is used (and saved) token-major (:func:`token_major`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
+                self_first):
+        v_rows = token_major(v)
+        out, idx, a = launch_forward(q, k, v_rows, weight, bias, num_neighbors, similarity, weighting, temperature,
+                                     groups, candidates, self_first)
+        ctx.save_for_backward(q, k, v_rows, weight, bias, idx, a)
+        ctx.options = (similarity, weighting, temperature, groups)
+        topk_idx = idx.long()
+        ctx.mark_non_differentiable(topk_idx)
+        if weighting != "softmax":
+            ctx.mark_non_differentiable(a)
+        return out, topk_idx, a
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_idx, grad_a):
+        q, k, v, weight, bias, idx, a = ctx.saved_tensors
+        similarity, weighting, temperature, groups = ctx.options
+        if grad_out is None:
+            grad_out = torch.zeros(v.shape[0], weight.shape[0], q.shape[2], device=q.device, dtype=q.dtype)
+        inputs = (q, k, v, weight, bias)
+        grads = launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weighting, temperature,
+                                groups, ctx.needs_input_grad[:len(inputs)])
+        grads = tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, inputs, strict=True))
+        return *grads, None, None, None, None, None, None, None
+
+
+def knn_aggregate_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    num_neighbors: int,
+    similarity: str = "cosine",
+    weighting: str = "none",
+    temperature: float = 1.0,
+    groups: int = 1,
+    candidates: Tensor | None = None,
+    self_first: bool = False,
+) -> KnnResult:
+    """Fused ConvNN aggregation (METHOD §2–3; docs/method.md §2–3): the result of
+    :func:`kernels.reference.knn_aggregate_reference`, without materialising the (Nq, Nk) score matrix.
+
+    Differentiable (``torch.autograd``) w.r.t. ``v``, ``weight``, ``bias`` and, with ``weighting="softmax"``, ``q``
+    and ``k``; indices carry no gradient. Under ``torch.use_deterministic_algorithms(True)`` the backward is
+    bit-reproducible (no atomics). A ``v`` without unit stride along its last dimension is copied token-major once.
+
+    Args:
+        q (Tensor): (B, H, Nq, D) queries, float32, bfloat16 or float16, any strides.
+        k (Tensor): (B, H, Nk, D) keys, same dtype.
+        v (Tensor): (B, H, Nk, Dv) values, same dtype.
+        weight (Tensor): (C_out, Dv, K) for ``groups=1`` (needs H = 1) or (H·Dv, 1, K) for ``groups=H·Dv``
+            (depthwise); tap ``t`` weighs the rank-``t`` neighbour.
+        bias (Tensor, optional): (C_out,) Conv1D bias. Default: None
+        num_neighbors (int): K, 1 ≤ K ≤ min(number of candidates, 128).
+        similarity (str): ``"cosine"`` (q̂·k̂, zero vectors score 0) or ``"dot"`` (q·k/√D). Default: ``"cosine"``
+        weighting (str): ρ: ``"none"``, ``"softmax"`` (over the K selected scores / ``temperature``) or
+            ``"uniform"`` (1/K). Default: ``"none"``
+        temperature (float): softmax temperature, > 0. Default: 1.0
+        groups (int): 1 (standard Conv1D) or H·Dv (depthwise). Default: 1
+        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled key indices shared by a sample's queries; each
+            query's candidates are itself plus these (METHOD §3, ``random``). None: all Nk keys. Default: None
+        self_first (bool): rank each query's own token first (needs Nq = Nk); its real score sets its weight.
+            Default: False
+
+    Returns:
+        KnnResult: ``out`` (B, C_out, Nq) in the input dtype, ``topk_idx`` (B, H, Nq, K) int64 (rank 0 first,
+        ties to the lower candidate index), ``topk_weights`` (B, H, Nq, K) fp32.
+
+    Raises:
+        ValueError: non-CUDA tensors without ``TRITON_INTERPRET=1`` or tensors on different devices, mixed or
+            unsupported dtypes, shapes that do not match, ``groups`` other than 1 or H·Dv, an unknown similarity or
+            weighting, K out of range, or 2**31 or more elements (the message names the argument).
+
+    Example:
+        >>> q = k = v = torch.randn(2, 1, 1024, 64, device="cuda", dtype=torch.bfloat16)
+        >>> w = torch.randn(64, 64, 9, device="cuda", dtype=torch.bfloat16)
+        >>> knn_aggregate_triton(q, k, v, w, num_neighbors=9).out.shape  # torch.Size([2, 64, 1024])
+    """
+    check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
+                        candidates, None, self_first)
+    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None)
+    if unsupported is not None:
+        raise ValueError(unsupported)
+    return aggregate_prechecked(q, k, v, weight, bias, num_neighbors=num_neighbors, similarity=similarity,
+                                weighting=weighting, temperature=temperature, groups=groups, candidates=candidates,
+                                self_first=self_first)
+
+
+def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, *,
+                         num_neighbors: int, similarity: str, weighting: str, temperature: float, groups: int,
+                         candidates: Tensor | None, self_first: bool) -> KnnResult:
+    """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
+    :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
+    Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
+    note_backend("triton")
+    return KnnResult(*KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
+                                         groups, candidates, self_first))

@@ -1,0 +1,70 @@
+"""The streaming top-K against key orders built to defeat a threshold: ascending scores (every tile beats the
+running threshold: the most insertions), descending (none after the first tile), all equal (ties everywhere:
+lower index first), many +∞ (overflowing products rank as the largest finite score, ties to the lower index),
+NaN keys (rank last, weigh 0), K = 1 and K = 128, N not a multiple of any block size.
+
+Integer-valued features make every fp32 score exact, so the kernel must return the reference's sets exactly,
+in the same order. Tiles of 16 keys (config override) give many tiles at interpreter-friendly sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.knn_triton import function
+from kernels.reference import knn_aggregate_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _keys(stream: str, n: int, dim: int, gen: torch.Generator) -> torch.Tensor:
+    j = torch.arange(n, dtype=torch.float32)
+    if stream == "ascending":
+        first = j
+    elif stream == "descending":
+        first = n - j
+    elif stream == "equal":
+        first = torch.ones(n)
+    else:  # "inf", "nan": small random integers, a third of the keys overflowing or NaN
+        first = torch.randint(-4, 5, (n,), generator=gen).float()
+    k = torch.zeros(n, dim)
+    k[:, 0] = first
+    k[:, 1:] = torch.randint(-2, 3, (n, dim - 1), generator=gen).float() if stream in ("inf", "nan") else 0
+    if stream == "inf":
+        k[::3, 0] = 3e38  # × q's 2 overflows to +∞ in fp32
+    if stream == "nan":
+        k[1::3, 0] = math.nan
+    return k
+
+
+@pytest.mark.parametrize("stream", ["ascending", "descending", "equal", "inf", "nan"])
+@pytest.mark.parametrize("num_neighbors", [1, 9, 128])
+@pytest.mark.parametrize("candidates", ["all", "random"])
+def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neighbors, candidates):
+    n, dim = 203 if num_neighbors < 128 else 261, 4  # not a multiple of 16, 64 or 128
+    gen = torch.Generator().manual_seed(num_neighbors)
+    k = _keys(stream, n, dim, gen)
+    q = torch.zeros(2, 1, n, dim)
+    q[..., 0] = 2.0
+    q[:, :, :, 1:] = torch.randint(-1, 2, (2, 1, n, dim - 1), generator=gen).float()
+    k = k.expand(2, 1, n, dim).contiguous()
+    v = torch.randint(-3, 4, (2, 1, n, 3), generator=gen).float()
+    weight = torch.randint(-2, 3, (5, 3, num_neighbors), generator=gen).float()
+    cand = None
+    if candidates == "random":
+        cand = torch.stack([torch.randperm(n, generator=gen)[:num_neighbors + 150] for _ in range(2)])
+    options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=cand, self_first=stream == "descending")
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    cand = None if cand is None else cand.to(DEVICE)
+    options["candidates"] = cand
+    with torch.no_grad():
+        out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
+                                              config=dict(BLOCK_M=16, BLOCK_N=max(16, num_neighbors)))
+    expected = knn_aggregate_reference(q, k, v, weight, None, **options)
+    assert torch.equal(idx.long(), expected.topk_idx)
+    torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
