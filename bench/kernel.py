@@ -1,332 +1,299 @@
-"""Benchmark the fused ConvNN kernel against the unfused PyTorch path and dense SDPA, on one CUDA GPU.
+"""Benchmark the fused ConvNN kernel where people run it, on one CUDA GPU: whole layers under bf16 autocast, the
+kernel alone beside dense SDPA-flash, forward time by N, a selection floor, and block-size variants.
 
-    python bench/kernel.py --out bench/RESULTS.md
+    python bench/kernel.py --out bench/RESULTS.kernel.md --json bench/results/kernel.json
 
-For each configuration (bf16 inputs) and method it reports the forward time, the forward + backward time (median by
-``triton.testing.do_bench``: CUDA events, launches queued back to back as in a training loop, L2 flushed between runs;
-``--rep-ms`` of timed runs after ``--warmup-ms``) and the peak memory the forward adds (``max_memory_allocated``
-delta, inputs requiring grad, so saved tensors count). A failing (configuration, method) is recorded in the table
-and the run goes on. Methods:
+Every time is the median of ``triton.testing.do_bench`` in ms (CUDA events, launches queued back to back as in a
+training loop, L2 flushed between runs); memory is the peak ``max_memory_allocated`` the measured call adds, in MiB.
 
-- ``fused``: :func:`kernels.knn_triton.knn_aggregate_triton` (one launch, no N×N tensor).
-- ``unfused``: what plain PyTorch does: scores ``q @ kᵀ`` materialised in the input dtype (normalised first for
-  cosine; for random candidates the (B, H, N, r + 1) scores against the gathered keys), ``torch.topk``, ρ in fp32,
-  gather + ``F.conv1d`` (:func:`kernels.reference.aggregate_neighbors`). Defined here only.
-- ``sdpa-flash`` / ``sdpa-cudnn``: dense ``F.scaled_dot_product_attention`` on the same q, k, v (attention over all
-  N keys, not the same operation: the speed of light for a fused kernel that reads every key).
-
-Targets (the issue): at N = 4096 the fused forward's peak memory ≥ 10× lower than unfused and its forward + backward
-≥ 2× faster; ≥ 3× faster at N = 16384; fused forward ≤ 6× SDPA-flash forward per head at N = 16384 (per head: SDPA
-measured on 8 heads at once and divided by 8, so that it runs at full occupancy).
+- **Layers at the CIFAR layer** (B = 128, C = 64 → 64, 32×32, K = 9, cosine, weighting none; fp32 parameters and
+  fp32 input requiring grad; inside ``torch.autocast("cuda", torch.bfloat16)``): ``layer_all_*`` (ConvNN2d
+  ``all``), ``layer_random32_fwdbwd`` (``random``, r = 32, training mode: a new draw per call), ``layer_blend_fwdbwd``
+  (``blend``, α = 0.5), ``layer_hybrid_fwdbwd`` (HybridConvNN2d λ = 0.5), ``conv2d_fwdbwd`` (3×3 ``nn.Conv2d``).
+  ``_fwd``: forward without autograd; ``_fwdbwd``: forward + ``out.float().sum().backward()``; ``_peak_mib``: the
+  forward with autograd (saved tensors count).
+- **The kernel alone** (bf16 q, k, v of (B, 1, N, 64) requiring grad, K = 9, cosine, softmax weighting so q and k get
+  gradients, a 64 → 64 Conv1D) beside ``F.scaled_dot_product_attention`` on the same q, k, v under the flash backend:
+  ``cifar_*`` (B = 128, N = 1024), ``n16k_bh16_*`` (B = 16, N = 16384), ``by_n_fused_fwd`` (B = 1, N = 1024 … 32768).
+- **Selection floor** (``*_floor_fwd``): a bench-only kernel with the fused forward's tiling that keeps only a
+  running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
+- **Variants** (``sweep``): the fused forward alone under other block sizes and warp counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import math
+import itertools
+import json
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import knn_triton
-from kernels.knn_triton import knn_aggregate_triton
-from kernels.reference import aggregate_neighbors, neighbor_weights
+from convnn import ConvNN2d, HybridConvNN2d
+from kernels.knn_triton import function, knn_aggregate_triton
 
 DEVICE = "cuda"
-DTYPE = torch.bfloat16
-TEMPERATURE = 1.0
-SDPA_PER_HEAD_HEADS = 8  # heads in the batched SDPA run whose time / heads is "SDPA per head"
-# Fused forward variants timed on (c) to guide tuning: (label, num_splits, block-config overrides).
-# The default is timed twice (first and last) so that the spread between identical runs shows what is noise.
-# bench/RESULTS.md keeps the wider sweep (block sizes 16–128, 1–4 warps, insertion limits) that chose the default.
-SWEEP = [
-    ("default heuristics", None, {}),
-    ("no split", 1, {}),
-    ("3 pipeline stages", None, dict(num_stages=3)),
-    ("up to 16 entries inserted one by one", None, dict(FEW_ENTRIES=16)),
-    ("BLOCK_N=128", None, dict(BLOCK_N=128)),
-    ("default heuristics, timed again", None, {}),
+CIFAR = dict(batch=128, channels=64, size=32, num_neighbors=9)
+KERNEL_DIM, KERNEL_K = 64, 9
+BY_N = [1024, 2048, 4096, 8192, 16384, 32768]
+SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps); the default (64, 64, 4) is timed first
+    (64, 64, 4), (64, 32, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8), (32, 64, 2), (64, 64, 8),
 ]
 
 
-@dataclass(frozen=True)
-class Config:
-    name: str
-    batch: int
-    heads: int
-    tokens: int
-    dim: int
-    num_neighbors: int
-    similarity: str
-    weighting: str
-    depthwise: bool
-    out_channels: int = 0  # standard Conv1D only
-    num_candidates: int | None = None
-    sdpa: bool = True
-
-
-CONFIGS = [
-    Config("(a) CIFAR layer 32×32", 32, 1, 1024, 64, 9, "cosine", "none", False, out_channels=64),
-    Config("(b) N=4096 K=9", 8, 1, 4096, 64, 9, "dot", "softmax", True),
-    Config("(b) N=4096 K=16", 8, 1, 4096, 64, 16, "dot", "softmax", True, sdpa=False),
-    Config("(c) N=16384 K=9", 1, 1, 16384, 64, 9, "dot", "softmax", True),
-    Config("random r=32, N=4096 K=9", 8, 1, 4096, 64, 9, "dot", "softmax", True, num_candidates=32, sdpa=False),
-    Config("random r=256, N=4096 K=9", 8, 1, 4096, 64, 9, "dot", "softmax", True, num_candidates=256,
-           sdpa=False),
-]
-
-
-@dataclass
-class Row:
-    config: str
-    method: str
-    fwd_ms: float | None = None
-    fwd_bwd_ms: float | None = None
-    peak_mib: float | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The methods
-# ---------------------------------------------------------------------------------------------------------------
-def unfused(q, k, v, weight, bias, *, num_neighbors, similarity, weighting, temperature, groups, candidates):
-    """Plain PyTorch: materialised scores (input dtype) → torch.topk → ρ (fp32) → gather → F.conv1d."""
-    if similarity == "cosine":
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    scale = 1.0 if similarity == "cosine" else 1.0 / math.sqrt(q.shape[-1])
-    if candidates is None:
-        scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, N, N)
-        topk_scores, topk_idx = scores.topk(num_neighbors, dim=-1)
-    else:
-        B, H, N, D = q.shape
-        cand = candidates.expand(B, -1)
-        r = cand.shape[1]
-        k_cand = torch.gather(k, 2, cand.view(B, 1, r, 1).expand(B, H, r, D))
-        own = (q * k).sum(-1, keepdim=True) * scale  # (B, H, N, 1)
-        scores = torch.cat([own, (q @ k_cand.transpose(-1, -2)) * scale], dim=-1)  # (B, H, N, r + 1)
-        key_idx = torch.cat([torch.arange(N, device=q.device).view(1, 1, N, 1).expand(B, 1, N, 1),
-                             cand.view(B, 1, 1, r).expand(B, 1, N, r)], dim=-1)
-        duplicate = torch.cat([torch.zeros_like(key_idx[..., :1], dtype=torch.bool),
-                               key_idx[..., 1:] == key_idx[..., :1]], dim=-1)  # sampled key == query
-        scores = scores.masked_fill(duplicate, -math.inf)
-        topk_scores, topk_col = scores.topk(num_neighbors, dim=-1)
-        topk_idx = torch.gather(key_idx.expand(B, H, N, r + 1), -1, topk_col)
-    weights = neighbor_weights(topk_scores.float(), weighting, temperature)
-    return aggregate_neighbors(v, topk_idx, None if weighting == "none" else weights, weight, bias, groups)
-
-
-def fused(q, k, v, weight, bias, **options):
-    return knn_aggregate_triton(q, k, v, weight, bias, **options).out
-
-
-def sdpa(backend):
-    def run(q, k, v, weight, bias, **options):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v)
-    return run
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Measurement
-# ---------------------------------------------------------------------------------------------------------------
-def _median_ms(fn, warmup_ms: float, rep_ms: float) -> float:
-    """Median time of ``fn`` in ms by :func:`triton.testing.do_bench` (CUDA events, launches queued back to back,
-    L2 flushed between runs), after ``warmup_ms`` of untimed runs and for about ``rep_ms`` of timed ones."""
+def median_ms(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def _inputs(cfg: Config, heads: int | None = None):
-    heads = heads or cfg.heads
+def peak_mib(fn: Callable[[], object]) -> float:
+    """Peak memory ``fn`` adds beyond what is allocated before it, its result kept alive until measured."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    del result
+    return peak
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole layers under autocast
+# ---------------------------------------------------------------------------------------------------------------
+def _layers() -> dict[str, nn.Module]:
+    c, k = CIFAR["channels"], CIFAR["num_neighbors"]
+    return {
+        "layer_all": ConvNN2d(c, c, num_neighbors=k),
+        "layer_random32": ConvNN2d(c, c, num_neighbors=k, selection="random", num_candidates=32),
+        "layer_blend": ConvNN2d(c, c, num_neighbors=k, selection="blend", blend_alpha=0.5),
+        "layer_hybrid": HybridConvNN2d(c, c, branch_ratio=0.5, num_neighbors=k),
+        "conv2d": nn.Conv2d(c, c, 3, padding=1),
+    }
+
+
+def bench_layers(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(CIFAR["batch"], CIFAR["channels"], CIFAR["size"], CIFAR["size"], device=DEVICE,
+                    requires_grad=True)
+    for name, layer in _layers().items():
+        layer = layer.to(DEVICE).train()
+
+        def forward(layer=layer):
+            with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+                return layer(x)
+
+        def forward_backward(layer=layer):
+            with torch.autocast("cuda", torch.bfloat16):
+                out = layer(x)
+            out.float().sum().backward()
+
+        def forward_graph(layer=layer):
+            with torch.autocast("cuda", torch.bfloat16):
+                return layer(x)
+
+        _measure(results, name, {"fwd": forward, "fwdbwd": forward_backward}, warmup_ms, rep_ms)
+        if name == "layer_all":
+            results["layer_all_peak_mib"] = peak_mib(forward_graph)
+            results["layer_all_out_dtype"] = str(forward().dtype)
+
+
+def _measure(results: dict, prefix: str, fns: dict[str, Callable], warmup_ms: float, rep_ms: float) -> None:
+    for suffix, fn in fns.items():
+        key = f"{prefix}_{suffix}"
+        try:
+            started = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - started
+            results[key] = median_ms(fn, warmup_ms, rep_ms)
+            print(f"{key:32s} {results[key]:8.3f} ms   (first call {first:.1f} s)", flush=True)
+        except Exception as error:  # one failing measurement must not stop the benchmark
+            results.setdefault("errors", {})[key] = f"{type(error).__name__}: {str(error)[:200]}"
+            traceback.print_exc()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel alone, SDPA, the floor
+# ---------------------------------------------------------------------------------------------------------------
+def _kernel_inputs(batch: int, tokens: int):
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    shape = (cfg.batch, heads, cfg.tokens, cfg.dim)
-    q, k, v = (torch.randn(shape, device=DEVICE, dtype=DTYPE, generator=gen).requires_grad_() for _ in range(3))
-    if cfg.depthwise:
-        groups = c_out = heads * cfg.dim
-        weight = torch.ones(c_out, 1, cfg.num_neighbors, device=DEVICE, dtype=DTYPE)
-    else:
-        groups, c_out = 1, cfg.out_channels
-        weight = torch.randn(c_out, cfg.dim, cfg.num_neighbors, device=DEVICE, dtype=DTYPE, generator=gen) / 24
-    weight.requires_grad_()
-    bias = torch.zeros(c_out, device=DEVICE, dtype=DTYPE, requires_grad=True)
-    candidates = None
-    if cfg.num_candidates is not None:
-        candidates = torch.randperm(cfg.tokens, device=DEVICE, generator=gen)[:cfg.num_candidates].view(1, -1)
-    options = dict(num_neighbors=cfg.num_neighbors, similarity=cfg.similarity, weighting=cfg.weighting,
-                   temperature=TEMPERATURE, groups=groups, candidates=candidates)
-    return (q, k, v, weight, bias), options
+    shape = (batch, 1, tokens, KERNEL_DIM)
+    q, k, v = (torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    weight = (torch.randn(KERNEL_DIM, KERNEL_DIM, KERNEL_K, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+              / 24).requires_grad_()
+    return q, k, v, weight
 
 
-def measure(cfg: Config, method: str, fn, warmup_ms: float, rep_ms: float, heads: int | None = None) -> Row:
-    row = Row(cfg.name, method)
-    try:
-        tensors, options = _inputs(cfg, heads)
-        started = time.perf_counter()
+def _fused(q, k, v, weight):
+    return knn_aggregate_triton(q, k, v, weight, num_neighbors=KERNEL_K, similarity="cosine", weighting="softmax").out
+
+
+def _sdpa(q, k, v, weight):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def _timed_pair(fn, tensors):
+    def forward():
         with torch.no_grad():
-            fn(*tensors, **options)  # compile / autotune outside the timings
-        torch.cuda.synchronize()
-        row.notes.append(f"first call {time.perf_counter() - started:.1f} s")
+            return fn(*tensors)
 
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        out = fn(*tensors, **options)
-        torch.cuda.synchronize()
-        row.peak_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        grad_out = torch.randn_like(out)
-        del out
+    def forward_backward():
+        fn(*tensors).float().sum().backward()
 
-        def forward():
-            with torch.no_grad():
-                fn(*tensors, **options)
+    return forward, forward_backward
 
-        inputs = [x for x in tensors if x.requires_grad]
 
-        def forward_backward():
-            torch.autograd.grad(fn(*tensors, **options), inputs, grad_out, allow_unused=True)
+@triton.jit
+def _floor_kernel(Q, K, Arg, N, stride_b, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Running max + argmax of q·k over all keys, per query: the selection floor of the fused tiling."""
+    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + pid_b * stride_b + offs_m[:, None] * D + offs_d[None, :], mask=offs_m[:, None] < N, other=0.0)
+    best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    arg = tl.zeros([BLOCK_M], tl.int32)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k = tl.load(K + pid_b * stride_b + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < N,
+                    other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+        m, at = tl.max(s, axis=1, return_indices=True)
+        better = m > best
+        best = tl.where(better, m, best)
+        arg = tl.where(better, start + at, arg)
+    tl.store(Arg + pid_b * N + offs_m, arg, mask=offs_m < N)
 
-        row.fwd_ms = _median_ms(forward, warmup_ms, rep_ms)
-        row.fwd_bwd_ms = _median_ms(forward_backward, warmup_ms, rep_ms)
-    except Exception as error:  # one failing configuration must not stop the benchmark
-        row.notes.append(f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
-        traceback.print_exc()
-    finally:
-        torch.cuda.empty_cache()
-    return row
+
+def _floor(q, k, v, weight):
+    B, _, N, D = q.shape
+    arg = torch.empty(B, N, device=DEVICE, dtype=torch.int32)
+    _floor_kernel[(triton.cdiv(N, 64), B)](q, k, arg, N, N * D, D=D, BLOCK_M=64, BLOCK_N=64, num_warps=4)
+    return arg
+
+
+def bench_kernel(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
+        tensors = _kernel_inputs(batch, tokens)
+        for method, fn in (("fused", _fused), ("sdpa_flash", _sdpa)):
+            forward, forward_backward = _timed_pair(fn, tensors)
+            _measure(results, f"{prefix}_{method}", {"fwd": forward, "fwdbwd": forward_backward}, warmup_ms, rep_ms)
+        q, k = (x.detach() for x in tensors[:2])
+        _measure(results, f"{prefix}_floor", {"fwd": lambda q=q, k=k: _floor(q, k, None, None)}, warmup_ms, rep_ms)
+    results["by_n_fused_fwd"] = {}
+    for tokens in BY_N:
+        forward, _ = _timed_pair(_fused, _kernel_inputs(1, tokens))
+        local: dict = {}
+        _measure(local, "n", {"fwd": forward}, warmup_ms, rep_ms)
+        if "n_fwd" in local:
+            results["by_n_fused_fwd"][str(tokens)] = local["n_fwd"]
+
+
+def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    results["sweep"] = {}
+    for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
+        q, k, v, weight = (x.detach() for x in _kernel_inputs(batch, tokens))
+        for block_m, block_n, warps in SWEEP:
+            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+
+            def forward(config=config, q=q, k=k, v=v, weight=weight):
+                return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "softmax", 1.0, 1, None,
+                                               False, config=config)
+
+            local: dict = {}
+            _measure(local, f"{prefix} {block_m}x{block_n} w{warps}", {"fwd": forward}, warmup_ms, rep_ms)
+            results["sweep"].update(local)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------------
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None else f"{x:.{digits}f}"
+TARGETS = [  # (what, value from results, bound, "≤")
+    ("ConvNN2d all fwd+bwd under autocast, ms", lambda r: r.get("layer_all_fwdbwd"), 1.0),
+    ("ConvNN2d all fwd under autocast, ms", lambda r: r.get("layer_all_fwd"), 0.4),
+    ("random r=32 fwd+bwd / all fwd+bwd", lambda r: _ratio(r.get("layer_random32_fwdbwd"), r.get("layer_all_fwdbwd")),
+     0.5),
+    ("ConvNN2d all peak MiB", lambda r: r.get("layer_all_peak_mib"), 50.0),
+    ("fused fwd / SDPA-flash fwd, CIFAR kernel config", lambda r: _ratio(r.get("cifar_fused_fwd"),
+                                                                         r.get("cifar_sdpa_flash_fwd")), 3.0),
+    ("fused fwd / SDPA-flash fwd, N=16384 B·H=16", lambda r: _ratio(r.get("n16k_bh16_fused_fwd"),
+                                                                    r.get("n16k_bh16_sdpa_flash_fwd")), 2.0),
+    ("fused fwd+bwd / SDPA-flash fwd+bwd, N=16384 B·H=16",
+     lambda r: _ratio(r.get("n16k_bh16_fused_fwdbwd"), r.get("n16k_bh16_sdpa_flash_fwdbwd")), 1.0),
+    ("blend fwd+bwd / all fwd+bwd", lambda r: _ratio(r.get("layer_blend_fwdbwd"), r.get("layer_all_fwdbwd")), 1.5),
+]
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator == 0:
-        return None
-    return numerator / denominator
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
 
 
-def sweep(cfg: Config, warmup_ms: float, rep_ms: float) -> list[Row]:
-    """Time the fused forward alone under each SWEEP variant (no autograd, the launcher called directly)."""
-    rows = []
-    for label, num_splits, config in SWEEP:
-        row = Row(cfg.name, f"fused fwd, {label}")
-        try:
-            tensors, options = _inputs(cfg)
-
-            def forward(tensors=tensors, options=options, num_splits=num_splits, config=config):
-                with torch.no_grad():
-                    knn_triton._launch_fwd(*tensors, **options, self_first=False, num_splits=num_splits,
-                                           config=config)
-
-            started = time.perf_counter()
-            forward()
-            torch.cuda.synchronize()
-            row.notes.append(f"first call {time.perf_counter() - started:.1f} s")
-            row.fwd_ms = _median_ms(forward, warmup_ms, rep_ms)
-        except Exception as error:  # one failing variant must not stop the benchmark
-            row.notes.append(f"ERROR {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}")
-            traceback.print_exc()
-        rows.append(row)
-        print(f"{cfg.name:28s} {row.method:40s} fwd {_fmt(row.fwd_ms)} ms  {'; '.join(row.notes)}", flush=True)
-    return rows
-
-
-def report(rows: list[Row], sdpa_per_head: dict[str, float | None], elapsed: float,
-           sweep_rows: list[Row]) -> str:
-    by = {(row.config, row.method): row for row in rows}
-    lines = [
-        "# Fused ConvNN kernel benchmark",
-        "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; inputs bf16; "
-        f"median of `triton.testing.do_bench` (CUDA events, L2 flushed); whole run {elapsed:.0f} s",
-        "- `python bench/kernel.py` (see its docstring for what each method is)",
-        "",
-        "| configuration | method | fwd ms | fwd+bwd ms | fwd peak MiB | notes |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for row in rows:
-        lines.append(f"| {row.config} | {row.method} | {_fmt(row.fwd_ms)} | {_fmt(row.fwd_bwd_ms)} | "
-                     f"{_fmt(row.peak_mib, 1)} | {'; '.join(row.notes)} |")
-
-    def get(config, method, attr):
-        row = by.get((config, method))
-        return None if row is None else getattr(row, attr)
-
-    b, c = CONFIGS[1].name, CONFIGS[3].name
-    ratios = [
-        ("unfused / fused fwd peak memory, N=4096", _ratio(get(b, "unfused", "peak_mib"), get(b, "fused", "peak_mib")),
-         "≥ 10"),
-        ("unfused / fused fwd+bwd time, N=4096", _ratio(get(b, "unfused", "fwd_bwd_ms"),
-                                                         get(b, "fused", "fwd_bwd_ms")), "≥ 2"),
-        ("unfused / fused fwd+bwd time, N=16384", _ratio(get(c, "unfused", "fwd_bwd_ms"),
-                                                          get(c, "fused", "fwd_bwd_ms")), "≥ 3"),
-        (f"fused fwd / SDPA-flash fwd per head, N=16384 (SDPA on {SDPA_PER_HEAD_HEADS} heads ÷ "
-         f"{SDPA_PER_HEAD_HEADS})", _ratio(get(c, "fused", "fwd_ms"), sdpa_per_head.get("flash")), "≤ 6"),
-        ("fused fwd / SDPA-flash fwd on the same single head, N=16384",
-         _ratio(get(c, "fused", "fwd_ms"), get(c, "sdpa-flash", "fwd_ms")), "(info)"),
-        (f"fused fwd / SDPA-cuDNN fwd per head, N=16384 ({SDPA_PER_HEAD_HEADS} heads)",
-         _ratio(get(c, "fused", "fwd_ms"), sdpa_per_head.get("cudnn")), "(info)"),
-    ]
-    lines += ["", "| ratio | value | target | met |", "|---|---:|---|---|"]
-    for name, value, target in ratios:
-        met = "—"
-        if value is not None and target.startswith(("≥", "≤")):
-            bound = float(target[2:])
-            met = "yes" if (value >= bound if target.startswith("≥") else value <= bound) else "no"
-        lines.append(f"| {name} | {_fmt(value, 2)} | {target} | {met} |")
-    if sweep_rows:
-        lines += ["", "Fused forward alone, block-size variants (tuning data):", "",
-                  "| configuration | variant | fwd ms | notes |", "|---|---|---:|---|"]
-        lines += [f"| {row.config} | {row.method} | {_fmt(row.fwd_ms)} | {'; '.join(row.notes)} |"
-                  for row in sweep_rows]
+def report(results: dict) -> str:
+    lines = [f"- GPU: {results['gpu']}; torch {results['torch']}; triton {results['triton']}; {results['date']}",
+             "- `python bench/kernel.py` (medians of `triton.testing.do_bench`, ms; MiB for memory)", "",
+             "| key | value |", "|---|---:|"]
+    for key, value in results.items():
+        if isinstance(value, float):
+            lines.append(f"| `{key}` | {value:.3f} |")
+    by_n = results.get("by_n_fused_fwd", {})
+    if by_n:
+        lines += ["", "| N (B = 1) | " + " | ".join(by_n) + " |", "|---" * (len(by_n) + 1) + "|",
+                  "| fused fwd ms | " + " | ".join(f"{v:.3f}" for v in by_n.values()) + " |"]
+        times = list(by_n.values())
+        monotone = all(a <= b for a, b in itertools.pairwise(times))
+        lines.append(f"\nNo N slower than a larger N: {'yes' if monotone else 'no'}")
+    lines += ["", "| target | value | bound | met |", "|---|---:|---:|---|"]
+    for what, get, bound in TARGETS:
+        value = get(results)
+        met = "—" if value is None else ("yes" if value <= bound else "no")
+        lines.append(f"| {what} | {'—' if value is None else f'{value:.2f}'} | ≤ {bound:g} | {met} |")
+    if results.get("sweep"):
+        lines += ["", "Fused forward alone by block size (BLOCK_M×BLOCK_N, warps):", "", "| variant | fwd ms |",
+                  "|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in results["sweep"].items()]
+    if results.get("errors"):
+        lines += ["", "Errors:", ""] + [f"- `{k}`: {v}" for k, v in results["errors"].items()]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
+    parser.add_argument("--json", type=Path, default=None, help="write the results (bench/results/kernel.json)")
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the fused forward block-size variants")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the block-size variants")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")
-    started = time.perf_counter()
-    methods = {"fused": fused, "unfused": unfused, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
-               "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    rows = []
-    for cfg in CONFIGS:
-        for method, fn in methods.items():
-            if method.startswith("sdpa") and not cfg.sdpa:
-                continue
-            row = measure(cfg, method, fn, args.warmup_ms, args.rep_ms)
-            rows.append(row)
-            print(f"{cfg.name:28s} {method:11s} fwd {_fmt(row.fwd_ms)} ms  fwd+bwd {_fmt(row.fwd_bwd_ms)} ms  "
-                  f"peak {_fmt(row.peak_mib, 1)} MiB  {'; '.join(row.notes)}", flush=True)
-    sdpa_per_head = {}
-    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-        row = measure(CONFIGS[3], f"sdpa-{name} ×{SDPA_PER_HEAD_HEADS} heads", sdpa(backend), args.warmup_ms,
-                      args.rep_ms, heads=SDPA_PER_HEAD_HEADS)
-        rows.append(row)
-        sdpa_per_head[name] = None if row.fwd_ms is None else row.fwd_ms / SDPA_PER_HEAD_HEADS
-    sweep_rows = [] if args.no_sweep else sweep(CONFIGS[3], args.warmup_ms, args.rep_ms)
-    text = report(rows, sdpa_per_head, time.perf_counter() - started, sweep_rows)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    bench_layers(results, args.warmup_ms, args.rep_ms)
+    bench_kernel(results, args.warmup_ms, args.rep_ms)
+    if not args.no_sweep:
+        bench_sweep(results, args.warmup_ms, args.rep_ms)
+    text = report(results)
     print(text)
     if args.out is not None:
         args.out.write_text(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

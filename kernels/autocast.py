@@ -33,8 +33,9 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 def autocast_aware(fn: F) -> F:
     """Wrap ``fn`` so that under autocast for the device of its first tensor argument, its fp32/fp16/bf16 tensor
-    arguments (positional and keyword) are cast to the autocast dtype and it runs with autocast off. Other
-    arguments (ints, int64 indices, bool masks, fp64 tensors, modules) pass as they are."""
+    arguments (positional and keyword) are cast to the autocast dtype, each tensor once however often it is passed,
+    and it runs with autocast off. Other arguments (ints, int64 indices, bool masks, fp64 tensors, modules) pass as
+    they are."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -43,8 +44,14 @@ def autocast_aware(fn: F) -> F:
         if dtype is None:
             return fn(*args, **kwargs)
 
+        casts: dict[int, Tensor] = {}  # one copy per tensor: q = k = v (a layer's own input) is cast once
+
         def cast(x):
-            return x.to(dtype) if isinstance(x, Tensor) and x.dtype in _CASTABLE else x
+            if not (isinstance(x, Tensor) and x.dtype in _CASTABLE):
+                return x
+            if id(x) not in casts:
+                casts[id(x)] = x.to(dtype, memory_format=torch.contiguous_format)  # token-major rows
+            return casts[id(x)]
 
         with torch.autocast(first.device.type, enabled=False):
             return fn(*map(cast, args), **{name: cast(x) for name, x in kwargs.items()})

@@ -203,8 +203,10 @@ class ConvNN2d(Recordable):
         rule = selection_rule(effective_selection(self.selection, self.blend_alpha))  # blend's ends: window, all
         if rule.fused:  # selection and aggregation in one call: the fused kernel on CUDA
             candidates = self._sampler(x, N, self.training)
-            result = knn_aggregate(
-                to_tokens(q_map), to_tokens(k_map), to_tokens(x), self.weight, self.bias,
+            tokens = to_tokens(x)
+            q_tokens, k_tokens = (tokens, tokens) if q_map is x else (to_tokens(q_map), to_tokens(k_map))
+            result = knn_aggregate(  # the same tensor for q, k and v when they are: cast once under autocast
+                q_tokens, k_tokens, tokens, self.weight, self.bias,
                 num_neighbors=self.num_neighbors, similarity=self.similarity, weighting=self.weighting,
                 temperature=self.temperature, groups=self.groups, candidates=candidates, self_first=True,
                 backend=self.backend)
