@@ -16,8 +16,6 @@ caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import functools
 import os
 import tempfile
@@ -464,19 +462,8 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
                        max_threads=MAX_THREADS)
 
 
-def limit_malloc_arenas() -> None:
-    """Cap glibc's malloc arenas at MALLOC_ARENAS for this process, as ``MALLOC_ARENA_MAX`` would (unless it is set).
-
-    Every thread that allocates gets an arena of its own, and memory freed in one is rarely given back: under many
-    clients the server's RSS kept growing with no cache growing (bench/robustness.py). Elsewhere than glibc, nothing.
-    """
-    if "MALLOC_ARENA_MAX" not in os.environ:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # -8: M_ARENA_MAX in glibc's malloc.h
-
-
 def main() -> None:
-    limit_malloc_arenas()
+    an.limit_malloc_arenas(MALLOC_ARENAS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT
     parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")

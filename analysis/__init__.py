@@ -5,7 +5,7 @@ Three roles, one subpackage each, imported in this order (each only imports thos
 * :mod:`analysis.session` — what a visit holds: the models (``models``) and images (``images``) it opened, one
   recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
   (``selections``), the caches under one byte budget (``caching``), the files users bring and take away
-  (``workspace``) and the checks of what they type (``inputs``);
+  (``workspace``), the checks of what they type (``inputs``) and the process's C heap (``memory``);
 * :mod:`analysis.views` — one module per view, none importing another: ``neighbors``, ``weights`` (the
   aggregation kernel and the λ mix), ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``,
   ``attribution``, ``pixels`` (the input-level view);
@@ -39,6 +39,7 @@ from .session.inputs import (
     user_error_message,
     whole_number,
 )
+from .session.memory import limit_malloc_arenas, trim_heap
 from .session.models import (
     UPLOAD_PREFIX,
     LoadedModel,
@@ -121,6 +122,7 @@ __all__ = [
     "is_out_of_memory",
     "jaccard",
     "layer_label",
+    "limit_malloc_arenas",
     "list_checkpoints",
     "load_image",
     "load_model",
@@ -146,6 +148,7 @@ __all__ = [
     "store_upload",
     "top_classes",
     "trace_image",
+    "trim_heap",
     "user_error_message",
     "whole_number",
 ]

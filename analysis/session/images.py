@@ -8,6 +8,12 @@ resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then en
 (:func:`_accept`): 16-bit and float values reduced to 8 bits, transparency composited onto white, RGB, and a note
 saying what was done (which the app shows).
 
+Memory: a file whose decode is larger than :data:`LARGE_DECODE_PIXELS` (after JPEG draft mode: PNG, TIFF, WebP…
+near the pixel limit take up to 1.3 GB while they are read) is decoded one at a time in the process, with at most
+one more waiting for it (a third is refused with a message), and the heap is trimmed after each
+(:func:`analysis.session.memory.trim_heap`); smaller decodes run freely. A decode that still runs out of memory is
+refused with a message about the image.
+
 Positions are ``(row, col)``, with a ``_px`` suffix for image pixels. The images the app shows are the
 model input (e.g. 32×32) upscaled by an integer factor, so a click at display pixel ``(row, col)`` is model-input
 pixel ``(row // factor, col // factor)`` exactly (:func:`display_to_input_px`).
@@ -15,9 +21,12 @@ pixel ``(row // factor, col // factor)`` exactly (:func:`display_to_input_px`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +38,12 @@ from torch import Tensor
 from convnn import ModelCard
 from convnn.data import preprocess_image, resize_image
 
+from .memory import trim_heap
+
 pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
 
 __all__ = [
+    "LARGE_DECODE_PIXELS",
     "MAX_IMAGE_PIXELS",
     "WORKING_SIDE_PX",
     "InputImage",
@@ -46,8 +58,14 @@ __all__ = [
     "upscale_nearest",
 ]
 
-MAX_IMAGE_PIXELS = 2 * Image.MAX_IMAGE_PIXELS  # width × height above which Pillow raises DecompressionBombError
-#                                                (2 × its default 89,478,485 px ≈ 179 MP): larger images are refused
+_PILLOW_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # Pillow's default Image.MAX_IMAGE_PIXELS (89,478,485)
+MAX_IMAGE_PIXELS = 2 * _PILLOW_MAX_IMAGE_PIXELS  # width × height above which Pillow raises DecompressionBombError by
+#                                                  default (≈ 179 MP): larger images are refused, whatever another
+#                                                  library has set Image.MAX_IMAGE_PIXELS to (None lifts it)
+LARGE_DECODE_PIXELS = 4096 * 4096  # decodes of more pixels (16.8 MP, ≤ 64 MB as 8-bit RGBA) run one at a time
+_LARGE_DECODES_WAITING = 1  # large decodes that may wait for the one running; one more is refused
+_LARGE_DECODE_TURNS = threading.BoundedSemaphore(1 + _LARGE_DECODES_WAITING)  # the one running and those waiting
+_LARGE_DECODE = threading.Lock()  # held by the large decode running
 WORKING_SIDE_PX = 1024  # images are downscaled to at most this side on arrival (the models see 32 px anyway)
 DISPLAY_SIDE_PX = 256  # images are shown upscaled to about this side
 MAX_ASPECT_RATIO = 2.0  # longer side / shorter side beyond which the note says the model sees a squashed image
@@ -253,29 +271,70 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
     return InputImage(pixels, digest, "; ".join(filter(None, [*notes, depth_note, alpha_note])))
 
 
+@contextlib.contextmanager
+def _decoding(image: Image.Image, name: str) -> Iterator[None]:
+    """The block that decodes ``image`` (opened, its draft scale chosen) and reduces it: a large decode (more than
+    :data:`LARGE_DECODE_PIXELS`) waits for the one before it; at the end of the block it closes ``image`` (its
+    full-size pixels freed) and trims the heap. A smaller decode is not held up.
+
+    Raises:
+        ValueError: a large decode while one runs and :data:`_LARGE_DECODES_WAITING` wait; the message names the
+            file (``name``) and its size.
+    """
+    width, height = image.size
+    if width * height <= LARGE_DECODE_PIXELS:
+        yield
+        return
+    if not _LARGE_DECODE_TURNS.acquire(blocking=False):
+        raise ValueError(f"{name} is a large image to decode ({width}×{height} px): the server decodes one image of "
+                         f"more than {LARGE_DECODE_PIXELS / 1e6:.1f} MP at a time and one more is waiting already: try "
+                         "again in a few seconds, or downscale it first")
+    try:
+        with _LARGE_DECODE:
+            try:
+                yield
+            finally:
+                image.close()
+                trim_heap()
+    finally:
+        _LARGE_DECODE_TURNS.release()
+
+
 def _accept_file(image: Image.Image, name: str) -> InputImage:
     """An opened, not yet decoded image file called ``name`` → :class:`InputImage`: its first frame, reduced on
-    arrival, turned upright by its EXIF orientation."""
+    arrival, turned upright by its EXIF orientation; decoded within :func:`_decoding`.
+
+    Raises:
+        ValueError: the file is corrupt or truncated, or there is not enough memory to decode it (the message says
+            so and asks for a smaller image), or :func:`_decoding` refuses it.
+    """
     width, height = image.size
     _check_pixels(width, height, name)  # Pillow checked too, unless another library lifted its limit
-    notes = []
-    frames = getattr(image, "n_frames", 1)
-    if frames > 1 and image.format not in _SIDE_IMAGE_FORMATS:
-        notes.append(f"the file holds {frames} frames or pages: only frame {image.tell() + 1}, the one shown first, "
-                     "is used")
-    turned = image.getexif().get(ExifTags.Base.Orientation) in _ORIENTATIONS_TURNING_90
     factor = _reduction_factor(width, height)
     if factor > 1:
         # JPEG: decode at 1/2, 1/4 or 1/8 scale (at most 1/factor); HEIF: decode an embedded thumbnail instead if
         # one is at least that large; other formats: no effect
         image.draft(None, (-(-width // factor), -(-height // factor)))
+    notes = []
     try:
-        image.load()  # decodes (at the reduced scale)
-    except ValueError as err:  # how pillow_heif reports a corrupt or truncated HEIF (Pillow raises OSError)
-        raise _unreadable(name, err) from err
-    ImageOps.exif_transpose(image, in_place=True)  # HEIF: libheif has applied its rotation already and pillow_heif
-    #                                                reset the EXIF tag, so nothing is turned twice
-    return _accept(image, (height, width) if turned else (width, height), notes)
+        with _decoding(image, name):
+            frames = getattr(image, "n_frames", 1)  # GIF: counting the frames reads them
+            if frames > 1 and image.format not in _SIDE_IMAGE_FORMATS:
+                notes.append(f"the file holds {frames} frames or pages: only frame {image.tell() + 1}, the one shown "
+                             "first, is used")
+            # PNG: the EXIF chunk may follow the pixels, so reading it decodes the image
+            turned = image.getexif().get(ExifTags.Base.Orientation) in _ORIENTATIONS_TURNING_90
+            try:
+                image.load()  # decodes (at the reduced scale)
+            except ValueError as err:  # how pillow_heif reports a corrupt or truncated HEIF (Pillow raises OSError)
+                raise _unreadable(name, err) from err
+            ImageOps.exif_transpose(image, in_place=True)  # HEIF: libheif has applied its rotation already and
+            #                                                pillow_heif reset the EXIF tag, so nothing turns twice
+            return _accept(image, (height, width) if turned else (width, height), notes)
+    except MemoryError as err:
+        raise ValueError(f"{name} is {width}×{height} px: too large to decode in the memory the server has free, so "
+                         "it was not read: downscale it (a few thousand px a side is plenty: the models see 32 px) "
+                         "and upload it again") from err
 
 
 def _unreadable(name: str, err: Exception) -> ValueError:

@@ -5,15 +5,20 @@ The large images are made on the fly: flat colours encode and decode in well und
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
+import threading
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pillow_heif
 import pytest
 from PIL import Image, ImageFile
 
-from analysis import image_from_array, load_image
+from analysis import OUT_OF_MEMORY_MESSAGE, image_from_array, load_image, user_error_message
+from analysis.session import images
 from analysis.session.images import MAX_IMAGE_PIXELS
 from tests.image_files import png_claiming_size
 
@@ -186,3 +191,102 @@ def test_a_truncated_heic_is_a_clear_error_naming_the_file(tmp_path):
     (tmp_path / "cut.heic").write_bytes(buffer.getvalue()[:-10])  # the image data comes last
     with pytest.raises(ValueError, match=r"^cut\.heic could not be read as an image \(truncated or corrupt file\?\)"):
         load_image(tmp_path / "cut.heic")
+
+
+def test_the_pixel_limit_is_the_same_whatever_pillows_setting_at_import(monkeypatch):
+    """The limit was 2 × Image.MAX_IMAGE_PIXELS at import: after a library that lifts Pillow's limit (None), importing
+    the module raised a TypeError (2 * None)."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    spec = importlib.util.spec_from_file_location("analysis.session._images_again", images.__file__)
+    again = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, again)  # for its dataclasses; gone after the test
+    spec.loader.exec_module(again)  # a fresh copy of the module, imported with the limit lifted
+    assert again.MAX_IMAGE_PIXELS == MAX_IMAGE_PIXELS == 178_956_970
+
+
+class _ContendedLock:
+    """A lock that says when a thread has to wait for it."""
+
+    def __init__(self) -> None:
+        self._lock, self.contended = threading.Lock(), threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def test_large_decodes_run_one_at_a_time_and_give_their_memory_back(tmp_path, monkeypatch):
+    """Six 179 MP PNGs decoded at once took the server from 1.8 to 9.5 GB, and it stayed there. Now a decode of more
+    than LARGE_DECODE_PIXELS (here 16 px) waits for the one running, a third is refused while one waits, a small
+    image is not held up, and the heap is trimmed after each large decode."""
+    monkeypatch.setattr(images, "LARGE_DECODE_PIXELS", 16)
+    lock = _ContendedLock()
+    monkeypatch.setattr(images, "_LARGE_DECODE", lock)
+    trims = []
+    monkeypatch.setattr(images, "trim_heap", lambda: trims.append(len(decoding)))
+    for name, side in (("large-1.png", 5), ("large-2.png", 5), ("large-3.png", 5), ("small.png", 4)):
+        Image.new("RGB", (side, side), RED).save(tmp_path / name)
+    decoding, started = [], []  # files being decoded now; every decode, in the order they start
+    first_inside, release_first = threading.Event(), threading.Event()
+    load = ImageFile.ImageFile.load
+
+    def recording_load(image):
+        if not image.tile:  # decoded already
+            return load(image)
+        name = Path(image.filename).name
+        started.append(name)
+        decoding.append(name)
+        try:
+            if name == "large-1.png":
+                first_inside.set()
+                assert release_first.wait(30)
+            return load(image)
+        finally:
+            decoding.remove(name)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", recording_load)
+    loaded = {}
+    threads = [threading.Thread(target=lambda n=n: loaded.update({n: load_image(tmp_path / n)}))
+               for n in ("large-1.png", "large-2.png")]
+    threads[0].start()
+    assert first_inside.wait(30)
+    threads[1].start()
+    try:
+        assert lock.contended.wait(30)  # large-2 waits for its turn
+        assert load_image(tmp_path / "small.png").pixels.shape == (4, 4, 3)  # decoded meanwhile
+        with pytest.raises(ValueError, match=r"^large-3\.png is a large image to decode \(5×5 px\): the server "
+                                             r"decodes one image of more than 0\.0 MP at a time and one more is "
+                                             r"waiting already: try again in a few seconds, or downscale it first$"):
+            load_image(tmp_path / "large-3.png")
+        assert started == ["large-1.png", "small.png"]
+    finally:
+        release_first.set()
+        for thread in threads:
+            thread.join(30)
+    assert started == ["large-1.png", "small.png", "large-2.png"] and set(loaded) == {"large-1.png", "large-2.png"}
+    assert trims == [0, 0]  # once after each large decode, with nothing being decoded; none for the small one
+
+
+def test_an_image_too_large_to_decode_in_memory_gets_a_message_about_the_image(tmp_path, monkeypatch):
+    """A valid 178,956,970×1 PNG made Pillow raise MemoryError while decoding, and the page said to choose a smaller
+    K, window R or r."""
+    Image.new("RGB", (6, 2), RED).save(tmp_path / "long.png")
+    load = ImageFile.ImageFile.load
+
+    def out_of_memory(image):
+        if image.tile:
+            raise MemoryError
+        return load(image)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", out_of_memory)
+    with pytest.raises(ValueError) as refused:
+        load_image(tmp_path / "long.png")
+    message = user_error_message(refused.value)  # what the page shows
+    assert message == ("long.png is 6×2 px: too large to decode in the memory the server has free, so it was not "
+                       "read: downscale it (a few thousand px a side is plenty: the models see 32 px) and upload it "
+                       "again")
+    assert message != OUT_OF_MEMORY_MESSAGE
