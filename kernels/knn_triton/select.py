@@ -11,11 +11,12 @@ A score tile is merged in one of two ways (:func:`merge_tile`):
 - while some row holds fewer than K keys (the first tile): the tile is packed, its top K_PAD taken with ``tl.topk``
   and merged with the sorted accumulator (``max`` of an ascending and a descending list is the top half of their
   union, as a bitonic sequence);
-- afterwards, candidates enter one row maximum at a time: while some row's tile maximum beats its threshold (and at
-  most K times, since a tile's K best are all it can contribute), that maximum replaces the row's smallest live key
-  and is removed from the tile. Tiles where no row's maximum beats its threshold cost one row-max reduction: about as
-  much as flash attention's running max. Keys are visited in increasing column order, so a score equal to the
-  threshold has a larger column and cannot enter: the strict test is exact.
+- afterwards, candidates enter one row maximum at a time: as many times as the most entries a row has (at most K,
+  since a tile's K best are all it can contribute), each row's tile maximum, if it beats the row's threshold,
+  replaces the row's smallest live key and is removed from the tile. Tiles where no row's maximum beats its
+  threshold cost one row-max reduction: about as much as flash attention's running max. Keys are visited in
+  increasing column order, so a score equal to the threshold has a larger column and cannot enter: the strict test
+  is exact.
 """
 
 from __future__ import annotations
@@ -102,16 +103,14 @@ def merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD: tl.constexpr, B
         acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(keys, K_PAD)))
         acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
     elif tl.max((tl.max(s, axis=1) > thr).to(tl.int32), axis=0) > 0:
-        best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-        enter = best > thr
-        entered = 0
-        while (tl.max(enter.to(tl.int32), axis=0) > 0) & (entered < num_neighbors):
-            smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)  # live keys are distinct
-            new = pack(best, start + at)
-            acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]), new[:, None], acc)
-            s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
-            thr, full = threshold(acc, live)
+        # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
+        entries = tl.minimum(tl.max(tl.sum((s > thr[:, None]).to(tl.int32), axis=1), axis=0), num_neighbors)
+        for _ in range(entries):
             best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
             enter = best > thr
-            entered += 1
+            smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)  # live keys are distinct
+            acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]), pack(best, start + at)[:, None],
+                           acc)
+            s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
+            thr, full = threshold(acc, live)
     return acc
