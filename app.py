@@ -9,8 +9,9 @@ number and figure comes from :mod:`analysis`, and every user action has an ``api
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time, a
 request body of at most MAX_REQUEST_MB, uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB
-(deleted FILE_MAX_AGE_S after their last use, as Gradio's own cache of uploads and downloads is), and the analysis
-caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to MAX_SESSIONS sessions.
+together with Gradio's own cache of uploads and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their
+last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to
+MAX_SESSIONS sessions.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import gradio as gr
 import torch
+from gradio.route_utils import API_PREFIX
+from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
 import analysis as an
@@ -31,12 +34,14 @@ from analysis.rendering import figures
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
 EXAMPLES_DIR = REPO / "examples"
-WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # uploads and exports, one folder per session
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
+#                                                             one folder per session) and gradio/ (Gradio's cache)
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
 MAX_UPLOAD_MB = 50  # larger uploaded files are refused by the server before they are stored
 MAX_REQUEST_MB = 60  # one request's body: a checkpoint's weights (≤ MAX_UPLOAD_MB) and its card, with room to spare
-MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports together (≈ 40 checkpoints of the largest size)
+MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
+#                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
 FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
 MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; the next one is refused ("Queue is full")
@@ -60,9 +65,15 @@ GUIDE = [
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
 
 
+# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
+# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
+os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
+
+
 def default_workspace() -> an.Workspace:
-    """The work dir's uploads and exports: WORK_DIR, at most MAX_WORK_DIR_MB, FILE_MAX_AGE_S after their last use."""
-    return an.Workspace(WORK_DIR, MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S)
+    """The work dir's uploads and exports, in WORK_DIR/sessions: at most MAX_WORK_DIR_MB together with Gradio's cache
+    (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use."""
+    return an.Workspace(WORK_DIR / "sessions", MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S, counted=[get_upload_folder()])
 
 
 def user_errors(fn):
@@ -451,10 +462,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
-    page through Gradio's cache); files up to MAX_UPLOAD_MB, request bodies up to MAX_REQUEST_MB; ``workspace``
-    (default: the one on WORK_DIR) is swept every FILE_SWEEP_S while the server runs."""
+    page through Gradio's cache); files up to MAX_UPLOAD_MB, request bodies up to MAX_REQUEST_MB, uploads within
+    ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S while the server
+    runs."""
     workspace = workspace or default_workspace()
-    app_kwargs = {"middleware": [Middleware(an.RequestSizeLimit, max_bytes=MAX_REQUEST_MB * 2**20)],
+    size_limit = Middleware(an.RequestSizeLimit, max_bytes=MAX_REQUEST_MB * 2**20, workspace=workspace,
+                            upload_paths=[f"{API_PREFIX}/upload"])
+    app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(FILE_SWEEP_S)}
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
                        allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,

@@ -6,10 +6,13 @@ the file names are the caller's constants (plain ASCII, checked). So nothing a c
 ever names a path, and a session reaches only its own entries (:meth:`Workspace.open`). The workspace is bounded in
 bytes, checked before anything is written (:meth:`Workspace.add`), and in time: entries unused for ``max_age_s`` are
 deleted by :meth:`Workspace.sweep`, which runs before every write and, while a server runs, on a schedule
-(:meth:`Workspace.lifespan`).
+(:meth:`Workspace.lifespan`). The byte bound can cover folders that others write too (Gradio's cache of uploads
+and downloads): their files count, and a writer there holds room first (:meth:`Workspace.reserve`).
 
 :class:`RequestSizeLimit` is an ASGI middleware that refuses a request body larger than a limit from its declared
 length, before any of it is read or stored: a server's per-file upload limit does not bound a request of many files.
+On the upload routes it also holds the body's length in the workspace's byte bound while the request runs, and
+refuses the request (507) when the bound has no room for it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,31 +41,79 @@ def _mb(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.1f} MB"
 
 
+def _folder_bytes(folder: Path) -> int:
+    """Bytes held by the files under ``folder`` now (none if it does not exist; a file deleted meanwhile counts 0)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                total += path.stat().st_size
+    return total
+
+
 class Workspace:
     """Per-session folders of uploaded checkpoints and exports, bounded in bytes and in time.
 
     Args:
         root (str or Path): the folder (created on the first write).
-        max_bytes (int): most bytes the files of all entries may hold together.
+        max_bytes (int): most bytes the files of all entries, and of the ``counted`` folders, may hold together.
         max_age_s (float): an entry not written or opened for longer than this, in seconds, is deleted by
             :meth:`sweep`.
+        counted (Iterable[str or Path]): other folders whose files count against ``max_bytes`` (Gradio's cache),
+            written by others, who hold room first (:meth:`reserve`); never written or swept here, and not inside
+            ``root``. Default: none
 
     Sessions are strings (Gradio's session hash); ``None`` is the one session of callers that have none (a direct
     Python call). Thread-safe.
     """
 
-    def __init__(self, root: str | Path, max_bytes: int, max_age_s: float) -> None:
+    def __init__(self, root: str | Path, max_bytes: int, max_age_s: float, counted: Iterable[str | Path] = ()) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
-        self._lock = threading.Lock()
+        self.counted = tuple(Path(folder) for folder in counted)
+        self._lock = threading.Lock()  # held by every write, open and sweep
+        self._reserved = 0  # bytes held by reserve() for writes in progress elsewhere
+        self._reserved_lock = threading.Lock()
 
     def _session_dir(self, session: str | None) -> Path:
         return self.root / hashlib.sha256((session or "").encode()).hexdigest()[:32]
 
     def used_bytes(self) -> int:
-        """Bytes held by the files under :attr:`root` now."""
-        return sum(path.stat().st_size for path in self.root.rglob("*") if path.is_file())
+        """Bytes held by the files under :attr:`root` and the ``counted`` folders now."""
+        return sum(_folder_bytes(folder) for folder in (self.root, *self.counted))
+
+    def _make_room(self, size: int) -> None:
+        """Sweep, then check that ``size`` more bytes fit beside what is held and reserved (call with the lock)."""
+        self._sweep(time.time())
+        used = self.used_bytes() + self._reserved
+        if used + size > self.max_bytes:
+            raise ValueError(f"the server keeps at most {_mb(self.max_bytes)} of uploads and exports and holds "
+                             f"{_mb(used)} now, too much for {_mb(size)} more: try again later (files are deleted "
+                             f"{self.max_age_s / 60:.0f} min after their last use)")
+
+    def reserve(self, size: int) -> Callable[[], None]:
+        """Hold ``size`` bytes of the bound for files another writer is about to put in a ``counted`` folder (an
+        upload Gradio is receiving), after sweeping expired entries, so that writers at the same time cannot
+        together pass the bound. While the files are written they count twice (held and on disk): the bound errs on
+        the safe side.
+
+        Returns:
+            Callable[[], None]: lets go of the room once the writer is done (its files, if any, count from then);
+            call it once.
+
+        Raises:
+            ValueError: no room for ``size`` bytes (the message of :meth:`add`).
+        """
+        with self._lock:
+            self._make_room(size)
+            with self._reserved_lock:
+                self._reserved += size
+
+        def release() -> None:
+            with self._reserved_lock:
+                self._reserved -= size
+        return release
 
     def add(self, session: str | None, kind: str, files: Mapping[str, bytes | str | os.PathLike]) -> Path:
         """Store ``files`` as a new entry of ``session``, after sweeping expired entries.
@@ -77,20 +128,16 @@ class Workspace:
             Path: the entry's folder, holding exactly ``files``.
 
         Raises:
-            ValueError: the files would take the workspace past ``max_bytes`` (nothing is written; the message gives
-                the limit and what is held), or a name that is not a plain file name (a bug in the caller).
+            ValueError: the files would take the workspace (its entries, the ``counted`` folders and the room
+                reserved) past ``max_bytes`` (nothing is written; the message gives the limit and what is held), or a
+                name that is not a plain file name (a bug in the caller).
         """
         for name in files:
             if not _FILE_NAME.fullmatch(name):
                 raise ValueError(f"not a plain file name: {name!r}")
         size = sum(len(data) if isinstance(data, bytes) else os.stat(data).st_size for data in files.values())
         with self._lock:
-            self._sweep(time.time())
-            used = self.used_bytes()
-            if used + size > self.max_bytes:
-                raise ValueError(f"the server keeps at most {_mb(self.max_bytes)} of uploads and exports and holds "
-                                 f"{_mb(used)} now, too much for {_mb(size)} more: try again later (files are deleted "
-                                 f"{self.max_age_s / 60:.0f} min after their last use)")
+            self._make_room(size)
             entry = self._session_dir(session) / kind / secrets.token_hex(16)
             entry.mkdir(parents=True)
             try:
@@ -177,16 +224,27 @@ class RequestSizeLimit:
     """ASGI middleware: a request whose body is larger than ``max_bytes`` is answered 413 from its declared
     ``Content-Length``, and one with a body of undeclared length (chunked) 411, before any of the body is read.
 
+    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound
+    (:meth:`Workspace.reserve`) until it is answered, and is answered 507 with the workspace's message when the
+    bound has no room for it: uploads beyond the bound are refused before they are stored.
+
     Args:
         app: the ASGI application it wraps.
         max_bytes (int): the largest body a request may carry, in bytes.
+        workspace (Workspace, optional): whose byte bound the uploads count against. Default: None (no check)
+        upload_paths (Iterable[str]): the request paths that store their body (Gradio's ``/gradio_api/upload``).
+            Default: none
     """
 
-    def __init__(self, app: Callable, max_bytes: int) -> None:
+    def __init__(self, app: Callable, max_bytes: int, workspace: Workspace | None = None,
+                 upload_paths: Iterable[str] = ()) -> None:
         self.app = app
         self.max_bytes = int(max_bytes)
+        self.workspace = workspace
+        self.upload_paths = frozenset(upload_paths)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        release = None
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             length = headers.get(b"content-length")
@@ -196,10 +254,19 @@ class RequestSizeLimit:
             elif length is not None and (not length.isdigit() or int(length) > self.max_bytes):
                 refusal = 413, (f"one request may carry at most {self.max_bytes / 2**20:g} MB ({self.max_bytes} "
                                 f"bytes); this one declares {length.decode(errors='replace')} bytes")
+            elif length is not None and self.workspace is not None and scope["path"] in self.upload_paths:
+                try:
+                    release = await asyncio.to_thread(self.workspace.reserve, int(length))
+                except ValueError as err:
+                    refusal = 507, str(err)
             if refusal is not None:
                 status, text = refusal
                 await send({"type": "http.response.start", "status": status,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
                 await send({"type": "http.response.body", "body": text.encode()})
                 return
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if release is not None:
+                release()

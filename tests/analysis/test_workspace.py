@@ -68,8 +68,34 @@ def test_the_lifespan_sweeps_as_the_server_starts(tmp_path):
     assert asyncio.run(start_and_stop()) is False
 
 
-def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes]) -> list[dict]:
-    """What ``middleware`` sends for a POST with ``headers`` (the app behind it answers 200 and reads nothing)."""
+def test_counted_folders_and_room_held_for_other_writers_share_the_byte_bound(tmp_path):
+    """Gradio's upload cache had no byte limit (40 posts of 2 × 30 MB filled 2.5 GB in 12 s): the work dir's bound
+    covered only the app's own files. Files of a counted folder count against it, and so does room held for a write
+    in progress there, until it is let go."""
+    cache = tmp_path / "gradio"
+    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60, counted=[cache])
+    (cache / "0f").mkdir(parents=True)
+    (cache / "0f" / "upload.png").write_bytes(b"x" * 600)
+    assert workspace.used_bytes() == 600
+    with pytest.raises(ValueError, match="the server keeps at most"):
+        workspace.add("alice", EXPORTS, {"a.json": b"x" * 401})
+    release = workspace.reserve(300)
+    with pytest.raises(ValueError, match="the server keeps at most"):  # 600 held + 300 reserved + 101
+        workspace.reserve(101)
+    with pytest.raises(ValueError, match="the server keeps at most"):
+        workspace.add("alice", EXPORTS, {"a.json": b"x" * 101})
+    workspace.add("alice", EXPORTS, {"a.json": b"x" * 100})
+    release()
+    workspace.reserve(300)()  # room again once let go
+    assert [p.name for p in files_under(tmp_path / "work")] == ["a.json"]
+    assert files_under(cache) == [cache / "0f" / "upload.png"]  # the counted folder is never written or swept here
+    assert workspace.sweep(now=time.time() + 61) == 1 and files_under(cache) == [cache / "0f" / "upload.png"]
+
+
+def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload"
+            ) -> list[dict]:
+    """What ``middleware`` sends for a POST to ``path`` with ``headers`` (the app behind it answers 200 and reads
+    nothing)."""
     sent = []
 
     async def app(scope, receive, send):
@@ -82,7 +108,7 @@ def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes]) -> list[d
         sent.append(message)
 
     middleware.app = app
-    scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload", "headers": list(headers.items())}
+    scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items())}
     asyncio.run(middleware(scope, receive, send))
     return sent
 
@@ -96,3 +122,14 @@ def test_a_request_body_over_the_limit_is_refused_from_its_declared_length():
     assert respond(limit, {b"transfer-encoding": b"chunked"})[0]["status"] == 411  # no length: none to check
     assert respond(limit, {b"content-length": b"-5"})[0]["status"] == 413
     assert respond(limit, {})[0]["status"] == 200  # no body (a GET)
+
+
+def test_an_upload_past_the_workspace_bound_is_refused_before_it_is_read(tmp_path):
+    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60)
+    limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
+    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200
+    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200  # its room was let go once answered
+    refused = respond(limit, {b"content-length": b"1001"})
+    assert refused[0]["status"] == 507
+    assert refused[1]["body"].decode().startswith("the server keeps at most 0.0 MB of uploads and exports and holds")
+    assert respond(limit, {b"content-length": b"1001"}, path="/gradio_api/queue/join")[0]["status"] == 200

@@ -46,8 +46,9 @@ def copy_checkpoint(source_dir: Path, stem: str, target_dir: Path, new_stem: str
 
 @pytest.fixture
 def work_dir(tmp_path, monkeypatch) -> Path:
-    """A fresh app work dir for the explorers this test makes."""
+    """A fresh app work dir for the explorers and servers this test makes, Gradio's cache in it (as app.py puts it)."""
     monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "work" / "gradio"))
     return tmp_path / "work"
 
 
@@ -124,11 +125,11 @@ def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_re
 
 
 @contextlib.contextmanager
-def served(demo: gr.Blocks):
+def served(demo: gr.Blocks, workspace: an.Workspace | None = None):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True)
+    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=workspace)
     try:
         yield url
     finally:
@@ -178,8 +179,27 @@ def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     files = [("files", (f"part{i}-{os.getpid()}.safetensors", part)) for i in range(3)]
     response = httpx.post(f"{app_url}gradio_api/upload", files=files)
     assert response.status_code == 413 and f"{app.MAX_REQUEST_MB} MB" in response.text
-    # Refused before any of it was stored (the upload folder is shared with other Gradio apps: look for these files).
+    # Refused before any of it was stored (look for these files: the folder holds other tests' uploads).
     assert not list(Path(get_upload_folder()).rglob(f"part*-{os.getpid()}.safetensors"))
+
+
+def test_gradios_upload_cache_is_in_the_work_dirs_budget(checkpoint_dir, work_dir, monkeypatch):
+    """Gradio's upload cache had no byte limit: 40 posts of 2 × 30 MB filled 2.5 GB in 12 s, deleted only an hour
+    later. It is inside the work dir now, and an upload that would take the two past MAX_WORK_DIR_MB is refused."""
+    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1, raising=False)
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    part = b"\0" * 950_000
+    with served(app.build_demo(explorer), explorer.workspace) as url:
+        stored = httpx.post(f"{url}gradio_api/upload", files={"files": ("first.safetensors", part)})
+        assert stored.status_code == 200 and Path(stored.json()[0]).is_relative_to(work_dir / "gradio")
+        refused = httpx.post(f"{url}gradio_api/upload", files={"files": ("second.safetensors", part)})
+        assert refused.status_code == 507
+        assert refused.text.startswith("the server keeps at most 1.0 MB of uploads and exports and holds ")
+        assert server_paths_in(refused.text) == []
+        assert [p.name for p in files_under(work_dir) if p.suffix == ".safetensors"] == ["first.safetensors"]
+        with pytest.raises(gr.Error, match=r"the server keeps at most 1\.0 MB"):  # the app's own files: the same bound
+            explorer.on_checkpoint_upload([str(checkpoint_dir / "vit-mhsa.json"),
+                                           str(checkpoint_dir / "vit-mhsa.safetensors")], [], request=SESSION_A)
 
 
 def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, work_dir, monkeypatch):
