@@ -7,7 +7,8 @@ with a GPU the models run there and ConvNN layers use the fused Triton kernel. T
 number and figure comes from :mod:`analysis`, and every user action has an ``api_name`` for ``gradio_client``.
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
-slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time, a
+slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time and
+admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`SlowAdmission`), a
 request body of at most MAX_REQUEST_MB, uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB
 together with Gradio's own cache of uploads and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their
 last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to
@@ -48,6 +49,8 @@ MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; th
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
 SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click
+MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
+#                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
 MAX_THREADS = 6  # worker threads running handlers (Gradio's max_threads, 40 by default): more add no speed on a few
 #                   cores, only memory (each thread's allocations keep a malloc arena of their own)
 MALLOC_ARENAS = 2  # glibc malloc arenas (by default up to 8 per core, one per allocating thread, rarely returned)
@@ -87,6 +90,55 @@ def user_errors(fn):
                 raise
             raise gr.Error(message, print_exception=False) from err
     return wrapper
+
+
+class SlowAdmission:
+    """Admission to the slow group, checked by the server whatever the client: a session may have one slow run
+    waiting or running at a time (over all slow views), and at most MAX_SLOW_WAITING slow runs wait over all sessions.
+    A request past either is refused before it enters the queue, with a message (the page shows it), so slow runs
+    can neither pile up for one session nor fill the queue that clicks and predictions need.
+
+    Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
+    inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
+    before its event is queued, and reads the queue's waiting and running events.
+
+    Args:
+        demo (gr.Blocks): the app, after ``demo.queue()``.
+    """
+
+    def __init__(self, demo: gr.Blocks) -> None:
+        self.queue = demo._queue
+        self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == SLOW_GROUP}
+        self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
+        self._push = self.queue.push
+        self.queue.push = self.push
+
+    def refusal(self, session: str | None) -> str | None:
+        """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
+        group = self.queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
+        waiting = [event.session_hash for event in group.queue] if group else []
+        running = [event.session_hash for job in self.queue.active_jobs if job for event in job
+                   if event.concurrency_id == SLOW_GROUP]
+        if session is not None and session in (*waiting, *running, *self.joining):
+            return ("This session already has an attribution or equivalence demo waiting or running: its result "
+                    "comes first. Ask again once it is shown.")
+        if len(waiting) + len(self.joining) >= MAX_SLOW_WAITING:
+            return (f"The slow views (attribution, equivalence demo) are busy: {MAX_SLOW_WAITING} requests are "
+                    "waiting for them. Try again in a minute; everything else still answers.")
+        return None
+
+    async def push(self, body, request, username):
+        """Gradio's ``Queue.push`` for a request that is not slow or is admitted; else ``(False, message,
+        "error")``, which ``/queue/join`` answers 400 with the message."""
+        if body.fn_index not in self.slow_fns:
+            return await self._push(body=body, request=request, username=username)
+        if (message := self.refusal(body.session_hash)) is not None:
+            return False, message, "error"
+        self.joining.append(body.session_hash)
+        try:
+            return await self._push(body=body, request=request, username=username)
+        finally:
+            self.joining.remove(body.session_hash)
 
 
 class Explorer:
@@ -396,8 +448,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                        (None, *attribution)]
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
-        # predictions never wait behind them; a session has at most one of each pending (always_last), and a change
-        # of what a slow view reads cancels its pending run (the frontend asks the queue to drop it).
+        # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
+        # one per session and a few in all (SlowAdmission), and a change of what a slow view reads cancels its
+        # pending run (the frontend asks the queue to drop it).
         slow_views = {attribution[0]: [], equivalence[0]: []}  # fn → its events
 
         def listen(fn, on, *args, **kwargs):
@@ -457,6 +510,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for fn, inputs, _ in (attribution, equivalence):
             gr.on([control.change for control in inputs], None, cancels=slow_views[fn])
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
+    SlowAdmission(demo)
     return demo
 
 

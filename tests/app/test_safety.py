@@ -172,6 +172,50 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
             release.set()
 
 
+def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, monkeypatch, checkpoint_dir,
+                                                                     example_image, work_dir):
+    """Only the page's trigger_mode kept a session to one slow run: through the API one session queued 60
+    occlusions (373 s of the shared slow group), and 100 sessions filled the queue so that a new session's click got
+    "Queue is full". Now the server refuses a session's second slow request while its first waits or runs, and any
+    slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
+    monkeypatch.setattr(app, "MAX_SLOW_WAITING", 2, raising=False)
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(*args, **kwargs):
+        started.set()
+        release.wait(30)
+        return "released"
+
+    monkeypatch.setattr(an, "equivalence_summary", blocked)
+    demo = app.build_demo(explorer)
+    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
+    with served(demo) as url:
+        with open(example_image, "rb") as file:
+            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
+                     "meta": {"_type": "gradio.FileData"}}
+        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER], "attribution": ["cnn-l0.5", image, "occlusion", ""],
+                  "predict": ["cnn-l0.5", image]}
+
+        def join(api_name: str, session: str) -> httpx.Response:
+            return httpx.post(f"{url}gradio_api/queue/join", json={
+                "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
+        try:
+            assert join("equivalence", "s0").status_code == 200 and started.wait(30)  # runs
+            for api_name in ("equivalence", "attribution"):  # the session's second slow request, of either view
+                refused = join(api_name, "s0")
+                assert refused.status_code == 400 and refused.json()["detail"].startswith(
+                    "This session already has an attribution or equivalence demo waiting or running")
+            assert [join("attribution", f"s{i}").status_code for i in (1, 2)] == [200, 200]  # wait for their turn
+            assert join("attribution", "s1").status_code == 400  # s1 has one waiting
+            refused = join("attribution", "s3")
+            assert refused.status_code == 400 and refused.json()["detail"] == (
+                "The slow views (attribution, equivalence demo) are busy: 2 requests are waiting for them. Try again "
+                "in a minute; everything else still answers.")
+            assert join("predict", "s3").status_code == 200  # a prediction is queued
+        finally:
+            release.set()
+
+
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
