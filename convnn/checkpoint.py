@@ -66,28 +66,53 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _aliases(data: bytes, state: dict[str, torch.Tensor], source: str) -> dict[str, str]:
-    """The tied names a weights file leaves out (alias → stored name), from its safetensors metadata.
+def _aliases(data: bytes, source: str) -> dict[str, str]:
+    """The tied names a weights file leaves out (alias → stored name), from its safetensors metadata, as written;
+    :func:`_check_aliases` checks them against the file and the model.
 
     The metadata is the JSON header the safetensors format puts first: an 8-byte little-endian length, then the
     header, whose ``"__metadata__"`` holds :data:`ALIASES_KEY` (written by :func:`stage_checkpoint`).
 
     Raises:
-        CheckpointError: an aliases entry that is not a JSON object of names, names a stored tensor as an alias,
-            or points to a tensor the file does not hold; the message names ``source``.
+        CheckpointError: an aliases entry that is not JSON (nested too deeply for the parser included) or not a JSON
+            object of names; the message names ``source``.
     """
     header_size = int.from_bytes(data[:8], "little")
-    metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
-    if ALIASES_KEY not in metadata:
-        return {}
     try:
-        aliases = json.loads(metadata[ALIASES_KEY])
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{source}: the tied-weight aliases are not JSON ({err})") from err
-    if (not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())
-            or aliases.keys() & state.keys() or not set(aliases.values()) <= state.keys()):
-        raise CheckpointError(f"{source}: the tied-weight aliases must map names not stored to stored tensors")
+        metadata = json.loads(data[8:8 + header_size]).get("__metadata__") or {}
+        aliases = json.loads(metadata[ALIASES_KEY]) if ALIASES_KEY in metadata else {}
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{source}: the tied-weight aliases are not readable JSON ({type(err).__name__}: "
+                              f"{str(err)[:200]})") from err
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise CheckpointError(f"{source}: the tied-weight aliases must be a JSON object of tensor names")
     return aliases
+
+
+def _check_aliases(aliases: dict[str, str], state: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+                   source: str) -> None:
+    """Refuse a tie the model cannot hold: each alias must be a tensor the file leaves out, tied to one it stores
+    (not an int8 scale, not another alias), and the model must hold both with the same shape and dtype.
+
+    Args:
+        aliases (dict[str, str]): alias → stored name (:func:`_aliases`), every alias a tensor of ``own``.
+        state (dict[str, Tensor]): the stored tensors, int8 scales removed, every name a tensor of ``own``.
+        own (dict[str, Tensor]): the state dict of the model built from the card.
+        source (str): the file name, for messages.
+
+    Raises:
+        CheckpointError: the first alias (by name) that breaks a rule; the message names it, its target and why.
+    """
+    for alias, target in sorted(aliases.items()):
+        if alias in state or target not in state:
+            raise CheckpointError(f"{source}: the tied-weight alias {alias!r} → {target!r} must tie a tensor the file "
+                                  "leaves out to one it stores")
+        expected, tied = own[alias], own[target]
+        if expected.shape != tied.shape or expected.dtype != tied.dtype:
+            raise CheckpointError(
+                f"{source}: the tied-weight alias {alias!r} → {target!r} ties tensors of different shapes or dtypes: "
+                f"the model holds {tuple(expected.shape)} {str(expected.dtype).removeprefix('torch.')} and "
+                f"{tuple(tied.shape)} {str(tied.dtype).removeprefix('torch.')}")
 
 
 def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) -> nn.Module:
@@ -108,7 +133,8 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
             cannot be built, holds too many values, does not run at the card's input size, has a ConvNN layer that
             would score too many tokens there, or gives a number of logits other than the card's classes), an
             unreadable safetensors
-            file, weights that do not fit the model (missing, unexpected or mis-shaped tensors), tensors that do not
+            file, weights that do not fit the model (missing, unexpected or mis-shaped tensors), tied-weight
+            aliases that are not JSON or tie what the model cannot (:func:`_check_aliases`), tensors that do not
             match the card's ``weights_dtype`` (:func:`convnn.storage.dequantize`), or a weight that is inf or NaN
             once loaded.
     """
@@ -117,7 +143,7 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
         state = safetensors.torch.load(data)
     except SafetensorError as err:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({err})") from err
-    aliases = _aliases(data, state, weights_path.name)
+    aliases = _aliases(data, weights_path.name)
     model = create_model(card.model, **card.model_args)
     own = model.state_dict()
     scales = {name.removesuffix(INT8_SCALE_SUFFIX): state.pop(name) for name in list(state)
@@ -129,6 +155,7 @@ def _restore(data: bytes, card: ModelCard, weights_path: Path, card_path: Path) 
     if any(problems.values()):
         raise CheckpointError(f"{weights_path.name}: weights do not fit {card.model!r} built from the card: "
                               + describe_problems(problems))
+    _check_aliases(aliases, state, own, weights_path.name)
     stored_dtypes = {name: tensor.dtype for name, tensor in state.items()}
     state = dequantize(state, scales, own, card.weights_dtype, weights_path.name)
     state.update({alias: state[name] for alias, name in aliases.items()})  # tied weights: one stored tensor
@@ -323,11 +350,12 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     Raises:
         CheckpointError: a missing file, a card that is not valid JSON or lacks fields (:meth:`ModelCard.read`), a
             weights file whose sha256 differs from the card's, an unreadable safetensors file, an unknown model,
-            weights that do not fit the model (missing, unexpected or mis-shaped tensors), floating tensors or int8
-            tensors and scales that do not match each other or the card's ``weights_dtype`` or are not finite
-            (:func:`convnn.storage.dequantize`), a weight that is inf or NaN once loaded, or a model the card cannot
-            have (:func:`convnn.budget.check_model`: over the budget, not runnable at the card's input size, a ConvNN
-            layer that would score too many tokens there, or a number of logits other than the card's classes).
+            weights that do not fit the model (missing, unexpected or mis-shaped tensors, tied-weight aliases it
+            cannot hold), floating tensors or int8 tensors and scales that do not match each other or the card's
+            ``weights_dtype`` or are not finite (:func:`convnn.storage.dequantize`), a weight that is inf or NaN once
+            loaded, or a model the card cannot have (:func:`convnn.budget.check_model`: over the budget, not runnable
+            at the card's input size, a ConvNN layer that would score too many tokens there, or a number of logits
+            other than the card's classes).
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):

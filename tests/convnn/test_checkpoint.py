@@ -651,3 +651,65 @@ def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path, monkeypat
         else:
             change = (loaded(x) - model(x)).abs().max() / model(x).abs().max()
             assert change < INT8_LOGIT_TOL
+
+
+class _CountingNet(nn.Module):
+    """A linear head with an integer buffer of the bias's shape, so that a tie between the two differs in dtype only."""
+
+    def __init__(self, num_classes: int = 10, candidate_seed: int = 0) -> None:
+        super().__init__()
+        self.head = nn.Linear(3, num_classes)
+        self.register_buffer("counts", torch.zeros(num_classes, dtype=torch.int64))
+
+    def forward(self, x):
+        return self.head(x.mean((2, 3)))
+
+
+def _tie(path, aliases: str, *left_out: str) -> None:
+    """Rewrite the checkpoint ``path``: its tensors ``left_out``, ``aliases`` (JSON text) as its tied names."""
+    weights, card_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    state = {name: tensor for name, tensor in load_file(weights).items() if name not in left_out}
+    save_file(state, str(weights), metadata={checkpoint_module.ALIASES_KEY: aliases})
+    card = json.loads(card_path.read_text())
+    card_path.write_text(json.dumps(card | {"weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}))
+
+
+@pytest.mark.parametrize(("model", "aliases", "left_out", "message"), [
+    ("resnet", {"head.bias": "stem.1.weight"}, ["head.bias"],
+     r"the tied-weight alias 'head\.bias' → 'stem\.1\.weight' ties tensors of different shapes or dtypes: the model "
+     r"holds \(10,\) float32 and \(8,\) float32$"),
+    ("counting", {"counts": "head.bias"}, ["counts"],
+     r"the tied-weight alias 'counts' → 'head\.bias' ties tensors of different shapes or dtypes: the model holds "
+     r"\(10,\) int64 and \(10,\) float32$"),
+    ("counting", {"head.bias": "counts"}, ["head.bias"],
+     r"the tied-weight alias 'head\.bias' → 'counts' ties tensors of different shapes or dtypes: the model holds "
+     r"\(10,\) float32 and \(10,\) int64$"),
+    ("resnet-int8", {"head.bias": "head.weight::scale"}, ["head.bias"],
+     r"the tied-weight alias 'head\.bias' → 'head\.weight::scale' must tie a tensor the file leaves out to one it "
+     r"stores$"),
+    ("resnet", {"head.bias": "head.weight"}, [],  # head.bias is stored
+     r"the tied-weight alias 'head\.bias' → 'head\.weight' must tie a tensor the file leaves out to one it stores$"),
+    ("resnet", "[" * 100_000, ["head.bias"], r"the tied-weight aliases are not readable JSON \(RecursionError"),
+    ("resnet", "{", ["head.bias"], r"the tied-weight aliases are not readable JSON \(JSONDecodeError"),
+    ("resnet", ["head.bias"], ["head.bias"], "the tied-weight aliases must be a JSON object of tensor names"),
+], ids=["shape", "int alias of a float", "float alias of an int", "int8 scale", "stored twice", "nested", "not JSON",
+        "a list"])
+def test_tied_weight_aliases_the_model_cannot_hold_are_refused_naming_them(saved, tmp_path, monkeypatch, model,
+                                                                          aliases, left_out, message):
+    """A crafted "tied" entry — an alias of another shape (a bias of the wrong shape), an integer buffer tied to a
+    float weight or the reverse (which loaded, cast), an int8 scale, JSON nested 100,000 deep (RecursionError) —
+    failed with Gradio's generic "upstream app raised an exception" instead of a CheckpointError."""
+    from convnn.models import registry
+
+    resnet, path = saved
+    if model == "resnet-int8":
+        save_checkpoint(resnet, path, _card(), dtype=torch.int8)
+    if model == "counting":
+        monkeypatch.setitem(registry._MODELS, "counting_net", _CountingNet)
+        card = ModelCard(name="c", model="counting_net", model_args={}, classes=[str(c) for c in range(10)],
+                         input_size=8, mean=[0.5] * 3, std=[0.25] * 3)
+        path = tmp_path / "c"
+        save_checkpoint(_CountingNet(), path, card)
+    _tie(path, aliases if isinstance(aliases, str) else json.dumps(aliases), *left_out)
+    with pytest.raises(CheckpointError, match=f"^{path.name}\\.safetensors: {message}"):
+        load_checkpoint(path)
