@@ -334,7 +334,8 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
     Args:
         choice (str or None): a shipped checkpoint's stem (``"cnn-l0.5"``), or its card's path inside ``folder``
             (``"checkpoints/cnn-l0.5.json"``, absolute or relative to the working directory), or
-            :data:`UPLOAD_PREFIX` + the id :func:`store_upload` returned.
+            :data:`UPLOAD_PREFIX` + the id :func:`store_upload` returned; anything else a request sends (a number,
+            a list) names no checkpoint.
         folder (str or Path): the shipped checkpoints.
         workspace (Workspace): the uploads.
         session (str or None): the asking session; it reaches its own uploads only.
@@ -343,9 +344,12 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
         Path: the card, for :func:`load_model`.
 
     Raises:
-        ValueError: no choice; a name that is no ``*.json`` of ``folder`` (the message quotes it shortened); an
-            upload that this session does not have (never had, or deleted after its age).
+        ValueError: no choice; a choice that is not text, or a name that is no ``*.json`` of ``folder`` (the message
+            quotes it shortened); an upload that this session does not have (never had, or deleted after its age).
     """
+    unknown = ValueError(f"unknown checkpoint {reprlib.repr(choice)}: choose one from the list or upload one")
+    if choice is not None and not isinstance(choice, str):
+        raise unknown
     if not choice:
         raise ValueError("Choose a model first (or upload a .safetensors + .json checkpoint).")
     if choice.startswith(UPLOAD_PREFIX):
@@ -354,4 +358,4 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
     name = typed.name if typed.suffix == ".json" else f"{typed.name}.json"
     if name in {path.name for path in folder.glob("*.json")} and _in_folder(typed.parent, folder):
         return folder / name
-    raise ValueError(f"unknown checkpoint {reprlib.repr(choice)}: choose one from the list or upload one")
+    raise unknown

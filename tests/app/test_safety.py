@@ -347,6 +347,16 @@ def test_long_checkpoint_names_give_a_short_message_without_server_paths(explore
     assert message.startswith("unknown checkpoint") and len(message) < 300 and server_paths_in(message) == []
 
 
+@pytest.mark.parametrize(("value", "shown"), [(5, "5"), (["cnn-l0.5"], "['cnn-l0.5']"), ({"a": 1}, "{'a': 1}"),
+                                             (True, "True")])
+def test_a_checkpoint_choice_that_is_not_text_is_an_unknown_checkpoint(explorer, value, shown):
+    """/load_model with 5, ["cnn-l0.5"] or {"a": 1} (the dropdown takes custom values) raised an AttributeError: the
+    page said only "error"."""
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_model(value)
+    assert refused.value.message == f"unknown checkpoint {shown}: choose one from the list or upload one"
+
+
 def test_a_broken_file_under_the_work_dir_is_named_without_the_servers_folders(checkpoint_dir, tmp_path, work_dir):
     """A stored upload whose weights were replaced: the library's message named the full path of the stored file."""
     explorer = app.Explorer(checkpoint_dir, device="cpu")
