@@ -132,13 +132,14 @@ class SlowAdmission:
         "error")``, which ``/queue/join`` answers 400 with the message."""
         if body.fn_index not in self.slow_fns:
             return await self._push(body=body, request=request, username=username)
-        if (message := self.refusal(body.session_hash)) is not None:
+        session = body.session_hash  # push gives a request without one (a /call) its event's id
+        if (message := self.refusal(session)) is not None:
             return False, message, "error"
-        self.joining.append(body.session_hash)
+        self.joining.append(session)
         try:
             return await self._push(body=body, request=request, username=username)
         finally:
-            self.joining.remove(body.session_hash)
+            self.joining.remove(session)
 
 
 class Explorer:
