@@ -92,6 +92,45 @@ def user_errors(fn):
     return wrapper
 
 
+def checked_number(payload: object, component: gr.Number | gr.Slider) -> int | float | None:
+    """A number box's or slider's value as sent, checked before Gradio's own preprocessing: a whole number for a
+    ``precision=0`` box (refused, not rounded, if fractional), else a finite real number, within the component's
+    bounds; a number box's None stays None (an empty box).
+
+    Raises:
+        gr.Error: anything else (``NaN``, ``inf``, ``2.5`` for a whole number, ``"abc"``, ``[1]``), with the
+            component's label and the value (:func:`analysis.user_error_message`). Gradio's own check rounded
+            ``2.5`` and failed on the others with an empty error.
+    """
+    if payload is None and isinstance(component, gr.Number):
+        return None
+    check = an.whole_number if component.precision == 0 else an.real_number
+    try:
+        return check(payload, component.label, component.minimum, component.maximum)
+    except ValueError as err:
+        raise gr.Error(an.user_error_message(err), print_exception=False) from err
+
+
+class CheckedNumber(gr.Number):
+    """A ``gr.Number`` that takes only the numbers :func:`checked_number` accepts (with ``precision=0``: whole ones,
+    not rounded); the page shows it as the Gradio number box it is built from (a template: same arguments)."""
+
+    is_template = True
+
+    def preprocess(self, payload: object) -> int | float | None:
+        return checked_number(payload, self)
+
+
+class CheckedSlider(gr.Slider):
+    """A ``gr.Slider`` that takes only finite numbers in its range (:func:`checked_number`); the page shows it as the
+    Gradio slider it is built from (a template: same arguments)."""
+
+    is_template = True
+
+    def preprocess(self, payload: object) -> float:
+        return super().preprocess(checked_number(payload, self))
+
+
 class SlowAdmission:
     """Admission to the slow group, checked by the server whatever the client: a session may have one slow run
     waiting or running at a time (over all slow views), and at most MAX_SLOW_WAITING slow runs wait over all sessions.
@@ -374,19 +413,19 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 query_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
                                        elem_id="query_image")
                 with gr.Row():
-                    row_px = gr.Number(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px")
-                    col_px = gr.Number(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px")
+                    row_px = CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px")
+                    col_px = CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px")
                 neighbors_button = gr.Button("Show neighbours", elem_id="neighbors_button")
             with gr.Column(scale=3):
                 layer = gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer")
                 with gr.Row():
-                    num_neighbors = gr.Number(0, precision=0, minimum=0, label="K (0 = layer's)")
-                    window_size = gr.Number(0, precision=0, minimum=0, label="window R (0 = auto)")
-                    num_candidates = gr.Number(0, precision=0, minimum=0,
-                                               label="random r ≥ K (0 = layer's / 32; ≥ N = all)")
-                    seed = gr.Number(0, precision=0, minimum=0, label="seed (0 = the layer's)")
-                    head = gr.Number(0, precision=0, minimum=0, label="attention head", visible=False)
-                blend_alpha = gr.Slider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
+                    num_neighbors = CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)")
+                    window_size = CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)")
+                    num_candidates = CheckedNumber(0, precision=0, minimum=0,
+                                                   label="random r ≥ K (0 = layer's / 32; ≥ N = all)")
+                    seed = CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)")
+                    head = CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False)
+                blend_alpha = CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
                                         elem_id="blend_alpha")
         neighbor_plot = gr.Plot(elem_id="neighbor_plot", label="Neighbours by rule")
         stats = gr.Markdown(elem_id="stats")
@@ -416,7 +455,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 equivalence_button = gr.Button("Run on this layer's features")
                 equivalence_text = gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text")
             with gr.Tab("Multi-hop"):
-                hops = gr.Slider(1, 4, value=2, step=1, label="hops (towards the input)")
+                hops = CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)")
                 hop_note, hop_plot = gr.Markdown(), gr.Plot(label="receptive field")
             with gr.Tab("Input-level view"):
                 gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
@@ -424,10 +463,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                     pixel_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False,
                                            buttons=[], elem_id="pixel_image")
                     with gr.Column():
-                        pixel_k = gr.Slider(1, 1024, value=64, step=1, label="K")
-                        position_weight = gr.Slider(0, 4, value=0, step=0.1, label="position weight")
-                        pixel_row, pixel_col = gr.Number(0, precision=0, label="row"), gr.Number(0, precision=0,
-                                                                                                 label="col")
+                        pixel_k = CheckedSlider(1, 1024, value=64, step=1, label="K")
+                        position_weight = CheckedSlider(0, 4, value=0, step=0.1, label="position weight")
+                        pixel_row = CheckedNumber(0, precision=0, label="row")
+                        pixel_col = CheckedNumber(0, precision=0, label="col")
                 pixel_plot = gr.Plot(label="like vs near", elem_id="pixel_plot")
 
         query = [checkpoint, image_file, layer, row_px, col_px]

@@ -36,6 +36,7 @@ from .session.inputs import (
     OUT_OF_MEMORY_MESSAGE,
     click_position,
     is_out_of_memory,
+    real_number,
     user_error_message,
     whole_number,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "query_cell",
     "query_neighbors",
     "query_record",
+    "real_number",
     "receptive_field",
     "resolve_options",
     "rule_selection",

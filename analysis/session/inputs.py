@@ -1,12 +1,14 @@
 """Checking the numbers a user types or a page sends (a pixel, K, a seed, a click) before they reach arrays and RNGs,
 and wording the errors a user can cause for the page.
 
-UI number boxes and ``gradio_client`` calls deliver floats, possibly ``inf``, ``NaN`` or ``2.7``; ``int()`` on those
-raises ``OverflowError`` or silently truncates. :func:`whole_number` turns them into an ``int`` or a ``ValueError``
-that names the field; :func:`click_position` does the same for a select event's position. :func:`user_error_message`
-tells the errors a user can cause (a bad value or file, or an allocation failure from large options:
-:func:`is_out_of_memory`) from bugs, and words them for the page: every absolute path shortened to its file name,
-at most :data:`MAX_MESSAGE_CHARS`, escaped for HTML (the page renders error messages as HTML).
+UI number boxes and ``gradio_client`` calls deliver floats, possibly ``inf``, ``NaN`` or ``2.7``, and a crafted request
+anything (``"abc"``, ``[1]``); ``int()`` on those raises ``OverflowError`` or silently truncates. :func:`whole_number`
+turns them into an ``int`` or a ``ValueError`` that names the field, :func:`real_number` into a finite ``float``;
+:func:`click_position` does the same for a select event's position. :func:`user_error_message` tells the errors a
+user can cause (a bad value or file, or an allocation failure from large options: :func:`is_out_of_memory`) from
+bugs, and words them for the page: every absolute path shortened to its file name, every number of more than
+:data:`MAX_NUMBER_DIGITS` digits abbreviated, at most :data:`MAX_MESSAGE_CHARS`, escaped for HTML (the page renders
+error messages as HTML).
 """
 
 from __future__ import annotations
@@ -15,19 +17,23 @@ import html
 import math
 import numbers
 import re
+from decimal import Decimal
 
 import torch
 
 from convnn.validation import SEED_RANGE
 
-__all__ = ["MAX_MESSAGE_CHARS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position", "is_out_of_memory",
-           "user_error_message", "whole_number"]
+__all__ = ["MAX_MESSAGE_CHARS", "MAX_NUMBER_DIGITS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position",
+           "is_out_of_memory", "real_number", "user_error_message", "whole_number"]
 
 MAX_SEED = SEED_RANGE[1]  # the library's one seed range (convnn.validation): 2**63 − 1
 OUT_OF_MEMORY_MESSAGE = ("Not enough memory for this request: choose a smaller K, window R or r, another layer, or a "
                          "smaller image or model, and try again.")
 _OUT_OF_MEMORY_MARKERS = ("out of memory", "can't allocate", "cannot allocate")  # torch's CPU and CUDA allocators
 MAX_MESSAGE_CHARS = 1000  # longer messages (a 5000-character name quoted by a library) are cut
+MAX_NUMBER_DIGITS = 20  # a longer number in a message (row = 1e308 quoted in 309 digits) is shown as 1.00e+308; the
+#                         largest seed (2**63 − 1, 19 digits) is shown whole
+_LONG_NUMBER = re.compile(rf"(?<![\d.])\d{{{MAX_NUMBER_DIGITS + 1},}}")  # not the digits of a fraction
 # The folders of an absolute path (POSIX or Windows) in a message: a separator not inside a word, a URL or a relative
 # path, then each folder (it may hold spaces, not start with one) and its separator. The file name after them stays.
 _ABSOLUTE_FOLDERS = re.compile(r"(?<![\w.~:/\\-])(?:[A-Za-z]:)?[\\/](?:[^\s\\/'\"][^\\/\n'\"]*?[\\/])+")
@@ -57,6 +63,25 @@ def whole_number(value: object, name: str, minimum: int | None = None, maximum: 
         if not math.isfinite(as_float) or not as_float.is_integer():
             raise ValueError(f"{name} must be a whole number, got {value!r}")
         number = int(as_float)
+    return _within(number, name, minimum, maximum)
+
+
+def real_number(value: object, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
+    """``value`` as a ``float``, when it is a finite real number (``0.5``, ``3``, ``np.float32(0.5)``).
+
+    Args: as :func:`whole_number`.
+
+    Raises:
+        ValueError: a bool, a non-number, ``inf`` / ``NaN``, or a value outside the bounds; the message names the
+            field and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return _within(float(value), name, minimum, maximum)
+
+
+def _within(number: float, name: str, minimum: float | None, maximum: float | None) -> float:
+    """``number``, if inside the inclusive bounds (None: unbounded); else a ``ValueError`` naming ``name``."""
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         low = "−∞" if minimum is None else minimum
         high = "∞" if maximum is None else maximum
@@ -98,12 +123,13 @@ def user_error_message(err: BaseException) -> str | None:
     Returns:
         str or None: for ``ValueError`` (including :class:`convnn.CheckpointError`) and ``OSError``, ``str(err)`` with
         every absolute path shortened to its file name (``/srv/app/checkpoints/a.json`` → ``a.json``: no message
-        says where the server keeps files), cut to :data:`MAX_MESSAGE_CHARS` and HTML-escaped (``<``, ``>``, ``&``:
+        says where the server keeps files), every number of more than :data:`MAX_NUMBER_DIGITS` digits in three
+        significant ones (``1.00e+308``), cut to :data:`MAX_MESSAGE_CHARS` and HTML-escaped (``<``, ``>``, ``&``:
         card text in a message is shown, not rendered); :data:`OUT_OF_MEMORY_MESSAGE` when :func:`is_out_of_memory`;
         None otherwise.
     """
     if isinstance(err, ValueError | OSError):
-        message = _ABSOLUTE_FOLDERS.sub("", str(err))
+        message = _LONG_NUMBER.sub(lambda digits: f"{Decimal(digits[0]):.2e}", _ABSOLUTE_FOLDERS.sub("", str(err)))
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[:MAX_MESSAGE_CHARS - 1] + "…"
         return html.escape(message, quote=False)

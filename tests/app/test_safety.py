@@ -8,6 +8,8 @@ are tried against a served app, and the page's rendering of card text in a real 
 from __future__ import annotations
 
 import contextlib
+import html
+import inspect
 import json
 import os
 import shutil
@@ -391,6 +393,64 @@ def test_a_broken_shipped_checkpoint_is_named_relative_to_the_app(checkpoint_dir
 ])
 def test_the_page_gets_file_names_not_server_paths(text, shown):
     assert an.user_error_message(ValueError(text)) == shown
+
+
+def test_a_huge_number_in_a_message_is_abbreviated(explorer, checkpoint_dir, example_image):
+    """row = 1e308 came back quoted in 309 digits."""
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_neighbors(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 1e308, 3,
+                              **NO_OVERRIDES)
+    assert refused.value.message == "query pixel (row=1.00e+308, col=3) is outside the 32×32 model input"
+    seeds = f"seed must be in [0, {an.MAX_SEED}], got {2**70}"  # 19 digits shown whole, 22 shortened
+    assert an.user_error_message(ValueError(seeds)) == f"seed must be in [0, {an.MAX_SEED}], got 1.18e+21"
+    assert an.user_error_message(ValueError("0.1234567890123456789012345")) == "0.1234567890123456789012345"
+
+
+def number_inputs(demo: gr.Blocks) -> dict[str, gr.Number | gr.Slider]:
+    return {block.label: block for block in demo.blocks.values() if isinstance(block, gr.Number | gr.Slider)}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "abc", [1], {"a": 1}, True, 2.5, None])
+def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(explorer, value):
+    """NaN, inf, strings or lists for a number box through the API came back as {"error": null} (Gradio's own check
+    failed), and 2.5 was rounded to 2 before the app's checks; strings for a slider too."""
+    inputs = number_inputs(app.build_demo(explorer))
+    assert len(inputs) == 13  # 9 number boxes, 4 sliders
+    for label, component in inputs.items():
+        whole = isinstance(component, gr.Number)
+        if (value == 2.5 and not whole) or (value is None and whole):
+            continue  # a fraction is a slider's value, None an empty number box's
+        with pytest.raises(gr.Error) as refused:
+            component.preprocess(value)
+        kind = "a whole number" if whole else "a finite number"
+        assert refused.value.message == html.escape(f"{label} must be {kind}, got {value!r}", quote=False)
+    assert inputs["query row (px)"].preprocess(3.0) == 3 and inputs["query row (px)"].preprocess(None) is None
+    assert inputs["position weight"].preprocess(0.5) == 0.5
+    for label, value, message in (("query row (px)", -1, "must be in [0, ∞], got -1"),
+                                  ("hops (towards the input)", 5, "must be in [1, 4], got 5.0")):
+        with pytest.raises(gr.Error) as refused:
+            inputs[label].preprocess(value)
+        assert refused.value.message == f"{label} {message}"
+
+
+def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
+    """The page renders them as Gradio's number box and slider: the same type and properties."""
+    for component in number_inputs(app.build_demo(explorer)).values():
+        plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
+            "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id")
+            if name in inspect.signature(type(component).__mro__[1]).parameters}, render=False)
+        config, plain_config = component.get_config(), plain.get_config()
+        assert component.get_block_name() == plain.get_block_name() in ("number", "slider")
+        assert {k: v for k, v in config.items() if k != "_id"} == {k: v for k, v in plain_config.items() if k != "_id"}
+
+
+def test_a_bad_number_through_the_api_gets_a_message(app_url, checkpoint_dir):
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception, match=r"query row \(px\) must be a whole number, got 'abc'"):
+        client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
+                       CELL_LAYER, "abc", 3, 0, 0, 0, 0, 0.5, 0, api_name="/neighbors")
 
 
 # -- 7 · weights that overflow are refused at load --------------------------------------------------------------------
