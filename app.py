@@ -22,9 +22,11 @@ import functools
 import os
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import gradio as gr
 import torch
+from gradio import component_meta
 from gradio.route_utils import API_PREFIX
 from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
@@ -111,24 +113,27 @@ def checked_number(payload: object, component: gr.Number | gr.Slider) -> int | f
         raise gr.Error(an.user_error_message(err), print_exception=False) from err
 
 
-class CheckedNumber(gr.Number):
-    """A ``gr.Number`` that takes only the numbers :func:`checked_number` accepts (with ``precision=0``: whole ones,
-    not rounded); the page shows it as the Gradio number box it is built from (a template: same arguments)."""
+# Gradio writes a .pyi stub of every component class next to its source file (event signatures, for authors of
+# custom components): for these two, which add no event, it would write a copy of this file into the repository.
+with mock.patch.object(component_meta, "create_or_modify_pyi", lambda *args: None):
+    class CheckedNumber(gr.Number):
+        """A ``gr.Number`` that takes only the numbers :func:`checked_number` accepts (with ``precision=0``: whole
+        ones, not rounded); the page shows it as the Gradio number box it is built from (a template: same arguments,
+        and a session's copy made by an update is one too)."""
 
-    is_template = True
+        is_template = True
 
-    def preprocess(self, payload: object) -> int | float | None:
-        return checked_number(payload, self)
+        def preprocess(self, payload: object) -> int | float | None:
+            return checked_number(payload, self)
 
+    class CheckedSlider(gr.Slider):
+        """A ``gr.Slider`` that takes only finite numbers in its range (:func:`checked_number`); the page shows it as
+        the Gradio slider it is built from (a template: same arguments)."""
 
-class CheckedSlider(gr.Slider):
-    """A ``gr.Slider`` that takes only finite numbers in its range (:func:`checked_number`); the page shows it as the
-    Gradio slider it is built from (a template: same arguments)."""
+        is_template = True
 
-    is_template = True
-
-    def preprocess(self, payload: object) -> float:
-        return super().preprocess(checked_number(payload, self))
+        def preprocess(self, payload: object) -> float:
+            return super().preprocess(checked_number(payload, self))
 
 
 class SlowAdmission:

@@ -434,7 +434,9 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
 
 
 def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
-    """The page renders them as Gradio's number box and slider: the same type and properties."""
+    """The page renders them as Gradio's number box and slider: the same type and properties (and defining them
+    wrote no app.pyi stub, as Gradio does for component classes, into the repository)."""
+    assert not (app.REPO / "app.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
             "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id")
