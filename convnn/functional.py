@@ -16,15 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "blend_scores",
     "block_sparse_mask",
     "causal_mask",
     "coordinate_channels",
     "pad_map",
     "padded_to_cells",
-    "query_positions_in_padded",
     "sample_candidates",
-    "spatial_scores",
     "to_tokens",
     "window_indices",
     "window_size_for",
@@ -73,13 +70,6 @@ def window_size_for(num_neighbors: int) -> int:
     return 2 * math.ceil((math.sqrt(num_neighbors) - 1) / 2) + 1
 
 
-def query_positions_in_padded(height: int, width: int, pad: int, device=None) -> Tensor:
-    """(H·W,) int64 index of each unpadded token in the grid padded by ``pad``."""
-    rows = torch.arange(height, device=device).view(height, 1) + pad
-    cols = torch.arange(width, device=device).view(1, width) + pad
-    return (rows * (width + 2 * pad) + cols).reshape(-1)
-
-
 def padded_to_cells(idx: Tensor, width: int, pad: int) -> Tensor:
     """Key indices in a grid padded by ``pad`` → ``(row, col)`` cells of the unpadded map.
 
@@ -103,49 +93,6 @@ def coordinate_channels(height: int, width: int, device=None, dtype=None) -> Ten
         1, device=device, dtype=dtype)
     grid = torch.stack(torch.meshgrid(rows, cols, indexing="ij"))  # (2, H, W)
     return grid.unsqueeze(0)
-
-
-def spatial_scores(height: int, width: int, window_size: int, device=None) -> Tensor:
-    """Normalised spatial similarity of every query to every token of the padded grid (blend selection).
-
-    ``s = exp(−d∞² / (2h²))`` with ``d∞`` the Chebyshev distance in cells and ``h = max(R // 2, 1)`` the window's
-    half-width: 1 at the query, ``e^{−1/2}`` on the window's border, decaying outside. Using the Chebyshev distance
-    makes the R×R window exactly the R² highest-scoring tokens, for every odd R.
-
-    Returns:
-        Tensor: (H·W, (H + 2p)·(W + 2p)) float32 in (0, 1], p = R // 2.
-    """
-    pad = window_size // 2
-    half = max(pad, 1)
-    q_rows = torch.arange(height, device=device).view(-1, 1, 1, 1).float()
-    q_cols = torch.arange(width, device=device).view(1, -1, 1, 1).float()
-    k_rows = torch.arange(-pad, height + pad, device=device).view(1, 1, -1, 1).float()
-    k_cols = torch.arange(-pad, width + pad, device=device).view(1, 1, 1, -1).float()
-    chebyshev = torch.maximum((q_rows - k_rows).abs(), (q_cols - k_cols).abs())  # (H, W, Hp, Wp)
-    return torch.exp(-chebyshev.square() / (2 * half**2)).reshape(height * width, -1)
-
-
-def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) -> Tensor:
-    """``(1 − α)·spatial + α·feature~`` with the feature scores min–max normalised to [0, 1] per query (METHOD §3).
-
-    The normalisation spans the finite feature scores of each query; a −∞ score (a NaN one, by the rule of
-    :func:`kernels.reference.similarity_scores`) stays −∞, so it ranks last and weighs 0 for every α > 0.
-
-    Args:
-        feature_scores (Tensor): (B, H, Nq, M) feature similarities to the padded grid, as
-            :func:`kernels.reference.similarity_scores` returns them (no NaN, no +∞).
-        spatial (Tensor): (Nq, M) output of :func:`spatial_scores`.
-        blend_alpha (float): α ∈ (0, 1]; α = 0 is the window rule itself
-            (:func:`convnn.selection.effective_selection`).
-
-    Returns:
-        Tensor: (B, H, Nq, M) blended scores in [0, 1], or −∞.
-    """
-    finite = torch.isfinite(feature_scores)
-    low = torch.where(finite, feature_scores, math.inf).amin(-1, keepdim=True)
-    high = torch.where(finite, feature_scores, -math.inf).amax(-1, keepdim=True)
-    feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
-    return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
 
 
 def sample_candidates(

@@ -24,16 +24,16 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from kernels.reference import neighbor_scores, select_neighbors, select_topk, similarity_scores
-
-from .functional import (
-    blend_scores,
-    pad_map,
-    query_positions_in_padded,
-    spatial_scores,
-    to_tokens,
-    window_indices,
+from kernels.reference import (
+    BlendGrid,
+    neighbor_scores,
+    padded_tokens,
+    select_neighbors,
+    select_topk,
+    similarity_scores,
 )
+
+from .functional import window_indices
 
 __all__ = [
     "SELECTION_RULES",
@@ -113,6 +113,9 @@ class SelectionRule:
             token budgets of checkpoints and of the explorer apply to it.
         gathers (bool): with ρ = ``"none"`` every selected value counts once whatever its score, as in a
             convolution (``"window"``: its neighbours are chosen by position, not by score).
+        kernel_options (Callable, optional): for a fused rule, ``kernel_options(grid, options) -> (kwargs,
+            padding)``: the extra keyword arguments of :func:`kernels.knn_aggregate` (``"blend"``: its map) and the
+            padding of the key indices it returns. None: no extra arguments, unpadded indices.
     """
 
     name: str
@@ -123,6 +126,11 @@ class SelectionRule:
     fused: bool = False
     exhaustive: bool = False
     gathers: bool = False
+    kernel_options: Callable[[tuple[int, int], SelectionOptions], tuple[dict, int]] | None = None
+
+    def fused_call(self, grid: tuple[int, int], options: SelectionOptions) -> tuple[dict, int]:
+        """(extra :func:`kernels.knn_aggregate` arguments, padding of its indices) for this fused rule."""
+        return ({}, 0) if self.kernel_options is None else self.kernel_options(grid, options)
 
 
 SELECTION_RULES: dict[str, SelectionRule] = {}  # name → rule, in registration (display) order
@@ -176,14 +184,6 @@ def check_window_neighbors(selection: str, num_neighbors: int, window_size: int)
                          f"window_size**2 = {window_size**2}, got {num_neighbors}")
 
 
-def _padded_keys(k: Tensor, grid: tuple[int, int], pad: int) -> Tensor:
-    """Key tokens (B, h, H·W, D) of a map → the tokens of the map zero-padded by ``pad``, (B, h, M, D)."""
-    B, h, _, D = k.shape
-    maps = k.transpose(-1, -2).reshape(B * h, D, *grid)  # (B·h, D, H, W)
-    padded = to_tokens(pad_map(maps, pad))  # (B·h, 1, M, D)
-    return padded.reshape(B, h, -1, D)
-
-
 def neighbor_similarity(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str = "cosine",
                         grid: tuple[int, int] | None = None, padding: int = 0) -> Tensor:
     """The feature similarity of each query to each of its selected keys, without the (Nq, Nk) matrix.
@@ -198,7 +198,7 @@ def neighbor_similarity(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str 
     Returns:
         Tensor: (B, h, Nq, K), what :func:`kernels.reference.similarity_scores` gives for those pairs.
     """
-    keys = _padded_keys(k, grid, padding) if padding else k
+    keys = padded_tokens(k, grid, padding) if padding else k
     return neighbor_scores(q, keys, topk_idx, similarity)
 
 
@@ -211,7 +211,7 @@ def select_window(q: Tensor, k: Tensor, grid: tuple[int, int] | None, options: S
     B, h, N, _ = q.shape
     pad = options.window_size // 2
     idx = window_indices(*grid, options.window_size, options.num_neighbors, q.device).expand(B, h, N, -1)
-    return Neighbors(idx, neighbor_scores(q, _padded_keys(k, grid, pad), idx, options.similarity), pad)
+    return Neighbors(idx, neighbor_scores(q, padded_tokens(k, grid, pad), idx, options.similarity), pad)
 
 
 def select_all(q: Tensor, k: Tensor, grid: tuple[int, int] | None, options: SelectionOptions) -> Neighbors:
@@ -252,12 +252,19 @@ def select_blend(q: Tensor, k: Tensor, grid: tuple[int, int] | None, options: Se
     end = effective_selection("blend", options.blend_alpha)
     if end != "blend":
         return SELECTION_RULES[end].select(q, k, grid, options)
-    pad = options.window_size // 2
-    feature = similarity_scores(q, _padded_keys(k, grid, pad), options.similarity)  # (B, h, N, M)
-    scores = blend_scores(feature, spatial_scores(*grid, options.window_size, q.device), options.blend_alpha)
-    topk_scores, topk_idx = select_topk(scores, options.num_neighbors,
-                                        query_positions_in_padded(*grid, pad, q.device))
-    return Neighbors(topk_idx, topk_scores, pad)
+    blend = _blend_grid(grid, options)
+    topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=options.num_neighbors,
+                                             similarity=options.similarity, blend=blend)
+    return Neighbors(topk_idx, topk_scores, blend.pad)
+
+
+def _blend_grid(grid: tuple[int, int], options: SelectionOptions) -> BlendGrid:
+    return BlendGrid(*grid, options.window_size, options.blend_alpha)
+
+
+def _blend_kernel_options(grid: tuple[int, int], options: SelectionOptions) -> tuple[dict, int]:
+    blend = _blend_grid(grid, options)
+    return {"blend": blend}, blend.pad
 
 
 for _rule in (
@@ -267,7 +274,7 @@ for _rule in (
     SelectionRule("random", "random candidates", select_random, ("num_neighbors", "num_candidates", "seed"),
                   fused=True),
     SelectionRule("blend", "blend (α)", select_blend, ("num_neighbors", "window_size", "blend_alpha"),
-                  needs_grid=True, exhaustive=True),
+                  needs_grid=True, fused=True, exhaustive=True, kernel_options=_blend_kernel_options),
 ):
     register_rule(_rule)
 del _rule

@@ -25,7 +25,7 @@ def triton_runs_on(device: torch.device) -> bool:
 
 
 def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
-                        candidates, attn_mask, self_first) -> None:
+                        candidates, attn_mask, self_first, blend=None) -> None:
     """Raise ``ValueError`` for arguments of :func:`kernels.knn_aggregate` that no backend can run.
 
     Checks ranks and shapes (q, k, v, weight, bias, candidates), the option names, ``temperature > 0``, that
@@ -59,7 +59,18 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")
     num_keys = k.shape[2]
-    if (self_first or candidates is not None) and Nq != num_keys:
+    if blend is not None:
+        if candidates is not None or attn_mask is not None or not self_first:
+            raise ValueError("blend selection takes no candidates and no attn_mask, and ranks the query first "
+                             "(self_first=True)")
+        if not (Nq == num_keys == blend.height * blend.width):
+            raise ValueError(f"blend needs Nq = Nk = height·width = {blend.height * blend.width}, got Nq={Nq}, "
+                             f"Nk={num_keys}")
+        if not 0 < blend.alpha < 1 or blend.window_size < 1 or blend.window_size % 2 == 0:
+            raise ValueError(f"blend needs 0 < alpha < 1 (its ends are the window and all rules) and an odd "
+                             f"window_size, got alpha={blend.alpha}, window_size={blend.window_size}")
+        num_keys = blend.num_cells
+    if (self_first or candidates is not None) and Nq != k.shape[2]:
         raise ValueError(f"self_first and candidates need Nq == Nk, got Nq={Nq}, Nk={num_keys}")
     if candidates is not None:
         if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
@@ -83,10 +94,12 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
                              f"got {tuple(attn_mask.shape)}") from err
 
 
-def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask) -> str | None:
+def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask, weighting="none",
+                             blend=None) -> str | None:
     """Why the fused kernel does not implement a call that passed :func:`check_knn_arguments`; None if it does.
 
-    It implements cosine and scaled-dot-product similarity without a mask, K ≤ 128, a standard Conv1D on one head
+    It implements cosine and scaled-dot-product similarity without a mask, the blend rule with weighting none or
+    uniform, K ≤ 128, a standard Conv1D on one head
     or a depthwise one (``groups = C_in = C_out = H·Dv``), ``v`` in fp32, bf16 or fp16 (q and k are run in v's
     dtype; not bf16 in Triton's interpreter, whose bf16 arithmetic is wrong: outputs off by ~1e10, silently) and
     tensors of fewer than 2**31 elements. The one rule for the dispatch's backend choice and the
@@ -98,6 +111,9 @@ def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups,
         return f"similarity must be one of {FUSED_SIMILARITIES} on the Triton kernel, got {similarity!r}"
     if attn_mask is not None:
         return "attn_mask is not implemented by the Triton kernel (use backend='reference')"
+    if blend is not None and weighting == "softmax":
+        return ("blend selection with softmax weighting runs on the reference: the kernel has no gradient through "
+                "the blend's min–max normalisation")
     if groups == 1 and H != 1:
         return f"groups=1 (standard Conv1D) needs one head on the Triton kernel, got H={H}"
     if groups not in (1, c_in) or (groups > 1 and weight.shape[0] != c_in):

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .autocast import autocast_aware
 from .checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
-from .reference import KnnResult, knn_aggregate_reference
+from .reference import BlendGrid, KnnResult, knn_aggregate_reference
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
 
@@ -112,6 +112,7 @@ def knn_aggregate(
     candidates: Tensor | None = None,
     attn_mask: Tensor | None = None,
     self_first: bool = False,
+    blend: BlendGrid | None = None,
     backend: str = "auto",
 ) -> KnnResult:
     """ConvNN k-NN aggregation (METHOD §2–3), on the fused Triton kernel or the PyTorch reference.
@@ -139,6 +140,8 @@ def knn_aggregate(
             (METHOD §3). None: every key is a candidate. Default: None
         attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed (reference only).
         self_first (bool): force each query's own token to rank 0 (needs Nq = Nk). Default: False
+        blend (BlendGrid, optional): select by the ``blend`` rule over the zero-padded map (METHOD §3): needs
+            ``self_first=True``, no candidates, no mask; ``topk_idx`` counts padded cells. Default: None
         backend (str): ``"auto"``, ``"reference"`` or ``"triton"``. Default: ``"auto"``
 
     Returns:
@@ -149,10 +152,11 @@ def knn_aggregate(
         ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
     """
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
-                        candidates, attn_mask, self_first)
-    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask)
+                        candidates, attn_mask, self_first, blend)
+    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask, weighting,
+                                           blend)
     options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
-                   groups=groups, candidates=candidates, self_first=self_first)
+                   groups=groups, candidates=candidates, self_first=self_first, blend=blend)
     if resolve_backend(backend, q.device, unsupported) == "triton":
         from .knn_triton.function import aggregate_prechecked
 

@@ -42,15 +42,21 @@ from .usage import note_backend
 __all__ = [
     "SIMILARITIES",
     "WEIGHTINGS",
+    "BlendGrid",
     "KnnResult",
     "aggregate_neighbors",
+    "blend_scores",
     "canonical_scores",
     "knn_aggregate_reference",
     "neighbor_scores",
     "neighbor_weights",
+    "padded_tokens",
+    "query_positions_in_padded",
     "select_neighbors",
     "select_topk",
     "similarity_scores",
+    "spatial_profile",
+    "spatial_scores",
 ]
 
 SIMILARITIES = ("cosine", "dot", "euclidean")
@@ -70,6 +76,89 @@ class KnnResult(NamedTuple):
     out: Tensor
     topk_idx: Tensor
     topk_weights: Tensor
+
+
+class BlendGrid(NamedTuple):
+    """The map of the ``blend`` rule (METHOD §3; docs/method.md §3): the Nq = Nk = ``height·width`` tokens of one
+    map, raster order. Each query's candidates are the cells of the map zero-padded by ``pad = window_size // 2``
+    (padding cells have zero features and zero values), scored ``(1 − α)·spatial + α·feature~``
+    (:func:`blend_scores`), the query itself forced to rank 0; indices count padded cells."""
+
+    height: int
+    width: int
+    window_size: int
+    alpha: float
+
+    @property
+    def pad(self) -> int:
+        return self.window_size // 2
+
+    @property
+    def num_cells(self) -> int:
+        """M = (H + 2p)·(W + 2p), the candidates of every query."""
+        return (self.height + 2 * self.pad) * (self.width + 2 * self.pad)
+
+
+def spatial_profile(window_size: int, max_distance: int, device=None) -> Tensor:
+    """``exp(−d² / (2h²))`` for Chebyshev distances d = 0 … ``max_distance`` cells, h = max(R // 2, 1): fp32,
+    (max_distance + 1,). 1 at the query, ``e^{−1/2}`` on the R×R window's border: the window is exactly the R²
+    highest-scoring cells, for every odd R. The one table both :func:`spatial_scores` and the fused kernel read."""
+    half = max(window_size // 2, 1)
+    d = torch.arange(max_distance + 1, device=device, dtype=torch.float32)
+    return torch.exp(-d.square() / (2 * half**2))
+
+
+def spatial_scores(height: int, width: int, window_size: int, device=None) -> Tensor:
+    """Spatial similarity of every query of an H×W map to every cell of the map padded by p = R // 2.
+
+    Returns:
+        Tensor: (H·W, (H + 2p)·(W + 2p)) float32 in (0, 1]: :func:`spatial_profile` at the Chebyshev distance.
+    """
+    pad = window_size // 2
+    q_rows = torch.arange(height, device=device).view(-1, 1, 1, 1)
+    q_cols = torch.arange(width, device=device).view(1, -1, 1, 1)
+    k_rows = torch.arange(-pad, height + pad, device=device).view(1, 1, -1, 1)
+    k_cols = torch.arange(-pad, width + pad, device=device).view(1, 1, 1, -1)
+    chebyshev = torch.maximum((q_rows - k_rows).abs(), (q_cols - k_cols).abs())  # (H, W, Hp, Wp)
+    profile = spatial_profile(window_size, max(height, width) + pad, device)
+    return profile[chebyshev].reshape(height * width, -1)
+
+
+def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) -> Tensor:
+    """``(1 − α)·spatial + α·feature~`` with the feature scores min–max normalised to [0, 1] per query (METHOD §3).
+
+    The normalisation spans the finite feature scores of each query; a −∞ score (a NaN one, by the rule of
+    :func:`similarity_scores`) stays −∞, so it ranks last and weighs 0 for every α > 0.
+
+    Args:
+        feature_scores (Tensor): (B, H, Nq, M) feature similarities to the padded grid, as
+            :func:`similarity_scores` returns them (no NaN, no +∞).
+        spatial (Tensor): (Nq, M) output of :func:`spatial_scores`.
+        blend_alpha (float): α ∈ (0, 1]; α = 0 is the window rule itself (``convnn.selection.effective_selection``).
+
+    Returns:
+        Tensor: (B, H, Nq, M) blended scores in [0, 1], or −∞.
+    """
+    finite = torch.isfinite(feature_scores)
+    low = torch.where(finite, feature_scores, math.inf).amin(-1, keepdim=True)
+    high = torch.where(finite, feature_scores, -math.inf).amax(-1, keepdim=True)
+    feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
+    return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
+
+
+def query_positions_in_padded(height: int, width: int, pad: int, device=None) -> Tensor:
+    """(H·W,) int64 index of each unpadded token in the grid padded by ``pad``."""
+    rows = torch.arange(height, device=device).view(height, 1) + pad
+    cols = torch.arange(width, device=device).view(1, width) + pad
+    return (rows * (width + 2 * pad) + cols).reshape(-1)
+
+
+def padded_tokens(x: Tensor, grid: tuple[int, int], pad: int) -> Tensor:
+    """Tokens (B, h, H·W, D) of an H×W map → the tokens of the map zero-padded by ``pad``, (B, h, M, D)."""
+    B, h, _, D = x.shape
+    maps = x.transpose(-1, -2).reshape(B * h, D, *grid)  # (B·h, D, H, W)
+    padded = F.pad(maps, (pad, pad, pad, pad))
+    return padded.flatten(2).transpose(1, 2).reshape(B, h, -1, D)
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -258,6 +347,7 @@ def select_neighbors(
     candidates: Tensor | None = None,
     attn_mask: Tensor | None = None,
     self_first: bool = False,
+    blend: BlendGrid | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Score the candidates of every query and keep the top K (METHOD §2 steps 1–2, §3 candidate sets).
 
@@ -270,12 +360,20 @@ def select_neighbors(
             too, ranked first among equal scores. None: all Nk keys. Default: None
         attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed.
         self_first (bool): force each query's own token (key index = query index) to rank 0. Default: False
+        blend (BlendGrid, optional): the ``blend`` rule's map: candidates are its padded cells, scored by
+            :func:`blend_scores`, the query first (``candidates``, ``attn_mask`` and ``self_first`` unused).
+            Default: None
 
     Returns:
         tuple[Tensor, Tensor]: ``topk_scores`` (B, H, Nq, K), differentiable w.r.t. ``q`` and ``k`` where grad is
-        enabled, and ``topk_idx`` (B, H, Nq, K) int64 key indices, rank 0 first.
+        enabled, and ``topk_idx`` (B, H, Nq, K) int64 key indices (padded cells with ``blend``), rank 0 first.
     """
     Nq = q.shape[2]
+    if blend is not None:
+        grid = (blend.height, blend.width)
+        feature = similarity_scores(q, padded_tokens(k, grid, blend.pad), similarity)  # (B, H, Nq, M)
+        scores = blend_scores(feature, spatial_scores(*grid, blend.window_size, q.device), blend.alpha)
+        return select_topk(scores, num_neighbors, query_positions_in_padded(*grid, blend.pad, q.device))
     if candidates is None:
         scores = similarity_scores(q, k, similarity)  # (B, H, Nq, Nk)
         if attn_mask is not None:
@@ -303,6 +401,7 @@ def knn_aggregate_reference(
     candidates: Tensor | None = None,
     attn_mask: Tensor | None = None,
     self_first: bool = False,
+    blend: BlendGrid | None = None,
 ) -> KnnResult:
     """ConvNN aggregation, unfused (METHOD §2–3): dense scores → stable top-K → ρ → gather → Conv1D.
 
@@ -322,14 +421,19 @@ def knn_aggregate_reference(
         attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True where a pair is allowed.
         self_first (bool): force each query's own token (key index = query index; needs Nq = Nk) to rank 0.
             Default: False
+        blend (BlendGrid, optional): the ``blend`` rule (:func:`select_neighbors`); values are zero-padded like
+            the keys and ``topk_idx`` counts padded cells. Default: None
 
     Returns:
         KnnResult: ``out`` (B, C_out, Nq), ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights`` (B, H, Nq, K).
     """
     with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
         topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
-                                                 candidates=candidates, attn_mask=attn_mask, self_first=self_first)
+                                                 candidates=candidates, attn_mask=attn_mask, self_first=self_first,
+                                                 blend=blend)
         topk_weights = neighbor_weights(topk_scores, weighting, temperature)
+    if blend is not None:
+        v = padded_tokens(v, (blend.height, blend.width), blend.pad)
     # The weights are applied under every ρ: a masked or NaN-scored slot weighs 0 even for "none".
     out = aggregate_neighbors(v, topk_idx, topk_weights, weight, bias, groups)
     return KnnResult(out, topk_idx, topk_weights)

@@ -40,7 +40,8 @@ class ConvNN2d(Recordable):
     * ``"window"``: the K offsets nearest the query in its R×R window (all of it when K = R²), zero-padded, in raster
       order: a convolution. Scores are only computed when ``weighting`` needs them.
     * ``"blend"``: top K of ``(1 − α)·spatial + α·feature`` on normalised scores over the zero-padded map
-      (:func:`convnn.functional.blend_scores`), the query first. Its ends are the two operations exactly
+      (:func:`kernels.reference.blend_scores`), the query first; on CUDA in the fused kernel (weighting
+      ``"none"``/``"uniform"``). Its ends are the two operations exactly
       (:func:`convnn.functional.effective_selection`): α = 0 is ``"window"`` (raster order, needs K ≤ R²), α = 1
       is ``"all"``.
 
@@ -201,16 +202,18 @@ class ConvNN2d(Recordable):
         N = H * W
         q_map, k_map = self.query_key_features(x)
         rule = selection_rule(effective_selection(self.selection, self.blend_alpha))  # blend's ends: window, all
+        options = SelectionOptions(self.num_neighbors, self.similarity, self.window_size, self.blend_alpha)
         if rule.fused:  # selection and aggregation in one call: the fused kernel on CUDA
             candidates = self._sampler(x, N, self.training)
+            extra, padding = rule.fused_call((H, W), options)
             tokens = to_tokens(x)
             q_tokens, k_tokens = (tokens, tokens) if q_map is x else (to_tokens(q_map), to_tokens(k_map))
             result = knn_aggregate(  # the same tensor for q, k and v when they are: cast once under autocast
                 q_tokens, k_tokens, tokens, self.weight, self.bias,
                 num_neighbors=self.num_neighbors, similarity=self.similarity, weighting=self.weighting,
                 temperature=self.temperature, groups=self.groups, candidates=candidates, self_first=True,
-                backend=self.backend)
-            self._record(result.topk_idx, result.topk_weights, H, W, candidates=candidates)
+                backend=self.backend, **extra)
+            self._record(result.topk_idx, result.topk_weights, H, W, padding=padding, candidates=candidates)
             return result.out.view(B, self.out_channels, H, W)
         if rule.needs_grid:
             pad = self.window_size // 2
@@ -219,17 +222,16 @@ class ConvNN2d(Recordable):
                 raise ValueError(f"num_neighbors must be ≤ the {num_keys} cells of the padded {H}×{W} map, "
                                  f"got {self.num_neighbors}")
         out, idx, weights, padding = self._select_aggregate(to_tokens(q_map), to_tokens(k_map), x, self.weight,
-                                                            self.bias, rule)
+                                                            self.bias, rule, options)
         self._record(idx, weights, H, W, padding=padding)
         return out.view(B, self.out_channels, H, W)
 
     @autocast_aware
     def _select_aggregate(self, q: Tensor, k: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
-                          rule) -> tuple[Tensor, Tensor, Tensor, int]:
-        """The rules the kernels do not run (window, blend): select, weigh, gather, Conv1D; in the autocast dtype
-        under autocast, like :func:`kernels.knn_aggregate`. Returns (out (B, C_out, N), idx, weights, padding)."""
+                          rule, options: SelectionOptions) -> tuple[Tensor, Tensor, Tensor, int]:
+        """The rules the kernels do not run (window): select, weigh, gather, Conv1D; in the autocast dtype under
+        autocast, like :func:`kernels.knn_aggregate`. Returns (out (B, C_out, N), idx, weights, padding)."""
         H, W = x.shape[2:]
-        options = SelectionOptions(self.num_neighbors, self.similarity, self.window_size, self.blend_alpha)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
             neighbors = rule.select(q, k, (H, W), options)
             weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)

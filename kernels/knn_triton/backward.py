@@ -1,4 +1,5 @@
-"""Backward kernels: nothing is re-selected; the forward's ``idx`` (int32) and weights ``a`` (fp32) are reused.
+"""Backward kernels: nothing is re-selected; the forward's ``idx`` (int64, also returned) and weights ``a`` (fp32)
+are reused. An index −1 (a padding cell of the blend rule's map: a zero value) gathers zero and receives nothing.
 
 With ``dG_it = Σ_o dO_io W[o, :, t]``: ``dV[idx_it] += a_it dG_it``, ``da_it = ⟨dG_it, v[idx_it]⟩``, for softmax
 ``ds = a (da − Σ_t a da) / τ``, ``dq_i = Σ_t ds_it ∂s/∂q_i`` (owned by the query, no atomics) and
@@ -14,7 +15,7 @@ import triton.language as tl
 from .select import column, dot, inv_norm
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sizes"])
 def knn_bwd_query(inputs, grads, q_strides, k_strides, v_strides, w_strides, do_strides, sizes, scale,
                   inv_temperature, COSINE: tl.constexpr, SOFTMAX: tl.constexpr, DEPTHWISE: tl.constexpr,
                   DETERMINISTIC: tl.constexpr, HAS_GRAD_A: tl.constexpr, IEEE: tl.constexpr,
@@ -38,7 +39,7 @@ def knn_bwd_query(inputs, grads, q_strides, k_strides, v_strides, w_strides, do_
     slots = tl.arange(0, K_PAD)
     mask_mk = mask_m[:, None] & (slots[None, :] < num_neighbors)
     row_ptrs = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m[:, None] * num_neighbors + slots[None, :]
-    idx = tl.load(Idx + row_ptrs, mask=mask_mk, other=0)  # [BLOCK_M, K_PAD] int32
+    idx = tl.load(Idx + row_ptrs, mask=mask_mk, other=0).to(tl.int32)  # [BLOCK_M, K_PAD]
     a = tl.load(A + row_ptrs, mask=mask_mk, other=0.0)  # [BLOCK_M, K_PAD] fp32
     entry = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m.to(tl.int64) * num_neighbors  # first (query, slot)
     v_base = V + b * v_strides[0] + h * v_strides[1]
@@ -70,8 +71,8 @@ def knn_bwd_query(inputs, grads, q_strides, k_strides, v_strides, w_strides, do_
                                   + t * w_strides[2], mask=mask_o[:, None] & mask_c[None, :], other=0.0)
                     dg += dot(d_out.to(dtype), w_t.to(dtype), IEEE)
             if SOFTMAX or DEPTHWISE:
-                v_t = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3], mask=mask_mc,
-                              other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_C]
+                v_t = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
+                              mask=mask_mc & (j_t >= 0)[:, None], other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_C]
                 if SOFTMAX:
                     da = tl.where(slots[None, :] == t, da + tl.sum(dg * v_t, axis=1)[:, None], da)
                 if DEPTHWISE:
@@ -83,7 +84,7 @@ def knn_bwd_query(inputs, grads, q_strides, k_strides, v_strides, w_strides, do_
                 tl.store(DV + (entry + t)[:, None] * Dv + offs_c[None, :], contrib, mask=mask_mc)
             else:
                 dv_ptrs = DV + (pid_bh.to(tl.int64) * Nk + j_t)[:, None] * Dv + offs_c[None, :]
-                tl.atomic_add(dv_ptrs, contrib, mask=mask_mc, sem="relaxed")
+                tl.atomic_add(dv_ptrs, contrib, mask=mask_mc & (j_t >= 0)[:, None], sem="relaxed")
 
     if SOFTMAX:
         if HAS_GRAD_A:
@@ -118,7 +119,7 @@ def knn_bwd_query(inputs, grads, q_strides, k_strides, v_strides, w_strides, do_
         tl.store(DQ + (pid_bh.to(tl.int64) * Nq + offs_m)[:, None] * D + offs_d[None, :], dq, mask=mask_md)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sizes"])
 def knn_bwd_weight(inputs, DWPart, v_strides, do_strides, sizes, IEEE: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
     """Standard Conv1D weight gradient, dW[o, c, t] = Σ_(b,i) dO[b, o, i] · a_it · v[b, idx_it, c] (one head).
@@ -146,10 +147,10 @@ def knn_bwd_weight(inputs, DWPart, v_strides, do_strides, sizes, IEEE: tl.conste
         mask_r = rows < row_hi
         b = rows // Nq
         i = rows % Nq
-        j = tl.load(Idx + rows.to(tl.int64) * num_neighbors + t, mask=mask_r, other=0)
+        j = tl.load(Idx + rows.to(tl.int64) * num_neighbors + t, mask=mask_r, other=0).to(tl.int32)
         a_t = tl.load(A + rows.to(tl.int64) * num_neighbors + t, mask=mask_r, other=0.0)
         g = tl.load(V + b[:, None].to(tl.int64) * v_strides[0] + j[:, None] * v_strides[2]
-                    + offs_c[None, :] * v_strides[3], mask=mask_r[:, None] & mask_c[None, :], other=0.0)
+                    + offs_c[None, :] * v_strides[3], mask=(mask_r & (j >= 0))[:, None] & mask_c[None, :], other=0.0)
         g = (g.to(tl.float32) * a_t[:, None]).to(dtype)  # [BLOCK_R, BLOCK_C]
         d_out = tl.load(DOut + b[None, :].to(tl.int64) * do_strides[0] + offs_o[:, None] * do_strides[1]
                         + i[None, :] * do_strides[2], mask=mask_o[:, None] & mask_r[None, :], other=0.0)
@@ -158,7 +159,7 @@ def knn_bwd_weight(inputs, DWPart, v_strides, do_strides, sizes, IEEE: tl.conste
     tl.store(part_ptrs, acc, mask=mask_o[:, None] & mask_c[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sizes"])
 def knn_bwd_key_sum(Contrib, Order, Offsets, Out, sizes, BLOCK_J: tl.constexpr, BLOCK_W: tl.constexpr):
     """Deterministic scatter: Out[bh, j] = Σ Contrib[bh, e] over the entries e of key j, in stable-sorted order.
 

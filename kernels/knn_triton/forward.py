@@ -1,9 +1,11 @@
 """Forward kernels: scores and streaming top-K per query block (:func:`knn_fwd`), the merge of split candidate
 ranges (:func:`knn_fwd_merge`), and the weights + Conv1D over rank slots both end with (:func:`aggregate`).
 
-Every kernel takes its tensors as two tuples (``inputs``: Q, K, V, W, Bias, Cand, KInv; ``outputs``: Out, Idx, A,
-Part), one stride tuple per strided tensor, and one ``sizes`` tuple (H, Nq, Nk, num_cols, cols_per_split,
-num_neighbors, D, Dv, C_out, stride_cb). Base pointers are offset to the program's (sample, head) once, at the top.
+Every kernel takes its tensors as two tuples (``inputs``: Q, K, V, W, Bias, Cand, KInv (fp32 inverse key norms),
+Spatial (the blend's spatial profile); ``outputs``: Out, Idx, A, Part), one stride tuple per strided tensor, and one
+``sizes`` tuple (H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad: the map's
+width and padding for the blend rule, whose candidate columns are the cells of the padded map). Base pointers are
+offset to the program's (sample, head) once, at the top.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .select import (
     EMPTY_KEY,
     NEG_INF,
     POS_INF,
+    TINY,
     canonical,
     column,
     dot,
@@ -67,10 +70,56 @@ def _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n, D, C
 
 
 @triton.jit
+def padded_cells(cols, width, pad, height):
+    """Cells of the map zero-padded by ``pad`` (the blend rule's candidates, raster order) → the token index of
+    each inside the map, −1 for padding cells."""
+    row = cols // (width + 2 * pad) - pad
+    col = cols % (width + 2 * pad) - pad
+    inside = (row >= 0) & (row < height) & (col >= 0) & (col < width)
+    return tl.where(inside, row * width + col, -1)
+
+
+@triton.jit
+def _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE: tl.constexpr, IEEE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+    """Blend, first pass: per query the lowest finite feature score over the padded map and max(high − low, tiny)
+    (padding cells score 0), as ``kernels.reference.blend_scores`` normalises."""
+    Nq, num_cols, D, width, pad = sizes[1], sizes[3], sizes[6], sizes[10], sizes[11]
+    low = tl.full([BLOCK_M], POS_INF, tl.float32)
+    high = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    for start in range(0, num_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask_n = cols < num_cols
+        rows = padded_cells(cols, width, pad, Nq // width)
+        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, rows, mask_n & (rows >= 0), D, COSINE, IEEE, D_PAD)
+        finite = mask_n[None, :] & (s > NEG_INF)
+        low = tl.minimum(low, tl.min(tl.where(finite, s, POS_INF), axis=1))
+        high = tl.maximum(high, tl.max(tl.where(finite, s, NEG_INF), axis=1))
+    return low, tl.maximum(high - low, TINY)
+
+
+@triton.jit
+def _blend(feature, low, spread, spatial, blend):
+    """(1 − α)·spatial + α·(feature − low) / spread, in the reference's order of operations."""
+    return blend[0] * spatial + blend[1] * tl.math.div_rn(feature - low, spread)
+
+
+@triton.jit
+def _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend):
+    """Blend, second pass: the blended scores of a [BLOCK_M, BLOCK_N] feature tile of padded cells ``cols``; the
+    spatial term is the profile at the Chebyshev distance between the query's and the cell's padded positions."""
+    width, pad = sizes[10], sizes[11]
+    d_row = tl.abs((offs_m // width + pad)[:, None] - (cols // (width + 2 * pad))[None, :])
+    d_col = tl.abs((offs_m % width + pad)[:, None] - (cols % (width + 2 * pad))[None, :])
+    spatial = tl.load(Spatial + tl.maximum(d_row, d_col))
+    return _blend(s, low[:, None], spread[:, None], spatial, blend)
+
+
+@triton.jit
 def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
               offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
-              CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-              K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+              CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
+              BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
     """From the final top-K keys ``acc`` (sorted descending, rank 0 first): indices, weights a, then the Conv1D
     over rank slots; writes Out, Idx and A. ``s_self`` [BLOCK_M]: each query's real own score (SELF_FIRST)."""
     V, W, Bias, Cand = inputs[2], inputs[3], inputs[4], inputs[5]
@@ -90,6 +139,9 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     else:
         keys_idx = cols
     keys_idx = tl.where(mask_mk, keys_idx, 0)
+    rows_idx = keys_idx  # the value row each slot gathers; −1: a padding cell (zero value) of the blend's map
+    if BLEND:
+        rows_idx = padded_cells(keys_idx, sizes[10], sizes[11], Nq // sizes[10])
     valid = mask_mk & (scores > NEG_INF)
     if WEIGHTING == 1:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
         top = tl.max(tl.where(valid, scores, NEG_INF), axis=1)
@@ -102,7 +154,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     else:
         a = valid.to(tl.float32)
     rows = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m[:, None] * num_neighbors + slots[None, :]
-    tl.store(Idx + rows, keys_idx, mask=mask_mk)
+    tl.store(Idx + rows, keys_idx.to(tl.int64), mask=mask_mk)
     tl.store(A + rows, a, mask=mask_mk)
 
     # Conv1D over rank slots: loop over neighbours at run time (static unrolling compiles for minutes at K = 32).
@@ -117,10 +169,10 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             chan = h * Dv + offs_c
             out = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
             for t in range(num_neighbors):
-                j_t = column(keys_idx, slots, t)
+                j_t = column(rows_idx, slots, t)
                 a_t = column(a, slots, t)
-                g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3], mask=mask_mc,
-                            other=0.0)
+                g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
+                            mask=mask_mc & (j_t >= 0)[:, None], other=0.0)
                 w_t = tl.load(W + chan * w_strides[0] + t * w_strides[2], mask=mask_c, other=0.0).to(tl.float32)
                 out += g.to(tl.float32) * a_t[:, None] * w_t[None, :]
             if HAS_BIAS:
@@ -133,13 +185,13 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             mask_o = offs_o < C_out
             out = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
             for t in range(num_neighbors):
-                j_t = column(keys_idx, slots, t)
+                j_t = column(rows_idx, slots, t)
                 a_t = column(a, slots, t)
                 for c0 in range(0, Dv, BLOCK_C):
                     offs_c = c0 + tl.arange(0, BLOCK_C)
                     mask_c = offs_c < Dv
                     g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
-                                mask=mask_m[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_M, BLOCK_C]
+                                mask=(mask_m & (j_t >= 0))[:, None] & mask_c[None, :], other=0.0)
                     g = (g.to(tl.float32) * a_t[:, None]).to(dtype)
                     w_t = tl.load(W + offs_o[None, :] * w_strides[0] + offs_c[:, None] * w_strides[1]
                                   + t * w_strides[2], mask=mask_c[:, None] & mask_o[None, :], other=0.0)
@@ -151,103 +203,123 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
 
 
 @triton.jit
+def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low, spread, sizes, blend,
+               SELF_FIRST: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, COSINE: tl.constexpr,
+               BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr):
+    """With candidates or a forced self, the query's own candidate enters the accumulator first (split 0): ranked
+    +∞ when forced, else by its score. Returns (acc, its column, its real score s_ii: feature, or blended with the
+    spatial term 1)."""
+    width, pad = sizes[10], sizes[11]
+    s_self = _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, sizes[6], COSINE, D_PAD)
+    self_col = offs_m
+    if CANDIDATES:
+        self_col = tl.zeros([BLOCK_M], tl.int32)
+    if BLEND:
+        self_col = (offs_m // width + pad) * (width + 2 * pad) + offs_m % width + pad
+        s_self = _blend(s_self, low, spread, 1.0, blend)
+    rank_score = s_self
+    if SELF_FIRST:
+        rank_score = tl.zeros([BLOCK_M], tl.float32) + POS_INF
+    if CANDIDATES or SELF_FIRST:  # otherwise the query is an ordinary candidate of the tiles
+        if pid_s == 0:
+            acc = tl.where(tl.arange(0, K_PAD)[None, :] == K_PAD - 1, pack(rank_score, self_col)[:, None], acc)
+    return acc, self_col, s_self
+
+
+@triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
 def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
-            WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
-            CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr,
-            BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+            blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
+            CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
+            SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
     """Grid (query blocks, B·H, splits): scores + streaming top-K over one split of the candidates; without a
     split also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part."""
     tl.static_assert(BLOCK_N >= K_PAD)
-    Q, K, Cand, KInv = inputs[0], inputs[1], inputs[5], inputs[6]
+    Q, K, Cand, KInv, Spatial = inputs[0], inputs[1], inputs[5], inputs[6], inputs[7]
     H, Nq, Nk, num_cols, cols_per_split = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
-    num_neighbors, D, stride_cb = sizes[5], sizes[6], sizes[9]
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    pid_s = tl.program_id(2)
+    num_neighbors, D, stride_cb, width, pad = sizes[5], sizes[6], sizes[9], sizes[10], sizes[11]
+    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = pid_bh // H
     h = pid_bh % H
     row_lo = pid_m * BLOCK_M
     offs_m = row_lo + tl.arange(0, BLOCK_M)
     mask_m = offs_m < Nq
-    slots = tl.arange(0, K_PAD)
-    live = slots >= K_PAD - num_neighbors
+    live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
     k_base = K + b * k_strides[0] + h * k_strides[1]
     kinv_base = KInv + pid_bh * Nk
-    cand_base = Cand + b * stride_cb
     q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale, D,
                                COSINE, BLOCK_M, D_PAD)
-
+    low = tl.zeros([BLOCK_M], tl.float32)
+    spread = tl.zeros([BLOCK_M], tl.float32) + 1.0
+    if BLEND:
+        low, spread = _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE, IEEE, BLOCK_M,
+                                     BLOCK_N, D_PAD)
     acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
-    s_self = tl.zeros([BLOCK_M], tl.float32)
     col_lo = pid_s * cols_per_split
     col_hi = tl.minimum(col_lo + cols_per_split, num_cols)
-    if CANDIDATES:  # column 0 is the query itself, always a candidate (owned by split 0)
+    if CANDIDATES:  # column 0 is the query itself
         col_lo += 1
         col_hi += 1
-    if CANDIDATES or SELF_FIRST:
-        s_self = _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, COSINE, D_PAD)
-        if pid_s == 0:  # the query's own key enters first: ranked +∞ when forced, else by its score
-            self_col = offs_m
-            if CANDIDATES:
-                self_col = tl.zeros([BLOCK_M], tl.int32)
-            rank_score = s_self
-            if SELF_FIRST:
-                rank_score = tl.zeros([BLOCK_M], tl.float32) + POS_INF
-            acc = tl.where(slots[None, :] == K_PAD - 1, pack(rank_score, self_col)[:, None], acc)
-
+    acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low,
+                                       spread, sizes, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M, D_PAD,
+                                       K_PAD)
     everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     for start in range(col_lo, col_hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask_n = cols < col_hi
         if CANDIDATES:
-            key_rows = tl.load(cand_base + (cols - 1), mask=mask_n, other=0)
+            key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
+        elif BLEND:
+            key_rows = padded_cells(cols, width, pad, Nq // width)
         else:
             key_rows = cols
-        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n, D, COSINE, IEEE, D_PAD)
-        # Only the tiles that need it are masked: past the range, and where the query's own key (already in acc,
-        # or column 0) appears: any tile of sampled keys, the diagonal tiles of a forced self.
-        if CANDIDATES:
-            valid = mask_n[None, :] & (key_rows[None, :] != offs_m[:, None])
+        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE,
+                        IEEE, D_PAD)
+        if BLEND:
+            s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
+        # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc
+        # already) appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced self.
+        needs_mask = start + BLOCK_N > col_hi
+        if CANDIDATES or BLEND:
+            needs_mask = start >= 0
+        elif SELF_FIRST:
+            needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
+        if needs_mask:
+            valid = mask_n[None, :] & (everything != 0)
+            if CANDIDATES:
+                valid = valid & (key_rows[None, :] != offs_m[:, None])
+            elif SELF_FIRST:
+                valid = valid & (cols[None, :] != self_col[:, None])
             s = tl.where(valid, s, NEG_INF)
         else:
-            needs_mask = start + BLOCK_N > col_hi
-            if SELF_FIRST:
-                needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
-            if needs_mask:
-                valid = mask_n[None, :] & (everything != 0)
-                if SELF_FIRST:
-                    valid = valid & (cols[None, :] != offs_m[:, None])
-                s = tl.where(valid, s, NEG_INF)
-            else:
-                valid = everything
+            valid = everything
         acc = merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD, BLOCK_N)
     acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
-
     if SPLIT:
-        Part = outputs[3]
         part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m
-        tl.store(Part + part_rows[:, None] * K_PAD + slots[None, :], acc, mask=mask_m[:, None])
+        tl.store(outputs[3] + part_rows[:, None] * K_PAD + tl.arange(0, K_PAD)[None, :], acc, mask=mask_m[:, None])
+        if SELF_FIRST:  # the merge reads the query's own score from A's first slot: the same bits as unsplit
+            if pid_s == 0:
+                tl.store(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, s_self, mask=mask_m)
     else:
         aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
-                  offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, DEPTHWISE, IEEE, BLOCK_M, K_PAD,
-                  BLOCK_C, BLOCK_O)
+                  offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, BLOCK_M,
+                  K_PAD, BLOCK_C, BLOCK_O)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sizes", "num_splits"])
 def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale,
                   inv_temperature, num_splits,
                   WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
                   CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
                   BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
                   BLOCK_O: tl.constexpr):
-    """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`."""
-    Q, K, KInv, Part = inputs[0], inputs[1], inputs[6], outputs[3]
-    H, Nq, Nk = sizes[0], sizes[1], sizes[2]
+    """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`.
+    Not for the blend rule, whose forward is never split (its normalisation spans the whole map)."""
+    Part = outputs[3]
+    Nq = sizes[1]
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < Nq
     slots = tl.arange(0, K_PAD)
@@ -258,11 +330,8 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
         acc = tl.maximum(tl.bitonic_merge(acc), part)
     acc = tl.bitonic_merge(acc, descending=True)
     s_self = tl.zeros([BLOCK_M], tl.float32)
-    if SELF_FIRST:
-        q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale,
-                                   sizes[6], COSINE, BLOCK_M, D_PAD)
-        s_self = _self_scores(q, q_scale, K + b * k_strides[0] + h * k_strides[1], k_strides, KInv + pid_bh * Nk,
-                              offs_m, mask_m, sizes[6], COSINE, D_PAD)
+    if SELF_FIRST:  # written by split 0 of knn_fwd into A's first slot
+        s_self = tl.load(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * sizes[5], mask=mask_m, other=0.0)
     aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, offs_m,
-              mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, DEPTHWISE, IEEE, BLOCK_M, K_PAD, BLOCK_C,
+              mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, False, DEPTHWISE, IEEE, BLOCK_M, K_PAD, BLOCK_C,
               BLOCK_O)

@@ -11,7 +11,7 @@ import triton
 from torch import Tensor
 
 from ..checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
-from ..reference import KnnResult
+from ..reference import BlendGrid, KnnResult, spatial_profile
 from ..usage import note_backend
 from . import backward, forward
 from .select import NORM_EPS
@@ -74,12 +74,13 @@ def token_major(x: Tensor) -> Tensor:
 
 def _inverse_key_norms(k: Tensor) -> Tensor:
     """1 / max(‖k_j‖, eps) per key, fp32 (B·H, Nk): computed once instead of once per query block."""
-    return k.float().norm(dim=-1).clamp_min(NORM_EPS).reciprocal().reshape(-1, k.shape[2]).contiguous()
+    norms = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32)  # no fp32 copy of k
+    return norms.clamp_min_(NORM_EPS).reciprocal_().reshape(-1, k.shape[2]).contiguous()
 
 
 def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                   self_first, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
-    """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int32, a fp32.
+                   self_first, blend=None, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int64, a fp32.
 
     For arguments that passed :func:`kernels.checks.check_knn_arguments` and
     :func:`kernels.checks.fused_unsupported_reason`; checks only :func:`_check_launchable`. ``num_splits`` and
@@ -92,7 +93,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     cfg = fwd_config(num_neighbors, D, Dv, C_out) | (config or {})
     block_m, block_n, k_pad = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["K_PAD"]
     out = torch.empty(B, C_out, Nq, device=q.device, dtype=q.dtype)
-    idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int32)
+    idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int64)
     a = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.float32)
     if candidates is not None:
         cand, num_cols, stride_cb = candidates, candidates.shape[1], (candidates.stride(0)
@@ -100,6 +101,11 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     else:
         cand, num_cols, stride_cb = idx, Nk, 0  # any pointer: never read
     kinv = _inverse_key_norms(k) if similarity == "cosine" else a  # any pointer for dot: never read
+    spatial, width, pad, mix = a, 1, 0, (0.0, 0.0)  # any pointer, no padding: not the blend rule
+    if blend is not None:
+        num_cols, width, pad, num_splits = blend.num_cells, blend.width, blend.pad, 1  # one pass spans the map
+        spatial = spatial_profile(blend.window_size, max(blend.height, blend.width) + pad, q.device)
+        mix = (1.0 - blend.alpha, float(blend.alpha))
     grid_m = triton.cdiv(Nq, block_m)
     if num_splits is None:
         num_splits = _num_splits(grid_m * B * H, num_cols, block_n, q.device)
@@ -108,16 +114,17 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     split = num_splits > 1
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
     args = dict(
-        inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv), outputs=(out, idx, a, part),
-        q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(), w_strides=weight.stride(),
-        o_strides=out.stride(),
-        sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb),
+        inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv, spatial),
+        outputs=(out, idx, a, part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+        w_strides=weight.stride(), o_strides=out.stride(),
+        sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad),
         scale=1.0 if similarity == "cosine" else 1.0 / math.sqrt(D), inv_temperature=1.0 / temperature,
         WEIGHTING=_WEIGHTINGS[weighting], SELF_FIRST=bool(self_first), HAS_BIAS=bias is not None,
         COSINE=similarity == "cosine", CANDIDATES=candidates is not None, DEPTHWISE=groups > 1,
         IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=cfg["D_PAD"], K_PAD=k_pad, BLOCK_C=cfg["BLOCK_C"],
         BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    forward.knn_fwd[(grid_m, B * H, num_splits)](**args, SPLIT=split, BLOCK_N=block_n)
+    forward.knn_fwd[(grid_m, B * H, num_splits)](**args, blend=mix, BLEND=blend is not None, SPLIT=split,
+                                                 BLOCK_N=block_n)
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a
@@ -231,35 +238,44 @@ def launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weigh
     return d_q, d_k, d_v, d_weight, d_bias
 
 
+def padded_rows(idx: Tensor, blend) -> Tensor:
+    """Cells of the blend rule's padded map → the token (value row) each is, −1 for padding cells; int64."""
+    row = torch.div(idx, blend.width + 2 * blend.pad, rounding_mode="floor") - blend.pad
+    col = idx % (blend.width + 2 * blend.pad) - blend.pad
+    inside = (row >= 0) & (row < blend.height) & (col >= 0) & (col < blend.width)
+    return torch.where(inside, row * blend.width + col, -1)
+
+
 class KnnAggregate(torch.autograd.Function):
     """Autograd of the fused aggregation: :func:`launch_forward`, then :func:`launch_backward` on the saved
     ``idx`` and ``a``. ``v`` is used (and saved) token-major (:func:`token_major`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                self_first):
+                self_first, blend):
         v_rows = token_major(v)
         out, idx, a = launch_forward(q, k, v_rows, weight, bias, num_neighbors, similarity, weighting, temperature,
-                                     groups, candidates, self_first)
+                                     groups, candidates, self_first, blend)
         ctx.save_for_backward(q, k, v_rows, weight, bias, idx, a)
-        ctx.options = (similarity, weighting, temperature, groups)
-        topk_idx = idx.long()
-        ctx.mark_non_differentiable(topk_idx)
+        ctx.options = (similarity, weighting, temperature, groups, blend)
+        ctx.mark_non_differentiable(idx)
         if weighting != "softmax":
             ctx.mark_non_differentiable(a)
-        return out, topk_idx, a
+        return out, idx, a
 
     @staticmethod
     def backward(ctx, grad_out, grad_idx, grad_a):
         q, k, v, weight, bias, idx, a = ctx.saved_tensors
-        similarity, weighting, temperature, groups = ctx.options
+        similarity, weighting, temperature, groups, blend = ctx.options
+        if blend is not None:  # padded cells → value rows; −1 (a padding cell: zero value) gets no gradient
+            idx = padded_rows(idx, blend)
         if grad_out is None:
             grad_out = torch.zeros(v.shape[0], weight.shape[0], q.shape[2], device=q.device, dtype=q.dtype)
         inputs = (q, k, v, weight, bias)
         grads = launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weighting, temperature,
                                 groups, ctx.needs_input_grad[:len(inputs)])
         grads = tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, inputs, strict=True))
-        return *grads, None, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None, None
 
 
 def knn_aggregate_triton(
@@ -276,6 +292,7 @@ def knn_aggregate_triton(
     groups: int = 1,
     candidates: Tensor | None = None,
     self_first: bool = False,
+    blend: BlendGrid | None = None,
 ) -> KnnResult:
     """Fused ConvNN aggregation (METHOD §2–3; docs/method.md §2–3): the result of
     :func:`kernels.reference.knn_aggregate_reference`, without materialising the (Nq, Nk) score matrix.
@@ -301,6 +318,8 @@ def knn_aggregate_triton(
             query's candidates are itself plus these (METHOD §3, ``random``). None: all Nk keys. Default: None
         self_first (bool): rank each query's own token first (needs Nq = Nk); its real score sets its weight.
             Default: False
+        blend (BlendGrid, optional): the blend rule over the zero-padded map (needs ``self_first``, weighting
+            ``"none"`` or ``"uniform"``); ``topk_idx`` then counts padded cells. Default: None
 
     Returns:
         KnnResult: ``out`` (B, C_out, Nq) in the input dtype, ``topk_idx`` (B, H, Nq, K) int64 (rank 0 first,
@@ -317,21 +336,21 @@ def knn_aggregate_triton(
         >>> knn_aggregate_triton(q, k, v, w, num_neighbors=9).out.shape  # torch.Size([2, 64, 1024])
     """
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
-                        candidates, None, self_first)
-    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None)
+                        candidates, None, self_first, blend)
+    unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None, weighting, blend)
     if unsupported is not None:
         raise ValueError(unsupported)
     return aggregate_prechecked(q, k, v, weight, bias, num_neighbors=num_neighbors, similarity=similarity,
                                 weighting=weighting, temperature=temperature, groups=groups, candidates=candidates,
-                                self_first=self_first)
+                                self_first=self_first, blend=blend)
 
 
 def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, *,
                          num_neighbors: int, similarity: str, weighting: str, temperature: float, groups: int,
-                         candidates: Tensor | None, self_first: bool) -> KnnResult:
+                         candidates: Tensor | None, self_first: bool, blend: BlendGrid | None = None) -> KnnResult:
     """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
     :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
     Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
     note_backend("triton")
     return KnnResult(*KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
-                                         groups, candidates, self_first))
+                                         groups, candidates, self_first, blend))

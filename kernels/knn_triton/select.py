@@ -33,6 +33,7 @@ _TOP_KEY = tl.constexpr(2**63 - 1)
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))  # the ranking score of a forced (self_first) candidate
 _MAX_SCORE = tl.constexpr(torch.finfo(torch.float32).max)  # +∞ scores count as this (reference.canonical_scores)
+TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # the blend's smallest spread (reference.blend_scores)
 
 
 @triton.jit
