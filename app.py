@@ -8,7 +8,7 @@ number and figure comes from :mod:`analysis`, and every user action has an ``api
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time and
-admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`SlowAdmission`), a
+admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`Admission`), a
 request body of at most MAX_REQUEST_MB, uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB
 together with Gradio's own cache of uploads and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their
 last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to
@@ -136,11 +136,29 @@ with mock.patch.object(component_meta, "create_or_modify_pyi", lambda *args: Non
             return super().preprocess(checked_number(payload, self))
 
 
-class SlowAdmission:
-    """Admission to the slow group, checked by the server whatever the client: a session may have one slow run
-    waiting or running at a time (over all slow views), and at most MAX_SLOW_WAITING slow runs wait over all sessions.
-    A request past either is refused before it enters the queue, with a message (the page shows it), so slow runs
-    can neither pile up for one session nor fill the queue that clicks and predictions need.
+def names_a_web_address(data) -> bool:
+    """Whether an event's input values hold a file given by a web address (a ``"path"`` that is an http(s) URL),
+    which Gradio would fetch, unbounded, before the handler runs; uploaded files have server paths. Walks nested
+    lists and dicts without recursion (any depth the request size allows)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            path = item.get("path")
+            if isinstance(path, str) and path.strip().lower().startswith(("http://", "https://")):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+class Admission:
+    """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
+    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
+    or running per session (over all slow views) and at most MAX_SLOW_WAITING slow runs waiting over all sessions.
+    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
+    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
 
     Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
     inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
@@ -172,8 +190,11 @@ class SlowAdmission:
         return None
 
     async def push(self, body, request, username):
-        """Gradio's ``Queue.push`` for a request that is not slow or is admitted; else ``(False, message,
-        "error")``, which ``/queue/join`` answers 400 with the message."""
+        """Gradio's ``Queue.push`` for a request that is admitted; else ``(False, message, "error")``, which
+        ``/queue/join`` answers 400 with the message."""
+        if names_a_web_address(body.data):
+            return False, ("Files must be uploaded from your device: a file given as a web address (http:// or "
+                           "https://) is not fetched by the server."), "error"
         if body.fn_index not in self.slow_fns:
             return await self._push(body=body, request=request, username=username)
         session = body.session_hash  # push gives a request without one (a /call) its event's id
@@ -494,7 +515,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
-        # one per session and a few in all (SlowAdmission), and a change of what a slow view reads cancels its
+        # one per session and a few in all (Admission), and a change of what a slow view reads cancels its
         # pending run (the frontend asks the queue to drop it).
         slow_views = {attribution[0]: [], equivalence[0]: []}  # fn → its events
 
@@ -555,7 +576,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for fn, inputs, _ in (attribution, equivalence):
             gr.on([control.change for control in inputs], None, cancels=slow_views[fn])
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
-    SlowAdmission(demo)
+    Admission(demo)
     return demo
 
 

@@ -220,6 +220,30 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
             release.set()
 
 
+def test_a_file_given_by_a_web_address_is_refused_before_gradio_fetches_it(explorer, monkeypatch):
+    """A FileData whose path is an http(s) URL made Gradio download it before the handler ran, with no size limit
+    and past the work dir's byte budget; it is refused at admission now, with a message, and nothing is fetched."""
+    fetched = []
+
+    async def fetch(*args, **kwargs):
+        fetched.append(args)
+        raise AssertionError("fetched")
+
+    monkeypatch.setattr(gr.processing_utils, "async_ssrf_protected_download", fetch, raising=False)
+    demo = app.build_demo(explorer)
+    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
+    web_file = {"path": "HTTPS://example.invalid/cat.png", "meta": {"_type": "gradio.FileData"}}
+    with served(demo) as url:
+        for data in (["cnn-l0.5", web_file], ["cnn-l0.5", {"nested": [[web_file]]}]):
+            refused = httpx.post(f"{url}gradio_api/queue/join", json={
+                "data": data, "fn_index": fn_index["predict"], "session_hash": "w0", "trigger_id": None})
+            assert refused.status_code == 400 and refused.json()["detail"].startswith(
+                "Files must be uploaded from your device: a file given as a web address")
+    assert fetched == []
+    assert not app.names_a_web_address(["cnn-l0.5", {"path": "/tmp/gradio/abc/cat.png",
+                                                     "url": "http://127.0.0.1:7860/gradio_api/file=/tmp/cat.png"}])
+
+
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
