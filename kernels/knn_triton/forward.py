@@ -286,11 +286,12 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
         if needs_mask:
             valid = mask_n[None, :] & (everything != 0)
-            if CANDIDATES:
-                valid = valid & (key_rows[None, :] != offs_m[:, None])
-            elif SELF_FIRST:
-                valid = valid & (cols[None, :] != self_col[:, None])
-            s = tl.where(valid, s, NEG_INF)
+            if CANDIDATES:  # a sampled key equal to the query scores −∞ (the reference's mask), still a candidate
+                s = tl.where(valid & (key_rows[None, :] != offs_m[:, None]), s, NEG_INF)
+            else:
+                if SELF_FIRST:  # the query's own key is in acc already
+                    valid = valid & (cols[None, :] != self_col[:, None])
+                s = tl.where(valid, s, NEG_INF)
         else:
             valid = everything
         acc = merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD, BLOCK_N)
