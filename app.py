@@ -561,9 +561,14 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         export_button.click(ex.on_export, rule_inputs, exports, api_name="export")
         for control in (layer, head):
             after_query(control.input(*neighbors, api_visibility="private"), [control])
-        for control in (num_neighbors, window_size, num_candidates, seed):  # rule knobs: no view but the panel
-            control.change(*neighbors, api_visibility="private")
-        blend_alpha.release(*neighbors, api_visibility="private")
+        # A typed row or col counts once it is entered (Enter or leaving the box), like a click: the panel and the
+        # tabs that read the query cell follow it together. The rule knobs redraw the panel, which reads the typed
+        # cell, so those tabs follow them too (none of them is slow).
+        typed = [trigger for box in (row_px, col_px) for trigger in (box.submit, box.blur)]
+        after_query(gr.on(typed, *neighbors, api_visibility="private"), [row_px, col_px])
+        for control in (num_neighbors, window_size, num_candidates, seed):
+            after_query(control.change(*neighbors, api_visibility="private"), [row_px, col_px])
+        after_query(blend_alpha.release(*neighbors, api_visibility="private"), [row_px, col_px])
         hops.release(*multihop, api_name="multihop")
         listen(attribution[0], attribution_button.click, *attribution[1:], api_name="attribution")
         listen(equivalence[0], equivalence_button.click, *equivalence[1:], api_name="equivalence")
@@ -571,6 +576,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
               (*pixels, "pixel_neighbors"))
         for control in (pixel_k, position_weight):
             control.release(*pixels, api_visibility="private")
+        gr.on([trigger for box in (pixel_row, pixel_col) for trigger in (box.submit, box.blur)], *pixels,
+              api_visibility="private")  # the input-level view's typed cell, like a click on its image
         after_query(chain(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private"), predict,
                           (ex.on_pixel_image, image_file, pixel_image), pixel_query, pixels, spectrum, neighbors))
         for fn, inputs, _ in (attribution, equivalence):

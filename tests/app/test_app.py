@@ -292,10 +292,17 @@ def test_a_control_refreshes_only_the_tabs_that_read_it(explorer):
     query = ["on_neighbors", "on_weights", "on_mix", "on_multihop"]
     assert event_chain(demo, controls["Layer"], "input") == [*query, "on_equivalence_reset"]
     assert event_chain(demo, controls["attention head"], "input") == ["on_neighbors", "on_weights", "on_multihop"]
+    # The panel reads the typed query cell, so whatever redraws it redraws the tabs that read that cell: typing a
+    # row and then changing K left the λ mix and the contributions at the old cell (a newcomer found it).
     for knob in ("K (0 = layer's)", "window R (0 = auto)", "random r ≥ K (0 = layer's / 32; ≥ N = all)",
                  "seed (0 = the layer's)"):
-        assert event_chain(demo, controls[knob], "change") == ["on_neighbors"]
-    assert event_chain(demo, controls["blend α (0 = window, 1 = features)"], "release") == ["on_neighbors"]
+        assert event_chain(demo, controls[knob], "change") == query
+    assert event_chain(demo, controls["blend α (0 = window, 1 = features)"], "release") == query
+    for box in ("query row (px)", "query col (px)"):
+        for trigger in ("submit", "blur"):  # a typed cell counts once entered, like a click
+            assert event_chain(demo, controls[box], trigger) == query
+    for box in ("row", "col"):  # the input-level view's cell (its boxes did nothing)
+        assert event_chain(demo, controls[box], "submit") == ["on_pixels"]
     assert event_chain(demo, controls["hops (towards the input)"], "release") == ["on_multihop"]
     query_image = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "query_image")
     assert event_chain(demo, query_image, "select") == ["on_click", *query]
