@@ -138,12 +138,10 @@ def served(demo: gr.Blocks, workspace: an.Workspace | None = None):
         demo.close()
 
 
-def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkpoint_dir, example_image, work_dir):
-    """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
-    request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
-    monkeypatch.setattr(app, "MAX_QUEUED_EVENTS", 2, raising=False)
-    stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
-    os.utime(stale, (0, 0))
+@pytest.fixture
+def blocked_equivalence(monkeypatch):
+    """The equivalence demo made to hold its slow-group place: (started, release), set when a run begins and to let
+    it end (the test sets release; a run ends by itself after 30 s)."""
     started, release = threading.Event(), threading.Event()
 
     def blocked(*args, **kwargs):
@@ -152,6 +150,18 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
         return "released"
 
     monkeypatch.setattr(an, "equivalence_summary", blocked)
+    yield started, release
+    release.set()
+
+
+def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkpoint_dir, example_image, work_dir,
+                                                  blocked_equivalence):
+    """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
+    request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
+    monkeypatch.setattr(app, "MAX_QUEUED_EVENTS", 2, raising=False)
+    stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
+    os.utime(stale, (0, 0))
+    started, release = blocked_equivalence
     demo = app.build_demo(explorer)
     fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
     with served(demo) as url:
@@ -175,20 +185,13 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
 
 
 def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, monkeypatch, checkpoint_dir,
-                                                                     example_image, work_dir):
+                                                                     example_image, work_dir, blocked_equivalence):
     """Only the page's trigger_mode kept a session to one slow run: through the API one session queued 60
     occlusions (373 s of the shared slow group), and 100 sessions filled the queue so that a new session's click got
     "Queue is full". Now the server refuses a session's second slow request while its first waits or runs, and any
     slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
     monkeypatch.setattr(app, "MAX_SLOW_WAITING", 2, raising=False)
-    started, release = threading.Event(), threading.Event()
-
-    def blocked(*args, **kwargs):
-        started.set()
-        release.wait(30)
-        return "released"
-
-    monkeypatch.setattr(an, "equivalence_summary", blocked)
+    started, release = blocked_equivalence
     demo = app.build_demo(explorer)
     fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
     with served(demo) as url:
