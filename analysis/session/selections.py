@@ -9,7 +9,7 @@ For a probe layer and an image, the rules act on the features the layer itself s
   image's key and the seed (by default the layer's own, so the rule reproduces a random layer exactly;
   :mod:`convnn.candidates`);
 * ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`); α = 0 is the
-  window rule and α = 1 the all rule exactly (:func:`convnn.functional.effective_selection`);
+  window rule and α = 1 the all rule exactly (:func:`convnn.selection.effective_selection`);
 * ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
   hybrid uses its kernel's window, and MHSA (which selects nothing) is shown by its K largest attention weights.
 

@@ -42,7 +42,7 @@ class ConvNN2d(Recordable):
     * ``"blend"``: top K of ``(1 − α)·spatial + α·feature`` on normalised scores over the zero-padded map
       (:func:`kernels.reference.blend_scores`), the query first; on CUDA in the fused kernel (weighting
       ``"none"``/``"uniform"``). Its ends are the two operations exactly
-      (:func:`convnn.functional.effective_selection`): α = 0 is ``"window"`` (raster order, needs K ≤ R²), α = 1
+      (:func:`convnn.selection.effective_selection`): α = 0 is ``"window"`` (raster order, needs K ≤ R²), α = 1
       is ``"all"``.
 
     Args:
