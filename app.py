@@ -8,17 +8,19 @@ number and figure comes from :mod:`analysis`, and every user action has an ``api
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time and
-admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`Admission`), a
-request body of at most MAX_REQUEST_MB, uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB
-together with Gradio's own cache of uploads and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their
-last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's per-session state to
-MAX_SESSIONS sessions.
+admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
+the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB, uploads and exports in a per-session work dir of at
+most MAX_WORK_DIR_MB together with Gradio's own cache of uploads and downloads, which lives in it (all deleted
+FILE_MAX_AGE_S after their last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's
+per-session state to MAX_SESSIONS sessions.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import inspect
 import os
 import tempfile
 from pathlib import Path
@@ -26,7 +28,8 @@ from unittest import mock
 
 import gradio as gr
 import torch
-from gradio import component_meta
+from gradio import component_meta, processing_utils
+from gradio.data_classes import FileData
 from gradio.route_utils import API_PREFIX
 from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
@@ -37,12 +40,13 @@ from analysis.rendering import figures
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
 EXAMPLES_DIR = REPO / "examples"
+WEB_DIR = REPO / "web"  # the page's own JavaScript and CSS (the explorer and the multi-hop view)
 WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
 #                                                             one folder per session) and gradio/ (Gradio's cache)
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
-MAX_UPLOAD_MB = 50  # larger uploaded files are refused by the server before they are stored
-MAX_REQUEST_MB = 60  # one request's body: a checkpoint's weights (≤ MAX_UPLOAD_MB) and its card, with room to spare
+MAX_UPLOAD_MB = 50  # larger uploaded files are refused by the server before they are stored (--max-upload-mb)
+REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
 MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
 #                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
@@ -60,13 +64,17 @@ MAX_SESSIONS = 32  # sessions whose state Gradio keeps (each holds its last outp
 #                    least recently used goes first (its uploads stay reachable: they are found by its session id)
 GUIDE = [
     "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
-    "**2 · Read the prediction.** The five most probable classes for the image the model sees (32×32).",
-    "**3 · Click a pixel.** Each panel outlines the K cells one rule picks for that pixel, rank 0 darkest.",
-    "**4 · Compare rules.** Window = convolution, all tokens = attention, random = r sampled candidates, blend = α.",
-    "**5 · Open the tabs.** How neighbours are weighed, how the branches mix, and where the model looks.",
+    "**2 · Read the prediction** beside the image: the five most probable classes for what the model sees.",
+    "**3 · Click or tap a pixel.** The large panel outlines the K cells one rule picks for it, rank 0 darkest; "
+    "hover a cell for its rank, score and contribution.",
+    "**4 · Compare rules.** Window = convolution, all tokens = attention, random = r sampled candidates, blend = α: "
+    "switch the large panel, or read the small ones.",
+    "**5 · Open the tabs** below: how neighbours are weighed, how the branches mix, and where the model looks.",
 ]
 
 
+ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "
+                      f"occlusion and integrated gradients) and is kept for this model and image. {an.GRADIENT_NOTE}")
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
 
 
@@ -208,25 +216,28 @@ class Admission:
 
 
 class Explorer:
-    """The app's handlers: thin adapters from UI values (paths, numbers, ``gr.SelectData``) to :mod:`analysis`.
+    """The app's handlers: thin adapters from the page's values to :mod:`analysis`.
 
-    Handlers that read files take the event's ``gr.Request``: its session owns the uploads and exports it makes
-    (a direct call without one is the one local session).
+    Handlers take the page's values by name, the ``elem_id`` of the component each comes from (:func:`by_name`
+    passes them), and the event's ``gr.Request``, whose session owns the uploads and exports it makes (a direct call
+    without one is the one local session). The ``api_*`` methods are the documented API: plain values in and out.
 
     Args:
         checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
         device (str): where models run. Default: CUDA if available, else CPU
         workspace (an.Workspace): where uploads and exports are kept. Default: :func:`default_workspace`
+        max_upload_mb (int): the largest file an upload may be, MB. Default: MAX_UPLOAD_MB
     """
 
     def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None,
-                 workspace: an.Workspace | None = None) -> None:
+                 workspace: an.Workspace | None = None, max_upload_mb: int = MAX_UPLOAD_MB) -> None:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
         self.workspace = workspace or default_workspace()
+        self.max_upload_mb = max_upload_mb
 
-    # -- resolving UI values ---------------------------------------------------------------------------------------
+    # -- resolving the page's values -----------------------------------------------------------------------------
     @staticmethod
     def session(request: gr.Request | None) -> str | None:
         return getattr(request, "session_hash", None)
@@ -236,371 +247,515 @@ class Explorer:
         return an.load_model(card, self.device)
 
     @staticmethod
-    def image(image_path: str | None) -> an.InputImage:
-        if not image_path:
+    def image(image_file: str | dict | None, fit: str = "crop") -> an.InputImage:
+        """The image of a file component's path, or of an API call's file (a FileData dict), fitted to a square."""
+        path = image_file.get("path") if isinstance(image_file, dict) else image_file
+        if not path or not isinstance(path, str):
             raise ValueError("Pick an example or upload an image first.")
-        return an.load_image(image_path)
+        return an.fit_image(an.load_image(path), fit)
+
+    @staticmethod
+    def pixel(row_px: float, col_px: float) -> tuple[int, int]:
+        return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
+
+    @staticmethod
+    def options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head) -> an.RuleOptions:
+        return an.RuleOptions.from_ui(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
 
     def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
         shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir)]
         return shipped + [tuple(upload) for upload in uploads]
 
+    def table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size, num_candidates,
+              seed, blend_alpha, head, request=None, keep_query: bool = True) -> dict:
+        """The explorer page's value (:func:`analysis.page_table`: the table, the prediction and the image's note)
+        for the page's values."""
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        size = loaded.card.input_size
+        query_px = self.pixel(row_px, col_px)
+        an.query_cell(loaded.probe(layer), *query_px)  # a pixel outside the model input is a message
+        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
+        table = an.neighbor_table(loaded, image, layer, options, query_px)
+        return an.page_table(an.model_view(image, size), table, query_px, loaded.card, an.top_classes(loaded, image),
+                             image, keep_query)
+
+    # -- the API: plain values -------------------------------------------------------------------------------------
+    @user_errors
+    def api_layers(self, checkpoint: str, request: gr.Request | None = None) -> list[dict]:
+        """The layers a model's views open, in forward order: ``name``, ``label``, grid ``height``/``width``, K, R,
+        r, heads, λ, selection rule… (:class:`analysis.LayerInfo`)."""
+        return [dataclasses.asdict(p) | {"label": an.layer_label(p)} for p in self.model(checkpoint, request).probes]
+
+    @user_errors
+    def api_predict(self, checkpoint: str, image: FileData, fit: str = "crop",
+                    request: gr.Request | None = None) -> dict[str, float]:
+        """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability."""
+        return an.top_classes(self.model(checkpoint, request), self.image(image, fit))
+
+    @user_errors
+    def api_neighbors(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
+                      num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
+                      blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
+                      request: gr.Request | None = None) -> dict:
+        """One query's neighbours under every rule (:func:`analysis.query_record`: cells, ranks, similarities,
+        distances, Jaccard overlaps); 0 for K, R, r or the seed means the layer's own."""
+        loaded, image = self.model(checkpoint, request), self.image(image, fit)
+        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
+        result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
+        return an.query_record(loaded, image, result)
+
+    @user_errors
+    def api_export(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
+                   num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
+                   blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
+                   request: gr.Request | None = None) -> tuple[FileData, FileData]:
+        """One query's overlay (PNG, every rule side by side) and neighbours (JSON), as files to download."""
+        files = self.on_export(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
+                               num_candidates, seed, blend_alpha, head, request)["exports"]
+        cached = [processing_utils.save_file_to_cache(path, get_upload_folder()) for path in files]  # served from
+        return FileData(path=cached[0]), FileData(path=cached[1])  # Gradio's cache: the work dir is never served
+
+    @user_errors
+    def api_spectrum(self, checkpoint: str, image: FileData, fit: str = "crop",
+                     request: gr.Request | None = None) -> list[dict]:
+        """Every layer's place on the convolution ↔ attention spectrum on this image: ``layer``,
+        ``mean_distance`` (cells), ``window_share`` (in [0, 1]) and ``window_size`` R."""
+        rows = an.selection_spectrum(self.model(checkpoint, request), self.image(image, fit))
+        return [dataclasses.asdict(row) for row in rows]
+
+    @user_errors
+    def api_multihop(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
+                     num_hops: int = 2, head: int = 0, fit: str = "crop",
+                     request: gr.Request | None = None) -> dict:
+        """The query's receptive field through ``num_hops`` layers: ``hops`` (S × S, the first hop reaching each
+        model-input pixel, −1 for none), ``layers`` (the layer of each hop ≥ 1) and ``pixel_counts``."""
+        field = an.receptive_field(self.model(checkpoint, request), self.image(image, fit), layer,
+                                   self.pixel(row_px, col_px), num_hops, head)
+        return {"hops": field.hops.tolist(), "layers": field.layers, "pixel_counts": field.pixel_counts}
+
+    @user_errors
+    def api_attribution(self, checkpoint: str, image: FileData, method: str = "saliency", target: str = "",
+                        fit: str = "crop", request: gr.Request | None = None) -> dict:
+        """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
+        |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
+        result = an.attribution_map(self.model(checkpoint, request), self.image(image, fit), method, target or None)
+        return {"values": result.values.tolist(), "target": result.target, "method": result.method,
+                "note": result.note}
+
+    @user_errors
+    def api_equivalence(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
+                        request: gr.Request | None = None) -> list[dict]:
+        """The equivalence demos of the layer (window ConvNN vs ``conv2d``; ConvNN-attention with K = N vs
+        SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``."""
+        results = an.equivalences(self.model(checkpoint, request), self.image(image, fit), layer)
+        return [dataclasses.asdict(result) for result in results]
+
+    @user_errors
+    def api_table(self, checkpoint: str, image: FileData, layer: str, row_px: int = 16, col_px: int = 16,
+                  num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
+                  blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
+                  request: gr.Request | None = None) -> dict:
+        """What the page receives for a layer: every query's neighbours, statistics and contributions
+        (:func:`analysis.page_table`; arrays base64-packed, little-endian)."""
+        return self.table(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
+                          num_candidates, seed, blend_alpha, head, request)
+
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
-    def on_model(self, checkpoint: str | None, request: gr.Request | None = None):
+    def on_model(self, checkpoint, request=None):
         loaded = self.model(checkpoint, request)
         probes = loaded.probes
         default = next((p for p in probes if p.height < loaded.card.input_size), probes[0]) if probes else None
         heads = max((p.num_heads for p in probes), default=1)
-        return (an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
-                gr.update(choices=[(an.layer_label(p), p.name) for p in probes], value=default and default.name),
-                gr.update(maximum=heads - 1, value=0, visible=heads > 1))
+        return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
+                "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in probes],
+                                   value=default and default.name),
+                "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1)}
 
     @user_errors
-    def on_query_px(self, checkpoint: str | None, row_px: float, col_px: float,
-                    request: gr.Request | None = None) -> tuple[int, int]:
-        """The query pixel moved inside the (new) model's input, so a model of another input size still answers."""
+    def on_first_render(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                        num_candidates, seed, blend_alpha, head, request=None):
+        """What a new model or image shows first: the explorer's table with the prediction, at the query of the
+        boxes moved inside the model's input (a model of another input size still answers)."""
         size = self.model(checkpoint, request).card.input_size
-        return an.clamp_px(self.pixel(row_px, col_px), size, size)
+        row_px, col_px = an.clamp_px(self.pixel(row_px, col_px), size, size)
+        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                          num_candidates, seed, blend_alpha, head, request, keep_query=False)
 
     @user_errors
-    def on_checkpoint_upload(self, files: list[str] | None, uploads: list[tuple[str, str]],
-                             request: gr.Request | None = None):
-        choice = an.store_upload(files or [], self.workspace, self.session(request), self.device)
+    def on_table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                 num_candidates, seed, blend_alpha, head, request=None):
+        """A new table for a new layer or rule knob; the page keeps its query."""
+        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                          num_candidates, seed, blend_alpha, head, request)
+
+    @user_errors
+    def on_table_row(self, checkpoint, image_file, fit, layer, num_neighbors, window_size, num_candidates, seed,
+                     blend_alpha, head, evt: gr.SelectData, request=None):
+        """A click's row when K is above the table's bound (the page asks for it, :data:`an.MAX_TABLE_NEIGHBORS`)."""
+        index = evt.index if isinstance(evt.index, list | tuple) and len(evt.index) == 2 else (None, None)
+        row_px, col_px = self.pixel(*index)
+        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                          num_candidates, seed, blend_alpha, head, request)
+
+    @user_errors
+    def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
+        choice = an.store_upload(checkpoint_files or [], self.workspace, self.session(request), self.device)
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
         uploads = [*uploads, (label, choice)]
-        return gr.update(choices=self.choices(uploads), value=choice), uploads
+        return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads}
 
     @user_errors
     def on_example(self, evt: gr.SelectData) -> str:
         return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
 
     @user_errors
-    def on_image_upload(self, path: str | None) -> str:
-        self.image(path)  # refuse what cannot be read before it replaces the current image
-        return path
-
-    @user_errors
-    def on_image(self, checkpoint: str | None, image_path: str | None, request: gr.Request | None = None):
-        loaded, image = self.model(checkpoint, request), self.image(image_path)
-        if image.note:
-            gr.Warning(image.note)
-        view = an.model_view(image, loaded.card.input_size)
-        return an.display_image(view, an.display_factor(view.shape[0])), an.top_classes(loaded, image)
-
-    # -- the query ---------------------------------------------------------------------------------------------------
-    @user_errors
-    def on_click(self, checkpoint: str | None, evt: gr.SelectData, request: gr.Request | None = None
-                 ) -> tuple[int, int]:
-        size = self.model(checkpoint, request).card.input_size
-        factor = an.display_factor(size)
-        x_px, y_px = an.click_position(evt.index, size * factor, size * factor)  # Gradio gives (x, y)
-        return an.display_to_input_px(x_px, y_px, factor, size, size)
-
-    @staticmethod
-    def pixel(row_px: float, col_px: float) -> tuple[int, int]:
-        return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
-
-    def query(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head, request):
-        """The model, image and :func:`analysis.query_neighbors` result for the UI's values."""
-        loaded, image = self.model(checkpoint, request), self.image(image_path)
-        options = an.RuleOptions.from_ui(k, window, candidates, seed, alpha, head)
-        return loaded, image, an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
-
-    @user_errors
-    def on_neighbors(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head,
-                     request: gr.Request | None = None):
-        loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
-                                           seed, alpha, head, request)
-        view = an.model_view(image, loaded.card.input_size)
-        return (an.display_image(view, an.display_factor(view.shape[0]), result.query_px),
-                figures.neighbor_panel(view, result), an.neighbors_summary(result),
-                an.query_record(loaded, image, result))
-
-    @user_errors
-    def on_export(self, checkpoint, image_path, layer, row_px, col_px, k, window, candidates, seed, alpha, head,
-                  request: gr.Request | None = None):
-        """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click.
-        Gradio serves them from its own cache (the work dir is never served)."""
-        loaded, image, result = self.query(checkpoint, image_path, layer, row_px, col_px, k, window, candidates,
-                                           seed, alpha, head, request)
-        return [str(path) for path in an.export_query(self.workspace, self.session(request), loaded, image, result)]
+    def on_image_upload(self, image_upload: str | None) -> str:
+        self.image(image_upload)  # refuse what cannot be read before it replaces the current image
+        return image_upload
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
-    def on_weights(self, checkpoint, image_path, layer, row_px, col_px, head, request: gr.Request | None = None):
-        loaded = self.model(checkpoint, request)
-        probe = loaded.probe(layer)
+    def on_weights(self, checkpoint, layer, request=None):
+        probe = self.model(checkpoint, request).probe(layer)
         if probe.dense:
-            return None, None, None, f"{probe.name} is plain attention: no rank-slot kernel to show."
-        heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
-        if probe.record_name is None:
-            return heat, bars, None, "A conv-only layer: its taps are the window's rank slots (METHOD §4.1)."
-        contrib = an.neighbor_contributions(loaded, self.image(image_path), layer, self.pixel(row_px, col_px), head)
-        return (heat, bars, figures.contribution_figure(contrib),
-                f"Σ contributions + bias vs the layer's own output: max |diff| = {contrib.max_abs_residual:.2e}")
+            return {"kernel_plot": None, "slot_plot": None,
+                    "weights_note": f"{probe.name} is plain attention: no rank-slot kernel to show."}
+        heat, bars = figures.kernel_figures(an.aggregation_kernel(self.model(checkpoint, request), layer))
+        note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)." if probe.record_name is None
+                else "Each neighbour's contribution to the clicked cell is in the explorer above.")
+        return {"kernel_plot": heat, "slot_plot": bars, "weights_note": note}
 
     @user_errors
-    def on_mix(self, checkpoint, image_path, layer, row_px, col_px, request: gr.Request | None = None):
+    def on_mix(self, checkpoint, image_file, fit, layer, request=None):
         loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
         if not probe.is_hybrid:
-            return None, f"{probe.name} is not a hybrid layer: the λ mix exists only in hybrid ConvNN layers."
-        mix = an.branch_mix(loaded, self.image(image_path), layer)
-        cell = an.query_cell(probe, *self.pixel(row_px, col_px))
-        return figures.mix_figure(mix, probe.name, cell), an.mix_summary(mix, cell)
+            return {"mix_plot": None, "mix_note": f"{probe.name} is not a hybrid layer: the λ mix exists only in "
+                                                  "hybrid ConvNN layers."}
+        mix = an.branch_mix(loaded, self.image(image_file, fit), layer)
+        return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
     @user_errors
-    def on_multihop(self, checkpoint, image_path, layer, row_px, col_px, hops, head, request: gr.Request | None = None):
-        loaded, image = self.model(checkpoint, request), self.image(image_path)
-        query_px = self.pixel(row_px, col_px)
-        field = an.receptive_field(loaded, image, layer, query_px, hops, head)
-        counts = ", ".join(f"hop {h}: {n} px" for h, n in enumerate(field.pixel_counts))
-        return figures.hop_figure(an.model_view(image, loaded.card.input_size), field, query_px), counts
+    def on_hops(self, checkpoint, image_file, fit, layer, hops, head, request=None):
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        probe = loaded.probe(layer)
+        fields = an.receptive_fields(loaded, image, layer, hops, head)
+        return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
 
     @user_errors
-    def on_spectrum(self, checkpoint, image_path, request: gr.Request | None = None):
-        return figures.spectrum_figure(an.selection_spectrum(self.model(checkpoint, request), self.image(image_path)))
+    def on_spectrum(self, checkpoint, image_file, fit, request=None):
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        return figures.spectrum_figure(an.selection_spectrum(loaded, image))
 
     @user_errors
-    def on_attribution(self, checkpoint, image_path, method, target, request: gr.Request | None = None):
-        loaded, image = self.model(checkpoint, request), self.image(image_path)
+    def on_attribution(self, checkpoint, image_file, fit, method, target, request=None, progress=None):
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
+            progress(0, desc=f"{method.replace('_', ' ')}…")
         result = an.attribution_map(loaded, image, method, target or None)
-        return figures.attribution_figure(an.model_view(image, loaded.card.input_size), result), result.note
+        return {"attribution_plot": figures.attribution_figure(an.model_view(image, loaded.card.input_size), result),
+                "attribution_note": result.note}
 
     @user_errors
-    def on_equivalence(self, checkpoint, image_path, layer, request: gr.Request | None = None):
-        return an.equivalence_summary(self.model(checkpoint, request), self.image(image_path), layer)
+    def on_equivalence(self, checkpoint, image_file, fit, layer, request=None):
+        return an.equivalence_summary(self.model(checkpoint, request), self.image(image_file, fit), layer)
 
     @staticmethod
-    def on_equivalence_reset(*_) -> str:  # a new model, image or layer: the demo's last result no longer applies
-        return EQUIVALENCE_PROMPT
+    def on_slow_reset(request=None):
+        """A new model, image or layer: the slow views' last results no longer apply; they run when asked."""
+        return {"attribution_plot": None, "attribution_note": ATTRIBUTION_PROMPT,
+                "equivalence_text": EQUIVALENCE_PROMPT}
 
     @user_errors
-    def on_pixel_image(self, image_path):
-        view = an.pixel_view(self.image(image_path))
+    def on_export(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                  num_candidates, seed, blend_alpha, head, request=None):
+        """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click.
+        Gradio serves them from its own cache (the work dir is never served)."""
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
+        result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
+        return {"exports": [str(path) for path in an.export_query(self.workspace, self.session(request), loaded,
+                                                                  image, result)],
+                "neighbors_data": an.query_record(loaded, image, result)}
+
+    # -- the input-level view (the upload itself, at a few hundred pixels a side) ------------------------------------
+    @user_errors
+    def on_pixel_image(self, image_file, request=None):
+        view = an.pixel_view(an.load_image(image_file))
         return an.display_image(view, an.display_factor(max(view.shape[:2]), 384))
 
     @user_errors
-    def on_pixel_click(self, image_path, evt: gr.SelectData) -> tuple[int, int]:
-        view = an.pixel_view(self.image(image_path))
+    def on_pixel_click(self, image_file, evt: gr.SelectData) -> tuple[int, int]:
+        view = an.pixel_view(an.load_image(image_file))
         factor = an.display_factor(max(view.shape[:2]), 384)
         x_px, y_px = an.click_position(evt.index, view.shape[1] * factor, view.shape[0] * factor)
         return an.display_to_input_px(x_px, y_px, factor, *view.shape[:2])
 
     @user_errors
-    def on_pixel_query(self, image_path, row_px, col_px) -> tuple[int, int]:
+    def on_pixel_query(self, image_file, pixel_row, pixel_col, request=None) -> dict:
         """The input-level query moved inside the (new) image's view."""
-        return an.clamp_px(self.pixel(row_px, col_px), *an.pixel_view(self.image(image_path)).shape[:2])
+        row, col = an.clamp_px(self.pixel(pixel_row, pixel_col), *an.pixel_view(an.load_image(image_file)).shape[:2])
+        return {"pixel_row": row, "pixel_col": col}
 
     @user_errors
-    def on_pixels(self, image_path, row_px, col_px, k, position_weight):
-        image, query_px = self.image(image_path), self.pixel(row_px, col_px)
-        result = an.pixel_neighbors(image, query_px, k, float(position_weight))
+    def on_pixels(self, image_file, pixel_row, pixel_col, pixel_k, position_weight, request=None):
+        image, query_px = an.load_image(image_file), self.pixel(pixel_row, pixel_col)
+        result = an.pixel_neighbors(image, query_px, pixel_k, float(position_weight))
         return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 
-def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
-    """The page: model and image pickers, prediction, the click-to-query panel and the analysis tabs."""
-    ex = explorer or Explorer()
+KNOBS = ["num_neighbors", "window_size", "num_candidates", "seed", "blend_alpha", "head"]  # what a selection reads
+QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]  # all a table is made from
+# The views, by name: (handler, inputs, outputs), each a component's elem_id.
+VIEWS = {
+    "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
+    "first_render": ("on_first_render", QUERY, ["explorer"]),
+    "table": ("on_table", QUERY, ["explorer"]),
+    "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
+    "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
+    "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "hops", "head"], ["hop_view"]),
+    "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
+    "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text"]),
+    "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
+    "pixel_query": ("on_pixel_query", ["image_file", "pixel_row", "pixel_col"], ["pixel_row", "pixel_col"]),
+    "pixels": ("on_pixels", ["image_file", "pixel_row", "pixel_col", "pixel_k", "position_weight"], ["pixel_plot"]),
+}
+# The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
+# the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
+# the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
+# run when asked. Layer and head answer the user only (.input): a new model whose default layer has the old one's
+# name fires no .change, so a new model runs every view itself.
+REFRESH = {
+    ("demo", "load"): ["model", "first_render", "weights", "mix", "spectrum", "hops", "pixel_image", "pixel_query",
+                       "pixels"],
+    ("checkpoint", "change"): ["model", "first_render", "weights", "mix", "spectrum", "hops", "slow_reset"],
+    ("image_file", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image",
+                               "pixel_query", "pixels"],
+    ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset"],
+    ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
+    ("head", "input"): ["table", "hops"],
+    **{(knob, "change"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
+    ("blend_alpha", "release"): ["table"],
+    ("hops", "release"): ["hops"],
+    ("pixel_k", "release"): ["pixels"],
+    ("position_weight", "release"): ["pixels"],
+    **{(box, trigger): ["pixels"] for box in ("pixel_row", "pixel_col") for trigger in ("submit", "blur")},
+}
+
+
+def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
+    """The page's components, laid out, by ``elem_id`` (no events: :func:`build_demo` wires them)."""
+    ui: dict[str, gr.components.Component] = {}
+
+    def add(component):
+        ui[component.elem_id] = component
+        return component
+
     choices = ex.choices([])
     default = next((choice for _, choice in choices if choice == DEFAULT_CHECKPOINT),
                    choices[0][1] if choices else None)
-    with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
-        uploads = gr.State([])
-        gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation. "
-                    f"Compute path: **{an.compute_path(ex.device)}**.")
-        guided = gr.Checkbox(value=True, label="Guided mode (numbered steps)")
-        guide = [gr.Markdown(text) for text in GUIDE[:1]]
-        with gr.Row():
-            with gr.Column(scale=1):
-                checkpoint = gr.Dropdown(choices, value=default, label="Model",
-                                         allow_custom_value=True, elem_id="checkpoint")
-                card = gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
-                                  elem_id="card")
-                checkpoint_files = gr.File(file_count="multiple", file_types=[".safetensors", ".json"],
-                                           label="…or upload your checkpoint (.safetensors + .json, "
-                                                 f"up to {MAX_UPLOAD_MB} MB)")
-            with gr.Column(scale=1):
-                examples = gr.Gallery(ex.examples, columns=5, height=150, allow_preview=False, label="Examples",
-                                      elem_id="examples")
-                with gr.Row():
-                    image_file = gr.File(ex.examples[0] if ex.examples else None, file_types=["image"],
-                                         label=f"Image (pick an example or upload, up to {MAX_UPLOAD_MB} MB)",
-                                         elem_id="image_file", scale=3)
-                    image_upload = gr.UploadButton(f"Upload an image (≤ {MAX_UPLOAD_MB} MB)", file_types=["image"],
-                                                   elem_id="image_upload", scale=1)
-                guide.append(gr.Markdown(GUIDE[1]))
-                prediction = gr.Label(num_top_classes=5, label="Top-5 prediction", elem_id="prediction")
-        guide += [gr.Markdown(GUIDE[2]), gr.Markdown(GUIDE[3])]
-        with gr.Row():
-            with gr.Column(scale=1, min_width=280):
-                query_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
-                                       elem_id="query_image")
-                with gr.Row():
-                    row_px = CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px")
-                    col_px = CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px")
-                neighbors_button = gr.Button("Show neighbours", elem_id="neighbors_button")
-            with gr.Column(scale=3):
-                layer = gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer")
-                with gr.Row():
-                    num_neighbors = CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)")
-                    window_size = CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)")
-                    num_candidates = CheckedNumber(0, precision=0, minimum=0,
-                                                   label="random r ≥ K (0 = layer's / 32; ≥ N = all)")
-                    seed = CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)")
-                    head = CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False)
-                blend_alpha = CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
-                                        elem_id="blend_alpha")
-        neighbor_plot = gr.Plot(elem_id="neighbor_plot", label="Neighbours by rule")
-        stats = gr.Markdown(elem_id="stats")
-        with gr.Accordion("Export (PNG overlay, JSON of indices)", open=False):
-            export_button = gr.Button("Export this query", elem_id="export_button")
-            exports = gr.File(file_count="multiple", label="Downloads", elem_id="exports")
-            neighbors_data = gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data")
-        guide.append(gr.Markdown(GUIDE[4]))
-        with gr.Tabs():
-            with gr.Tab("Aggregation weights"):
-                weights_note = gr.Markdown()
-                with gr.Row():
-                    kernel_plot, slot_plot = gr.Plot(label="kernel"), gr.Plot(label="per rank slot")
-                contribution_plot = gr.Plot(label="contributions")
-            with gr.Tab("λ mix"):
-                mix_note, mix_plot = gr.Markdown(), gr.Plot(label="ConvNN share")
-            with gr.Tab("Attribution"):
-                with gr.Row():
-                    method = gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method")
-                    target = gr.Textbox("", label="class (empty = predicted)")
-                    attribution_button = gr.Button("Compute attribution")
-                attribution_note = gr.Markdown(an.GRADIENT_NOTE)
-                attribution_plot = gr.Plot(label="attribution", elem_id="attribution_plot")
-            with gr.Tab("Spectrum"):
-                spectrum_plot = gr.Plot(label="spectrum", elem_id="spectrum_plot")
-            with gr.Tab("Equivalence demo"):
-                equivalence_button = gr.Button("Run on this layer's features")
-                equivalence_text = gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text")
-            with gr.Tab("Multi-hop"):
-                hops = CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)")
-                hop_note, hop_plot = gr.Markdown(), gr.Plot(label="receptive field")
-            with gr.Tab("Input-level view"):
-                gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
-                with gr.Row():
-                    pixel_image = gr.Image(type="numpy", format="png", interactive=False, show_label=False,
-                                           buttons=[], elem_id="pixel_image")
-                    with gr.Column():
-                        pixel_k = CheckedSlider(1, 1024, value=64, step=1, label="K")
-                        position_weight = CheckedSlider(0, 4, value=0, step=0.1, label="position weight")
-                        pixel_row = CheckedNumber(0, precision=0, label="row")
-                        pixel_col = CheckedNumber(0, precision=0, label="col")
-                pixel_plot = gr.Plot(label="like vs near", elem_id="pixel_plot")
+    upload_mb = ex.max_upload_mb
+    ui["uploads"] = gr.State([])  # this session's uploaded checkpoints (a State has no elem_id)
+    gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation · compute "
+                f"path: **{an.compute_path(ex.device)}**", elem_id="title")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
+            guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
+            add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
+            add(gr.Gallery(ex.examples, columns=5, height=76, allow_preview=False, label="Examples",
+                           elem_id="examples"))
+            with gr.Row(equal_height=False):
+                add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"],
+                                    elem_id="image_upload", scale=1, min_width=120))
+                add(gr.Radio(list(an.FITS), value="crop", label="Not square?", elem_id="fit", scale=2,
+                             min_width=200))
+            add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
+                        label="Image", visible=False))  # the file every view reads (the explorer shows it)
+            guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
+        with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
+            add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
+                        css_template=_web("explorer.css"), js_on_load=_web("explorer.js"), padding=False))
+    with gr.Row(equal_height=False):
+        with gr.Accordion("Model card, or open your own checkpoint", open=False):
+            add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
+                           elem_id="card"))
+            add(gr.File(file_count="multiple", file_types=[".safetensors", ".json"], elem_id="checkpoint_files",
+                        label=f"Upload your checkpoint (.safetensors + .json, up to {upload_mb} MB)"))
+        guided = add(gr.Checkbox(value=False, label="Guided mode (numbered steps)", elem_id="guided", scale=0,
+                                 min_width=260))
+    with gr.Row():
+        add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer", scale=3, min_width=240))
+        add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
+        add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
+    with gr.Row():
+        add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
+                          min_width=90))
+        add(CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)", elem_id="window_size",
+                          min_width=90))
+        add(CheckedNumber(0, precision=0, minimum=0, label="random r ≥ K (0 = layer's / 32; ≥ N = all)",
+                          elem_id="num_candidates", min_width=90))
+        add(CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)", elem_id="seed", min_width=90))
+        add(CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False, elem_id="head",
+                          min_width=90))
+        add(CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
+                          elem_id="blend_alpha", min_width=200))
+    with gr.Accordion("Export (PNG overlay, JSON of indices)", open=False):
+        add(gr.Button("Export this query", elem_id="export_button"))
+        add(gr.File(file_count="multiple", label="Downloads", elem_id="exports"))
+        add(gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data"))
+    guide.append(gr.Markdown(GUIDE[4], visible=False))
+    with gr.Tabs():
+        with gr.Tab("Aggregation weights"):
+            add(gr.Markdown(elem_id="weights_note"))
+            with gr.Row():
+                add(gr.Plot(label="kernel", elem_id="kernel_plot"))
+                add(gr.Plot(label="per rank slot", elem_id="slot_plot"))
+        with gr.Tab("λ mix"):
+            add(gr.Markdown(elem_id="mix_note"))
+            add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))
+        with gr.Tab("Attribution"):
+            with gr.Row():
+                add(gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method", elem_id="method"))
+                add(gr.Textbox("", label="class (empty = predicted)", elem_id="target"))
+                add(gr.Button("Compute attribution", variant="primary", elem_id="attribution_button"))
+                add(gr.Button("Cancel", elem_id="attribution_cancel"))
+            add(gr.Markdown(ATTRIBUTION_PROMPT, elem_id="attribution_note"))
+            add(gr.Plot(label="attribution", elem_id="attribution_plot"))
+        with gr.Tab("Spectrum"):
+            add(gr.Plot(label="spectrum", elem_id="spectrum_plot"))
+        with gr.Tab("Equivalence demo"):
+            add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
+            add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
+        with gr.Tab("Multi-hop"):
+            gr.Markdown("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through "
+                        "consecutive layers' selections (follows the click above).")
+            add(CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)", elem_id="hops"))
+            add(gr.HTML(None, elem_id="hop_view", html_template='<div class="cx-hops"></div>',
+                        css_template=_web("explorer.css"), js_on_load=_web("hops.js"), padding=False))
+        with gr.Tab("Input-level view"):
+            gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
+            with gr.Row():
+                add(gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
+                             elem_id="pixel_image"))
+                with gr.Column():
+                    add(CheckedSlider(1, 1024, value=64, step=1, label="K", elem_id="pixel_k"))
+                    add(CheckedSlider(0, 4, value=0, step=0.1, label="position weight", elem_id="position_weight"))
+                    add(CheckedNumber(0, precision=0, label="row", elem_id="pixel_row"))
+                    add(CheckedNumber(0, precision=0, label="col", elem_id="pixel_col"))
+            add(gr.Plot(label="like vs near", elem_id="pixel_plot"))
+    guided.change(lambda on: [gr.update(visible=on)] * len(guide), guided, guide, api_visibility="private")
+    return ui
 
-        query = [checkpoint, image_file, layer, row_px, col_px]
-        rule_inputs = [*query, num_neighbors, window_size, num_candidates, seed, blend_alpha, head]
-        neighbors = (ex.on_neighbors, rule_inputs, [query_image, neighbor_plot, stats, neighbors_data])
-        predict = (ex.on_image, [checkpoint, image_file], [query_image, prediction])
-        spectrum = (ex.on_spectrum, [checkpoint, image_file], spectrum_plot)
-        multihop = (ex.on_multihop, [*query, hops, head], [hop_plot, hop_note])
-        attribution = (ex.on_attribution, [checkpoint, image_file, method, target],
-                       [attribution_plot, attribution_note])
-        equivalence = (ex.on_equivalence, [checkpoint, image_file, layer], equivalence_text)
-        pixel_query = (ex.on_pixel_query, [image_file, pixel_row, pixel_col], [pixel_row, pixel_col])
-        pixels = (ex.on_pixels, [image_file, pixel_row, pixel_col, pixel_k, position_weight], pixel_plot)
-        # The views that follow a neighbours update, with what they read. The equivalence demo (seconds and ~1 GB on
-        # a 32×32 layer) is only reset to its prompt, and runs when asked.
-        weights = (ex.on_weights, [*query, head], [kernel_plot, slot_plot, contribution_plot, weights_note])
-        tab_updates = [("weights", *weights), ("mix", ex.on_mix, query, [mix_plot, mix_note]), (None, *multihop),
-                       (None, ex.on_equivalence_reset, [checkpoint, image_file, layer], equivalence_text),
-                       (None, *attribution)]
+
+@functools.cache
+def _web(name: str) -> str:
+    """A file of the page's own JavaScript or CSS, from the ``web/`` folder beside this file."""
+    return (WEB_DIR / name).read_text(encoding="utf-8")
+
+
+def wire(ex: Explorer, ui: dict, fn_name: str, inputs: list[str], outputs: list[str]):
+    """The ``fn``, ``inputs`` and ``outputs`` keywords of a Gradio event: the Explorer method ``fn_name``, called
+    with each input value as the keyword of its component's name in ``ui`` (its ``elem_id``), plus the request and,
+    if it takes them, the event data (``evt``) and Gradio's progress tracker (``progress``). Gradio passes inputs
+    given as a set as one ``{component: value}`` dict; a handler of several outputs returns ``{name: value}``."""
+    fn = getattr(ex, fn_name)
+    params = inspect.signature(fn).parameters
+    extra = [p for p in ("evt", "progress") if p in params]
+
+    names = {block._id: name for name, block in ui.items() if name in inputs}
+
+    def handler(*args):
+        values, request, *special = args if inputs else ({}, *args)
+        kwargs = dict(zip(extra, special, strict=True))
+        result = fn(**{names[block._id]: value for block, value in values.items()}, request=request, **kwargs)
+        return {ui[name]: value for name, value in result.items()} if len(outputs) > 1 else result
+
+    annotations = {"values": dict, "request": gr.Request, "evt": gr.SelectData, "progress": gr.Progress}
+    order = (["values"] if inputs else []) + ["request", *extra]
+    handler.__signature__ = inspect.Signature([
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[name],
+                          default=gr.Progress(track_tqdm=True) if name == "progress" else inspect.Parameter.empty)
+        for name in order])
+    handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
+    handler.__name__ = fn_name
+    return {"fn": handler, "inputs": {ui[name] for name in inputs} or None, "outputs": [ui[name] for name in outputs]}
+
+
+def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
+    """The page (:func:`build_layout`) and its events: the refresh policy (:data:`REFRESH`), then the actions."""
+    ex = explorer or Explorer()
+    with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
+        ui = build_layout(ex)
+        ui["demo"] = demo
+
+        def run(views: list[str], event):
+            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
+            for view in views:
+                event = event.then(**wire(ex, ui, *VIEWS[view]), api_visibility="private")
+
+        for (source, trigger), views in REFRESH.items():
+            first, *rest = views
+            run(rest, getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private"))
+
+        # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
+        # table's bound the page asks for the clicked query's row (explorer.select).
+        ui["explorer"].select(**wire(ex, ui, "on_table_row", [*QUERY[:4], *KNOBS], ["explorer"]),
+                              api_visibility="private")
+        ui["examples"].select(ex.on_example, None, ui["image_file"], api_visibility="private")
+        ui["image_upload"].upload(ex.on_image_upload, ui["image_upload"], ui["image_file"], api_visibility="private")
+        ui["checkpoint_files"].upload(**wire(ex, ui, "on_checkpoint_upload", ["checkpoint_files", "uploads"],
+                                            ["checkpoint", "uploads"]), api_visibility="private")
+        ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),
+                                  api_visibility="private")
+        pixel_click = ui["pixel_image"].select(ex.on_pixel_click, ui["image_file"],
+                                               [ui["pixel_row"], ui["pixel_col"]], api_visibility="private")
+        run(["pixels"], pixel_click)
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
-        # one per session and a few in all (Admission), and a change of what a slow view reads cancels its
-        # pending run (the frontend asks the queue to drop it).
-        slow_views = {attribution[0]: [], equivalence[0]: []}  # fn → its events
+        # one per session and a few in all (Admission); Cancel, or a change of what a slow view reads, drops its
+        # pending or running call.
+        slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
+                    api_visibility="private")
+        attribution = ui["attribution_button"].click(**wire(ex, ui, "on_attribution", ["checkpoint", "image_file",
+                                                      "fit", "method", "target"],
+                                                      ["attribution_plot", "attribution_note"]), **slow)
+        equivalence = ui["equivalence_button"].click(**wire(ex, ui, "on_equivalence", ["checkpoint", "image_file",
+                                                      "fit", "layer"], ["equivalence_text"]), **slow)
+        ui["attribution_cancel"].click(None, cancels=[attribution], api_visibility="private")
+        for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
+                             (equivalence, ["checkpoint", "image_file", "fit", "layer"])):
+            gr.on([ui[name].change for name in reads], None, cancels=[event])
 
-        def listen(fn, on, *args, **kwargs):
-            """``on(fn, *args, **kwargs)``, in the slow group if ``fn`` is a slow view."""
-            if fn not in slow_views:
-                return on(fn, *args, **kwargs)
-            event = on(fn, *args, **kwargs, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY,
-                       trigger_mode="always_last")
-            slow_views[fn].append(event)
-            return event
-
-        def chain(event, *steps):
-            """``event.then`` each ``(fn, inputs, outputs[, api_name])`` in turn; unnamed steps stay private."""
-            for fn, inputs, outputs, *api_name in steps:
-                event = listen(fn, event.then, inputs, outputs, api_name=api_name[0] if api_name else None,
-                               api_visibility="public" if api_name else "private")
-            return event
-
-        def after_query(event, changed=None, public: bool = False):
-            """Chain the ``tab_updates`` that read a control in ``changed`` (None: all); named in the API if public."""
-            for api_name, fn, inputs, outputs in tab_updates:
-                if changed is None or set(changed) & set(inputs):
-                    event = chain(event, (fn, inputs, outputs, *([api_name] if public and api_name else [])))
-            return event
-
-        guided.change(lambda on: [gr.update(visible=on)] * len(guide), guided, guide, api_visibility="private")
-        # A new model or image refreshes every view, whatever the layer's value: the layer and head controls answer
-        # only the user (.input), not a new model whose default layer has the old one's name (no .change then).
-        after_query(chain(checkpoint.change(ex.on_model, checkpoint, [card, layer, head], api_name="load_model"),
-                          (ex.on_query_px, [checkpoint, row_px, col_px], [row_px, col_px]), predict, spectrum,
-                          neighbors))
-        checkpoint_files.upload(ex.on_checkpoint_upload, [checkpoint_files, uploads], [checkpoint, uploads],
-                                api_name="upload_checkpoint")
-        examples.select(ex.on_example, None, image_file, api_visibility="private")
-        image_upload.upload(ex.on_image_upload, image_upload, image_file, api_visibility="private")
-        after_query(chain(image_file.change(*predict, api_name="predict"), (*spectrum, "spectrum"),
-                          (ex.on_pixel_image, image_file, pixel_image, "pixel_image"), pixel_query, pixels, neighbors))
-        after_query(chain(query_image.select(ex.on_click, checkpoint, [row_px, col_px], api_visibility="private"),
-                          neighbors), [row_px, col_px])
-        after_query(neighbors_button.click(*neighbors, api_name="neighbors"), [layer, row_px, col_px, head],
-                    public=True)
-        export_button.click(ex.on_export, rule_inputs, exports, api_name="export")
-        for control in (layer, head):
-            after_query(control.input(*neighbors, api_visibility="private"), [control])
-        # A typed row or col counts once it is entered (Enter or leaving the box), like a click: the panel and the
-        # tabs that read the query cell follow it together. The rule knobs redraw the panel, which reads the typed
-        # cell, so those tabs follow them too (none of them is slow).
-        typed = [trigger for box in (row_px, col_px) for trigger in (box.submit, box.blur)]
-        after_query(gr.on(typed, *neighbors, api_visibility="private"), [row_px, col_px])
-        for control in (num_neighbors, window_size, num_candidates, seed):
-            after_query(control.change(*neighbors, api_visibility="private"), [row_px, col_px])
-        after_query(blend_alpha.release(*neighbors, api_visibility="private"), [row_px, col_px])
-        hops.release(*multihop, api_name="multihop")
-        listen(attribution[0], attribution_button.click, *attribution[1:], api_name="attribution")
-        listen(equivalence[0], equivalence_button.click, *equivalence[1:], api_name="equivalence")
-        chain(pixel_image.select(ex.on_pixel_click, image_file, [pixel_row, pixel_col], api_visibility="private"),
-              (*pixels, "pixel_neighbors"))
-        for control in (pixel_k, position_weight):
-            control.release(*pixels, api_visibility="private")
-        gr.on([trigger for box in (pixel_row, pixel_col) for trigger in (box.submit, box.blur)], *pixels,
-              api_visibility="private")  # the input-level view's typed cell, like a click on its image
-        after_query(chain(demo.load(ex.on_model, checkpoint, [card, layer, head], api_visibility="private"), predict,
-                          (ex.on_pixel_image, image_file, pixel_image), pixel_query, pixels, spectrum, neighbors))
-        for fn, inputs, _ in (attribution, equivalence):
-            gr.on([control.change for control in inputs], None, cancels=slow_views[fn])
+        # The documented API: plain values in and out, for gradio_client and scripts.
+        for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
+                             (ex.api_table, "table"), (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
+                             (ex.api_multihop, "multihop")):
+            gr.api(fn, api_name=api_name)
+        for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
+            gr.api(fn, api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
     Admission(demo)
     return demo
 
 
-def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None):
+def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
+           max_upload_mb: int = MAX_UPLOAD_MB):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
-    page through Gradio's cache); files up to MAX_UPLOAD_MB, request bodies up to MAX_REQUEST_MB, uploads within
-    ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S while the server
-    runs."""
+    page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
+    uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
+    while the server runs."""
     workspace = workspace or default_workspace()
-    size_limit = Middleware(an.RequestSizeLimit, max_bytes=MAX_REQUEST_MB * 2**20, workspace=workspace,
-                            upload_paths=[f"{API_PREFIX}/upload"])
+    size_limit = Middleware(an.RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
+                            workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
     app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(FILE_SWEEP_S)}
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
                        allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
-                       max_file_size=f"{MAX_UPLOAD_MB}mb", state_session_capacity=MAX_SESSIONS,
-                       max_threads=MAX_THREADS)
+                       max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
+                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"])
 
 
 def main() -> None:
@@ -608,14 +763,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT
     parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")
-    parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR, help="folder of shipped checkpoints")
+    parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR,
+                        help="folder of checkpoints to list (*.json cards + *.safetensors; default: checkpoints/)")
     env_cache = os.environ.get("CONVNN_CACHE_MB") or an.DEFAULT_CACHE_BYTES // 2**20
     parser.add_argument("--cache-mb", type=int, default=int(env_cache),
                         help="bytes all analysis caches may hold together, in MB (default: $CONVNN_CACHE_MB or 512)")
+    parser.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB,
+                        help=f"largest uploaded file (checkpoint or image), MB (default: {MAX_UPLOAD_MB})")
     args = parser.parse_args()
+    if args.max_upload_mb < 1:
+        parser.error("--max-upload-mb must be at least 1")
     an.set_cache_budget(args.cache_mb * 2**20)
-    explorer = Explorer(args.checkpoints)
-    launch(build_demo(explorer), args.port, workspace=explorer.workspace)
+    explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
+    launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb)
 
 
 if __name__ == "__main__":

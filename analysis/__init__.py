@@ -6,25 +6,37 @@ Three roles, one subpackage each, imported in this order (each only imports thos
   recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
   (``selections``), the caches under one byte budget (``caching``), the files users bring and take away
   (``workspace``), the checks of what they type (``inputs``) and the process's C heap (``memory``);
-* :mod:`analysis.views` — one module per view, none importing another: ``neighbors``, ``weights`` (the
-  aggregation kernel and the λ mix), ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``,
-  ``attribution``, ``pixels`` (the input-level view);
+* :mod:`analysis.views` — one module per view: ``neighbors``, ``weights`` (the aggregation kernel and the λ mix),
+  ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``, ``attribution``, ``pixels`` (the
+  input-level view), none importing another, and ``table``, which gathers ``neighbors`` and ``weights`` for every
+  query of a layer at once (what the page answers a click from);
 * :mod:`analysis.rendering` — ``figures`` (Plotly) and ``export`` (JSON, Markdown, PNG), sharing one overlay
-  drawer (``overlay``).
+  drawer (``overlay``), and ``page`` (the neighbour table packed for the explorer page).
 
 Imports ``convnn``, never ``kernels`` or ``gradio``.
 """
 
 from convnn.introspect import compute_path
 
-from .rendering.export import export_query, neighbors_summary, neighbors_to_dict, overlay_png, query_record
+from .rendering.export import (
+    export_query,
+    neighbor_notes,
+    neighbors_summary,
+    neighbors_to_dict,
+    overlay_png,
+    query_record,
+)
+from .rendering.page import page_hops, page_table
 from .session.caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
 from .session.images import (
+    FITS,
+    LETTERBOX_RGB,
     InputImage,
     clamp_px,
     display_factor,
     display_image,
     display_to_input_px,
+    fit_image,
     image_from_array,
     load_image,
     model_input,
@@ -62,16 +74,31 @@ from .session.selections import (
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
 from .session.workspace import RequestSizeLimit, Workspace
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
-from .views.equivalence import Equivalence, attention_equivalence, conv_equivalence, equivalence_summary
+from .views.equivalence import (
+    Equivalence,
+    attention_equivalence,
+    conv_equivalence,
+    equivalence_summary,
+    equivalences,
+)
 from .views.neighbors import NeighborSet, QueryNeighbors, query_neighbors
 from .views.pixels import PixelNeighbors, pixel_neighbors, pixel_view
-from .views.spectrum import ReceptiveField, SpectrumRow, receptive_field, selection_spectrum
+from .views.spectrum import (
+    ReceptiveField,
+    ReceptiveFields,
+    SpectrumRow,
+    receptive_field,
+    receptive_fields,
+    selection_spectrum,
+)
+from .views.table import MAX_TABLE_NEIGHBORS, NeighborTable, RuleTable, neighbor_table
 from .views.weights import (
     AggregationKernel,
     BranchMix,
     Contributions,
     aggregation_kernel,
     branch_mix,
+    contribution_norms,
     mix_summary,
     neighbor_contributions,
 )
@@ -79,9 +106,12 @@ from .views.weights import (
 __all__ = [
     "ATTRIBUTION_METHODS",
     "DEFAULT_CACHE_BYTES",
+    "FITS",
     "GRADIENT_NOTE",
+    "LETTERBOX_RGB",
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",
+    "MAX_TABLE_NEIGHBORS",
     "OUT_OF_MEMORY_MESSAGE",
     "UPLOAD_PREFIX",
     "AggregationKernel",
@@ -93,11 +123,14 @@ __all__ = [
     "LayerInfo",
     "LoadedModel",
     "NeighborSet",
+    "NeighborTable",
     "PixelNeighbors",
     "QueryNeighbors",
     "ReceptiveField",
+    "ReceptiveFields",
     "RequestSizeLimit",
     "RuleOptions",
+    "RuleTable",
     "Selection",
     "SpectrumRow",
     "Workspace",
@@ -113,12 +146,15 @@ __all__ = [
     "clamp_px",
     "click_position",
     "compute_path",
+    "contribution_norms",
     "conv_equivalence",
     "display_factor",
     "display_image",
     "display_to_input_px",
     "equivalence_summary",
+    "equivalences",
     "export_query",
+    "fit_image",
     "image_from_array",
     "is_out_of_memory",
     "jaccard",
@@ -132,9 +168,13 @@ __all__ = [
     "model_input",
     "model_view",
     "neighbor_contributions",
+    "neighbor_notes",
+    "neighbor_table",
     "neighbors_summary",
     "neighbors_to_dict",
     "overlay_png",
+    "page_hops",
+    "page_table",
     "pixel_neighbors",
     "pixel_view",
     "query_cell",
@@ -142,6 +182,7 @@ __all__ = [
     "query_record",
     "real_number",
     "receptive_field",
+    "receptive_fields",
     "resolve_options",
     "rule_selection",
     "rule_title",

@@ -18,13 +18,21 @@ from PIL import Image, ImageColor, ImageDraw
 
 from ..session.images import InputImage, model_view, upscale_nearest
 from ..session.models import LoadedModel
-from ..session.selections import rule_title
-from ..session.traces import cell_rect_px
+from ..session.selections import RuleOptions, rule_title
+from ..session.traces import LayerInfo, cell_rect_px
 from ..session.workspace import EXPORTS, Workspace
 from ..views.neighbors import QueryNeighbors
 from .overlay import overlay_marks
 
-__all__ = ["MAX_LISTED_CELLS", "export_query", "neighbors_summary", "neighbors_to_dict", "overlay_png", "query_record"]
+__all__ = [
+    "MAX_LISTED_CELLS",
+    "export_query",
+    "neighbor_notes",
+    "neighbors_summary",
+    "neighbors_to_dict",
+    "overlay_png",
+    "query_record",
+]
 
 _PNG_PANEL_PX = 320  # side of one panel of the PNG overlay (the image is upscaled by an integer factor to about it)
 _CAPTION_PX = 22  # height of the caption strip above each panel
@@ -81,22 +89,30 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
         listed = ", ".join(cells[:MAX_LISTED_CELLS]) + (f", … {more} more (in the JSON export)" if more > 0 else "")
         rows.append(f"| {rule_title(rule)} | {nset.mean_distance:.2f} | {100 * nset.window_share:.0f}% | {listed} |")
     overlaps = " · ".join(f"{a}/{b} {v:.2f}" for (a, b), v in neighbors.overlaps.items())
-    notes = [f"**Jaccard overlap:** {overlaps}"]
-    if neighbors.random_uses_all_tokens:
-        notes.append(f"r = {neighbors.options.num_candidates} ≥ N = {neighbors.layer.num_tokens} tokens: the random "
-                     "rule draws every token, so it equals the all-tokens rule (METHOD §3).")
-    if neighbors.layer.dense:
-        notes.append(f"{neighbors.layer.name} is plain multi-head attention: it attends to every one of its "
-                     f"{neighbors.layer.num_tokens} tokens and selects none; \"what the layer used\" shows its "
-                     f"{neighbors.options.num_neighbors} largest attention weights of the query.")
-    if neighbors.layer.is_attention:
+    notes = [f"**Jaccard overlap:** {overlaps}", *neighbor_notes(neighbors.layer, neighbors.options)]
+    return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
+
+
+def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
+    """What a reader of the neighbours of ``probe`` under resolved ``options`` should know, one sentence each: that
+    r ≥ N made the random rule the all rule, that MHSA selects nothing, and what cells outside the grid are (zero
+    padding of a map, or, for a ViT, padding the layer itself cannot select)."""
+    notes = []
+    if options.num_candidates >= probe.num_tokens:
+        notes.append(f"r = {options.num_candidates} ≥ N = {probe.num_tokens} tokens: the random rule draws every "
+                     "token, so it equals the all-tokens rule (METHOD §3).")
+    if probe.dense:
+        notes.append(f"{probe.name} is plain multi-head attention: it attends to every one of its {probe.num_tokens} "
+                     f"tokens and selects none; \"what the layer used\" shows its {options.num_neighbors} largest "
+                     "attention weights of the query.")
+    if probe.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "
                      "select (the all-tokens rule and the layer's own selection never contain them).")
     else:
         notes.append("Cells outside the map, such as (-1,-1), are zero-padding positions: candidates exactly as in a "
                      "zero-padded convolution.")
-    return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
+    return notes
 
 
 def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image.Image:

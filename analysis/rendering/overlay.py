@@ -1,8 +1,9 @@
-"""The overlay of one query's neighbours under one rule, as marks both renderers draw: the Plotly figure
-(:func:`analysis.rendering.figures.neighbor_panel`) and the PNG export (:func:`analysis.rendering.export.overlay_png`).
+"""The overlay of one query's neighbours under one rule, as marks: the PNG export draws them
+(:func:`analysis.rendering.export.overlay_png`), and the page's explorer draws the same colours
+(:func:`rank_colors`, :data:`CANDIDATE_COLOR`, sent in :func:`analysis.page_table`).
 
-Which cells are outlined, in which colour, with which rank written in them and which hover text, is decided here
-once; each renderer only turns a mark's rectangle (model-input pixels) into its own coordinates and line styles.
+Which cells are outlined, in which colour, with which rank written in them and which hover text, is decided here;
+a renderer only turns a mark's rectangle (model-input pixels) into its own coordinates and line styles.
 """
 
 from __future__ import annotations

@@ -36,14 +36,17 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
-from convnn.data import preprocess_image, resize_image
+from convnn.data import CIFAR10_MEAN, preprocess_image, resize_image
 
+from .caching import bounded_cache
 from .memory import trim_heap
 
 pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
 
 __all__ = [
+    "FITS",
     "LARGE_DECODE_PIXELS",
+    "LETTERBOX_RGB",
     "MAX_IMAGE_PIXELS",
     "WORKING_SIDE_PX",
     "InputImage",
@@ -51,6 +54,7 @@ __all__ = [
     "display_factor",
     "display_image",
     "display_to_input_px",
+    "fit_image",
     "image_from_array",
     "load_image",
     "model_input",
@@ -68,7 +72,8 @@ _LARGE_DECODE_TURNS = threading.BoundedSemaphore(1 + _LARGE_DECODES_WAITING)  # 
 _LARGE_DECODE = threading.Lock()  # held by the large decode running
 WORKING_SIDE_PX = 1024  # images are downscaled to at most this side on arrival (the models see 32 px anyway)
 DISPLAY_SIDE_PX = 256  # images are shown upscaled to about this side
-MAX_ASPECT_RATIO = 2.0  # longer side / shorter side beyond which the note says the model sees a squashed image
+FITS = ("crop", "letterbox", "stretch")  # how a photo that is not square becomes the square the model sees
+LETTERBOX_RGB = tuple(round(255 * m) for m in CIFAR10_MEAN)  # the bars: CIFAR-10's mean colour, a zero model input
 BACKGROUND_RGB = (255, 255, 255)  # transparent pixels are composited onto white, as a browser shows them on a page
 _REDUCING_GAP = 2.0  # the cheap integer reduction on arrival stops at ≥ this × the working size before the exact
 #                      resample: Pillow's default reducing_gap for Image.thumbnail ("very close to fair resampling")
@@ -252,8 +257,6 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
     ``notes`` (what was done before) and what was done here.
     """
     width, height = size
-    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-        notes.append(f"the image is {width}×{height} px, far from square: the model sees it squashed to a square")
     sixteen_bit = image.mode.startswith("I;16")
     if sixteen_bit:
         image = image.convert("I")  # Pillow resamples 16-bit values only as 32-bit ones
@@ -382,6 +385,47 @@ def load_image(path: str | Path) -> InputImage:
         raise ValueError(f"no image file at {path.name!r}")
     stat = path.stat()
     return _load_cached(path.resolve(), (stat.st_size, stat.st_mtime_ns))
+
+
+@bounded_cache(32)
+def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
+    """``image`` made square as the user chose, before the model's resize (cached per image and fit).
+
+    Args:
+        image (InputImage): any shape.
+        fit (str): ``"crop"``: the centred square of the shorter side; ``"letterbox"``: the whole image centred on
+            a square of :data:`LETTERBOX_RGB` bars; ``"stretch"``: unchanged, so the resize squashes it (how the
+            model is fed a training image, which is square already). Default: ``"crop"``
+
+    Returns:
+        InputImage: square for crop and letterbox (the same object when ``image`` is square or ``fit`` is stretch);
+        its note adds what was done ("the model sees the centre 683×683 px of the 1024×683 px image").
+
+    Raises:
+        ValueError: ``fit`` not one of :data:`FITS`.
+    """
+    if fit not in FITS:
+        raise ValueError(f"the fit must be one of {FITS}, got {fit!r}")
+    height, width = image.pixels.shape[:2]
+    if height == width or fit == "stretch":
+        if height == width:
+            return image
+        note = f"the {width}×{height} px image is squashed to a square (stretch)"
+        return InputImage(image.pixels, image.digest, "; ".join(filter(None, [image.note, note])))
+    side = min(height, width) if fit == "crop" else max(height, width)
+    if fit == "crop":
+        top, left = (height - side) // 2, (width - side) // 2
+        pixels = image.pixels[top:top + side, left:left + side]
+        note = f"the model sees the centre {side}×{side} px of the {width}×{height} px image (crop)"
+    else:
+        pixels = np.empty((side, side, 3), np.uint8)
+        pixels[:] = LETTERBOX_RGB
+        top, left = (side - height) // 2, (side - width) // 2
+        pixels[top:top + height, left:left + width] = image.pixels
+        note = f"the {width}×{height} px image is shown whole on a {side}×{side} px square with bars (letterbox)"
+    pixels = np.ascontiguousarray(pixels)
+    digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
+    return InputImage(pixels, digest, "; ".join(filter(None, [image.note, note])))
 
 
 def model_input(image: InputImage, card: ModelCard) -> Tensor:

@@ -104,5 +104,5 @@ def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int)
         values = Occlusion(model).attribute(
             x, sliding_window_shapes=(x.shape[1], OCCLUSION_WINDOW_PX, OCCLUSION_WINDOW_PX),
             strides=(x.shape[1], OCCLUSION_STRIDE_PX, OCCLUSION_STRIDE_PX), baselines=0.0, target=index,
-            perturbations_per_eval=_BATCH).abs()
+            perturbations_per_eval=_BATCH, show_progress=True).abs()  # a tqdm bar, which the app's page follows
     return values

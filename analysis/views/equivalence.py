@@ -25,7 +25,7 @@ from ..session.images import InputImage
 from ..session.models import LoadedModel
 from ..session.traces import probe_module, trace_image
 
-__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary"]
+__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary", "equivalences"]
 
 DEMO_SEED = 0  # seed of the stand-in weights when the layer has none of the needed kind
 _DEMO_CHANNELS = 16  # output channels of the stand-in convolution
@@ -108,8 +108,8 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
                        float(expected.abs().max()), "reference")
 
 
-def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> str:
-    """Every demo that applies to ``layer`` (convolution on a map layer, then attention) as Markdown paragraphs.
+def equivalences(loaded: LoadedModel, image: InputImage, layer: str) -> list[Equivalence]:
+    """Every demo that applies to ``layer``: convolution on a map layer, then attention.
 
     Raises:
         ValueError: unknown layer.
@@ -117,5 +117,15 @@ def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> s
     results = [attention_equivalence(loaded, image, layer)]
     if not loaded.probe(layer).is_attention:
         results.insert(0, conv_equivalence(loaded, image, layer))
+    return results
+
+
+def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> str:
+    """:func:`equivalences` as Markdown paragraphs.
+
+    Raises:
+        ValueError: unknown layer.
+    """
+    results = equivalences(loaded, image, layer)
     return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
                         f"{r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)" for r in results)

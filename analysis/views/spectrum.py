@@ -31,8 +31,10 @@ from ..session.traces import LayerInfo, cell_rect_px, query_cell
 
 __all__ = [
     "ReceptiveField",
+    "ReceptiveFields",
     "SpectrumRow",
     "receptive_field",
+    "receptive_fields",
     "selection_spectrum",
 ]
 
@@ -99,29 +101,98 @@ class ReceptiveField:
     pixel_counts: list[int]
 
 
-def _cell_slices(probe: LayerInfo, row: int, col: int) -> tuple[slice, slice]:
-    top, left, bottom, right = cell_rect_px(probe, row, col)
-    return slice(top, bottom), slice(left, right)
+@dataclass(frozen=True, eq=False)
+class ReceptiveFields:
+    """:class:`ReceptiveField` of every query cell of a layer at once.
+
+    Attributes:
+        hops (np.ndarray): (H·W, S, S) int8, row ``i`` the hop map of the query at raster cell ``i``.
+        layers (list[str]): as :attr:`ReceptiveField.layers`.
+        pixel_counts (np.ndarray): (H·W, len(layers) + 1) int32, as :attr:`ReceptiveField.pixel_counts` per query.
+    """
+
+    hops: np.ndarray
+    layers: list[str]
+    pixel_counts: np.ndarray
 
 
-def _cells_to_mask(probe: LayerInfo, cells: np.ndarray) -> np.ndarray:
-    """(M, 2) cells → (S, S) bool mask of the model-input pixels they cover (cells off the grid are dropped)."""
-    mask = np.zeros((probe.input_size, probe.input_size), dtype=bool)
-    for row, col in cells:
-        if 0 <= row < probe.height and 0 <= col < probe.width:
-            mask[_cell_slices(probe, row, col)] = True
-    return mask
+def _coverage(probe: LayerInfo) -> torch.Tensor:
+    """(H·W, S·S) float32: 1 where a cell (raster order) covers a model-input pixel (:func:`cell_rect_px`)."""
+    size = probe.input_size
+    pixels = torch.arange(size)
+    rows = [cell_rect_px(probe, r, 0) for r in range(probe.height)]
+    cols = [cell_rect_px(probe, 0, c) for c in range(probe.width)]
+    row_cover = torch.stack([(pixels >= top) & (pixels < bottom) for top, _, bottom, _ in rows])  # (H, S)
+    col_cover = torch.stack([(pixels >= left) & (pixels < right) for _, left, _, right in cols])  # (W, S)
+    return (row_cover[:, None, :, None] & col_cover[None, :, None, :]).reshape(-1, size * size).float()
 
 
-def _mask_to_cells(probe: LayerInfo, mask: np.ndarray) -> np.ndarray:
-    """Raster indices of the cells of ``probe`` that cover at least one pixel of ``mask``, (M,) int64."""
-    return np.array([r * probe.width + c for r in range(probe.height) for c in range(probe.width)
-                     if mask[_cell_slices(probe, r, c)].any()], dtype=np.int64)
+def _adjacency(probe: LayerInfo, selection) -> torch.Tensor:
+    """(H·W, H·W) float32: 1 where a query (row) selected a cell of the grid (padding cells and CLS dropped)."""
+    cells = torch.from_numpy(selection.cells)  # (H·W, K, 2)
+    on_grid = ((cells[..., 0] >= 0) & (cells[..., 0] < probe.height) & (cells[..., 1] >= 0)
+               & (cells[..., 1] < probe.width) & ~torch.from_numpy(selection.is_prefix))
+    adjacency = torch.zeros(probe.height * probe.width, probe.height * probe.width)
+    queries = torch.arange(len(cells))[:, None].expand_as(on_grid)
+    adjacency[queries[on_grid], (cells[..., 0] * probe.width + cells[..., 1])[on_grid]] = 1.0
+    return adjacency
+
+
+def _check_hops(num_hops) -> int:
+    num_hops = whole_number(num_hops, "num_hops")
+    if num_hops < 1:
+        raise ValueError(f"num_hops must be ≥ 1, got {num_hops}")
+    return num_hops
+
+
+@bounded_cache(8)
+def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0
+                     ) -> ReceptiveFields:
+    """The pixels reached from every query cell of ``layer`` by ``num_hops`` hops of selection (cached).
+
+    Hop 0 is the query's cell; hop h ≥ 1 takes every cell, of the h-th probe layer counting back from ``layer``,
+    that covers a pixel of hop h − 1's frontier, and makes its neighbours (what that layer selected) the new
+    frontier. As boolean matrix products over all queries: frontier (Q × S²) · coverageᵀ → touched cells,
+    · adjacency → selected cells, · coverage → pixels.
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        layer (str): the probe layer of hop 1.
+        num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
+        head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
+            Default: 0
+
+    Raises:
+        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer or a head out of range.
+    """
+    num_hops = _check_hops(num_hops)
+    names = [p.name for p in loaded.probes]
+    start = names.index(loaded.probe(layer).name)
+    probe = loaded.probes[start]
+    head = probe.check_head(head)
+    frontier = _coverage(probe) > 0  # (Q, S²): each query's own cell
+    hops = torch.where(frontier, 0, -1).to(torch.int8)
+    layers, counts = [], [frontier.sum(1)]
+    for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
+        probe = loaded.probes[index]
+        coverage = _coverage(probe)
+        selection = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
+        touched = (frontier.float() @ coverage.T) > 0  # (Q, N_l)
+        selected = (touched.float() @ _adjacency(probe, selection)) > 0  # (Q, N_l)
+        frontier = (selected.float() @ coverage) > 0  # (Q, S²)
+        hops = torch.where((hops < 0) & frontier, hop, hops).to(torch.int8)
+        layers.append(probe.name)
+        counts.append((hops >= 0).sum(1))
+    size = loaded.probes[start].input_size
+    return ReceptiveFields(hops.view(-1, size, size).numpy(), layers,
+                           torch.stack(counts, 1).to(torch.int32).numpy())
 
 
 def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
                     num_hops: int = 2, head: int = 0) -> ReceptiveField:
-    """The pixels reached from ``query_px`` by ``num_hops`` hops of selection, starting at ``layer``.
+    """The pixels reached from ``query_px`` by ``num_hops`` hops of selection, starting at ``layer``: the query's
+    row of :func:`receptive_fields`.
 
     Args:
         loaded (LoadedModel): the model.
@@ -136,22 +207,9 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
         ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range or a pixel outside
             the image.
     """
-    num_hops = whole_number(num_hops, "num_hops")
-    if num_hops < 1:
-        raise ValueError(f"num_hops must be ≥ 1, got {num_hops}")
-    names = [p.name for p in loaded.probes]
-    start = names.index(loaded.probe(layer).name)
-    probe = loaded.probes[start]
-    head = probe.check_head(head)
-    frontier = _cells_to_mask(probe, np.array([query_cell(probe, *query_px)]))
-    hops = np.where(frontier, 0, -1)
-    layers, counts = [], [int(frontier.sum())]
-    for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
-        probe = loaded.probes[index]
-        sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
-        queries = _mask_to_cells(probe, frontier)
-        frontier = _cells_to_mask(probe, sel.cells[queries][~sel.is_prefix[queries]])
-        hops = np.where((hops < 0) & frontier, hop, hops)
-        layers.append(probe.name)
-        counts.append(int((hops >= 0).sum()))
-    return ReceptiveField(hops, layers, counts)
+    num_hops = _check_hops(num_hops)
+    probe = loaded.probe(layer)
+    row, col = query_cell(probe, *query_px)
+    fields = receptive_fields(loaded, image, probe.name, num_hops, head)
+    index = row * probe.width + col
+    return ReceptiveField(fields.hops[index].astype(np.int64), fields.layers, fields.pixel_counts[index].tolist())

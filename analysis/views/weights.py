@@ -37,6 +37,7 @@ __all__ = [
     "Contributions",
     "aggregation_kernel",
     "branch_mix",
+    "contribution_norms",
     "mix_summary",
     "neighbor_contributions",
 ]
@@ -147,6 +148,41 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tu
         return to_tokens(pad_map(x, trace.records[probe.name].padding)), knn_branch(module, probe)(x)
 
 
+_CONTRIBUTION_CHUNK = 256  # queries whose K contribution vectors are held at once (K·C floats each)
+
+
+def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerInfo, head: int, queries: np.ndarray
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+    """``W[:, :, t] · ρ_t · v[idx_t]`` for each of ``queries`` (raster indices of the grid) and each of its K
+    recorded neighbours: (Q, K, C) float32, with the bias (C,) and the layer's own output at the queries (Q, C)."""
+    record = trace_image(loaded, image).records[probe.name]
+    values, layer_output = _values_and_output(loaded, image, probe.name)
+    module = probe_module(loaded.model, probe)
+    with torch.no_grad():
+        if probe.is_attention:
+            tokens = torch.as_tensor(queries) + probe.num_prefix_tokens
+            idx, rho = record.topk_idx[0, head, tokens], record.topk_weights[0, head, tokens]  # (Q, K)
+            d = module.head_dim
+            taps = module.weight[head * d:(head + 1) * d, 0].T  # (K, d)
+            vectors = taps * rho[..., None] * values[0, head, idx]  # (Q, K, d)
+            return vectors.float(), torch.zeros(d), layer_output[0, tokens, head * d:(head + 1) * d].float()
+        knn = knn_branch(module, probe)
+        idx, rho = record.topk_idx[0, 0, queries], record.topk_weights[0, 0, queries]  # (Q, K)
+        groups, (c_out, c_in_group, k) = knn.groups, knn.weight.shape
+        neighbors = (rho[..., None] * values[0, 0, idx]).unflatten(-1, (groups, c_in_group))  # (Q, K, G, C_in/G)
+        weight = knn.weight.view(groups, c_out // groups, c_in_group, k)  # (G, C_out/G, C_in/G, K)
+        vectors = torch.einsum("qkgc,gock->qkgo", neighbors, weight).flatten(2)  # (Q, K, C_out)
+        bias = knn.bias if knn.bias is not None else torch.zeros(c_out)
+        rows, cols = np.divmod(queries, probe.width)
+        return vectors.float(), bias.float(), layer_output[0, :, rows, cols].T.float()
+
+
+def _check_selects(probe: LayerInfo) -> None:
+    if probe.record_name is None:
+        raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
+                         "or k-NN attention")
+
+
 def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
                            head: int = 0) -> Contributions:
     """Each selected neighbour's contribution to the query's output in ``layer`` (the layer's own selection).
@@ -159,43 +195,43 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
         head (int): attention head, in [0, num_heads − 1] (0 for maps). Default: 0
 
     Returns:
-        Contributions: per neighbour vectors and norms, the bias and the layer's output at the query.
+        Contributions: per neighbour vectors and norms, the bias and the layer's own output at the query.
 
     Raises:
         ValueError: a layer without ConvNN selection (MHSA, conv-only hybrid), a head out of range, or a pixel
             outside the image.
     """
     probe = loaded.probe(layer)
-    if probe.record_name is None:
-        raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
-                         "or k-NN attention")
+    _check_selects(probe)
     head = probe.check_head(head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
-    record = trace_image(loaded, image).records[probe.name]
-    values, layer_output = _values_and_output(loaded, image, probe.name)
-    module = probe_module(loaded.model, probe)
-    with torch.no_grad():
-        if probe.is_attention:
-            token = index + probe.num_prefix_tokens
-            idx, rho = record.topk_idx[0, head, token], record.topk_weights[0, head, token]
-            d = module.head_dim
-            taps = module.weight[head * d:(head + 1) * d, 0].T  # (K, d)
-            vectors = taps * rho[:, None] * values[0, head, idx]  # (K, d)
-            bias = torch.zeros(d)
-            output = layer_output[0, token, head * d:(head + 1) * d]
-        else:
-            knn = knn_branch(module, probe)
-            idx, rho = record.topk_idx[0, 0, index], record.topk_weights[0, 0, index]
-            neighbors = (rho[:, None] * values[0, 0, idx]).T.unsqueeze(0)  # (1, C_in, K)
-            vectors = torch.stack([F.conv1d(neighbors[:, :, t:t + 1], knn.weight[:, :, t:t + 1], groups=knn.groups)
-                                   [0, :, 0] for t in range(idx.numel())])  # (K, C_out)
-            bias = knn.bias if knn.bias is not None else torch.zeros(knn.out_channels)
-            output = layer_output[0, :, row, col]
+    vectors, bias, output = _contribution_vectors(loaded, image, probe, head, np.array([index]))
     selection = rule_selection(loaded, image, layer, LAYER_RULE, RuleOptions(head=head))
-    return Contributions(selection.cells[index], selection.is_prefix[index], vectors.float().cpu().numpy(),
-                         vectors.norm(dim=1).float().cpu().numpy(), bias.float().cpu().numpy(),
-                         output.float().cpu().numpy())
+    return Contributions(selection.cells[index], selection.is_prefix[index], vectors[0].cpu().numpy(),
+                         vectors[0].norm(dim=1).cpu().numpy(), bias.cpu().numpy(), output[0].cpu().numpy())
+
+
+@bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
+def contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head: int = 0) -> np.ndarray:
+    """The L2 norm of every query's K neighbour contributions in ``layer`` (the layer's own selection; cached).
+
+    Row ``i`` is :attr:`Contributions.norms` of the query at raster cell ``i`` (:func:`neighbor_contributions`),
+    computed for all H·W queries at once, :data:`_CONTRIBUTION_CHUNK` at a time.
+
+    Returns:
+        np.ndarray: (H·W, K) float32, ≥ 0, rank order.
+
+    Raises:
+        ValueError: as :func:`neighbor_contributions`.
+    """
+    probe = loaded.probe(layer)
+    _check_selects(probe)
+    head = probe.check_head(head)
+    queries = np.arange(probe.height * probe.width)
+    return np.concatenate([
+        _contribution_vectors(loaded, image, probe, head, chunk)[0].norm(dim=-1).cpu().numpy()
+        for chunk in np.array_split(queries, max(1, -(-len(queries) // _CONTRIBUTION_CHUNK)))])
 
 
 @dataclass(frozen=True)
@@ -244,10 +280,9 @@ def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
                      conv_norm.cpu().numpy(), share.cpu().numpy())
 
 
-def mix_summary(mix: BranchMix, cell: tuple[int, int]) -> str:
-    """The channel split, and at ``cell`` = ``(row, col)`` the two branches' norms and the ConvNN share, as text."""
-    row, col = cell
+def mix_summary(mix: BranchMix) -> str:
+    """The channel split and the ConvNN share over the image (mean, range), as text."""
     return (f"λ = {mix.branch_ratio}: {mix.knn_channels} ConvNN channels + {mix.conv_channels} conv channels. "
-            f"At cell ({row}, {col}): ‖ConvNN part‖ = {mix.knn_norm[row, col]:.3f}, ‖conv part‖ = "
-            f"{mix.conv_norm[row, col]:.3f}, ConvNN share = {100 * mix.share[row, col]:.1f}% "
-            f"(image mean {100 * mix.share.mean():.1f}%).")
+            f"ConvNN share of the mix output over this image: mean {100 * mix.share.mean():.1f}%, "
+            f"{100 * mix.share.min():.1f}–{100 * mix.share.max():.1f}% (the clicked cell's share is in the "
+            "explorer).")

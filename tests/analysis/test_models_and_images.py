@@ -256,12 +256,6 @@ def test_exif_orientation_is_applied(tmp_path):
     assert pixels[36:, :, 2].min() > 200 and pixels[36:, :, 0].max() < 60
 
 
-def test_far_from_square_images_get_a_note():
-    assert image_from_array(np.zeros((3, 4096, 3), np.uint8)).note.startswith(
-        "the image is 4096×3 px, far from square: the model sees it squashed to a square")
-    assert image_from_array(np.zeros((30, 60, 3), np.uint8)).note == ""
-
-
 def test_display_mapping_round_trips_every_pixel_centre():
     factor = display_factor(32)
     assert factor == 8

@@ -15,7 +15,6 @@ from analysis import (
     jaccard,
     max_window_size,
     model_input,
-    model_view,
     neighbors_summary,
     query_cell,
     query_neighbors,
@@ -23,7 +22,6 @@ from analysis import (
     rule_selection,
     trace_image,
 )
-from analysis.rendering.figures import neighbor_panel
 from analysis.session.selections import _selection, distance_stats
 from analysis.views.neighbors import NeighborSet
 from convnn.functional import pad_map, to_tokens
@@ -269,22 +267,3 @@ def test_k_equal_to_n_makes_the_random_rule_the_all_rule(load_small, image):
     assert explicit.options.num_candidates == 1024  # any r ≥ N means every token
 
 
-def test_neighbor_panel_for_k_equal_to_n_draws_every_outline_and_ranks_by_colour(load_small, image):
-    """K = N = 1024 under five rules: ~4000 outlines, assigned in one layout update (speed: bench/RESULTS.md §6)."""
-    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.0.0.conv1", (16, 16),
-                             RuleOptions(num_neighbors=1024))
-    fig = neighbor_panel(model_view(image, 32), result)
-    assert len(fig.layout.shapes) == 4 * 1024 + 9 + 5 * 2  # K outlines per rule, the layer's own K = 9, query × 2
-    assert "random candidates (r ≥ N: same as all)" in fig.layout.annotations[2].text
-    assert "hover a cell for its number" in fig.layout.title.text
-    assert [trace.mode for trace in fig.data if trace.type == "scatter"] == ["markers"] * 5  # rank by colour
-
-
-def test_neighbor_panel_with_many_random_candidates_draws_each_candidate_dotted(load_small, image):
-    """K = 200 and r = 1023 on a 32×32 map: ~1800 outlines, built in one assignment."""
-    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.0.0.conv1", (16, 16),
-                             RuleOptions(num_neighbors=200, num_candidates=1023))
-    assert result.options.num_candidates == 1023 and len(result.sets["random"].candidates) == 1023
-    fig = neighbor_panel(model_view(image, 32), result)
-    assert len(fig.layout.shapes) == 4 * 200 + 1023 + 9 + 5 * 2
-    assert sum(shape.line.dash == "dot" for shape in fig.layout.shapes) == 1023  # the random candidates, dotted

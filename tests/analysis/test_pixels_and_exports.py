@@ -21,7 +21,7 @@ from analysis import (
     query_neighbors,
     trace_image,
 )
-from analysis.rendering.figures import neighbor_panel, pixel_figure
+from analysis.rendering.figures import pixel_figure
 from analysis.rendering.overlay import ranks_labelled
 
 
@@ -70,19 +70,10 @@ def test_exports_describe_the_overlay(load_small, image):
     assert png.mode == "RGB" and png.width > 5 * 320 and png.height > 320
 
 
-def test_neighbor_panel_draws_every_neighbour(load_small, image):
-    result = query_neighbors(load_small("cnn-l0.5"), image, "stages.2.0.conv1", (16, 16))
-    fig = neighbor_panel(model_view(image, 32), result, ("window", "all"))
-    assert len(fig.layout.shapes) == 2 * (9 + 2)  # K outlines + the query's two outlines, per panel
-    assert fig.layout.height == 380
-    assert [trace.mode for trace in fig.data if trace.type == "scatter"] == ["text", "text"]  # K ≤ 32: rank numbers
-    assert fig.data[1].text == tuple(str(t) for t in range(9))
-
-
 @pytest.mark.parametrize(("num_neighbors", "labelled"), [(9, True), (64, False)])
-def test_the_png_writes_rank_numbers_exactly_when_the_figure_does(load_small, image, monkeypatch, num_neighbors,
-                                                                   labelled):
-    """One rule (overlay.ranks_labelled): K ≤ 32 on cells ≥ 2 px; K = 64 on 2-px cells is shown by colour only."""
+def test_the_png_writes_rank_numbers_for_few_neighbours_on_wide_cells(load_small, image, monkeypatch, num_neighbors,
+                                                                      labelled):
+    """overlay.ranks_labelled: K ≤ 32 on cells ≥ 2 px; K = 64 on 2-px cells is shown by colour only."""
     result = query_neighbors(load_small("cnn-l0.5"), image, "stages.1.0.conv1", (10, 20),
                              RuleOptions(num_neighbors=num_neighbors))
     assert ranks_labelled(result.layer, num_neighbors) is labelled
@@ -92,8 +83,6 @@ def test_the_png_writes_rank_numbers_exactly_when_the_figure_does(load_small, im
                         lambda draw, xy, text, **kwargs: written.append(text) or draw_text(draw, xy, text, **kwargs))
     overlay_png(model_view(image, 32), result, ("window",))
     assert written[1:] == ([str(t) for t in range(num_neighbors)] if labelled else [])  # after the caption
-    figure = neighbor_panel(model_view(image, 32), result, ("window",))
-    assert figure.data[1].mode == ("text" if labelled else "markers")
 
 
 def test_the_summary_says_that_plain_attention_selects_nothing(load_small, image):

@@ -29,7 +29,8 @@ from PIL import Image
 import analysis as an
 import app
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
-from tests.app.test_app import CELL_LAYER, NO_OVERRIDES, browser_page, click
+from tests.app.browser import browser_page
+from tests.app.test_app import CELL_LAYER, page
 
 SESSION_A, SESSION_B = gr.Request(session_hash="session-a"), gr.Request(session_hash="session-b")
 HOSTILE = 'pwn```\n</code><img id="evil-img" src="http://127.0.0.1:9/x.png"><a id="evil-link" href="http://x">a</a>'
@@ -74,7 +75,7 @@ def test_exports_are_named_by_the_server_whatever_the_card_name(checkpoint_dir, 
     outside = tmp_path / "outside"
     card_path = copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=name.format(outside=outside))
     explorer = app.Explorer(card_path.parent, device="cpu")
-    files = explorer.on_export(str(card_path), str(example_image), CELL_LAYER, 10, 20, **NO_OVERRIDES)
+    files = explorer.on_export(**page(card_path, example_image, row_px=10, col_px=20))["exports"]
     assert not outside.exists()
     written = files_under(tmp_path)
     assert written == sorted([*files_under(tmp_path / "ckpt"), *map(Path, files)])  # nothing else anywhere
@@ -92,13 +93,13 @@ def test_uploads_are_stored_under_server_names_whatever_the_file_names(checkpoin
     card = copy_checkpoint(checkpoint_dir, "vit-mhsa", tmp_path / "mine", new_stem=stem[:240])
     card = card.rename(card.with_name(f"{stem}.json"))  # 250 bytes; the weights' 240 + 12
     explorer = app.Explorer(checkpoint_dir, device="cpu")
-    update, _ = explorer.on_checkpoint_upload([str(card), str(card.with_name(f"{stem[:240]}.safetensors"))],
-                                                    [], request=SESSION_A)
+    update = explorer.on_checkpoint_upload([str(card), str(card.with_name(f"{stem[:240]}.safetensors"))],
+                                           [], request=SESSION_A)["checkpoint"]
     stored = files_under(work_dir)
     assert len(stored) == 2 and all(p.name.isascii() and stem.strip() not in p.name for p in stored)
     assert {p.suffix for p in stored} == {".json", ".safetensors"}
     assert str(work_dir) not in str(update["value"])  # the page is handed an id, not a server path
-    shown, _, _ = explorer.on_model(update["value"], request=SESSION_A)
+    shown = explorer.on_model(update["value"], request=SESSION_A)["card"]
     assert shown.startswith("vit-mhsa: ViT, MHSA")
 
 
@@ -111,19 +112,23 @@ def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_re
     demo = app.build_demo(explorer)
     assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
     assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
-    slow = dependency(demo, "on_attribution") + dependency(demo, "on_equivalence")
-    assert len(slow) == 5  # the attribution button, the three chains that refresh it, the equivalence button
+    slow = [fn for name in ("on_attribution", "on_equivalence", "api_attribution", "api_equivalence")
+            for fn in dependency(demo, name)]
+    assert len(slow) == 4  # the two buttons (no refresh runs them) and the two API endpoints
     for fn in slow:
-        assert (fn.concurrency_id, fn.concurrency_limit, fn.trigger_mode) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY,
-                                                                             "always_last")
+        assert (fn.concurrency_id, fn.concurrency_limit) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY)
+        assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
     fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
     assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
     cancelled = {i for fn in demo.fns.values() if fn.is_cancel_function for i in fn.cancels}
-    assert cancelled == {fn._id for fn in slow}  # a new model, image, method, class or layer cancels what waits
+    assert cancelled == {fn._id for fn in slow if fn.name.startswith("on_")}  # the page's runs (API calls: none)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
     cancellers = {target for fn in demo.fns.values() if fn.is_cancel_function for target in fn.targets}
-    for control in ("checkpoint", "image_file", "method", "class (empty = predicted)", "layer"):
-        assert (blocks[control]._id, "change") in cancellers
+    for control in ("checkpoint", "image_file", "fit", "method", "target", "layer"):
+        assert (blocks[control]._id, "change") in cancellers  # what a slow view reads changed: its run is dropped
+    attribution = next(fn for fn in slow if fn.name == "on_attribution")
+    assert any((blocks["attribution_cancel"]._id, "click") in fn.targets and attribution._id in fn.cancels
+               for fn in demo.fns.values() if fn.is_cancel_function)  # and the Cancel button
 
 
 @contextlib.contextmanager
@@ -147,9 +152,9 @@ def blocked_equivalence(monkeypatch):
     def blocked(*args, **kwargs):
         started.set()
         release.wait(30)
-        return "released"
+        return []
 
-    monkeypatch.setattr(an, "equivalence_summary", blocked)
+    monkeypatch.setattr(an, "equivalences", blocked)  # what the /equivalence endpoint computes
     yield started, release
     release.set()
 
@@ -170,7 +175,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
         with open(example_image, "rb") as file:
             image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
         data = [str(checkpoint_dir / "cnn-l0.5.json"), {"path": image, "meta": {"_type": "gradio.FileData"}},
-                CELL_LAYER]
+                CELL_LAYER, "crop"]
 
         def join(session: str) -> httpx.Response:
             return httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
@@ -198,8 +203,8 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
         with open(example_image, "rb") as file:
             image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
                      "meta": {"_type": "gradio.FileData"}}
-        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER], "attribution": ["cnn-l0.5", image, "occlusion", ""],
-                  "predict": ["cnn-l0.5", image]}
+        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
+                  "attribution": ["cnn-l0.5", image, "occlusion", "", "crop"], "predict": ["cnn-l0.5", image, "crop"]}
 
         def join(api_name: str, session: str) -> httpx.Response:
             return httpx.post(f"{url}gradio_api/queue/join", json={
@@ -250,10 +255,10 @@ def test_a_file_given_by_a_web_address_is_refused_before_gradio_fetches_it(explo
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
-    part = b"\0" * (app.MAX_REQUEST_MB * 2**20 // 3 + 1)
+    part = b"\0" * ((app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB) * 2**20 // 3 + 1)
     files = [("files", (f"part{i}-{os.getpid()}.safetensors", part)) for i in range(3)]
     response = httpx.post(f"{app_url}gradio_api/upload", files=files)
-    assert response.status_code == 413 and f"{app.MAX_REQUEST_MB} MB" in response.text
+    assert response.status_code == 413 and f"{(app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB)} MB" in response.text
     # Refused before any of it was stored (look for these files: the folder holds other tests' uploads).
     assert not list(Path(get_upload_folder()).rglob(f"part*-{os.getpid()}.safetensors"))
 
@@ -291,8 +296,8 @@ def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, wo
 def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example_image, work_dir):
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
-    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
-    explorer.on_export(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 3, 3, **NO_OVERRIDES,
+    update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
+    explorer.on_export(**page(checkpoint_dir / "cnn-l0.5.json", example_image, row_px=3, col_px=3),
                        request=SESSION_A)
     assert len(files_under(work_dir)) == 4
     assert explorer.workspace.sweep() == 0  # nothing is old yet
@@ -307,8 +312,8 @@ def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example
 def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir):
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
-    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
-    assert explorer.on_model(update["value"], request=SESSION_A)[0].startswith("vit-mhsa")
+    update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
+    assert explorer.on_model(update["value"], request=SESSION_A)["card"].startswith("vit-mhsa")
     with pytest.raises(gr.Error, match=r"no longer on the server|unknown checkpoint"):
         explorer.on_model(update["value"], request=SESSION_B)
     stored = next(p for p in files_under(work_dir) if p.suffix == ".json")
@@ -328,7 +333,7 @@ def test_the_work_dir_is_not_served_and_exports_come_through_gradios_cache(app_u
         planted.unlink()
     client = Client(app_url, verbose=False)
     png, data = client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(example_image)), CELL_LAYER,
-                               10, 20, 0, 0, 0, 0, 0.5, 0, api_name="/export")
+                               10, 20, api_name="/export")
     assert json.loads(Path(data).read_text())["query"]["row_px"] == 10 and Image.open(png).width > 1000
 
 
@@ -340,12 +345,12 @@ def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoi
     demo = app.build_demo(explorer)
     card_box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "card")
     assert isinstance(card_box, gr.Textbox) and not card_box.interactive
-    shown, _, _ = explorer.on_model(str(card_path))
+    shown = explorer.on_model(str(card_path))["card"]
     assert shown == an.card_summary(an.load_model(card_path).card) and shown.startswith(HOSTILE)
     with pytest.raises(gr.Error) as refused:  # the message names the card: its markup is escaped for the page
-        explorer.on_neighbors(str(card_path), str(example_image), "no-such-layer", 3, 3, **NO_OVERRIDES)
+        explorer.on_table(**page(card_path, example_image, "no-such-layer"))
     assert "<img" not in refused.value.message and '&lt;img id="evil-img"' in refused.value.message
-    figure, _ = explorer.on_attribution(str(card_path), str(example_image), "saliency", "")
+    figure = explorer.on_attribution(str(card_path), str(example_image), "crop", "saliency", "")["attribution_plot"]
     assert "<a" not in figure.layout.title.text and "&lt;a href=" in figure.layout.title.text
 
 
@@ -360,7 +365,9 @@ def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path):
     demo = app.build_demo(app.Explorer(tmp_path / "ckpt", device="cpu"))
     with served(demo) as url, browser_page(url) as page:
         page.get_by_role("tab", name="Attribution").click()
+        page.locator("#attribution_button").click()  # attribution runs when asked
         expect(page.locator("#attribution_plot .gtitle")).to_contain_text("evil-class", timeout=60_000)
+        page.get_by_text("Model card, or open your own checkpoint").click()
         expect(page.locator("#card textarea")).to_have_value(an.card_summary(an.load_model(
             tmp_path / "ckpt" / "cnn-l0.5.json").card))
         page.locator("#layer input").fill("no-such-layer")
@@ -392,7 +399,7 @@ def test_a_broken_file_under_the_work_dir_is_named_without_the_servers_folders(c
     """A stored upload whose weights were replaced: the library's message named the full path of the stored file."""
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
-    update, _ = explorer.on_checkpoint_upload(files, [], request=SESSION_A)
+    update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
     weights = next(p for p in files_under(work_dir) if p.suffix == ".safetensors")
     weights.write_bytes(weights.read_bytes()[:-1] + b"\1")
     with pytest.raises(gr.Error, match="sha256 differs") as refused:
@@ -425,8 +432,7 @@ def test_the_page_gets_file_names_not_server_paths(text, shown):
 def test_a_huge_number_in_a_message_is_abbreviated(explorer, checkpoint_dir, example_image):
     """row = 1e308 came back quoted in 309 digits."""
     with pytest.raises(gr.Error) as refused:
-        explorer.on_neighbors(str(checkpoint_dir / "cnn-l0.5.json"), str(example_image), CELL_LAYER, 1e308, 3,
-                              **NO_OVERRIDES)
+        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image, row_px=1e308, col_px=3))
     assert refused.value.message == "query pixel (row=1.00e+308, col=3) is outside the 32×32 model input"
     seeds = f"seed must be in [0, {an.MAX_SEED}], got {2**70}"  # 19 digits shown whole, 22 shortened
     assert an.user_error_message(ValueError(seeds)) == f"seed must be in [0, {an.MAX_SEED}], got 1.18e+21"
@@ -466,7 +472,7 @@ def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
     assert not (app.REPO / "app.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
-            "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id")
+            "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width", "scale")
             if name in inspect.signature(type(component).__mro__[1]).parameters}, render=False)
         config, plain_config = component.get_config(), plain.get_config()
         assert component.get_block_name() == plain.get_block_name() in ("number", "slider")
@@ -477,9 +483,9 @@ def test_a_bad_number_through_the_api_gets_a_message(app_url, checkpoint_dir):
     from gradio_client import Client, handle_file
 
     client = Client(app_url, verbose=False)
-    with pytest.raises(Exception, match=r"query row \(px\) must be a whole number, got 'abc'"):
+    with pytest.raises(Exception, match=r"query row must be a whole number, got 'abc'"):
         client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
-                       CELL_LAYER, "abc", 3, 0, 0, 0, 0, 0.5, 0, api_name="/neighbors")
+                       CELL_LAYER, "abc", 3, api_name="/neighbors")
 
 
 # -- 7 · weights that overflow are refused at load --------------------------------------------------------------------
@@ -517,7 +523,7 @@ def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_di
 # -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
 def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace: launched.append(port))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb: launched.append(port))
     monkeypatch.setattr(app, "build_demo", lambda explorer: None)
     before = an.cache_budget()
     monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])
@@ -533,11 +539,13 @@ def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
 def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer, checkpoint_dir, example_image,
                                                                         index):
     event = gr.SelectData(None, {"index": index, "value": None})
-    with pytest.raises(gr.Error, match=r"the click .* is outside the 256×256 image"):
-        explorer.on_click(str(checkpoint_dir / "cnn-l0.5.json"), event)
+    values = page(checkpoint_dir / "cnn-l0.5.json", example_image, "stages.0.0.conv1", num_neighbors=100)
+    del values["row_px"], values["col_px"]
+    with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside"):
+        explorer.on_table_row(**values, evt=event)  # the page's request for a clicked query's row (K > 64)
     with pytest.raises(gr.Error, match=r"the click .* is outside the 384×384 image"):  # 32×32 px shown at 12×
         explorer.on_pixel_click(str(example_image), event)
-    with pytest.raises(gr.Error, match=r"the click \(x=300, y=3\) is outside the 256×256 image"):
-        explorer.on_click(str(checkpoint_dir / "cnn-l0.5.json"), click(300, 3))
+    with pytest.raises(gr.Error, match=r"query pixel \(row=300, col=3\) is outside the 32×32 model input"):
+        explorer.on_table_row(**values, evt=gr.SelectData(None, {"index": [300, 3], "value": None}))
     with pytest.raises(gr.Error, match=r"the example's index must be (a whole number|in \[0, 19\]), got"):
         explorer.on_example(gr.SelectData(None, {"index": index, "value": None}))  # the gallery's select

@@ -1,0 +1,169 @@
+"""The neighbour table as the explorer page receives it: one JSON object, its arrays packed as base64.
+
+The page (``web/explorer.js``) decodes each array once into a typed array and, for a click or a hover, only looks
+rows up: which cells to outline, in which colour, the ranks, the scores, the statistics and the contributions all
+come from here, so the page computes nothing the Python API could answer differently.
+
+Packing (little-endian, base64): neighbour cells ``int16`` (row, col) pairs, N·K·2 per rule (prefix tokens as
+:data:`PREFIX_CELL`); scores, statistics, contributions and shares ``float32`` (NaN as JSON has none: a NaN
+mean distance stays NaN in the typed array). A 32×32 layer with K = 9 under five rules is ≈ 0.4 MB.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from PIL import Image
+
+from convnn import ModelCard
+
+from ..session.images import InputImage
+from ..session.selections import Selection, rule_title
+from ..session.traces import LayerInfo, cell_rect_px, layer_label
+from ..views.spectrum import ReceptiveFields
+from ..views.table import NeighborTable
+from .export import neighbor_notes
+from .overlay import CANDIDATE_COLOR, MAX_LABELLED_RANKS, rank_colors
+
+__all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_table"]
+
+PAGE_TABLE_VERSION = 1
+PREFIX_CELL = -32768  # the int16 row and col of a prefix token (CLS), which has no cell
+
+
+def _packed(values: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()).decode()
+
+
+def _cells(cells: np.ndarray, is_prefix: np.ndarray) -> str:
+    return _packed(np.where(is_prefix[..., None], PREFIX_CELL, cells), "int16")
+
+
+def _selection(selection: Selection) -> dict:
+    entry = {"k": int(selection.cells.shape[1]), "cells": _cells(selection.cells, selection.is_prefix),
+             "scores": _packed(selection.scores, "float32")}
+    if selection.candidates is not None:
+        entry["candidates"] = _cells(selection.candidates, selection.candidate_is_prefix)
+    return entry
+
+
+def _edges(probe: LayerInfo, padding: int) -> tuple[list[int], list[int]]:
+    """Pixel edges of the rows and columns ``−padding … H + padding`` (``W``): cell ``r`` spans
+    ``[edges[r + padding], edges[r + padding + 1])`` (:func:`analysis.cell_rect_px`)."""
+    rows = [cell_rect_px(probe, r, 0)[0] for r in range(-padding, probe.height + padding + 1)]
+    cols = [cell_rect_px(probe, 0, c)[1] for c in range(-padding, probe.width + padding + 1)]
+    return rows, cols
+
+
+def _png(view: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(view).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int], card: ModelCard,
+               prediction: dict[str, float], image: InputImage | None = None, keep_query: bool = False) -> dict:
+    """The explorer page's value for one (model, image, layer, options): the table and how to draw it.
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8, what the model sees (:func:`analysis.model_view`).
+        table (NeighborTable): the layer's table (:func:`analysis.neighbor_table`).
+        query_px (tuple[int, int]): the query pixel to show first, ``(row_px, col_px)`` in model-input pixels.
+        card (ModelCard): the model's card: its name for the caption, the classes it knows.
+        prediction (dict[str, float]): the top classes → probability (:func:`analysis.top_classes`).
+        image (InputImage, optional): the image ``view`` shows: its note (what was done to it on arrival) and its
+            digest go to the page. Default: None
+        keep_query (bool): whether the page keeps the query it shows (a new table for the same image: other
+            knobs or another layer) rather than take ``query_px`` (a new image or model). Default: False
+
+    Returns:
+        dict: JSON-ready. ``version``, ``model``, ``classes`` (all the model knows), ``prediction`` (a list of
+        ``[class, probability]``, most probable first), ``image_note``, ``image_sha256``, ``layer``, ``label``,
+        ``input_size`` S, ``grid`` [H, W], ``padding`` (cells drawn around the grid), ``row_edges_px`` /
+        ``col_edges_px``, ``row_cell_of_px`` / ``col_cell_of_px`` (S entries: the cell covering each pixel, as
+        :func:`analysis.query_cell`), ``image`` (PNG data URL of ``view``), ``query_px``, ``queries`` (the
+        rows' cells when the table holds some queries, else None), ``keep_query``, ``options``, ``rules`` (a list:
+        ``name``, ``title``, ``k``, ``cells``, ``scores``, ``mean_distance``, ``window_share``, ``candidates`` for
+        the random rule), ``jaccard`` ({"a|b": (N,) float32}),
+        ``contributions`` ((N, K) float32 or None), ``branch_share`` / ``branch_ratio``, ``heads`` (per head
+        ``cells``/``scores``), ``colors`` (K rank colours, rank 0 first), ``candidate_color``,
+        ``max_labelled_ranks`` and ``notes`` (:func:`analysis.neighbor_notes`).
+    """
+    probe, options = table.layer, table.options
+    size = probe.input_size
+    padding = options.window_size // 2
+    row_edges, col_edges = _edges(probe, padding)
+    rules = []
+    for name, rule in table.rules.items():
+        entry = {"name": name, "title": rule_title(name), **_selection(rule.selection),
+                 "mean_distance": _packed(rule.mean_distance, "float32"),
+                 "window_share": _packed(rule.window_share, "float32")}
+        rules.append(entry)
+    k_max = max(rule["k"] for rule in rules)
+    return {
+        "version": PAGE_TABLE_VERSION,
+        "model": card.name,
+        "classes": list(card.classes),
+        "prediction": [[name, probability] for name, probability in prediction.items()],
+        "image_note": image.note if image else "",
+        "image_sha256": image.digest if image else None,
+        "layer": probe.name,
+        "label": layer_label(probe),
+        "input_size": size,
+        "grid": [probe.height, probe.width],
+        "num_prefix_tokens": probe.num_prefix_tokens,
+        "padding": padding,
+        "row_edges_px": row_edges,
+        "col_edges_px": col_edges,
+        "row_cell_of_px": [r * probe.height // size for r in range(size)],
+        "col_cell_of_px": [c * probe.width // size for c in range(size)],
+        "image": _png(view),
+        "query_px": [int(query_px[0]), int(query_px[1])],
+        "queries": None if table.queries is None else table.queries.tolist(),
+        "keep_query": keep_query,
+        "options": {"num_neighbors": options.num_neighbors, "window_size": options.window_size,
+                    "num_candidates": options.num_candidates, "seed": str(options.seed),
+                    "blend_alpha": options.blend_alpha, "head": options.head},
+        "rules": rules,
+        "jaccard": {f"{a}|{b}": _packed(values, "float32") for (a, b), values in table.overlaps.items()},
+        "contributions": None if table.contributions is None else _packed(table.contributions, "float32"),
+        "branch_share": None if table.branch_share is None else _packed(table.branch_share, "float32"),
+        "branch_ratio": probe.branch_ratio if probe.is_hybrid else None,
+        "heads": [_selection(head) for head in table.heads],
+        "colors": rank_colors(k_max),
+        "candidate_color": CANDIDATE_COLOR,
+        "max_labelled_ranks": MAX_LABELLED_RANKS,
+        "notes": neighbor_notes(probe, options),
+    }
+
+
+def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> dict:
+    """The multi-hop view's value: every query cell's receptive field (:func:`analysis.receptive_fields`).
+
+    Args:
+        view (np.ndarray): (S, S, 3) uint8, what the model sees.
+        fields (ReceptiveFields): the fields of every query of ``probe``.
+        probe (LayerInfo): the layer of hop 1.
+
+    Returns:
+        dict: JSON-ready. ``layer``, ``input_size`` S, ``grid`` [H, W], ``row_cell_of_px`` / ``col_cell_of_px``,
+        ``image`` (PNG data URL), ``layers`` (the layer of each hop ≥ 1), ``hops`` ((H·W, S, S) int8, −1 where no
+        hop reaches), ``pixel_counts`` ((H·W, hops + 1) int32, cumulative) and ``colors`` (one per hop, hop 0
+        first).
+    """
+    size = probe.input_size
+    return {
+        "version": PAGE_TABLE_VERSION,
+        "layer": probe.name,
+        "input_size": size,
+        "grid": [probe.height, probe.width],
+        "row_cell_of_px": [r * probe.height // size for r in range(size)],
+        "col_cell_of_px": [c * probe.width // size for c in range(size)],
+        "image": _png(view),
+        "layers": fields.layers,
+        "hops": _packed(fields.hops, "int8"),
+        "pixel_counts": _packed(fields.pixel_counts, "int32"),
+        "colors": rank_colors(len(fields.layers) + 1),
+    }

@@ -1,0 +1,197 @@
+"""Everything a click can show for one layer, for every query cell at once: the page's neighbour table.
+
+A click in the explorer page is answered in the browser (docs/method.md §2–3 for what is selected): per
+(model, image, layer, rule knobs) the server computes, once, each query's K neighbours and similarity scores under
+every registered rule and under the layer itself, the random rule's candidates, each query's mean distance, window
+share and pairwise Jaccard overlaps, each neighbour's contribution to the query's output (the layer's own
+selection), the λ share of a hybrid layer's output at each cell, and for attention the layer's own selection of
+every head. The page only looks rows up and draws them.
+
+Row ``i`` of every array is the query at raster cell ``i`` of the layer's grid; :meth:`NeighborTable.query` reads
+one row back as the :class:`~analysis.views.neighbors.QueryNeighbors` that :func:`query_neighbors` computes for one
+query, so the page and the Python API answer a query the same way.
+
+The table is bounded: K ≤ :data:`MAX_TABLE_NEIGHBORS` (a 32×32 layer with K = 64 under five rules is ≈ 3 MB as the
+page receives it). A larger K (up to K = N, the equivalence demo's setting) gets a table of one query's row.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from convnn.functional import padded_to_cells
+from convnn.selection import rule_names
+
+from ..session.images import InputImage
+from ..session.models import LoadedModel
+from ..session.selections import (
+    LAYER_RULE,
+    RuleOptions,
+    Selection,
+    distance_stats,
+    resolve_options,
+    rule_selection,
+)
+from ..session.traces import LayerInfo, query_cell
+from .neighbors import NeighborSet, QueryNeighbors
+from .weights import branch_mix, contribution_norms
+
+__all__ = ["MAX_TABLE_NEIGHBORS", "NeighborTable", "RuleTable", "neighbor_table"]
+
+MAX_TABLE_NEIGHBORS = 64  # K up to which every query's neighbours are sent to the page at once
+
+
+@dataclass(frozen=True, eq=False)
+class RuleTable:
+    """Every query's neighbours in one layer under one rule, with their distances.
+
+    Attributes:
+        rule (str): the rule (a registered one, or ``"layer"``).
+        selection (Selection): (N, K) cells, prefix flags and scores (:func:`rule_selection`).
+        mean_distance (np.ndarray): (N,) float64 mean distance of the K to their query, in cells (NaN: all CLS).
+        window_share (np.ndarray): (N,) float64 share of the K inside the query's R×R window, in [0, 1].
+    """
+
+    rule: str
+    selection: Selection
+    mean_distance: np.ndarray
+    window_share: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class NeighborTable:
+    """What a click on any query cell of one layer shows (module docstring).
+
+    Attributes:
+        layer (LayerInfo): the layer; N = H·W queries in raster order.
+        options (RuleOptions): the resolved options.
+        rules (dict[str, RuleTable]): rule → its table, registered rules in order, then ``"layer"``.
+        overlaps (dict[tuple[str, str], np.ndarray]): (N,) float64 Jaccard overlap of each pair of rules.
+        contributions (np.ndarray or None): (N, K_layer) float32 L2 norm of each neighbour's contribution to the
+            query's output under the layer's own selection (:func:`contribution_norms`); None for a layer that
+            selects nothing (MHSA, a conv-only hybrid).
+        branch_share (np.ndarray or None): (N,) float32 ConvNN share of a hybrid layer's mix output per cell, in
+            [0, 1] (:func:`branch_mix`); None for other layers.
+        heads (tuple[Selection, ...]): for attention with several heads, the layer's own selection of each head
+            (``heads[options.head]`` is ``rules["layer"].selection``); empty otherwise.
+        queries (np.ndarray or None): (M,) int64 raster cells of the rows when the table holds only some queries
+            (K > :data:`MAX_TABLE_NEIGHBORS`: one); None when row ``i`` is cell ``i`` for all N.
+    """
+
+    layer: LayerInfo
+    options: RuleOptions
+    rules: dict[str, RuleTable]
+    overlaps: dict[tuple[str, str], np.ndarray]
+    contributions: np.ndarray | None
+    branch_share: np.ndarray | None
+    heads: tuple[Selection, ...]
+    queries: np.ndarray | None = None
+
+    def row(self, cell: tuple[int, int]) -> int:
+        """The row of the query at ``cell`` = ``(row, col)``.
+
+        Raises:
+            ValueError: a table of some queries that does not hold this one.
+        """
+        index = cell[0] * self.layer.width + cell[1]
+        if self.queries is None:
+            return index
+        if index not in self.queries:
+            raise ValueError(f"this table holds the queries at cells {self.queries.tolist()} of {self.layer.name}, "
+                             f"not cell {tuple(cell)}")
+        return int(np.flatnonzero(self.queries == index)[0])
+
+    def query(self, query_px: tuple[int, int]) -> QueryNeighbors:
+        """The row of the query pixel ``query_px`` = ``(row_px, col_px)`` (model-input pixels), as
+        :func:`analysis.query_neighbors` gives it.
+
+        Raises:
+            ValueError: a pixel outside the model input, or a query the table does not hold (:meth:`row`).
+        """
+        row, col = query_cell(self.layer, *query_px)
+        index = self.row((row, col))
+        sets = {}
+        for rule, table in self.rules.items():
+            sel = table.selection
+            sets[rule] = NeighborSet(sel.cells[index], sel.is_prefix[index], sel.scores[index],
+                                     float(table.mean_distance[index]), float(table.window_share[index]),
+                                     sel.candidates, sel.candidate_is_prefix)
+        overlaps = {pair: float(values[index]) for pair, values in self.overlaps.items()}
+        return QueryNeighbors(self.layer, self.options, tuple(query_px), (row, col), sets, overlaps)
+
+
+def _keys(selection: Selection) -> np.ndarray:
+    """(N, K) int64 key of each neighbour, equal for equal tokens: its cell packed into one integer (padding cells
+    too), −1 for a prefix token (CLS)."""
+    span = 1 << 20  # cells lie within a window's reach of the grid, far inside ±2¹⁹
+    keys = (selection.cells[..., 0] + span // 2) * span + selection.cells[..., 1] + span // 2
+    return np.where(selection.is_prefix, -1, keys)
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """(N,) number of distinct values in each row of ``keys`` (N, M)."""
+    ordered = np.sort(keys, axis=1)
+    return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
+
+
+def _jaccard_rows(a: Selection, b: Selection) -> np.ndarray:
+    """(N,) float64 ``|A ∩ B| / |A ∪ B|`` of each query's two neighbour sets, as :func:`analysis.jaccard` of their
+    :meth:`NeighborSet.keys`: ``|A ∩ B| = |A| + |B| − |A ∪ B|``."""
+    keys_a, keys_b = _keys(a), _keys(b)
+    union = _distinct(np.concatenate([keys_a, keys_b], axis=1))
+    return (_distinct(keys_a) + _distinct(keys_b) - union) / union
+
+
+def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
+    return replace(selection, cells=selection.cells[rows], is_prefix=selection.is_prefix[rows],
+                   scores=selection.scores[rows])
+
+
+def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
+                   query_px: tuple[int, int] | None = None) -> NeighborTable:
+    """Every query's neighbours in ``layer`` under every registered rule and the layer itself (module docstring).
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        layer (str): probe layer name.
+        options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
+        query_px (tuple[int, int], optional): ``(row_px, col_px)``: the one query of the table when K exceeds
+            :data:`MAX_TABLE_NEIGHBORS` (ignored otherwise). Default: None
+
+    Returns:
+        NeighborTable: every query's row (one row for a K above the bound); ``table.query(px)`` equals
+        ``query_neighbors(loaded, image, layer, px, options)``.
+
+    Raises:
+        ValueError: unknown layer, options outside their ranges (:func:`resolve_options`), a K above
+            :data:`MAX_TABLE_NEIGHBORS` without ``query_px``, or a pixel outside the model input.
+    """
+    probe = loaded.probe(layer)
+    options = resolve_options(probe, options or RuleOptions())
+    queries, rows = None, slice(None)
+    if options.num_neighbors > MAX_TABLE_NEIGHBORS:
+        if query_px is None:
+            raise ValueError(f"a neighbour table of every query covers K ≤ {MAX_TABLE_NEIGHBORS}; for K = "
+                             f"{options.num_neighbors} name the query pixel")
+        row, col = query_cell(probe, *query_px)
+        queries = rows = np.array([row * probe.width + col])
+    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()[rows]
+    rules = {}
+    for rule in (*rule_names(), LAYER_RULE):
+        sel = _rows(rule_selection(loaded, image, probe.name, rule, options), rows)
+        mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
+        rules[rule] = RuleTable(rule, sel, mean, share)
+    overlaps = {(a, b): _jaccard_rows(rules[a].selection, rules[b].selection)
+                for a, b in itertools.combinations(rules, 2)}
+    contributions = None if probe.record_name is None else contribution_norms(loaded, image, probe.name,
+                                                                              options.head)[rows]
+    share = branch_mix(loaded, image, probe.name).share.reshape(-1)[rows] if probe.is_hybrid else None
+    heads = () if probe.num_heads == 1 else tuple(
+        _rows(rule_selection(loaded, image, probe.name, LAYER_RULE, replace(options, head=h)), rows)
+        for h in range(probe.num_heads))
+    return NeighborTable(probe, options, rules, overlaps, contributions, share, heads, queries)

@@ -1,0 +1,122 @@
+"""The explorer in a real browser: a click or a hover is answered in the page, with what the API says, and sends
+nothing to the server; a knob fetches a new table; the core loop fits a phone and a desktop screen."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+import analysis as an
+from tests.app.browser import DESKTOP, PHONE, browser_page, settle
+from tests.app.test_app import CELL_LAYER, page
+
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored: the last run's pictures
+pytestmark = pytest.mark.browser
+
+
+def pixel_position(page_, table: dict, px: tuple[int, int]) -> dict:
+    """Where on the focus canvas model-input pixel ``px`` = (row, col) is centred, in the canvas's CSS pixels (the
+    canvas shows the input with ``table["padding"]`` cells of padding around it)."""
+    box = page_.locator("#explorer .cx-canvas").bounding_box()
+    rows, cols = table["row_edges_px"], table["col_edges_px"]
+    scale = box["width"] / max(cols[-1] - cols[0], rows[-1] - rows[0])
+    return {"x": (px[1] + 0.5 - cols[0]) * scale, "y": (px[0] + 0.5 - rows[0]) * scale}
+
+
+def shown(page_) -> dict:
+    root = page_.locator(".cx")
+    return {name: root.get_attribute(f"data-{name}") for name in ("query", "cell", "rule", "layer", "neighbors")}
+
+
+def api_cells(explorer, values: dict, rule: str) -> list:
+    """The query's neighbour cells under ``rule`` as the Python API gives them (None for CLS)."""
+    loaded, image = explorer.model(values["checkpoint"]), explorer.image(values["image_file"])
+    result = an.query_neighbors(loaded, image, values["layer"], (values["row_px"], values["col_px"]),
+                                explorer.options(*(values[k] for k in ("num_neighbors", "window_size",
+                                                                       "num_candidates", "seed", "blend_alpha",
+                                                                       "head"))))
+    nset = result.sets[rule]
+    return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
+
+
+def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, explorer, checkpoint_dir):
+    checkpoint = checkpoint_dir / "cnn-l0.5.json"
+    table = explorer.on_table(**page(checkpoint, explorer.examples[0]))
+    with browser_page(app_url) as tab:
+        assert shown(tab)["query"] == "16,16" and shown(tab)["layer"] == CELL_LAYER
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        for px in ((10, 20), (31, 0)):
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, px))
+            values = page(checkpoint, explorer.examples[0], row_px=px[0], col_px=px[1])
+            expected = api_cells(explorer, values, "layer")
+            assert shown(tab)["query"] == f"{px[0]},{px[1]}" and json.loads(shown(tab)["neighbors"]) == expected
+            assert tab.input_value("#row_px input") == str(px[0]) and tab.input_value("#col_px input") == str(px[1])
+        tab.get_by_role("tab", name="window (convolution)").click()  # the rule shown large
+        assert shown(tab)["rule"] == "window"
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "window")
+        first = api_cells(explorer, values, "window")[0]
+        tab.locator("#explorer .cx-canvas").hover(position=pixel_position(tab, table, an.cell_rect_px(
+            explorer.model(str(checkpoint)).probe(CELL_LAYER), *first)[:2]))
+        assert tab.locator(".cx-tip").inner_text().startswith(f"rank 0 · cell ({first[0]}, {first[1]}) · similarity")
+        tab.locator("#explorer .cx-canvas").press("ArrowUp")  # the keyboard moves the query by one cell
+        assert shown(tab)["cell"] == "14,0"
+        assert requests == []  # two clicks, a rule switch, a hover and a key: nothing reached the server
+
+        tab.locator("#num_neighbors input").fill("4")  # a knob fetches a new table; the query stays
+        tab.locator("#num_neighbors input").press("Enter")
+        tab.wait_for_function("JSON.parse(document.querySelector('.cx').dataset.neighbors).length === 4")
+        assert any("queue/join" in url for url in requests) and shown(tab)["cell"] == "14,0"
+        values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0, num_neighbors=4)
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "window")
+
+
+def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir):
+    checkpoint = checkpoint_dir / "vit-convnn.json"
+    with browser_page(app_url) as tab:
+        tab.locator("#checkpoint input").click()
+        tab.locator("#checkpoint input").fill("vit-convnn")
+        tab.get_by_role("option").filter(has_text="vit-convnn").first.click()
+        tab.wait_for_function("document.querySelector('.cx').dataset.layer === 'blocks.0.attn'", timeout=60_000)
+        settle(tab)
+        table = explorer.on_table(**page(checkpoint, explorer.examples[0], "blocks.0.attn"))
+        assert tab.locator(".cx-multiples figure").count() == 4 + 2  # the other rules, and each head's selection
+        tab.get_by_role("tab", name="Multi-hop").click()
+        tab.wait_for_selector(".cx-hops[data-drawn]")
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, (5, 27)))
+        values = page(checkpoint, explorer.examples[0], "blocks.0.attn", 5, 27)
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "layer")
+        field = an.receptive_field(explorer.model(str(checkpoint)), explorer.image(explorer.examples[0]),
+                                   "blocks.0.attn", (5, 27), 2, 0)
+        hops = tab.locator(".cx-hops")
+        assert hops.get_attribute("data-query") == "5,27"
+        assert hops.get_attribute("data-counts") == ",".join(map(str, field.pixel_counts))
+        assert requests == []
+
+
+@pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
+def test_the_core_loop_fits_the_screen(app_url, context):
+    """Image, click, focus panel and prediction: inside the viewport (at 1280×800 all on the first screen; at
+    390×844 without sideways scrolling), none covering another. Screenshots go to tests/screenshots/."""
+    width, height = context["viewport"]["width"], context["viewport"]["height"]
+    with browser_page(app_url, context) as tab:
+        SCREENSHOTS.mkdir(exist_ok=True)
+        tab.screenshot(path=SCREENSHOTS / f"explorer-{width}x{height}.png")
+        boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
+            ("model", "#checkpoint"), ("upload", "#image_upload"), ("focus panel", "#explorer .cx-canvas"),
+            ("prediction", ".cx-prediction"))}
+        assert tab.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scrolling
+        for name, box in boxes.items():
+            assert box["x"] >= 0 and box["x"] + box["width"] <= width, name
+            if width >= 1000:
+                assert box["y"] >= 0 and box["y"] + box["height"] <= height, name
+        for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+            apart = (box_a["x"] + box_a["width"] <= box_b["x"] or box_b["x"] + box_b["width"] <= box_a["x"]
+                     or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
+            assert apart, (a, b)
+        assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen

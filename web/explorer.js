@@ -1,0 +1,523 @@
+// ConvNN Explorer's in-page explorer: the neighbour table of one (model, image, layer, rule knobs), drawn here.
+//
+// Run by Gradio's gr.HTML as the body of js_on_load(element, trigger, props, server, upload, watch). The server
+// sends, once per table, every query cell's neighbours under every rule (analysis/rendering/page.py packs it); a
+// click, a tap, a hover or an arrow key only looks rows up and redraws, so it never waits for the server. The page
+// computes nothing the Python API answers: ranks, scores, distances, overlaps, contributions and shares are rows of
+// the table. What the query is, the page writes into the query row/col boxes (#row_px, #col_px), which the
+// server-side views read when they run.
+//
+// For a K above the table's bound the server sends one query's row ("queries"); a click on another cell then asks
+// the server for that row (trigger("select")), the one case where a click waits.
+
+const PREFIX = -32768; // the packed cell of a prefix token (CLS)
+const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
+const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below the focus panel
+const MULTIPLE_PX = 132; // each small multiple's CSS width
+const LABEL_MIN_CELL_PX = 15; // rank numbers inside cells at least this wide; smaller cells get lines + chips
+
+const root = element.querySelector(".cx");
+root.innerHTML = `
+  <div class="cx-head">
+    <div class="cx-caption"></div>
+    <div class="cx-rules" role="tablist" aria-label="selection rule shown large"></div>
+  </div>
+  <div class="cx-main">
+    <div class="cx-focus">
+      <canvas class="cx-canvas" tabindex="0" aria-label="the image at the model's resolution: click or tap a pixel"></canvas>
+      <div class="cx-tip" role="status" hidden></div>
+    </div>
+    <div class="cx-side">
+      <div class="cx-prediction" aria-label="prediction"></div>
+      <div class="cx-query"></div>
+      <table class="cx-stats"><thead></thead><tbody></tbody></table>
+      <div class="cx-contrib"></div>
+    </div>
+  </div>
+  <div class="cx-multiples"></div>
+  <div class="cx-notes"></div>`;
+const $ = (selector) => root.querySelector(selector);
+const canvas = $(".cx-canvas");
+const tip = $(".cx-tip");
+
+let table = null; // the decoded table
+let query = null; // [row_px, col_px]
+let focusRule = null;
+let drawCount = 0;
+
+function decode(text, Type) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return new Type(bytes.buffer);
+}
+
+function decodeSelection(entry) {
+  return {
+    k: entry.k,
+    cells: decode(entry.cells, Int16Array),
+    scores: decode(entry.scores, Float32Array),
+    candidates: entry.candidates ? decode(entry.candidates, Int16Array) : null,
+  };
+}
+
+function load(value) {
+  const [height, width] = value.grid;
+  const t = {
+    ...value, height, width,
+    rules: value.rules.map((rule) => ({
+      ...rule, ...decodeSelection(rule),
+      meanDistance: decode(rule.mean_distance, Float32Array),
+      windowShare: decode(rule.window_share, Float32Array),
+    })),
+    jaccard: Object.fromEntries(Object.entries(value.jaccard).map(([pair, v]) => [pair, decode(v, Float32Array)])),
+    contributions: value.contributions ? decode(value.contributions, Float32Array) : null,
+    branchShare: value.branch_share ? decode(value.branch_share, Float32Array) : null,
+    heads: value.heads.map(decodeSelection),
+    image: new Image(),
+  };
+  t.byName = Object.fromEntries(t.rules.map((rule) => [rule.name, rule]));
+  t.image.onload = () => draw();
+  t.image.src = value.image;
+  return t;
+}
+
+// -- the table's rows ------------------------------------------------------------------------------------------
+function cellOf(px) {
+  return [table.row_cell_of_px[px[0]], table.col_cell_of_px[px[1]]];
+}
+
+function rowOf(cell) { // the table row of a query cell, or -1 when the table does not hold it
+  const index = cell[0] * table.width + cell[1];
+  if (table.queries == null) return index;
+  return table.queries.indexOf(index);
+}
+
+function neighbors(selection, row) { // [{rank, cell: [r, c] or null (CLS), score}]
+  const out = [];
+  for (let t = 0; t < selection.k; t++) {
+    const at = (row * selection.k + t) * 2;
+    const r = selection.cells[at];
+    out.push({rank: t, cell: r === PREFIX ? null : [r, selection.cells[at + 1]],
+              score: selection.scores[row * selection.k + t]});
+  }
+  return out;
+}
+
+function candidates(selection) {
+  if (!selection.candidates) return [];
+  const out = [];
+  for (let i = 0; i < selection.candidates.length; i += 2) {
+    if (selection.candidates[i] !== PREFIX) out.push([selection.candidates[i], selection.candidates[i + 1]]);
+  }
+  return out;
+}
+
+function contribution(row, rank) {
+  const layer = table.byName.layer;
+  return table.contributions ? table.contributions[row * layer.k + rank] : null;
+}
+
+function jaccard(a, b, row) {
+  if (a === b) return 1;
+  const values = table.jaccard[`${a}|${b}`] || table.jaccard[`${b}|${a}`];
+  return values ? values[row] : NaN;
+}
+
+// -- geometry: model-input pixels ↔ CSS pixels of a panel ---------------------------------------------------------
+function frame(cssWidth) {
+  const pad = table.padding;
+  const top = -table.row_edges_px[0];
+  const left = -table.col_edges_px[0];
+  const spanY = table.row_edges_px[table.row_edges_px.length - 1] + top;
+  const spanX = table.col_edges_px[table.col_edges_px.length - 1] + left;
+  const scale = cssWidth / Math.max(spanX, spanY);
+  return {pad, top, left, scale, width: spanX * scale, height: spanY * scale};
+}
+
+function rect(f, cell) { // a cell's rectangle in the panel's CSS pixels
+  const r = cell[0] + f.pad;
+  const c = cell[1] + f.pad;
+  const y0 = (table.row_edges_px[r] + f.top) * f.scale;
+  const x0 = (table.col_edges_px[c] + f.left) * f.scale;
+  const y1 = (table.row_edges_px[r + 1] + f.top) * f.scale;
+  const x1 = (table.col_edges_px[c + 1] + f.left) * f.scale;
+  return {x: x0, y: y0, w: x1 - x0, h: y1 - y0};
+}
+
+function cellAt(f, x, y) { // CSS position → the cell [row, col] under it, padding cells included, or null
+  const find = (edges, at) => {
+    for (let i = 0; i + 1 < edges.length; i++) if (edges[i] <= at && at < edges[i + 1]) return i - f.pad;
+    return null;
+  };
+  const row = find(table.row_edges_px, y / f.scale - f.top);
+  const col = find(table.col_edges_px, x / f.scale - f.left);
+  return row === null || col === null ? null : [row, col];
+}
+
+function pixelAt(f, x, y) { // CSS position → model-input pixel [row, col], or null outside the image
+  const col = Math.floor(x / f.scale - f.left);
+  const row = Math.floor(y / f.scale - f.top);
+  const size = table.input_size;
+  return row >= 0 && row < size && col >= 0 && col < size ? [row, col] : null;
+}
+
+// -- drawing ----------------------------------------------------------------------------------------------------
+function sized(target, cssWidth) {
+  const f = frame(cssWidth);
+  const ratio = window.devicePixelRatio || 1;
+  target.style.width = `${f.width}px`;
+  target.style.height = `${f.height}px`;
+  target.width = Math.round(f.width * ratio);
+  target.height = Math.round(f.height * ratio);
+  const ctx = target.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  return [ctx, f];
+}
+
+function drawPanel(target, cssWidth, selection, row, options) {
+  const [ctx, f] = sized(target, cssWidth);
+  ctx.fillStyle = "#8a8a8a"; // padding cells around the image
+  ctx.fillRect(0, 0, f.width, f.height);
+  ctx.imageSmoothingEnabled = false;
+  if (table.image.complete) {
+    ctx.drawImage(table.image, f.left * f.scale, f.top * f.scale, table.input_size * f.scale,
+                  table.input_size * f.scale);
+  }
+  const cell = cellOf(query);
+  const q = rect(f, cell);
+  const qx = q.x + q.w / 2;
+  const qy = q.y + q.h / 2;
+  ctx.strokeStyle = table.candidate_color;
+  ctx.lineWidth = 1;
+  for (const c of candidates(selection)) {
+    const r = rect(f, c);
+    ctx.strokeRect(r.x + 0.5, r.y + 0.5, r.w - 1, r.h - 1);
+  }
+  if (row < 0) return f;
+  const list = neighbors(selection, row).filter((n) => n.cell);
+  const small = q.w < LABEL_MIN_CELL_PX;
+  if (small && options.lines) {
+    ctx.lineWidth = 1.5;
+    for (const n of list) {
+      const r = rect(f, n.cell);
+      ctx.strokeStyle = table.colors[n.rank];
+      ctx.beginPath();
+      ctx.moveTo(qx, qy);
+      ctx.lineTo(r.x + r.w / 2, r.y + r.h / 2);
+      ctx.stroke();
+    }
+  }
+  ctx.lineWidth = Math.max(1.5, Math.min(3, q.w / 6));
+  for (const n of [...list].reverse()) { // rank 0 drawn last, on top
+    const r = rect(f, n.cell);
+    ctx.strokeStyle = table.colors[n.rank];
+    ctx.strokeRect(r.x + ctx.lineWidth / 2, r.y + ctx.lineWidth / 2, r.w - ctx.lineWidth, r.h - ctx.lineWidth);
+  }
+  ctx.lineWidth = 2;
+  ctx.strokeStyle = "#000";
+  ctx.strokeRect(q.x - 1, q.y - 1, q.w + 2, q.h + 2);
+  ctx.strokeStyle = "#fff";
+  ctx.strokeRect(q.x - 3, q.y - 3, q.w + 6, q.h + 6);
+  if (options.labels && selection.k <= table.max_labelled_ranks) drawRanks(ctx, f, list, small);
+  return f;
+}
+
+function drawRanks(ctx, f, list, small) {
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  ctx.font = "600 11px system-ui, sans-serif";
+  const placed = [];
+  for (const n of list) {
+    const r = rect(f, n.cell);
+    const x = r.x + r.w / 2;
+    const y = r.y + r.h / 2;
+    const label = String(n.rank);
+    const w = Math.max(12, ctx.measureText(label).width + 5);
+    if (small) { // a chip centred on the cell, skipped where an earlier (better) rank's chip already sits
+      if (placed.some((p) => Math.abs(p[0] - x) < w - 2 && Math.abs(p[1] - y) < 12)) continue;
+      placed.push([x, y]);
+      ctx.fillStyle = "rgba(0, 0, 0, 0.72)";
+      ctx.fillRect(x - w / 2, y - 7, w, 14);
+      ctx.fillStyle = table.colors[n.rank];
+      ctx.fillRect(x - w / 2, y + 5, w, 2);
+    }
+    ctx.lineWidth = 3;
+    ctx.strokeStyle = "rgba(0, 0, 0, 0.85)";
+    ctx.fillStyle = "#fff";
+    if (!small) ctx.strokeText(label, x, y);
+    ctx.fillText(label, x, y);
+  }
+}
+
+function focusWidth() { // as wide as its column allows, and short enough to leave the page's header in view
+  const available = $(".cx-focus").clientWidth || root.clientWidth || FOCUS_MAX_PX;
+  const tall = window.innerHeight > 0 ? window.innerHeight - FOCUS_HEADROOM_PX : FOCUS_MAX_PX;
+  return Math.max(160, Math.min(FOCUS_MAX_PX, available, Math.max(tall, 280)));
+}
+
+function draw() {
+  if (!table || !query) return;
+  const row = rowOf(cellOf(query));
+  const selection = table.byName[focusRule];
+  drawPanel(canvas, focusWidth(), selection, row, {labels: true, lines: true});
+  drawRules();
+  drawSide(row);
+  drawMultiples(row);
+  drawCount += 1;
+  const cell = cellOf(query);
+  root.dataset.query = query.join(",");
+  root.dataset.cell = cell.join(",");
+  root.dataset.rule = focusRule;
+  root.dataset.layer = table.layer;
+  root.dataset.image = table.image_sha256 || "";
+  root.dataset.model = table.model;
+  root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
+  root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
+  document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer}}));
+}
+
+function drawRules() {
+  const bar = $(".cx-rules");
+  if (bar.dataset.for !== table.layer + table.rules.map((r) => r.name).join()) {
+    bar.dataset.for = table.layer + table.rules.map((r) => r.name).join();
+    bar.replaceChildren(...table.rules.map((rule) => {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.setAttribute("role", "tab");
+      button.dataset.rule = rule.name;
+      button.textContent = rule.title;
+      button.addEventListener("click", () => { focusRule = rule.name; draw(); });
+      return button;
+    }));
+  }
+  for (const button of bar.children) {
+    button.setAttribute("aria-selected", String(button.dataset.rule === focusRule));
+  }
+}
+
+function format(value, digits = 2) {
+  return Number.isFinite(value) ? value.toFixed(digits) : "—";
+}
+
+function drawPrediction() {
+  const box = $(".cx-prediction");
+  if (box.dataset.for === table.image.src + table.model) return; // the same image and model
+  box.dataset.for = table.image.src + table.model;
+  const best = table.prediction[0];
+  const title = document.createElement("div");
+  title.className = "cx-predicted";
+  title.textContent = best ? `${best[0]} · ${(100 * best[1]).toFixed(1)}%` : "";
+  const bars = table.prediction.map(([name, probability]) => {
+    const item = document.createElement("div");
+    item.className = "cx-bar";
+    const label = document.createElement("span");
+    label.textContent = name;
+    const bar = document.createElement("span");
+    bar.className = "cx-bar-fill cx-bar-class";
+    bar.style.width = `${100 * probability}%`;
+    const value = document.createElement("span");
+    value.textContent = `${(100 * probability).toFixed(1)}%`;
+    item.append(label, bar, value);
+    return item;
+  });
+  const known = document.createElement("div");
+  known.className = "cx-known";
+  known.textContent = `This model knows ${table.classes.length} classes: ${table.classes.join(", ")}; ` +
+    "whatever the photo, it answers with one of them.";
+  box.replaceChildren(title, ...bars, known);
+}
+
+function drawSide(row) {
+  drawPrediction();
+  const cell = cellOf(query);
+  const share = table.branchShare && row >= 0 ? table.branchShare[row] : null;
+  $(".cx-caption").textContent = `${table.model} · ${table.label}`;
+  $(".cx-query").innerHTML = "";
+  const line = document.createElement("div");
+  line.textContent = `query pixel (${query[0]}, ${query[1]}) → cell (${cell[0]}, ${cell[1]}) of ` +
+    `${table.height}×${table.width} · K = ${table.options.num_neighbors}, R = ${table.options.window_size}, ` +
+    `r = ${table.options.num_candidates}`;
+  $(".cx-query").append(line);
+  if (share !== null) {
+    const mix = document.createElement("div");
+    mix.className = "cx-share";
+    mix.textContent = `λ = ${table.branch_ratio}: the ConvNN branch makes ${(100 * share).toFixed(1)}% of this ` +
+      `cell's mix output, the conv branch ${(100 * (1 - share)).toFixed(1)}%`;
+    $(".cx-query").append(mix);
+  }
+  const head = $(".cx-stats thead");
+  head.innerHTML = "<tr><th>rule</th><th>mean dist. (cells)</th><th>in R×R</th><th></th></tr>";
+  head.rows[0].cells[3].textContent = `Jaccard vs ${table.byName[focusRule].title}`;
+  const body = $(".cx-stats tbody");
+  body.replaceChildren(...table.rules.map((rule) => {
+    const tr = document.createElement("tr");
+    tr.dataset.rule = rule.name;
+    if (rule.name === focusRule) tr.className = "cx-current";
+    const values = row < 0 ? ["", "", ""] : [format(rule.meanDistance[row]), `${Math.round(100 * rule.windowShare[row])}%`,
+                                            format(jaccard(focusRule, rule.name, row))];
+    for (const text of [rule.title, ...values]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.append(td);
+    }
+    return tr;
+  }));
+  drawContributions(row);
+  const notes = $(".cx-notes");
+  const what = `What the model sees: the ${table.input_size}×${table.input_size} px input` +
+    (table.image_note ? ` (${table.image_note}).` : ".");
+  notes.replaceChildren(...[what, ...table.notes].map((text) => {
+    const p = document.createElement("p");
+    p.textContent = text;
+    return p;
+  }));
+}
+
+function drawContributions(row) {
+  const box = $(".cx-contrib");
+  box.replaceChildren();
+  if (!table.contributions || row < 0) return;
+  const list = neighbors(table.byName.layer, row);
+  const norms = list.map((n) => contribution(row, n.rank));
+  const largest = Math.max(...norms, 1e-30);
+  const title = document.createElement("div");
+  title.className = "cx-contrib-title";
+  title.textContent = "each neighbour's contribution to this cell's output (‖W_t·v‖, the layer's own selection)";
+  box.append(title);
+  for (const n of list) {
+    const item = document.createElement("div");
+    item.className = "cx-bar";
+    const label = document.createElement("span");
+    label.textContent = `${n.rank}: ${n.cell ? `(${n.cell[0]}, ${n.cell[1]})` : "CLS"}`;
+    const bar = document.createElement("span");
+    bar.className = "cx-bar-fill";
+    bar.style.width = `${(100 * norms[n.rank]) / largest}%`;
+    bar.style.background = table.colors[n.rank];
+    const value = document.createElement("span");
+    value.textContent = format(norms[n.rank], 3);
+    item.append(label, bar, value);
+    box.append(item);
+  }
+}
+
+function drawMultiples(row) {
+  const box = $(".cx-multiples");
+  const panels = table.rules.filter((rule) => rule.name !== focusRule).map((rule) => ({
+    title: rule.title, selection: rule, onclick: () => { focusRule = rule.name; draw(); }}));
+  table.heads.forEach((head, h) => panels.push({title: `what the layer used · head ${h}`, selection: head}));
+  while (box.children.length > panels.length) box.lastChild.remove();
+  while (box.children.length < panels.length) {
+    const figure = document.createElement("figure");
+    figure.append(document.createElement("canvas"), document.createElement("figcaption"));
+    box.append(figure);
+  }
+  panels.forEach((panel, i) => {
+    const figure = box.children[i];
+    figure.lastChild.textContent = panel.title;
+    figure.onclick = panel.onclick || null;
+    figure.classList.toggle("cx-clickable", Boolean(panel.onclick));
+    drawPanel(figure.firstChild, figure.clientWidth || MULTIPLE_PX, panel.selection, row, {labels: false, lines: false});
+  });
+}
+
+// -- the user -----------------------------------------------------------------------------------------------------
+function setBox(id, value) { // the query row/col box the server-side views read; no event reaches the server
+  const input = document.querySelector(`#${id} input`);
+  if (!input || input.value === String(value)) return;
+  input.value = String(value);
+  input.dispatchEvent(new Event("input", {bubbles: true}));
+}
+
+function setQuery(px) {
+  query = px;
+  draw();
+  setBox("row_px", px[0]);
+  setBox("col_px", px[1]);
+  if (rowOf(cellOf(px)) < 0) trigger("select", {index: px, value: null}); // a K above the table's bound
+}
+
+function position(event) {
+  const box = canvas.getBoundingClientRect();
+  return pixelAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
+}
+
+canvas.addEventListener("click", (event) => {
+  const px = table && position(event);
+  if (px) setQuery(px);
+});
+
+canvas.addEventListener("pointermove", (event) => {
+  const box = canvas.getBoundingClientRect();
+  const cell = table && query && cellAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
+  if (!cell) { tip.hidden = true; return; }
+  const row = rowOf(cellOf(query));
+  const selection = table.byName[focusRule];
+  const hit = row < 0 ? null : neighbors(selection, row).find((n) => n.cell && n.cell[0] === cell[0] &&
+                                                                  n.cell[1] === cell[1]);
+  let text = `cell (${cell[0]}, ${cell[1]})`;
+  if (hit) {
+    text = `rank ${hit.rank} · ${text} · similarity ${format(hit.score, 3)}`;
+    const used = neighbors(table.byName.layer, row).find((n) => n.cell && n.cell[0] === cell[0] &&
+                                                          n.cell[1] === cell[1]);
+    if (used && table.contributions) text += ` · contribution ${format(contribution(row, used.rank), 3)}`;
+  } else {
+    text += " · not selected";
+  }
+  const outside = cell[0] < 0 || cell[1] < 0 || cell[0] >= table.height || cell[1] >= table.width;
+  if (outside) text += " · a padding cell";
+  tip.textContent = text;
+  tip.hidden = false;
+  tip.style.left = `${Math.min(event.clientX - box.left + 12, box.width - 180)}px`;
+  tip.style.top = `${event.clientY - box.top + 14}px`;
+});
+canvas.addEventListener("pointerleave", () => { tip.hidden = true; });
+
+canvas.addEventListener("keydown", (event) => { // arrows move the query by one cell of the layer
+  const step = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[event.key];
+  if (!step || !table || !query) return;
+  event.preventDefault();
+  const cell = cellOf(query);
+  const r = Math.min(Math.max(cell[0] + step[0], 0), table.height - 1);
+  const c = Math.min(Math.max(cell[1] + step[1], 0), table.width - 1);
+  const f = frame(1);
+  const y = table.row_edges_px[r + f.pad];
+  const x = table.col_edges_px[c + f.pad];
+  setQuery([Math.min(y, table.input_size - 1), Math.min(x, table.input_size - 1)]);
+});
+
+function followBox(id, axis) { // a typed query row or col, entered (Enter or leaving the box)
+  const input = document.querySelector(`#${id} input`);
+  if (!input || input.dataset.cxFollowed) return;
+  input.dataset.cxFollowed = "1";
+  input.addEventListener("change", () => {
+    const value = Number(input.value);
+    if (!table || !query || !Number.isInteger(value) || value < 0 || value >= table.input_size) return;
+    const px = [...query];
+    px[axis] = value;
+    setQuery(px);
+  });
+}
+
+function show() {
+  const value = props.value;
+  if (!value || typeof value !== "object" || !value.rules) return;
+  // The page owns the query: a new table (a knob, a layer) keeps it; a new image or model, or a table of one
+  // query's row, brings the server's (the same pixel, moved inside a smaller input).
+  const keep = query && value.queries == null && value.keep_query && query[0] < value.input_size &&
+    query[1] < value.input_size;
+  table = load(value);
+  if (!keep) {
+    query = value.query_px;
+    setBox("row_px", query[0]);
+    setBox("col_px", query[1]);
+  }
+  if (!table.byName[focusRule]) focusRule = table.rules[table.rules.length - 1].name;
+  followBox("row_px", 0);
+  followBox("col_px", 1);
+  draw();
+}
+
+new ResizeObserver(() => draw()).observe(root);
+watch("value", show);
+show();
