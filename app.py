@@ -566,11 +566,13 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
             add(gr.Gallery(ex.examples, columns=5, height=76, allow_preview=False, label="Examples",
                            elem_id="examples"))
-            with gr.Row(equal_height=False):
-                add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"],
-                                    elem_id="image_upload", scale=1, min_width=120))
-                add(gr.Radio(list(an.FITS), value="crop", label="Not square?", elem_id="fit", scale=2,
-                             min_width=200))
+            add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"], size="md",
+                                elem_id="image_upload"))
+            add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))
+            add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer"))
+            with gr.Row():
+                add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
+                add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
             guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
@@ -585,10 +587,6 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                         label=f"Upload your checkpoint (.safetensors + .json, up to {upload_mb} MB)"))
         guided = add(gr.Checkbox(value=False, label="Guided mode (numbered steps)", elem_id="guided", scale=0,
                                  min_width=260))
-    with gr.Row():
-        add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer", scale=3, min_width=240))
-        add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
-        add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
     with gr.Row():
         add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
                           min_width=90))

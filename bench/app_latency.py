@@ -58,14 +58,14 @@ CLICK_JS = """async ([x, y]) => {
   const before = root.dataset.drawn;
   const drawn = new Promise((resolve) => {
     const observer = new MutationObserver(() => {
-      if (root.dataset.drawn !== before) { observer.disconnect(); requestAnimationFrame(() => resolve()); }
+      if (root.dataset.drawn !== before) { observer.disconnect(); requestAnimationFrame(() => resolve(true)); }
     });
     observer.observe(root, {attributes: true, attributeFilter: ['data-drawn']});
+    setTimeout(() => resolve(false), 5000);  // not redrawn (a click off the image): recorded as a failure
   });
   const start = performance.now();
   canvas.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: box.left + x, clientY: box.top + y}));
-  await drawn;
-  return performance.now() - start;
+  return (await drawn) ? performance.now() - start : null;
 }"""
 
 # The page's side of a new image: a promise that resolves with the time at which the explorer showed ``digest``.
@@ -79,6 +79,7 @@ WATCH_JS = """(digest) => {
       }
     });
     observer.observe(root, {attributes: true, attributeFilter: ['data-image', 'data-drawn']});
+    setTimeout(() => resolve(null), 60000);  // never shown (an error in the page): recorded as a failure
   });
   return performance.now();
 }"""
@@ -133,8 +134,11 @@ def click_latencies(page, count: int, rng: np.random.Generator) -> tuple[list[fl
     requests_before = len(page.requests)
     times = []
     for _ in range(count):
-        x, y = rng.uniform(0.1, 0.9, 2) * (box["width"], box["height"])  # inside the image, off the padding
-        times.append(page.evaluate(CLICK_JS, [float(x), float(y)]))
+        x, y = rng.uniform(0.2, 0.8, 2) * (box["width"], box["height"])  # inside the image, off the padding cells
+        elapsed = page.evaluate(CLICK_JS, [float(x), float(y)])
+        if elapsed is None:
+            raise RuntimeError(f"a click at ({x:.0f}, {y:.0f}) of the focus panel was not answered")
+        times.append(elapsed)
     return times, len(page.requests) - requests_before
 
 
@@ -150,7 +154,10 @@ def first_render_latencies(page, examples: list[Path], uploads: list[Path], fit:
         else:
             page.set_input_files("input[type=file][data-testid$=\"-upload-button\"]", str(path))
         shown = page.evaluate("window.cxShown")
+        if shown is None:
+            raise RuntimeError(f"{path.name} was never shown: {page.locator('.toast-body').all_inner_texts()}")
         results.append({"image": path.name, "ms": shown - start, "upload": index >= len(examples)})
+        print(f"  {path.name}: {shown - start:.0f} ms", flush=True)
         wait_settled(page)
     return results
 

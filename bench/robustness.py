@@ -10,7 +10,7 @@ measures two things; the Markdown it writes has both tables, the hardware, the v
    calls; then the same calls while ``--slow-jobs`` other sessions have an occlusion attribution (64 forward passes,
    each on an image of its own so nothing is cached) queued or running. Target: each loaded median ≤ 2× alone.
 2. **Memory under repeated load.** ``--rounds`` rounds of ``--clients`` new sessions (threads), each sending the
-   same ``--requests`` requests every round (predictions, clicks at several K, weights, multi-hop, spectrum,
+   same ``--requests`` requests every round (predictions, clicks at several K, tables, multi-hop, spectrum,
    saliency, model switches, exports). The server's resident set size (``VmRSS``) after each round. Target: after the
    last round within 10 % of after the first (the caches are full after the first round; what follows must not grow).
 """
@@ -155,7 +155,7 @@ def client_requests(index: int, examples: list[str], noise: list[str]) -> list[t
         image = rng.choice(examples + noise)
         layer = rng.choice(LAYERS[checkpoint])
         row, col = rng.randrange(32), rng.randrange(32)
-        kind = rng.choice(("predict", "neighbors", "neighbors", "neighbors", "weights", "multihop", "spectrum",
+        kind = rng.choice(("predict", "neighbors", "neighbors", "neighbors", "table", "multihop", "spectrum",
                            "saliency", "export"))
         if kind == "predict":
             requests.append(("/predict", checkpoint, image))
@@ -164,8 +164,8 @@ def client_requests(index: int, examples: list[str], noise: list[str]) -> list[t
                              rng.randrange(3), 0.5, 0))
         elif kind == "export":
             requests.append(("/export", checkpoint, image, layer, row, col, 0, 0, 0, 0, 0.5, 0))
-        elif kind == "weights":
-            requests.append(("/weights", checkpoint, image, layer, row, col, 0))
+        elif kind == "table":
+            requests.append(("/table", checkpoint, image, layer, row, col))
         elif kind == "multihop":
             requests.append(("/multihop", checkpoint, image, layer, row, col, 2, 0))
         elif kind == "spectrum":
