@@ -4,7 +4,10 @@
 
 Binds 127.0.0.1; the port comes from ``--port``, else ``$PORT`` / ``$GRADIO_SERVER_PORT``, else 7860. Runs on CPU;
 with a GPU the models run there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
-number and figure comes from :mod:`analysis`, and every user action has an ``api_name`` for ``gradio_client``.
+number and figure comes from :mod:`analysis`; the explorer's clicks are answered in the page by ``web/explorer.js``
+from the neighbour table the server sends (:func:`analysis.page_table`); the layout is :func:`build_layout`, what
+each change refreshes is :data:`REFRESH`, and the documented API (``gr.api``, plain values) is the ``api_*``
+methods of :class:`Explorer`.
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time and
