@@ -403,6 +403,14 @@ class Explorer:
                           num_candidates, seed, blend_alpha, head, request)
 
     @user_errors
+    def on_sweep(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
+                 num_candidates, seed, blend_alpha, head, request=None):
+        """The α animation's frames for the table shown (the page asks once, when ▶ α is pressed)."""
+        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
+        sweep = an.blend_sweep(self.model(checkpoint, request), self.image(image_file, fit), layer, options)
+        return an.page_sweep(sweep)
+
+    @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
         choice = an.store_upload(checkpoint_files or [], self.workspace, self.session(request), self.device)
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
@@ -582,6 +590,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("explorer.js"), padding=False))
+            add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
     with gr.Row(equal_height=False):
         with gr.Accordion("Model card, or open your own checkpoint", open=False):
             add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
@@ -701,9 +710,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             run(rest, getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private"))
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
-        # table's bound the page asks for the clicked query's row (explorer.select).
+        # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the
+        # α animation (explorer.click).
         ui["explorer"].select(**wire(ex, ui, "on_table_row", [*QUERY[:4], *KNOBS], ["explorer"]),
                               api_visibility="private")
+        ui["explorer"].click(**wire(ex, ui, "on_sweep", QUERY, ["sweep"]), api_visibility="private")  # ▶ α
         ui["examples"].select(ex.on_example, None, ui["image_file"], api_visibility="private")
         ui["image_upload"].upload(ex.on_image_upload, ui["image_upload"], ui["image_file"], api_visibility="private")
         ui["checkpoint_files"].upload(**wire(ex, ui, "on_checkpoint_upload", ["checkpoint_files", "uploads"],

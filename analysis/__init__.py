@@ -26,7 +26,7 @@ from .rendering.export import (
     overlay_png,
     query_record,
 )
-from .rendering.page import page_hops, page_table
+from .rendering.page import page_hops, page_sweep, page_table
 from .session.caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
 from .session.images import (
     FITS,
@@ -91,7 +91,15 @@ from .views.spectrum import (
     receptive_fields,
     selection_spectrum,
 )
-from .views.table import MAX_TABLE_NEIGHBORS, NeighborTable, RuleTable, neighbor_table
+from .views.table import (
+    MAX_TABLE_NEIGHBORS,
+    SWEEP_STEPS,
+    BlendSweep,
+    NeighborTable,
+    RuleTable,
+    blend_sweep,
+    neighbor_table,
+)
 from .views.weights import (
     AggregationKernel,
     BranchMix,
@@ -113,9 +121,11 @@ __all__ = [
     "MAX_SEED",
     "MAX_TABLE_NEIGHBORS",
     "OUT_OF_MEMORY_MESSAGE",
+    "SWEEP_STEPS",
     "UPLOAD_PREFIX",
     "AggregationKernel",
     "Attribution",
+    "BlendSweep",
     "BranchMix",
     "Contributions",
     "Equivalence",
@@ -137,6 +147,7 @@ __all__ = [
     "aggregation_kernel",
     "attention_equivalence",
     "attribution_map",
+    "blend_sweep",
     "branch_mix",
     "cache_budget",
     "cache_usage",
@@ -174,6 +185,7 @@ __all__ = [
     "neighbors_to_dict",
     "overlay_png",
     "page_hops",
+    "page_sweep",
     "page_table",
     "pixel_neighbors",
     "pixel_view",

@@ -9,18 +9,25 @@
 //
 // For a K above the table's bound the server sends one query's row ("queries"); a click on another cell then asks
 // the server for that row (trigger("select")), the one case where a click waits.
+//
+// The α animation: "▶ α" asks the server once (trigger("click")) for every query's blend selection at α = 0 … 1
+// (analysis/rendering/page.py: page_sweep, delivered by web/sweep.js as a "cx-sweep" event) and plays it on the focus
+// panel, frame by frame, for the clicked query (a click during the animation moves it), with the window share and
+// the mean distance traced as curves.
 
 const PREFIX = -32768; // the packed cell of a prefix token (CLS)
 const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
 const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below the focus panel
 const MULTIPLE_PX = 132; // each small multiple's CSS width
 const LABEL_MIN_CELL_PX = 15; // rank numbers inside cells at least this wide; smaller cells get lines + chips
+const SWEEP_FRAME_MS = 160; // each α of the animation is shown this long
 
 const root = element.querySelector(".cx");
 root.innerHTML = `
   <div class="cx-head">
     <div class="cx-caption"></div>
     <div class="cx-rules" role="tablist" aria-label="selection rule shown large"></div>
+    <button type="button" class="cx-play" title="blend α from 0 (the window: a convolution) to 1 (all tokens by feature similarity: attention)">▶ α: window → features</button>
   </div>
   <div class="cx-main">
     <div class="cx-focus">
@@ -30,6 +37,7 @@ root.innerHTML = `
     <div class="cx-side">
       <div class="cx-prediction" aria-label="prediction"></div>
       <div class="cx-query"></div>
+      <div class="cx-sweep" hidden><canvas class="cx-curve" aria-label="window share and mean distance against α"></canvas><div class="cx-sweep-text"></div></div>
       <table class="cx-stats"><thead></thead><tbody></tbody></table>
       <div class="cx-contrib"></div>
     </div>
@@ -44,6 +52,10 @@ let table = null; // the decoded table
 let query = null; // [row_px, col_px]
 let focusRule = null;
 let drawCount = 0;
+let sweep = null; // the decoded α sweep of the current table, once asked for
+let sweepFrame = null; // the α frame shown, or null
+let sweepTimer = null;
+let playWhenSwept = false;
 
 function decode(text, Type) {
   const binary = atob(text);
@@ -259,10 +271,11 @@ function focusWidth() { // as wide as its column allows, and short enough to lea
 function draw() {
   if (!table || !query) return;
   const row = rowOf(cellOf(query));
-  const selection = table.byName[focusRule];
+  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
   drawPanel(canvas, focusWidth(), selection, row, {labels: true, lines: true});
   drawRules();
   drawSide(row);
+  drawSweep(row);
   drawMultiples(row);
   drawCount += 1;
   const cell = cellOf(query);
@@ -272,6 +285,7 @@ function draw() {
   root.dataset.layer = table.layer;
   root.dataset.image = table.image_sha256 || "";
   root.dataset.model = table.model;
+  root.dataset.alpha = sweepFrame === null ? "" : String(sweep.alphas[sweepFrame]);
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
   document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer}}));
@@ -287,7 +301,7 @@ function drawRules() {
       button.setAttribute("role", "tab");
       button.dataset.rule = rule.name;
       button.textContent = rule.title;
-      button.addEventListener("click", () => { focusRule = rule.name; draw(); });
+      button.addEventListener("click", () => { stopSweep(); focusRule = rule.name; draw(); });
       return button;
     }));
   }
@@ -404,7 +418,7 @@ function drawContributions(row) {
 function drawMultiples(row) {
   const box = $(".cx-multiples");
   const panels = table.rules.filter((rule) => rule.name !== focusRule).map((rule) => ({
-    title: rule.title, selection: rule, onclick: () => { focusRule = rule.name; draw(); }}));
+    title: rule.title, selection: rule, onclick: () => { stopSweep(); focusRule = rule.name; draw(); }}));
   table.heads.forEach((head, h) => panels.push({title: `what the layer used · head ${h}`, selection: head}));
   while (box.children.length > panels.length) box.lastChild.remove();
   while (box.children.length < panels.length) {
@@ -420,6 +434,106 @@ function drawMultiples(row) {
     drawPanel(figure.firstChild, figure.clientWidth || MULTIPLE_PX, panel.selection, row, {labels: false, lines: false});
   });
 }
+
+// -- the α animation ----------------------------------------------------------------------------------------------
+function sweepMatches(value) { // whether a sweep belongs to the table shown (its layer, K, R and head)
+  const o = table.options;
+  return value && value.layer === table.layer && value.k === o.num_neighbors &&
+    value.options.window_size === o.window_size && value.options.head === o.head;
+}
+
+function loadSweep(value) {
+  const n = table.height * table.width;
+  const cells = decode(value.cells, Int16Array);
+  const noScores = new Float32Array(n * value.k).fill(NaN);
+  return {
+    ...value,
+    frames: value.alphas.map((_, a) => ({k: value.k, cells: cells.subarray(a * n * value.k * 2, (a + 1) * n * value.k * 2),
+                                          scores: noScores, candidates: null})),
+    meanDistance: decode(value.mean_distance, Float32Array),
+    windowShare: decode(value.window_share, Float32Array),
+  };
+}
+
+function stopSweep() {
+  clearTimeout(sweepTimer);
+  sweepTimer = null;
+  sweepFrame = null;
+  $(".cx-play").textContent = "▶ α: window → features";
+}
+
+function playSweep() {
+  stopSweep();
+  focusRule = "blend";
+  $(".cx-play").textContent = "■ stop";
+  const step = (frame) => {
+    sweepFrame = frame;
+    draw();
+    if (frame + 1 < sweep.alphas.length) sweepTimer = setTimeout(() => step(frame + 1), SWEEP_FRAME_MS);
+    else { sweepTimer = null; $(".cx-play").textContent = "▶ again"; root.dataset.sweepDone = String(drawCount); }
+  };
+  step(0);
+}
+
+function drawSweep(row) {
+  const box = $(".cx-sweep");
+  box.hidden = !sweep || row < 0;
+  if (box.hidden) return;
+  const n = table.height * table.width;
+  const count = sweep.alphas.length;
+  const shares = sweep.alphas.map((_, a) => sweep.windowShare[a * n + row]);
+  const distances = sweep.alphas.map((_, a) => sweep.meanDistance[a * n + row]);
+  const far = Math.max(...distances.filter(Number.isFinite), 1e-9);
+  const curve = $(".cx-curve");
+  const [w, h] = [Math.min(300, $(".cx-side").clientWidth || 300), 90];
+  const ratio = window.devicePixelRatio || 1;
+  curve.style.width = `${w}px`;
+  curve.style.height = `${h}px`;
+  curve.width = Math.round(w * ratio);
+  curve.height = Math.round(h * ratio);
+  const ctx = curve.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  const x = (a) => 6 + (a / (count - 1)) * (w - 12);
+  const y = (v) => h - 14 - v * (h - 24);
+  for (const [values, color] of [[shares, table.colors[0]], [distances.map((d) => d / far), "#E69F00"]]) {
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    values.forEach((v, a) => (a ? ctx.lineTo(x(a), y(v)) : ctx.moveTo(x(a), y(v))));
+    ctx.stroke();
+  }
+  if (sweepFrame !== null) {
+    ctx.strokeStyle = "#888";
+    ctx.beginPath();
+    ctx.moveTo(x(sweepFrame), 4);
+    ctx.lineTo(x(sweepFrame), h - 12);
+    ctx.stroke();
+  }
+  ctx.fillStyle = "#888";
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillText("α = 0 (window)", 4, h - 1);
+  ctx.textAlign = "right";
+  ctx.fillText("α = 1 (features)", w - 4, h - 1);
+  const a = sweepFrame === null ? count - 1 : sweepFrame;
+  $(".cx-sweep-text").textContent = `α = ${sweep.alphas[a].toFixed(2)}: ${Math.round(100 * shares[a])}% of the K ` +
+    `inside the R×R window (dark line), mean distance ${format(distances[a])} cells (orange, up to ${format(far)})`;
+}
+
+$(".cx-play").addEventListener("click", () => {
+  if (!table) return;
+  if (sweepTimer !== null) { stopSweep(); draw(); return; }
+  if (sweep) { playSweep(); return; }
+  playWhenSwept = true;
+  $(".cx-play").textContent = "… computing the frames";
+  trigger("click"); // the server sends the sweep (web/sweep.js), once per table
+});
+
+document.addEventListener("cx-sweep", (event) => {
+  if (!table || !sweepMatches(event.detail)) return;
+  sweep = loadSweep(event.detail);
+  if (playWhenSwept) { playWhenSwept = false; playSweep(); }
+});
 
 // -- the user -----------------------------------------------------------------------------------------------------
 function setBox(id, value) { // the query row/col box the server-side views read; no event reaches the server
@@ -507,6 +621,9 @@ function show() {
   const keep = query && value.queries == null && value.keep_query && query[0] < value.input_size &&
     query[1] < value.input_size;
   table = load(value);
+  stopSweep();
+  sweep = null;
+  playWhenSwept = false;
   if (!keep) {
     query = value.query_px;
     setBox("row_px", query[0]);

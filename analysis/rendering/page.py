@@ -23,11 +23,11 @@ from ..session.images import InputImage
 from ..session.selections import Selection, rule_title
 from ..session.traces import LayerInfo, cell_rect_px, layer_label
 from ..views.spectrum import ReceptiveFields
-from ..views.table import NeighborTable
+from ..views.table import BlendSweep, NeighborTable
 from .export import neighbor_notes
 from .overlay import CANDIDATE_COLOR, MAX_LABELLED_RANKS, rank_colors
 
-__all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_table"]
+__all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_sweep", "page_table"]
 
 PAGE_TABLE_VERSION = 1
 PREFIX_CELL = -32768  # the int16 row and col of a prefix token (CLS), which has no cell
@@ -166,4 +166,28 @@ def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> di
         "hops": _packed(fields.hops, "int8"),
         "pixel_counts": _packed(fields.pixel_counts, "int32"),
         "colors": rank_colors(len(fields.layers) + 1),
+    }
+
+
+def page_sweep(sweep: BlendSweep) -> dict:
+    """The α animation's value: every query's blend selection at each α (:func:`analysis.blend_sweep`).
+
+    Returns:
+        dict: JSON-ready. ``layer``, ``grid`` [H, W], ``options``, ``alphas`` (A floats), ``k``, ``cells``
+        ((A, N, K, 2) int16, prefix tokens as :data:`PREFIX_CELL`), ``mean_distance`` and ``window_share``
+        ((A, N) float32 each).
+    """
+    probe, options = sweep.layer, sweep.options
+    return {
+        "version": PAGE_TABLE_VERSION,
+        "layer": probe.name,
+        "grid": [probe.height, probe.width],
+        "options": {"num_neighbors": options.num_neighbors, "window_size": options.window_size,
+                    "head": options.head},
+        "alphas": [float(alpha) for alpha in sweep.alphas],
+        "k": options.num_neighbors,
+        "cells": _cells(np.stack([r.selection.cells for r in sweep.rules]),
+                        np.stack([r.selection.is_prefix for r in sweep.rules])),
+        "mean_distance": _packed(np.stack([r.mean_distance for r in sweep.rules]), "float32"),
+        "window_share": _packed(np.stack([r.window_share for r in sweep.rules]), "float32"),
     }

@@ -40,9 +40,11 @@ from ..session.traces import LayerInfo, query_cell
 from .neighbors import NeighborSet, QueryNeighbors
 from .weights import branch_mix, contribution_norms
 
-__all__ = ["MAX_TABLE_NEIGHBORS", "NeighborTable", "RuleTable", "neighbor_table"]
+__all__ = ["MAX_TABLE_NEIGHBORS", "SWEEP_STEPS", "BlendSweep", "NeighborTable", "RuleTable", "blend_sweep",
+           "neighbor_table"]
 
 MAX_TABLE_NEIGHBORS = 64  # K up to which every query's neighbours are sent to the page at once
+SWEEP_STEPS = 21  # α values of the blend sweep, 0, 0.05, …, 1: the frames of the page's α animation
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,3 +197,55 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
         _rows(rule_selection(loaded, image, probe.name, LAYER_RULE, replace(options, head=h)), rows)
         for h in range(probe.num_heads))
     return NeighborTable(probe, options, rules, overlaps, contributions, share, heads, queries)
+
+
+@dataclass(frozen=True, eq=False)
+class BlendSweep:
+    """The blend rule's selection of every query for α from 0 (the window: a convolution) to 1 (all tokens by
+    feature similarity: attention), the frames of the page's α animation (METHOD §3).
+
+    Attributes:
+        layer (LayerInfo): the layer.
+        options (RuleOptions): the resolved options (``blend_alpha`` is the sweep's, not this).
+        alphas (np.ndarray): (A,) float64, 0 … 1.
+        rules (tuple[RuleTable, ...]): per α, every query's neighbours, mean distance and window share; at α = 0 the
+            window rule's and at α = 1 the all rule's exactly (:func:`convnn.selection.effective_selection`).
+    """
+
+    layer: LayerInfo
+    options: RuleOptions
+    alphas: np.ndarray
+    rules: tuple[RuleTable, ...]
+
+
+def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
+                steps: int = SWEEP_STEPS) -> BlendSweep:
+    """Every query's blend selection in ``layer`` at ``steps`` α values from 0 to 1 (each cached as a selection).
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        layer (str): probe layer name.
+        options (RuleOptions, optional): K, R, head (α is swept). Default: the layer's
+        steps (int): α values, ≥ 2, evenly spaced. Default: :data:`SWEEP_STEPS`
+
+    Returns:
+        BlendSweep: one :class:`RuleTable` per α.
+
+    Raises:
+        ValueError: as :func:`neighbor_table`; ``steps`` < 2; a K above :data:`MAX_TABLE_NEIGHBORS`.
+    """
+    if steps < 2:
+        raise ValueError(f"a blend sweep needs at least 2 steps, got {steps}")
+    probe = loaded.probe(layer)
+    options = resolve_options(probe, options or RuleOptions())
+    if options.num_neighbors > MAX_TABLE_NEIGHBORS:
+        raise ValueError(f"the α animation covers K ≤ {MAX_TABLE_NEIGHBORS}, got K = {options.num_neighbors}")
+    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
+    alphas = np.linspace(0.0, 1.0, steps)
+    rules = []
+    for alpha in alphas:
+        sel = rule_selection(loaded, image, probe.name, "blend", replace(options, blend_alpha=float(alpha)))
+        mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
+        rules.append(RuleTable("blend", sel, mean, share))
+    return BlendSweep(probe, options, alphas, tuple(rules))

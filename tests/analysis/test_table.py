@@ -14,6 +14,7 @@ from analysis import (
     LETTERBOX_RGB,
     MAX_TABLE_NEIGHBORS,
     RuleOptions,
+    blend_sweep,
     cell_rect_px,
     contribution_norms,
     fit_image,
@@ -23,6 +24,7 @@ from analysis import (
     neighbor_contributions,
     neighbor_table,
     page_hops,
+    page_sweep,
     page_table,
     query_neighbors,
     receptive_field,
@@ -207,3 +209,22 @@ def test_a_photo_is_cropped_letterboxed_or_stretched_as_chosen():
     assert all(fit_image(square, fit) is square for fit in FITS)
     with pytest.raises(ValueError, match=r"the fit must be one of \('crop', 'letterbox', 'stretch'\), got 'zoom'"):
         fit_image(photo, "zoom")
+
+
+def test_the_alpha_sweep_runs_from_the_window_to_all_tokens(load_small, image):
+    """α = 0 is the window rule and α = 1 the all rule, cell for cell (K = R² = 9); between, the blend rule."""
+    loaded = load_small("cnn-l0.5")
+    sweep = blend_sweep(loaded, image, "stages.1.0.conv1", steps=5)
+    np.testing.assert_array_equal(sweep.alphas, [0, 0.25, 0.5, 0.75, 1])
+    table = neighbor_table(loaded, image, "stages.1.0.conv1")
+    np.testing.assert_array_equal(sweep.rules[0].selection.cells, table.rules["window"].selection.cells)
+    np.testing.assert_array_equal(sweep.rules[-1].selection.cells, table.rules["all"].selection.cells)
+    np.testing.assert_array_equal(sweep.rules[2].selection.cells, table.rules["blend"].selection.cells)  # α = 0.5
+    assert (sweep.rules[0].window_share == 1).all()
+    payload = page_sweep(sweep)
+    cells = unpack(payload["cells"], "int16").reshape(5, 256, 9, 2)
+    np.testing.assert_array_equal(cells[-1], table.rules["all"].selection.cells)
+    np.testing.assert_array_equal(unpack(payload["window_share"], "float32").reshape(5, 256)[3],
+                                  sweep.rules[3].window_share.astype(np.float32))
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        blend_sweep(loaded, image, "stages.1.0.conv1", steps=1)

@@ -330,11 +330,13 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
 
 
 def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bound(explorer):
+    """The explorer's own events: a clicked query's row for a K above the table's bound, and the α animation's
+    frames (its ▶ button); a click on a cell of a table the page holds triggers neither (test_browser.py)."""
     demo = app.build_demo(explorer)
     explorer_block = blocks_by_id(demo)["explorer"]
     handlers = [(trigger, step.name) for step in demo.fns.values() for block_id, trigger in step.targets
                 if block_id == explorer_block._id]
-    assert handlers == [("select", "on_table_row")]
+    assert handlers == [("select", "on_table_row"), ("click", "on_sweep")]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:

@@ -66,12 +66,19 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert shown(tab)["cell"] == "14,0"
         assert requests == []  # two clicks, a rule switch, a hover and a key: nothing reached the server
 
+        tab.locator(".cx-play").click()  # the α animation: its frames once from the server, then played here
+        tab.wait_for_selector(".cx[data-sweep-done]", timeout=30_000)
+        values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0)
+        assert shown(tab)["rule"] == "blend" and tab.locator(".cx").get_attribute("data-alpha") == "1"
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "all")  # α = 1, K = R²: all
+
         tab.locator("#num_neighbors input").fill("4")  # a knob fetches a new table; the query stays
         tab.locator("#num_neighbors input").press("Enter")
         tab.wait_for_function("JSON.parse(document.querySelector('.cx').dataset.neighbors).length === 4")
+        assert tab.locator(".cx").get_attribute("data-alpha") == ""  # a new table ends the animation
         assert any("queue/join" in url for url in requests) and shown(tab)["cell"] == "14,0"
         values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0, num_neighbors=4)
-        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "window")
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "blend")
 
 
 def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir):
