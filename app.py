@@ -30,6 +30,7 @@ from pathlib import Path
 from unittest import mock
 
 import gradio as gr
+import numpy as np
 import torch
 from gradio import component_meta, processing_utils
 from gradio.data_classes import FileData
@@ -350,9 +351,12 @@ class Explorer:
     def api_equivalence(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
                         request: gr.Request | None = None) -> list[dict]:
         """The equivalence demos of the layer (window ConvNN vs ``conv2d``; ConvNN-attention with K = N vs
-        SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``."""
+        SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``, and the pictures over the
+        layer's grid: ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
+        (H × W, max |difference| over channels)."""
         results = an.equivalences(self.model(checkpoint, request), self.image(image, fit), layer)
-        return [dataclasses.asdict(result) for result in results]
+        return [{name: value.tolist() if isinstance(value, np.ndarray) else value
+                 for name, value in dataclasses.asdict(result).items()} for result in results]
 
     @user_errors
     def api_table(self, checkpoint: str, image: FileData, layer: str, row_px: int = 16, col_px: int = 16,
@@ -471,13 +475,15 @@ class Explorer:
 
     @user_errors
     def on_equivalence(self, checkpoint, image_file, fit, layer, request=None):
-        return an.equivalence_summary(self.model(checkpoint, request), self.image(image_file, fit), layer)
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        return {"equivalence_text": an.equivalence_summary(loaded, image, layer),
+                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, layer))}
 
     @staticmethod
     def on_slow_reset(request=None):
         """A new model, image or layer: the slow views' last results no longer apply; they run when asked."""
         return {"attribution_plot": None, "attribution_note": ATTRIBUTION_PROMPT,
-                "equivalence_text": EQUIVALENCE_PROMPT}
+                "equivalence_text": EQUIVALENCE_PROMPT, "equivalence_plot": None}
 
     @user_errors
     def on_export(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
@@ -528,7 +534,8 @@ VIEWS = {
     "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
     "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "hops", "head"], ["hop_view"]),
     "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
-    "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text"]),
+    "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
+                                         "equivalence_plot"]),
     "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
     "pixel_query": ("on_pixel_query", ["image_file", "pixel_row", "pixel_col"], ["pixel_row", "pixel_col"]),
     "pixels": ("on_pixels", ["image_file", "pixel_row", "pixel_col", "pixel_k", "position_weight"], ["pixel_plot"]),
@@ -638,6 +645,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with gr.Tab("Equivalence demo"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
             add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
+            add(gr.Plot(label="ConvNN vs the operation it equals", elem_id="equivalence_plot"))
         with gr.Tab("Multi-hop"):
             gr.Markdown("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through "
                         "consecutive layers' selections (follows the click above).")
@@ -735,7 +743,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                                       "fit", "method", "target"],
                                                       ["attribution_plot", "attribution_note"]), **slow)
         equivalence = ui["equivalence_button"].click(**wire(ex, ui, "on_equivalence", ["checkpoint", "image_file",
-                                                      "fit", "layer"], ["equivalence_text"]), **slow)
+                                                      "fit", "layer"], ["equivalence_text", "equivalence_plot"]),
+                                                     **slow)
         ui["attribution_cancel"].click(None, cancels=[attribution], api_visibility="private")
         for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
                              (equivalence, ["checkpoint", "image_file", "fit", "layer"])):

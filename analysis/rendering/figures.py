@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from convnn.introspect import DEFAULT_WINDOW
 
 from ..views.attribution import Attribution
+from ..views.equivalence import Equivalence
 from ..views.pixels import PixelNeighbors
 from ..views.spectrum import SpectrumRow
 from ..views.weights import AggregationKernel, BranchMix
@@ -28,6 +29,7 @@ __all__ = [
     "PANEL_HEIGHT",
     "attribution_figure",
     "bar_figure",
+    "equivalence_figure",
     "heatmap_figure",
     "kernel_figures",
     "mask_panel",
@@ -183,4 +185,37 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
     for i in (1, 2):
         _image_axes(fig, size, 0.0, 1, i)
     fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=70, b=5), title=title)
+    return fig
+
+
+def equivalence_figure(results: list[Equivalence]) -> go.Figure:
+    """Each equivalence as a picture: the ConvNN side's output and the reference's (one channel, a shared colour
+    scale) and their difference (max over channels, its own scale: ≈ 0 where the equivalence holds), per cell.
+
+    Args:
+        results (list[Equivalence]): :func:`analysis.equivalences`, one row each.
+    """
+    titles = []
+    for r in results:
+        reference = "conv2d" if "vs conv2d" in r.description else "SDPA"
+        titles += [f"ConvNN, channel {r.channel}", f"{reference}, channel {r.channel}",
+                   f"|difference|, max over channels (max {r.max_abs_diff:.1e})"]
+    fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.06, vertical_spacing=0.12)
+    for row, r in enumerate(results, start=1):
+        low, high = float(min(r.convnn.min(), r.reference.min())), float(max(r.convnn.max(), r.reference.max()))
+        for col, values in enumerate((r.convnn, r.reference), start=1):
+            fig.add_trace(go.Heatmap(z=values, zmin=low, zmax=high, colorscale="Cividis", showscale=col == 2,
+                                     colorbar=dict(title="output", len=0.9 / len(results),
+                                                   y=1 - (row - 0.5) / len(results), x=0.62),
+                                     hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra></extra>"), row=row, col=col)
+        fig.add_trace(go.Heatmap(z=r.difference, zmin=0, colorscale="Viridis",
+                                 colorbar=dict(title="|diff|", len=0.9 / len(results),
+                                               y=1 - (row - 0.5) / len(results)),
+                                 hovertemplate="row %{y}, col %{x}: %{z:.2e}<extra></extra>"), row=row, col=3)
+        for col in (1, 2, 3):
+            axis = (row - 1) * 3 + col
+            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{axis if axis > 1 else ''}", row=row, col=col)
+    fig.update_layout(height=PANEL_HEIGHT * len(results) - 40 * (len(results) - 1),
+                      margin=dict(l=30, r=30, t=60, b=20),
+                      title="The same output, computed as ConvNN and as the operation it equals (cells of the layer)")
     return fig

@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
 
@@ -32,21 +33,41 @@ _DEMO_CHANNELS = 16  # output channels of the stand-in convolution
 _DEMO_WEIGHT_STD = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Equivalence:
-    """One side-by-side computation.
+    """One side-by-side computation, and its pictures over the layer's grid.
 
     Attributes:
         description (str): what was compared, on which features.
         max_abs_diff (float): ``max |ConvNN − reference|`` over the output.
         max_abs_output (float): ``max |reference|``, the scale the difference is relative to.
         backend (str): compute path of the ConvNN side (always ``"reference"`` on CPU here).
+        channel (int): the output channel pictured (the one of widest spread over the grid).
+        convnn (np.ndarray): (H, W) float32, the ConvNN side's output channel ``channel`` at each cell.
+        reference (np.ndarray): (H, W) float32, the reference's (``conv2d`` or SDPA) at each cell.
+        difference (np.ndarray): (H, W) float32, ``max |ConvNN − reference|`` over all channels at each cell.
     """
 
     description: str
     max_abs_diff: float
     max_abs_output: float
     backend: str
+    channel: int
+    convnn: np.ndarray
+    reference: np.ndarray
+    difference: np.ndarray
+
+
+def _pictured(description: str, got: Tensor, expected: Tensor, whole: tuple[Tensor, Tensor] | None = None
+              ) -> Equivalence:
+    """The comparison of two (C, H, W) outputs, pictured on the channel of widest spread; the max |difference| and
+    |reference| over ``whole`` = (got, expected) when the grid is not all of the output (a ViT's CLS token)."""
+    difference = (got - expected).abs()
+    whole_got, whole_expected = whole or (got, expected)
+    channel = int(expected.flatten(1).std(dim=1).argmax())
+    return Equivalence(description, float((whole_got - whole_expected).abs().max()),
+                       float(whole_expected.abs().max()), "reference", channel, got[channel].numpy(),
+                       expected[channel].numpy(), difference.amax(0).numpy())
 
 
 def _seeded_(module: nn.Module) -> nn.Module:
@@ -79,10 +100,9 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
                    bias=conv.bias is not None, backend="reference")
     knn.load_conv2d_weight(conv)
     with torch.no_grad():
-        expected, got = conv(x), knn(x)
-    return Equivalence(f"ConvNN2d(window, K={size**2}) with {source}'s weights vs conv2d, on the {tuple(x.shape[1:])} "
-                       f"input of {probe.name}", float((got - expected).abs().max()), float(expected.abs().max()),
-                       "reference")
+        expected, got = conv(x)[0], knn(x)[0]  # (C_out, H, W)
+    return _pictured(f"ConvNN2d(window, K={size**2}) with {source}'s weights vs conv2d, on the {tuple(x.shape[1:])} "
+                     f"input of {probe.name}", got, expected)
 
 
 def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
@@ -102,10 +122,11 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     knn = ConvNNAttention(dim, heads, num_neighbors=num_tokens, backend="reference")  # kernel starts at all ones
     knn.load_state_dict(mhsa.state_dict(), strict=False)
     with torch.no_grad():
-        expected, got = mhsa(tokens), knn(tokens)
-    return Equivalence(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
-                       f"with {source}, on the input tokens of {probe.name}", float((got - expected).abs().max()),
-                       float(expected.abs().max()), "reference")
+        expected, got = mhsa(tokens)[0], knn(tokens)[0]  # (N, dim)
+    grid = (probe.height, probe.width)  # the grid's tokens (a ViT's CLS first, not pictured), as (dim, H, W)
+    pictured = (t[probe.num_prefix_tokens:].T.reshape(-1, *grid) for t in (got, expected))
+    return _pictured(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
+                     f"with {source}, on the input tokens of {probe.name}", *pictured, (got, expected))
 
 
 def equivalences(loaded: LoadedModel, image: InputImage, layer: str) -> list[Equivalence]:

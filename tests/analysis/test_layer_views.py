@@ -21,6 +21,7 @@ from analysis import (
     top_classes,
     trace_image,
 )
+from analysis.rendering import figures
 from tests.tolerances import FP32_EXACT
 
 EQUIVALENCE_TOL = FP32_EXACT["atol"]  # METHOD §4: fp32 ≤ 1e-5
@@ -131,6 +132,29 @@ def test_equivalence_demo_differences_are_zero(load_small, image):
     assert attention_equivalence(cnn, image, "stages.2.0.conv1").max_abs_diff < EQUIVALENCE_TOL
     for vit in ("vit-convnn", "vit-mhsa"):
         assert attention_equivalence(load_small(vit), image, "blocks.1.attn").max_abs_diff < EQUIVALENCE_TOL
+
+
+def test_the_equivalence_pictures_show_conv2d_and_a_zero_difference(load_small, image):
+    """The reference picture is F.conv2d of the layer's input with its own conv branch (computed here); the
+    difference map is ≤ 1e-5 at every cell, for the convolution and for attention with K = N."""
+    import torch.nn.functional as F
+
+    from analysis import equivalences, trace_image
+
+    cnn = load_small("cnn-l0.5")
+    conv, attention = equivalences(cnn, image, "stages.1.0.conv1")
+    branch = cnn.model.get_submodule("stages.1.0.conv1").conv
+    x = trace_image(cnn, image).inputs["stages.1.0.conv1"]
+    expected = F.conv2d(x, branch.weight, branch.bias, padding=1)[0]  # (C, 16, 16)
+    assert conv.channel == int(expected.flatten(1).std(1).argmax())
+    np.testing.assert_allclose(conv.reference, expected[conv.channel].detach().numpy(), rtol=1e-5, atol=1e-6)
+    for result in (conv, attention, *equivalences(load_small("vit-convnn"), image, "blocks.1.attn")):
+        assert result.difference.max() <= 1e-5 and result.difference.shape == result.convnn.shape
+    assert attention.convnn.shape == (16, 16)  # every pixel a token
+    vit = equivalences(load_small("vit-convnn"), image, "blocks.1.attn")[0]
+    assert vit.convnn.shape == (8, 8)  # the patch grid; CLS is in the max |difference|, not the picture
+    figure = figures.equivalence_figure([conv, attention])
+    assert len(figure.data) == 6 and f"max {conv.max_abs_diff:.1e}" in figure.layout.annotations[2].text
 
 
 @pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "occlusion"])
