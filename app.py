@@ -465,6 +465,14 @@ class Explorer:
         return figures.spectrum_figure(an.selection_spectrum(loaded, image))
 
     @user_errors
+    def on_spectrum_models(self, image_file, fit, request=None):
+        """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
+        image = self.image(image_file, fit)
+        spectra = {path.stem: an.selection_spectrum(an.load_model(path, self.device), image)
+                   for _, path in an.list_checkpoints(self.checkpoint_dir)}
+        return figures.spectrum_models_figure(spectra)
+
+    @user_errors
     def on_attribution(self, checkpoint, image_file, fit, method, target, request=None, progress=None):
         loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
@@ -483,7 +491,7 @@ class Explorer:
     def on_slow_reset(request=None):
         """A new model, image or layer: the slow views' last results no longer apply; they run when asked."""
         return {"attribution_plot": None, "attribution_note": ATTRIBUTION_PROMPT,
-                "equivalence_text": EQUIVALENCE_PROMPT, "equivalence_plot": None}
+                "equivalence_text": EQUIVALENCE_PROMPT, "equivalence_plot": None, "spectrum_models_plot": None}
 
     @user_errors
     def on_export(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
@@ -535,7 +543,7 @@ VIEWS = {
     "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "hops", "head"], ["hop_view"]),
     "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
     "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
-                                         "equivalence_plot"]),
+                                         "equivalence_plot", "spectrum_models_plot"]),
     "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
     "pixel_query": ("on_pixel_query", ["image_file", "pixel_row", "pixel_col"], ["pixel_row", "pixel_col"]),
     "pixels": ("on_pixels", ["image_file", "pixel_row", "pixel_col", "pixel_k", "position_weight"], ["pixel_plot"]),
@@ -642,6 +650,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Plot(label="attribution", elem_id="attribution_plot"))
         with gr.Tab("Spectrum"):
             add(gr.Plot(label="spectrum", elem_id="spectrum_plot"))
+            add(gr.Button("Place every shipped model on this image", elem_id="spectrum_models_button"))
+            add(gr.Plot(label="every model", elem_id="spectrum_models_plot"))
         with gr.Tab("Equivalence demo"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
             add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
@@ -742,12 +752,15 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         attribution = ui["attribution_button"].click(**wire(ex, ui, "on_attribution", ["checkpoint", "image_file",
                                                       "fit", "method", "target"],
                                                       ["attribution_plot", "attribution_note"]), **slow)
+        spectrum_models = ui["spectrum_models_button"].click(**wire(ex, ui, "on_spectrum_models", ["image_file", "fit"],
+                                                              ["spectrum_models_plot"]), **slow)
         equivalence = ui["equivalence_button"].click(**wire(ex, ui, "on_equivalence", ["checkpoint", "image_file",
                                                       "fit", "layer"], ["equivalence_text", "equivalence_plot"]),
                                                      **slow)
         ui["attribution_cancel"].click(None, cancels=[attribution], api_visibility="private")
         for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
-                             (equivalence, ["checkpoint", "image_file", "fit", "layer"])):
+                             (equivalence, ["checkpoint", "image_file", "fit", "layer"]),
+                             (spectrum_models, ["image_file", "fit"])):
             gr.on([ui[name].change for name in reads], None, cancels=[event])
 
         # The documented API: plain values in and out, for gradio_client and scripts.

@@ -98,3 +98,24 @@ def test_each_zoo_run_used_its_presets_recipe_unchanged(card_path: Path):
     expected = dict(PRESETS[name], epochs=int(epochs)) if longer else PRESETS[name]
     assert {key: recipe[key] for key in expected} == expected and card["model"] == expected["model"]
     assert card["training"]["seed"] == seed and card["training"]["epochs"] == expected["epochs"]
+
+
+def test_every_shipped_model_is_placed_on_one_spectrum_axis():
+    """The Spectrum tab's chart of every model: each shipped model a row, its layers at their selection_spectrum
+    distances in input pixels; λ = 0 (convolutions only) at the conv end: every layer 100% inside its window, the
+    smallest mean distance of all models, the bottom row."""
+    import analysis as an
+    import app
+
+    explorer = app.Explorer(ROOT / "checkpoints", device="cpu")
+    image = explorer.examples[0]
+    figure = explorer.on_spectrum_models(image, "crop")
+    assert {trace.name for trace in figure.data} == SHIPPED
+    rows = an.selection_spectrum(an.load_model(ROOT / "checkpoints" / "cnn-l0.json"), an.load_image(image))
+    conv = next(trace for trace in figure.data if trace.name == "cnn-l0")
+    cells = {16: 2, 32: 1, 8: 4}  # input pixels per cell of a 32, 16 and 8 cell grid on the 32 px input
+    assert list(conv.x) == pytest.approx([r.mean_distance * cells[r.grid_side] for r in rows])
+    assert list(conv.marker.color) == [100.0] * len(rows)
+    means = {trace.name: float(np.mean(trace.x)) for trace in figure.data}
+    assert min(means, key=means.get) == "cnn-l0" == figure.data[0].name
+    assert means["vit-mhsa"] > 3 * means["cnn-l0"]  # attention spreads over the image

@@ -36,6 +36,7 @@ __all__ = [
     "mix_figure",
     "pixel_figure",
     "spectrum_figure",
+    "spectrum_models_figure",
 ]
 
 PANEL_HEIGHT = 380  # px, every image panel
@@ -164,6 +165,34 @@ def spectrum_figure(rows: tuple[SpectrumRow, ...]) -> go.Figure:
     fig.update_yaxes(range=[0, 100], row=1, col=2)
     fig.update_layout(height=CHART_HEIGHT + 80, margin=dict(l=50, r=20, t=60, b=120),
                       title="Convolution ↔ attention: how local are each layer's selections on this image?")
+    return fig
+
+
+def spectrum_models_figure(spectra: dict[str, tuple[SpectrumRow, ...]]) -> go.Figure:
+    """Every layer of every model on one convolution ↔ attention axis: the mean neighbour distance in model-input
+    pixels (0 at the query; a 3×3 window ≈ 1 cell), coloured by the share inside the R×R window; one row per model,
+    the most conv-like model at the bottom.
+
+    Args:
+        spectra (dict[str, tuple[SpectrumRow, ...]]): model name → :func:`analysis.selection_spectrum` on one image.
+    """
+    order = sorted(spectra, key=lambda name: np.mean([r.mean_distance_px for r in spectra[name]]))  # first: bottom
+    names = [html.escape(name) for name in order]
+    fig = go.Figure()
+    for name, shown in zip(order, names, strict=True):
+        rows = spectra[name]
+        fig.add_trace(go.Scatter(
+            x=[r.mean_distance_px for r in rows], y=[shown] * len(rows), mode="markers", name=shown,
+            showlegend=False, marker=dict(size=12, color=[100 * r.window_share for r in rows], cmin=0, cmax=100,
+                                          colorscale="Viridis", line=dict(width=1, color="white"),
+                                          colorbar=dict(title="% in R×R")),
+            text=[html.escape(r.layer) for r in rows], customdata=[[r.mean_distance, 100 * r.window_share]
+                                                                   for r in rows],
+            hovertemplate="%{y} · %{text}<br>%{x:.2f} px = %{customdata[0]:.2f} cells · %{customdata[1]:.0f}% in "
+                          "the window<extra></extra>"))
+    fig.update_layout(height=max(CHART_HEIGHT, 60 + 34 * len(order)), margin=dict(l=170, r=20, t=60, b=50),
+                      title="Every model's layers on one axis: conv-like (left) ↔ attention-like (right), this image",
+                      xaxis_title="mean distance of a query's neighbours (model-input pixels)")
     return fig
 
 

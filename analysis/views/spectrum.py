@@ -48,12 +48,27 @@ class SpectrumRow:
         mean_distance (float): mean neighbour distance to the query in cells, over queries and heads.
         window_share (float): share of neighbours inside the R×R window, in [0, 1].
         window_size (int): R.
+        cell_px (float): model-input pixels per cell (input size / grid height), so that layers of different
+            sizes, and models, share one axis (:attr:`mean_distance_px`).
+        grid_side (int): the grid's longer side, in cells.
     """
 
     layer: str
     mean_distance: float
     window_share: float
     window_size: int
+    cell_px: float = 1.0
+    grid_side: int = 1
+
+    @property
+    def mean_distance_px(self) -> float:
+        """The mean neighbour distance in model-input pixels."""
+        return self.mean_distance * self.cell_px
+
+    @property
+    def mean_distance_grid(self) -> float:
+        """The mean neighbour distance as a fraction of the grid's longer side (0: the query itself)."""
+        return self.mean_distance / self.grid_side
 
 
 @bounded_cache(16)
@@ -82,7 +97,8 @@ def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int 
             mean, share = distance_stats(sel.cells, sel.is_prefix, grid, window_size)
             means.append(np.nanmean(mean))
             shares.append(share.mean())
-        rows.append(SpectrumRow(probe.name, float(np.mean(means)), float(np.mean(shares)), window_size))
+        rows.append(SpectrumRow(probe.name, float(np.mean(means)), float(np.mean(shares)), window_size,
+                                probe.input_size / probe.height, max(probe.height, probe.width)))
     return tuple(rows)
 
 

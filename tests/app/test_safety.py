@@ -112,9 +112,9 @@ def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_re
     demo = app.build_demo(explorer)
     assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
     assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
-    slow = [fn for name in ("on_attribution", "on_equivalence", "api_attribution", "api_equivalence")
-            for fn in dependency(demo, name)]
-    assert len(slow) == 4  # the two buttons (no refresh runs them) and the two API endpoints
+    slow = [fn for name in ("on_attribution", "on_equivalence", "on_spectrum_models", "api_attribution",
+                            "api_equivalence") for fn in dependency(demo, name)]
+    assert len(slow) == 5  # the three buttons (no refresh runs them) and the two API endpoints
     for fn in slow:
         assert (fn.concurrency_id, fn.concurrency_limit) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY)
         assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
