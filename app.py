@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import reprlib
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -251,12 +252,36 @@ class Explorer:
         return an.load_model(card, self.device)
 
     @staticmethod
-    def image(image_file: str | dict | None, fit: str = "crop") -> an.InputImage:
-        """The image of a file component's path, or of an API call's file (a FileData dict), fitted to a square."""
-        path = image_file.get("path") if isinstance(image_file, dict) else image_file
-        if not path or not isinstance(path, str):
+    def image(image_file: str | None, fit: str = "crop") -> an.InputImage:
+        """The image at a file component's path (Gradio checked it: an upload or an example), fitted to a square."""
+        if not image_file or not isinstance(image_file, str):
             raise ValueError("Pick an example or upload an image first.")
-        return an.fit_image(an.load_image(path), fit)
+        if not isinstance(fit, str):
+            raise ValueError(f"the fit must be one of {an.FITS}, got {reprlib.repr(fit)}")
+        return an.fit_image(an.load_image(image_file), fit)
+
+    @staticmethod
+    def uploaded(image: object) -> str:
+        """The path of the file an API call sent, which must be one Gradio stored from an upload with the request
+        (``gradio_client.handle_file``): any other path, however it is spelled (a FileData dict with or without its
+        ``meta``, a plain string, a symbolic link out of the cache), is refused before anything opens it.
+
+        Raises:
+            ValueError: not a file Gradio stored in its upload cache.
+        """
+        path = image.get("path") if isinstance(image, dict) else image
+        cache = Path(get_upload_folder()).resolve()
+        if isinstance(path, str) and path and Path(path).resolve().is_relative_to(cache) and Path(path).is_file():
+            return str(Path(path).resolve())
+        raise ValueError("send the image as a file uploaded with the request (gradio_client.handle_file): the "
+                         "server opens no other path")
+
+    @staticmethod
+    def text(value: object, name: str) -> str:
+        """``value`` if it is a string (an API call may send anything), else a message naming the field."""
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be text, got {reprlib.repr(value)}")
+        return value
 
     @staticmethod
     def pixel(row_px: float, col_px: float) -> tuple[int, int]:
@@ -295,6 +320,7 @@ class Explorer:
     def api_predict(self, checkpoint: str, image: FileData, fit: str = "crop",
                     request: gr.Request | None = None) -> dict[str, float]:
         """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability."""
+        image = self.uploaded(image)
         return an.top_classes(self.model(checkpoint, request), self.image(image, fit))
 
     @user_errors
@@ -304,6 +330,7 @@ class Explorer:
                       request: gr.Request | None = None) -> dict:
         """One query's neighbours under every rule (:func:`analysis.query_record`: cells, ranks, similarities,
         distances, Jaccard overlaps); 0 for K, R, r or the seed means the layer's own."""
+        image = self.uploaded(image)
         loaded, image = self.model(checkpoint, request), self.image(image, fit)
         options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
         result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
@@ -315,6 +342,7 @@ class Explorer:
                    blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
                    request: gr.Request | None = None) -> tuple[FileData, FileData]:
         """One query's overlay (PNG, every rule side by side) and neighbours (JSON), as files to download."""
+        image = self.uploaded(image)
         files = self.on_export(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
                                num_candidates, seed, blend_alpha, head, request)["exports"]
         cached = [processing_utils.save_file_to_cache(path, get_upload_folder()) for path in files]  # served from
@@ -325,6 +353,7 @@ class Explorer:
                      request: gr.Request | None = None) -> list[dict]:
         """Every layer's place on the convolution ↔ attention spectrum on this image: ``layer``,
         ``mean_distance`` (cells), ``window_share`` (in [0, 1]) and ``window_size`` R."""
+        image = self.uploaded(image)
         rows = an.selection_spectrum(self.model(checkpoint, request), self.image(image, fit))
         return [dataclasses.asdict(row) for row in rows]
 
@@ -334,6 +363,7 @@ class Explorer:
                      request: gr.Request | None = None) -> dict:
         """The query's receptive field through ``num_hops`` layers: ``hops`` (S × S, the first hop reaching each
         model-input pixel, −1 for none), ``layers`` (the layer of each hop ≥ 1) and ``pixel_counts``."""
+        image = self.uploaded(image)
         field = an.receptive_field(self.model(checkpoint, request), self.image(image, fit), layer,
                                    self.pixel(row_px, col_px), num_hops, head)
         return {"hops": field.hops.tolist(), "layers": field.layers, "pixel_counts": field.pixel_counts}
@@ -343,6 +373,8 @@ class Explorer:
                         fit: str = "crop", request: gr.Request | None = None) -> dict:
         """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
         |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
+        image = self.uploaded(image)
+        method, target = self.text(method, "method"), self.text(target, "class")
         result = an.attribution_map(self.model(checkpoint, request), self.image(image, fit), method, target or None)
         return {"values": result.values.tolist(), "target": result.target, "method": result.method,
                 "note": result.note}
@@ -354,6 +386,7 @@ class Explorer:
         SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``, and the pictures over the
         layer's grid: ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
         (H × W, max |difference| over channels)."""
+        image = self.uploaded(image)
         results = an.equivalences(self.model(checkpoint, request), self.image(image, fit), layer)
         return [{name: value.tolist() if isinstance(value, np.ndarray) else value
                  for name, value in dataclasses.asdict(result).items()} for result in results]
@@ -365,6 +398,7 @@ class Explorer:
                   request: gr.Request | None = None) -> dict:
         """What the page receives for a layer: every query's neighbours, statistics and contributions
         (:func:`analysis.page_table`; arrays base64-packed, little-endian)."""
+        image = self.uploaded(image)
         return self.table(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
                           num_candidates, seed, blend_alpha, head, request)
 
@@ -590,13 +624,13 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
             guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
             add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
-            add(gr.Gallery(ex.examples, columns=5, height=76, allow_preview=False, label="Examples",
-                           elem_id="examples"))
+            add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
+                           show_label=False, object_fit="cover", elem_id="examples"))  # 32 px images: 2 rows
             add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"], size="md",
                                 elem_id="image_upload"))
             add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))
             add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer"))
-            with gr.Row():
+            with gr.Row(elem_id="query_boxes"):  # the clicked pixel (a phone taps instead: hidden there)
                 add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
                 add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
@@ -606,20 +640,18 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("explorer.js"), padding=False))
             add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
-    with gr.Row(equal_height=False):
-        with gr.Accordion("Model card, or open your own checkpoint", open=False):
-            add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
-                           elem_id="card"))
-            add(gr.File(file_count="multiple", file_types=[".safetensors", ".json"], elem_id="checkpoint_files",
-                        label=f"Upload your checkpoint (.safetensors + .json, up to {upload_mb} MB)"))
-        guided = add(gr.Checkbox(value=False, label="Guided mode (numbered steps)", elem_id="guided", scale=0,
-                                 min_width=260))
+    with gr.Accordion("Model card, or open your own checkpoint", open=False):
+        add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
+                       elem_id="card"))
+        add(gr.File(file_count="multiple", file_types=[".safetensors", ".json"], elem_id="checkpoint_files",
+                    label=f"Upload your checkpoint (.safetensors + .json, up to {upload_mb} MB)"))
+    guided = add(gr.Checkbox(value=False, label="Guided mode (numbered steps)", elem_id="guided"))
     with gr.Row():
         add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
                           min_width=90))
         add(CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)", elem_id="window_size",
                           min_width=90))
-        add(CheckedNumber(0, precision=0, minimum=0, label="random r ≥ K (0 = layer's / 32; ≥ N = all)",
+        add(CheckedNumber(0, precision=0, minimum=0, label="random r (0 = layer's / 32)",
                           elem_id="num_candidates", min_width=90))
         add(CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)", elem_id="seed", min_width=90))
         add(CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False, elem_id="head",

@@ -33,6 +33,7 @@ root.innerHTML = `
     <div class="cx-focus">
       <canvas class="cx-canvas" tabindex="0" aria-label="the image at the model's resolution: click or tap a pixel"></canvas>
       <div class="cx-tip" role="status" hidden></div>
+      <div class="cx-seen"></div>
     </div>
     <div class="cx-side">
       <div class="cx-prediction" aria-label="prediction"></div>
@@ -189,7 +190,7 @@ function sized(target, cssWidth) {
 
 function drawPanel(target, cssWidth, selection, row, options) {
   const [ctx, f] = sized(target, cssWidth);
-  ctx.fillStyle = "#8a8a8a"; // padding cells around the image
+  ctx.fillStyle = "#3a3a3a"; // padding cells around the image (darker than a letterbox's grey bars)
   ctx.fillRect(0, 0, f.width, f.height);
   ctx.imageSmoothingEnabled = false;
   if (table.image.complete) {
@@ -353,6 +354,14 @@ function drawSide(row) {
     `${table.height}×${table.width} · K = ${table.options.num_neighbors}, R = ${table.options.window_size}, ` +
     `r = ${table.options.num_candidates}`;
   $(".cx-query").append(line);
+  const own = table.byName.layer;
+  if (focusRule === "layer" && sweepFrame === null && own.k !== table.options.num_neighbors) {
+    const hint = document.createElement("div");
+    hint.className = "cx-hint";
+    hint.textContent = `"what the layer used" keeps the layer's own K = ${own.k}: K, R, r, the seed and α set ` +
+      "the other rules (switch the rule shown large above).";
+    $(".cx-query").append(hint);
+  }
   if (share !== null) {
     const mix = document.createElement("div");
     mix.className = "cx-share";
@@ -377,41 +386,52 @@ function drawSide(row) {
     }
     return tr;
   }));
-  drawContributions(row);
+  drawNeighborList(row);
   const notes = $(".cx-notes");
-  const what = `What the model sees: the ${table.input_size}×${table.input_size} px input` +
+  $(".cx-seen").textContent = `What the model sees: the ${table.input_size}×${table.input_size} px input` +
     (table.image_note ? ` (${table.image_note}).` : ".");
-  notes.replaceChildren(...[what, ...table.notes].map((text) => {
+  notes.replaceChildren(...table.notes.map((text) => {
     const p = document.createElement("p");
     p.textContent = text;
     return p;
   }));
 }
 
-function drawContributions(row) {
+function drawNeighborList(row) { // every neighbour of the rule shown large, for a phone that cannot hover
   const box = $(".cx-contrib");
   box.replaceChildren();
-  if (!table.contributions || row < 0) return;
-  const list = neighbors(table.byName.layer, row);
-  const norms = list.map((n) => contribution(row, n.rank));
-  const largest = Math.max(...norms, 1e-30);
+  if (row < 0) return;
+  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
+  const used = table.contributions ? neighbors(table.byName.layer, row) : [];
+  const same = (a, b) => a && b && a[0] === b[0] && a[1] === b[1];
+  const list = neighbors(selection, row).map((n) => {
+    const layer = used.find((u) => u.cell === null ? n.cell === null : same(u.cell, n.cell));
+    return {...n, contribution: layer ? contribution(row, layer.rank) : null};
+  });
+  const largest = Math.max(...list.map((n) => n.contribution || 0), 1e-30);
   const title = document.createElement("div");
   title.className = "cx-contrib-title";
-  title.textContent = "each neighbour's contribution to this cell's output (‖W_t·v‖, the layer's own selection)";
+  title.textContent = `the ${list.length} neighbours shown large: rank, cell, similarity, and the contribution ` +
+    "‖W_t·v‖ to this cell's output of those the layer itself used";
   box.append(title);
-  for (const n of list) {
+  for (const n of list.slice(0, table.max_labelled_ranks)) {
     const item = document.createElement("div");
     item.className = "cx-bar";
     const label = document.createElement("span");
-    label.textContent = `${n.rank}: ${n.cell ? `(${n.cell[0]}, ${n.cell[1]})` : "CLS"}`;
+    label.textContent = `${n.rank}: ${n.cell ? `(${n.cell[0]}, ${n.cell[1]})` : "CLS"} ${format(n.score, 2)}`;
     const bar = document.createElement("span");
     bar.className = "cx-bar-fill";
-    bar.style.width = `${(100 * norms[n.rank]) / largest}%`;
+    bar.style.width = `${(100 * (n.contribution || 0)) / largest}%`;
     bar.style.background = table.colors[n.rank];
     const value = document.createElement("span");
-    value.textContent = format(norms[n.rank], 3);
+    value.textContent = n.contribution === null ? "—" : format(n.contribution, 3);
     item.append(label, bar, value);
     box.append(item);
+  }
+  if (list.length > table.max_labelled_ranks) {
+    const more = document.createElement("div");
+    more.textContent = `… ${list.length - table.max_labelled_ranks} more (hover a cell, or export the query)`;
+    box.append(more);
   }
 }
 
@@ -559,33 +579,43 @@ function position(event) {
 canvas.addEventListener("click", (event) => {
   const px = table && position(event);
   if (px) setQuery(px);
+  showTip(); // the cell under the pointer is now the query (rank 0)
 });
 
-canvas.addEventListener("pointermove", (event) => {
-  const box = canvas.getBoundingClientRect();
-  const cell = table && query && cellAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
-  if (!cell) { tip.hidden = true; return; }
+function describe(cell) { // what hovering a cell says: rank, similarity and contribution if it is selected
   const row = rowOf(cellOf(query));
-  const selection = table.byName[focusRule];
-  const hit = row < 0 ? null : neighbors(selection, row).find((n) => n.cell && n.cell[0] === cell[0] &&
-                                                                  n.cell[1] === cell[1]);
+  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
+  const same = (n) => n.cell && n.cell[0] === cell[0] && n.cell[1] === cell[1];
+  const hit = row < 0 ? null : neighbors(selection, row).find(same);
   let text = `cell (${cell[0]}, ${cell[1]})`;
   if (hit) {
     text = `rank ${hit.rank} · ${text} · similarity ${format(hit.score, 3)}`;
-    const used = neighbors(table.byName.layer, row).find((n) => n.cell && n.cell[0] === cell[0] &&
-                                                          n.cell[1] === cell[1]);
+    const used = neighbors(table.byName.layer, row).find(same);
     if (used && table.contributions) text += ` · contribution ${format(contribution(row, used.rank), 3)}`;
   } else {
     text += " · not selected";
   }
   const outside = cell[0] < 0 || cell[1] < 0 || cell[0] >= table.height || cell[1] >= table.width;
-  if (outside) text += " · a padding cell";
-  tip.textContent = text;
+  return outside ? `${text} · a padding cell` : text;
+}
+
+let pointer = null; // the last pointer position over the focus panel (client pixels), for the tooltip
+
+function showTip() {
+  const box = canvas.getBoundingClientRect();
+  const cell = pointer && table && query && cellAt(frame(box.width), pointer[0] - box.left, pointer[1] - box.top);
+  if (!cell) { tip.hidden = true; return; }
+  tip.textContent = describe(cell);
   tip.hidden = false;
-  tip.style.left = `${Math.min(event.clientX - box.left + 12, box.width - 180)}px`;
-  tip.style.top = `${event.clientY - box.top + 14}px`;
+  tip.style.left = `${Math.max(0, Math.min(pointer[0] - box.left + 12, box.width - 200))}px`;
+  tip.style.top = `${pointer[1] - box.top + 14}px`;
+}
+
+canvas.addEventListener("pointermove", (event) => {
+  pointer = event.pointerType === "touch" ? null : [event.clientX, event.clientY];
+  showTip();
 });
-canvas.addEventListener("pointerleave", () => { tip.hidden = true; });
+canvas.addEventListener("pointerleave", () => { pointer = null; tip.hidden = true; });
 
 canvas.addEventListener("keydown", (event) => { // arrows move the query by one cell of the layer
   const step = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[event.key];

@@ -205,7 +205,7 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
             name, escaped: shown as text).
     """
     target = html.escape(attribution.target)
-    title = f"{attribution.method.replace('_', ' ')} for class '{target}' (|attribution|, a.u.)"
+    title = f"{attribution.method.replace('_', ' ')}, class '{target}'"
     fig = make_subplots(1, 2, subplot_titles=["model input", "attribution (a.u.)"], horizontal_spacing=0.08)
     fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=attribution.values, colorscale="Cividis", colorbar=dict(title="a.u."),

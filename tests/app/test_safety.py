@@ -252,6 +252,42 @@ def test_a_file_given_by_a_web_address_is_refused_before_gradio_fetches_it(explo
                                                      "url": "http://127.0.0.1:7860/gradio_api/file=/tmp/cat.png"}])
 
 
+def call(url: str, api_name: str, data: list) -> str:
+    """A raw ``/call`` of an API endpoint with ``data`` as sent (no client-side checks); the event's last line."""
+    event = httpx.post(f"{url}gradio_api/call/{api_name}", json={"data": data}).json()["event_id"]
+    with httpx.stream("GET", f"{url}gradio_api/call/{api_name}/{event}", timeout=60) as stream:
+        return [line for line in stream.iter_lines() if line][-1]
+
+
+def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_dir, example_image, tmp_path):
+    """A FileData without its "meta" (or a plain string) skipped Gradio's cache check: /predict, /table and /export
+    read any image on the disk (and told which files existed). Every API file must now be a stored upload."""
+    outside = tmp_path / "secret.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(outside)
+    link = Path(get_upload_folder()) / f"link-{os.getpid()}.png"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside)  # inside the cache, pointing out of it
+    refused = "send the image as a file uploaded with the request (gradio_client.handle_file)"
+    try:
+        for path in (str(outside), str(example_image), str(checkpoint_dir / "cnn-l0.json"), "/etc/passwd",
+                     "/nonexistent", str(link)):
+            for image in ({"path": path}, path):
+                knobs = [0, 0, 0, 0, 0.5, 0, "crop"]  # K, R, r, seed, α, head, fit (a raw call sends every one)
+                for api_name, rest in (("predict", ["crop"]), ("table", [CELL_LAYER, 16, 16, *knobs]),
+                                       ("export", [CELL_LAYER, 3, 3, *knobs]), ("spectrum", ["crop"])):
+                    answer = call(app_url, api_name, [str(checkpoint_dir / "cnn-l0.5.json"), image, *rest])
+                    assert refused in answer and "200, 10, 10" not in answer, (api_name, path, answer)
+    finally:
+        link.unlink()
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    assert client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(outside)), api_name="/predict")
+    answer = call(app_url, "attribution", [str(checkpoint_dir / "cnn-l0.5.json"), {"path": str(outside)}, "saliency",
+                                           "", "crop"])
+    assert refused in answer
+
+
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
