@@ -262,9 +262,10 @@ class Explorer:
 
     @staticmethod
     def uploaded(image: object) -> str:
-        """The path of the file an API call sent, which must be one Gradio stored from an upload with the request
-        (``gradio_client.handle_file``): any other path, however it is spelled (a FileData dict with or without its
-        ``meta``, a plain string, a symbolic link out of the cache), is refused before anything opens it.
+        """The path of the file an API call sent, which must be one Gradio stored in its upload cache (what
+        ``gradio_client.handle_file`` uploads; each upload's folder is an unguessable hash, as for Gradio's own file
+        components): any other path, however it is spelled (a FileData dict with or without its ``meta``, a plain
+        string, a symbolic link out of the cache), is refused before anything opens it.
 
         Raises:
             ValueError: not a file Gradio stored in its upload cache.
