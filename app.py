@@ -626,7 +626,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
             add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
             add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
-                           show_label=False, object_fit="cover", elem_id="examples"))  # 32 px images: 2 rows
+                           show_label=False, object_fit="cover", buttons=[],
+                           elem_id="examples"))  # 32 px images: 2 rows, no icons over them
             add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"], size="md",
                                 elem_id="image_upload"))
             add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))
