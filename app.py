@@ -810,11 +810,12 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = MAX_UPLOAD_MB):
+           max_upload_mb: int = MAX_UPLOAD_MB, mcp: bool = False):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
     page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
     uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
-    while the server runs."""
+    while the server runs. With ``mcp``, Gradio's MCP server also offers the documented API (the ``gr.api``
+    endpoints) as MCP tools at ``/gradio_api/mcp/``; their calls go through the same queue and admission."""
     workspace = workspace or default_workspace()
     size_limit = Middleware(an.RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
@@ -823,7 +824,7 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
                        allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
                        max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
-                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"])
+                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"], mcp_server=mcp)
 
 
 def main() -> None:
@@ -838,12 +839,15 @@ def main() -> None:
                         help="bytes all analysis caches may hold together, in MB (default: $CONVNN_CACHE_MB or 512)")
     parser.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB,
                         help=f"largest uploaded file (checkpoint or image), MB (default: {MAX_UPLOAD_MB})")
+    parser.add_argument("--mcp", action="store_true",
+                        help="also serve the API as MCP tools at /gradio_api/mcp/ (Gradio's MCP server)")
     args = parser.parse_args()
     if args.max_upload_mb < 1:
         parser.error("--max-upload-mb must be at least 1")
     an.set_cache_budget(args.cache_mb * 2**20)
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
-    launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb)
+    launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb,
+           mcp=args.mcp)
 
 
 if __name__ == "__main__":
