@@ -393,6 +393,37 @@ class Explorer:
                  for name, value in dataclasses.asdict(result).items()} for result in results]
 
     @user_errors
+    def api_weights(self, checkpoint: str, layer: str, request: gr.Request | None = None) -> dict:
+        """The layer's learned aggregation kernel over rank slots: ``kernel`` (C_out × K: the L2 norm over input
+        channels, or the signed tap of a depthwise kernel, ``signed``), ``slot_norms`` (K: how much the t-th
+        neighbour matters) and ``description``."""
+        kernel = an.aggregation_kernel(self.model(checkpoint, request), layer)
+        return {"kernel": kernel.kernel.tolist(), "slot_norms": kernel.slot_norms.tolist(), "signed": kernel.signed,
+                "description": kernel.description}
+
+    @user_errors
+    def api_mix(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
+                request: gr.Request | None = None) -> dict:
+        """A hybrid layer's λ mix on this image: ``branch_ratio`` λ, the channel split, and per cell (H × W) the
+        ConvNN ``share`` of the 1×1 mix output and the two branches' norms."""
+        image = self.uploaded(image)
+        mix = an.branch_mix(self.model(checkpoint, request), self.image(image, fit), layer)
+        return {"branch_ratio": mix.branch_ratio, "knn_channels": mix.knn_channels,
+                "conv_channels": mix.conv_channels, "share": mix.share.tolist(), "knn_norm": mix.knn_norm.tolist(),
+                "conv_norm": mix.conv_norm.tolist()}
+
+    @user_errors
+    def api_pixels(self, image: FileData, row_px: int, col_px: int, num_neighbors: int = 64,
+                   position_weight: float = 0.0, request: gr.Request | None = None) -> dict:
+        """The input-level view (no model): the pixel's K most similar pixels by colour (+ position) and the K of
+        its window, as boolean masks over the view (``like``, ``near``), their mean distances (pixels) and
+        overlap."""
+        image = an.load_image(self.uploaded(image))
+        result = an.pixel_neighbors(image, self.pixel(row_px, col_px), num_neighbors, float(position_weight))
+        return {"like": result.like.tolist(), "near": result.near.tolist(), "like_distance": result.like_distance,
+                "near_distance": result.near_distance, "overlap": result.overlap, "window_size": result.window_size}
+
+    @user_errors
     def api_table(self, checkpoint: str, image: FileData, layer: str, row_px: int = 16, col_px: int = 16,
                   num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
                   blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
@@ -800,7 +831,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # The documented API: plain values in and out, for gradio_client and scripts.
         for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
                              (ex.api_table, "table"), (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
-                             (ex.api_multihop, "multihop")):
+                             (ex.api_multihop, "multihop"), (ex.api_weights, "weights"), (ex.api_mix, "mix"),
+                             (ex.api_pixels, "pixels")):
             gr.api(fn, api_name=api_name)
         for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
             gr.api(fn, api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)

@@ -402,7 +402,7 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     checkpoint, image = str(checkpoint_dir / "vit-convnn.json"), handle_file(str(example_image))
     info = client.view_api(return_format="dict")["named_endpoints"]
     for name in ("/layers", "/predict", "/neighbors", "/table", "/export", "/spectrum", "/multihop", "/attribution",
-                 "/equivalence"):
+                 "/equivalence", "/weights", "/mix", "/pixels"):
         assert name in info
     assert [p["parameter_name"] for p in info["/neighbors"]["parameters"]] == [
         "checkpoint", "image", "layer", "row_px", "col_px", "num_neighbors", "window_size", "num_candidates", "seed",
@@ -425,6 +425,14 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     field = client.predict(checkpoint, image, "blocks.1.attn", 10, 20, 2, 1, api_name="/multihop")
     expected = an.receptive_field(loaded, an.load_image(example_image), "blocks.1.attn", (10, 20), 2, 1)
     assert field["hops"] == expected.hops.tolist() and field["pixel_counts"] == expected.pixel_counts
+    weights = client.predict(checkpoint, "blocks.0.attn", api_name="/weights")  # depthwise: one tap per channel
+    np.testing.assert_allclose(weights["kernel"], loaded.model.get_submodule("blocks.0.attn").weight[:, 0].detach(),
+                               rtol=1e-6)
+    hybrid = str(checkpoint_dir / "cnn-l0.5.json")
+    mix = client.predict(hybrid, image, CELL_LAYER, api_name="/mix")
+    assert mix["branch_ratio"] == 0.5 and np.asarray(mix["share"]).shape == (16, 16)
+    pixels = client.predict(image, 3, 4, 9, api_name="/pixels")
+    assert np.asarray(pixels["near"]).sum() == 9 and pixels["near"][3][4] and pixels["like"][3][4]
 
 
 def test_uploads_over_the_size_limit_are_refused(app_url):
@@ -499,7 +507,8 @@ def test_the_mcp_flag_offers_the_documented_api_as_tools(explorer, checkpoint_di
     finally:
         demo.close()
     assert set(tools) == {f"api_{name}" for name in ("layers", "predict", "neighbors", "table", "export", "spectrum",
-                                                     "multihop", "attribution", "equivalence")}
+                                                     "multihop", "attribution", "equivalence", "weights", "mix",
+                                                     "pixels")}
     assert tools["api_layers"]["description"].startswith("The layers a model's views open")
     assert list(tools["api_neighbors"]["inputSchema"]["properties"])[:5] == [
         "checkpoint", "image", "layer", "row_px", "col_px"]
