@@ -81,7 +81,7 @@ from .views.equivalence import (
     equivalence_summary,
     equivalences,
 )
-from .views.neighbors import NeighborSet, QueryNeighbors, query_neighbors
+from .views.neighbors import NeighborSet, QueryNeighbors, RuleTable, query_neighbors
 from .views.pixels import PixelNeighbors, pixel_neighbors, pixel_view
 from .views.spectrum import (
     ReceptiveField,
@@ -96,7 +96,6 @@ from .views.table import (
     SWEEP_STEPS,
     BlendSweep,
     NeighborTable,
-    RuleTable,
     blend_sweep,
     neighbor_table,
 )

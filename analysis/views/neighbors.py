@@ -1,24 +1,35 @@
 """The view of one query: its neighbours in a layer under every rule, with distances and overlaps (METHOD §2–3).
 
 Every rule's selection of the whole layer comes from :func:`analysis.session.selections.rule_selection` (cached per
-model, image, layer and the options the rule reads), so a click only reads its query's row.
+model, image, layer and the options the rule reads), so a click only reads its query's row. :func:`rule_rows`
+computes the rows' distances and overlaps, for one query here and for every query of the page's table
+(:mod:`analysis.views.table`), which reads a row back with :func:`query_row`: both answer a query the same way.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
+from convnn.functional import padded_to_cells
 from convnn.selection import rule_names
 
 from ..session.images import InputImage
 from ..session.models import LoadedModel
-from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, jaccard, resolve_options, rule_selection
+from ..session.selections import (
+    LAYER_RULE,
+    RuleOptions,
+    Selection,
+    distance_stats,
+    resolve_options,
+    rule_selection,
+)
 from ..session.traces import LayerInfo, query_cell
 
-__all__ = ["NeighborSet", "QueryNeighbors", "query_neighbors"]
+__all__ = ["NeighborSet", "QueryNeighbors", "RuleTable", "query_neighbors", "query_row", "rule_rows"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,94 @@ class QueryNeighbors:
         return self.options.num_candidates >= self.layer.num_tokens
 
 
+@dataclass(frozen=True, eq=False)
+class RuleTable:
+    """Some queries' neighbours in one layer under one rule, with their distances (row ``i``: the i-th query).
+
+    Attributes:
+        rule (str): the rule (a registered one, or ``"layer"``).
+        selection (Selection): (Q, K) cells, prefix flags and scores (rows of :func:`rule_selection`).
+        mean_distance (np.ndarray): (Q,) float64 mean distance of the K to their query, in cells (NaN: all CLS).
+        window_share (np.ndarray): (Q,) float64 share of the K inside the query's R×R window, in [0, 1].
+    """
+
+    rule: str
+    selection: Selection
+    mean_distance: np.ndarray
+    window_share: np.ndarray
+
+
+def _keys(selection: Selection) -> np.ndarray:
+    """(Q, K) int64 key of each neighbour, equal for equal tokens: its cell packed into one integer (padding cells
+    too), −1 for a prefix token (CLS)."""
+    span = 1 << 20  # cells lie within a window's reach of the grid, far inside ±2¹⁹
+    keys = (selection.cells[..., 0] + span // 2) * span + selection.cells[..., 1] + span // 2
+    return np.where(selection.is_prefix, -1, keys)
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """(Q,) number of distinct values in each row of ``keys`` (Q, M)."""
+    ordered = np.sort(keys, axis=1)
+    return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
+
+
+def _jaccard_rows(a: Selection, b: Selection) -> np.ndarray:
+    """(Q,) float64 ``|A ∩ B| / |A ∪ B|`` of each query's two neighbour sets (as :func:`analysis.jaccard` of
+    their :meth:`NeighborSet.keys`): ``|A ∩ B| = |A| + |B| − |A ∪ B|``."""
+    keys_a, keys_b = _keys(a), _keys(b)
+    union = _distinct(np.concatenate([keys_a, keys_b], axis=1))
+    return (_distinct(keys_a) + _distinct(keys_b) - union) / union
+
+
+def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
+    return replace(selection, cells=selection.cells[rows], is_prefix=selection.is_prefix[rows],
+                   scores=selection.scores[rows])
+
+
+def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options: RuleOptions,
+              rules: tuple[str, ...], rows: np.ndarray | slice = slice(None)
+              ) -> tuple[dict[str, RuleTable], dict[tuple[str, str], np.ndarray]]:
+    """The queries ``rows`` (raster cells; all by default) of ``probe`` under each of ``rules``, with their
+    distances, and the Jaccard overlap of each pair of rules, per query.
+
+    Args:
+        loaded (LoadedModel): the model.
+        image (InputImage): the image.
+        probe (LayerInfo): the layer.
+        options (RuleOptions): resolved options (:func:`resolve_options`).
+        rules (tuple[str, ...]): registered rules, or ``"layer"``.
+        rows (np.ndarray or slice): the queries' raster cells. Default: every query
+
+    Returns:
+        tuple: rule → :class:`RuleTable`, and (a, b) → (Q,) float64 overlaps, in ``rules`` order.
+    """
+    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()[rows]
+    tables = {}
+    for rule in rules:
+        sel = _rows(rule_selection(loaded, image, probe.name, rule, options), rows)
+        mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
+        tables[rule] = RuleTable(rule, sel, mean, share)
+    overlaps = {(a, b): _jaccard_rows(tables[a].selection, tables[b].selection)
+                for a, b in itertools.combinations(tables, 2)}
+    return tables, overlaps
+
+
+def query_row(probe: LayerInfo, options: RuleOptions, query_px: tuple[int, int], tables: dict[str, RuleTable],
+              overlaps: dict[tuple[str, str], np.ndarray], row: int) -> QueryNeighbors:
+    """Row ``row`` of :func:`rule_rows`'s result as the :class:`QueryNeighbors` of the query pixel ``query_px``.
+
+    Raises:
+        ValueError: a pixel outside the model input.
+    """
+    sets = {}
+    for rule, table in tables.items():
+        sel = table.selection
+        sets[rule] = NeighborSet(sel.cells[row], sel.is_prefix[row], sel.scores[row], float(table.mean_distance[row]),
+                                 float(table.window_share[row]), sel.candidates, sel.candidate_is_prefix)
+    overlap = {pair: float(values[row]) for pair, values in overlaps.items()}
+    return QueryNeighbors(probe, options, tuple(query_px), query_cell(probe, *query_px), sets, overlap)
+
+
 def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
                     options: RuleOptions | None = None, rules: tuple[str, ...] | None = None) -> QueryNeighbors:
     """The neighbours of the query pixel ``query_px`` in ``layer`` under ``rules`` and under the layer itself.
@@ -96,13 +195,6 @@ def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px
     probe = loaded.probe(layer)
     options = resolve_options(probe, options or RuleOptions())
     row, col = query_cell(probe, *query_px)
-    index = row * probe.width + col
-    sets = {}
-    for rule in (*(rule_names() if rules is None else rules), LAYER_RULE):
-        sel = rule_selection(loaded, image, layer, rule, options)
-        mean, share = distance_stats(sel.cells[index:index + 1], sel.is_prefix[index:index + 1],
-                                     np.array([[row, col]]), options.window_size)
-        sets[rule] = NeighborSet(sel.cells[index], sel.is_prefix[index], sel.scores[index], float(mean[0]),
-                                 float(share[0]), sel.candidates, sel.candidate_is_prefix)
-    overlaps = {(a, b): jaccard(sets[a].keys(), sets[b].keys()) for a, b in itertools.combinations(sets, 2)}
-    return QueryNeighbors(probe, options, tuple(query_px), (row, col), sets, overlaps)
+    rules = (*(rule_names() if rules is None else rules), LAYER_RULE)
+    tables, overlaps = rule_rows(loaded, image, probe, options, rules, np.array([row * probe.width + col]))
+    return query_row(probe, options, query_px, tables, overlaps, 0)

@@ -17,51 +17,23 @@ page receives it). A larger K (up to K = N, the equivalence demo's setting) gets
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
-from convnn.functional import padded_to_cells
 from convnn.selection import rule_names
 
 from ..session.images import InputImage
 from ..session.models import LoadedModel
-from ..session.selections import (
-    LAYER_RULE,
-    RuleOptions,
-    Selection,
-    distance_stats,
-    resolve_options,
-    rule_selection,
-)
+from ..session.selections import LAYER_RULE, RuleOptions, Selection, resolve_options
 from ..session.traces import LayerInfo, query_cell
-from .neighbors import NeighborSet, QueryNeighbors
+from .neighbors import QueryNeighbors, RuleTable, query_row, rule_rows
 from .weights import branch_mix, contribution_norms
 
-__all__ = ["MAX_TABLE_NEIGHBORS", "SWEEP_STEPS", "BlendSweep", "NeighborTable", "RuleTable", "blend_sweep",
-           "neighbor_table"]
+__all__ = ["MAX_TABLE_NEIGHBORS", "SWEEP_STEPS", "BlendSweep", "NeighborTable", "blend_sweep", "neighbor_table"]
 
 MAX_TABLE_NEIGHBORS = 64  # K up to which every query's neighbours are sent to the page at once
 SWEEP_STEPS = 21  # α values of the blend sweep, 0, 0.05, …, 1: the frames of the page's α animation
-
-
-@dataclass(frozen=True, eq=False)
-class RuleTable:
-    """Every query's neighbours in one layer under one rule, with their distances.
-
-    Attributes:
-        rule (str): the rule (a registered one, or ``"layer"``).
-        selection (Selection): (N, K) cells, prefix flags and scores (:func:`rule_selection`).
-        mean_distance (np.ndarray): (N,) float64 mean distance of the K to their query, in cells (NaN: all CLS).
-        window_share (np.ndarray): (N,) float64 share of the K inside the query's R×R window, in [0, 1].
-    """
-
-    rule: str
-    selection: Selection
-    mean_distance: np.ndarray
-    window_share: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,43 +86,8 @@ class NeighborTable:
         Raises:
             ValueError: a pixel outside the model input, or a query the table does not hold (:meth:`row`).
         """
-        row, col = query_cell(self.layer, *query_px)
-        index = self.row((row, col))
-        sets = {}
-        for rule, table in self.rules.items():
-            sel = table.selection
-            sets[rule] = NeighborSet(sel.cells[index], sel.is_prefix[index], sel.scores[index],
-                                     float(table.mean_distance[index]), float(table.window_share[index]),
-                                     sel.candidates, sel.candidate_is_prefix)
-        overlaps = {pair: float(values[index]) for pair, values in self.overlaps.items()}
-        return QueryNeighbors(self.layer, self.options, tuple(query_px), (row, col), sets, overlaps)
-
-
-def _keys(selection: Selection) -> np.ndarray:
-    """(N, K) int64 key of each neighbour, equal for equal tokens: its cell packed into one integer (padding cells
-    too), −1 for a prefix token (CLS)."""
-    span = 1 << 20  # cells lie within a window's reach of the grid, far inside ±2¹⁹
-    keys = (selection.cells[..., 0] + span // 2) * span + selection.cells[..., 1] + span // 2
-    return np.where(selection.is_prefix, -1, keys)
-
-
-def _distinct(keys: np.ndarray) -> np.ndarray:
-    """(N,) number of distinct values in each row of ``keys`` (N, M)."""
-    ordered = np.sort(keys, axis=1)
-    return 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
-
-
-def _jaccard_rows(a: Selection, b: Selection) -> np.ndarray:
-    """(N,) float64 ``|A ∩ B| / |A ∪ B|`` of each query's two neighbour sets, as :func:`analysis.jaccard` of their
-    :meth:`NeighborSet.keys`: ``|A ∩ B| = |A| + |B| − |A ∪ B|``."""
-    keys_a, keys_b = _keys(a), _keys(b)
-    union = _distinct(np.concatenate([keys_a, keys_b], axis=1))
-    return (_distinct(keys_a) + _distinct(keys_b) - union) / union
-
-
-def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
-    return replace(selection, cells=selection.cells[rows], is_prefix=selection.is_prefix[rows],
-                   scores=selection.scores[rows])
+        row = self.row(query_cell(self.layer, *query_px))
+        return query_row(self.layer, self.options, query_px, self.rules, self.overlaps, row)
 
 
 def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
@@ -182,19 +119,12 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
                              f"{options.num_neighbors} name the query pixel")
         row, col = query_cell(probe, *query_px)
         queries = rows = np.array([row * probe.width + col])
-    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()[rows]
-    rules = {}
-    for rule in (*rule_names(), LAYER_RULE):
-        sel = _rows(rule_selection(loaded, image, probe.name, rule, options), rows)
-        mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
-        rules[rule] = RuleTable(rule, sel, mean, share)
-    overlaps = {(a, b): _jaccard_rows(rules[a].selection, rules[b].selection)
-                for a, b in itertools.combinations(rules, 2)}
+    rules, overlaps = rule_rows(loaded, image, probe, options, (*rule_names(), LAYER_RULE), rows)
     contributions = None if probe.record_name is None else contribution_norms(loaded, image, probe.name,
                                                                               options.head)[rows]
     share = branch_mix(loaded, image, probe.name).share.reshape(-1)[rows] if probe.is_hybrid else None
     heads = () if probe.num_heads == 1 else tuple(
-        _rows(rule_selection(loaded, image, probe.name, LAYER_RULE, replace(options, head=h)), rows)
+        rule_rows(loaded, image, probe, replace(options, head=h), (LAYER_RULE,), rows)[0][LAYER_RULE].selection
         for h in range(probe.num_heads))
     return NeighborTable(probe, options, rules, overlaps, contributions, share, heads, queries)
 
@@ -241,11 +171,7 @@ def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: Rul
     options = resolve_options(probe, options or RuleOptions())
     if options.num_neighbors > MAX_TABLE_NEIGHBORS:
         raise ValueError(f"the α animation covers K ≤ {MAX_TABLE_NEIGHBORS}, got K = {options.num_neighbors}")
-    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
     alphas = np.linspace(0.0, 1.0, steps)
-    rules = []
-    for alpha in alphas:
-        sel = rule_selection(loaded, image, probe.name, "blend", replace(options, blend_alpha=float(alpha)))
-        mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
-        rules.append(RuleTable("blend", sel, mean, share))
+    rules = [rule_rows(loaded, image, probe, replace(options, blend_alpha=float(alpha)), ("blend",))[0]["blend"]
+             for alpha in alphas]
     return BlendSweep(probe, options, alphas, tuple(rules))
