@@ -256,9 +256,7 @@ class Explorer:
         """The image at a file component's path (Gradio checked it: an upload or an example), fitted to a square."""
         if not image_file or not isinstance(image_file, str):
             raise ValueError("Pick an example or upload an image first.")
-        if not isinstance(fit, str):
-            raise ValueError(f"the fit must be one of {an.FITS}, got {reprlib.repr(fit)}")
-        return an.fit_image(an.load_image(image_file), fit)
+        return an.fit_image(an.load_image(image_file), Explorer.text(fit, "the fit"))  # a cache key: hashable
 
     @staticmethod
     def uploaded(image: object) -> str:
@@ -499,11 +497,12 @@ class Explorer:
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
     def on_weights(self, checkpoint, layer, request=None):
-        probe = self.model(checkpoint, request).probe(layer)
+        loaded = self.model(checkpoint, request)
+        probe = loaded.probe(layer)
         if probe.dense:
             return {"kernel_plot": None, "slot_plot": None,
                     "weights_note": f"{probe.name} is plain attention: no rank-slot kernel to show."}
-        heat, bars = figures.kernel_figures(an.aggregation_kernel(self.model(checkpoint, request), layer))
+        heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
         note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)." if probe.record_name is None
                 else "Each neighbour's contribution to the clicked cell is in the explorer above.")
         return {"kernel_plot": heat, "slot_plot": bars, "weights_note": note}

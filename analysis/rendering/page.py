@@ -57,6 +57,13 @@ def _edges(probe: LayerInfo, padding: int) -> tuple[list[int], list[int]]:
     return rows, cols
 
 
+def _cell_of_px(probe: LayerInfo) -> dict[str, list[int]]:
+    """``row_cell_of_px`` / ``col_cell_of_px``: the cell covering each model-input pixel (as ``query_cell``)."""
+    size = probe.input_size
+    return {"row_cell_of_px": [r * probe.height // size for r in range(size)],
+            "col_cell_of_px": [c * probe.width // size for c in range(size)]}
+
+
 def _png(view: np.ndarray) -> str:
     buffer = io.BytesIO()
     Image.fromarray(view).save(buffer, format="PNG")
@@ -117,8 +124,7 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         "padding": padding,
         "row_edges_px": row_edges,
         "col_edges_px": col_edges,
-        "row_cell_of_px": [r * probe.height // size for r in range(size)],
-        "col_cell_of_px": [c * probe.width // size for c in range(size)],
+        **_cell_of_px(probe),
         "image": _png(view),
         "query_px": [int(query_px[0]), int(query_px[1])],
         "queries": None if table.queries is None else table.queries.tolist(),
@@ -153,14 +159,12 @@ def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> di
         hop reaches), ``pixel_counts`` ((H·W, hops + 1) int32, cumulative) and ``colors`` (one per hop, hop 0
         first).
     """
-    size = probe.input_size
     return {
         "version": PAGE_TABLE_VERSION,
         "layer": probe.name,
-        "input_size": size,
+        "input_size": probe.input_size,
         "grid": [probe.height, probe.width],
-        "row_cell_of_px": [r * probe.height // size for r in range(size)],
-        "col_cell_of_px": [c * probe.width // size for c in range(size)],
+        **_cell_of_px(probe),
         "image": _png(view),
         "layers": fields.layers,
         "hops": _packed(fields.hops, "int8"),
