@@ -108,10 +108,16 @@ def sample_candidates(
         device (torch.device, optional): where to put the result.
 
     Returns:
-        Tensor: (batch_size, r) int64 key indices, distinct within a row.
+        Tensor: (batch_size, r) int64 key indices, distinct within a row (the r smallest of N uniform draws).
+
+    On a CUDA ``device`` the draw goes through pinned memory without blocking: a pageable copy would wait for every
+    queued kernel at each call of a random-candidate layer.
     """
     keys = torch.rand(batch_size, num_tokens, generator=generator)
-    return keys.argsort(dim=1)[:, :num_candidates].to(device)
+    drawn = keys.topk(num_candidates, dim=1, largest=False).indices  # ascending: argsort's first r, O(N)
+    if device is not None and torch.device(device).type == "cuda":
+        return drawn.pin_memory().to(device, non_blocking=True)
+    return drawn.to(device)
 
 
 def causal_mask(num_tokens: int, device=None) -> Tensor:

@@ -2,8 +2,9 @@
 
 ``python -m convnn.train --preset NAME`` starts from :data:`PRESETS` ``[NAME]``; command-line flags and ``--config``
 files override single fields. CNN family: the CIFAR ResNet of :class:`convnn.models.ResNetCifar` with λ from 0 to 1
-and three selection rules. ViT family: the 1.2 M-parameter CIFAR ViT with MHSA, KVT and ConvNN-attention. ImageNet:
-the paper's ResNet-50 hybrid and ViT-B/16 ConvNN-attention (they need an ImageFolder dataset).
+and three selection rules; the deeper CNN family ``cnn3-*``: three residual blocks per stage. ViT family: the
+1.2 M-parameter CIFAR ViT with MHSA, KVT and ConvNN-attention. ImageNet: the paper's ResNet-50 hybrid and ViT-B/16
+ConvNN-attention (they need an ImageFolder dataset).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ __all__ = ["PRESETS", "preset"]
 _CNN_RECIPE = dict(optimizer="sgd", lr=0.2, weight_decay=5e-4, momentum=0.9, batch_size=512, epochs=25,
                    warmup_epochs=2, label_smoothing=0.1, mixup_alpha=0.0)
 _CNN_ARCH = dict(widths=[64, 128, 176], depths=[1, 1, 1], num_neighbors=9)
+# The deeper CNN family (issue 16): three blocks per stage rather than more epochs (λ = 0 flattens at 92.8 % on the
+# first recipe); 2.8 M parameters, under 3 MB in int8; 30 epochs so that a λ = 0.5 run fits one 9-minute device call.
+_CNN3_RECIPE = dict(_CNN_RECIPE, epochs=30)
+_CNN3_ARCH = dict(widths=[64, 112, 160], depths=[3, 3, 3], num_neighbors=9)
 # ViTs need stronger regularisation on CIFAR: AdamW, mixup, stochastic depth.
 _VIT_RECIPE = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, momentum=0.9, batch_size=512, epochs=80,
                    warmup_epochs=5, label_smoothing=0.1, mixup_alpha=0.2)
@@ -24,6 +29,11 @@ _IMAGENET_RECIPE = dict(data="imagefolder", batch_size=256, epochs=90, warmup_ep
 def _cnn(branch_ratio: float, **convnn_options) -> dict:
     args = dict(_CNN_ARCH, branch_ratio=branch_ratio, **convnn_options)
     return dict(_CNN_RECIPE, model="convnn_resnet_cifar", model_args=args)
+
+
+def _cnn3(branch_ratio: float, **convnn_options) -> dict:
+    return dict(_CNN3_RECIPE, model="convnn_resnet_cifar", model_args=dict(_CNN3_ARCH, branch_ratio=branch_ratio,
+                                                                          **convnn_options))
 
 
 def _vit(attention: str, **knn_options) -> dict:
@@ -38,6 +48,8 @@ PRESETS: dict[str, dict] = {
     "cnn-l1": _cnn(1.0),
     "cnn-l0.5-random32": _cnn(0.5, selection="random", num_candidates=32),
     "cnn-l0.5-blend0.5": _cnn(0.5, selection="blend", blend_alpha=0.5),
+    "cnn3-l0": _cnn3(0.0),
+    "cnn3-l0.5": _cnn3(0.5),
     "vit-mhsa": _vit("mhsa"),
     "vit-kvt16": _vit("kvt", num_neighbors=16),
     "vit-convnn16": _vit("convnn", num_neighbors=16),

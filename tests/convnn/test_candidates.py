@@ -9,6 +9,7 @@ import torch
 
 from convnn import create_model, record_neighbors
 from convnn.candidates import keyed_candidates, sample_keys
+from convnn.functional import sample_candidates
 
 VIT_RANDOM = dict(dim=32, depth=6, num_heads=2, attention="convnn", num_neighbors=9, selection="random",
                   num_candidates=32)  # 64 patches + CLS = 65 tokens, r = 32
@@ -107,3 +108,13 @@ def test_keyed_draws_are_uniform_without_replacement():
     frequency = np.bincount(drawn.ravel(), minlength=20) / 4000
     std = math.sqrt(0.25 * 0.75 / 4000)
     assert np.abs(frequency - 0.25).max() < 5 * std
+
+
+def test_a_training_draw_is_the_r_smallest_of_n_uniform_numbers():
+    """sample_candidates keeps r distinct keys per row: the r smallest of N uniform draws, in increasing order."""
+    drawn = sample_candidates(1024, 32, 128, torch.Generator().manual_seed(3))
+    uniforms = torch.rand(128, 1024, generator=torch.Generator().manual_seed(3))
+    expected = np.argsort(uniforms.numpy(), axis=1, kind="stable")[:, :32]
+    assert drawn.shape == (128, 32) and drawn.dtype == torch.int64
+    assert np.array_equal(drawn.numpy(), expected)
+    assert all(len(set(row)) == 32 for row in drawn.tolist())

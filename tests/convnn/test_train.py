@@ -76,7 +76,8 @@ def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
     # On a CPU every ConvNN aggregation runs on the reference; λ = 0 and MHSA run none.
     card = json.loads((tmp_path / f"{config.name}.json").read_text())
-    without = name in ("cnn-l0", "vit-mhsa")
+    model_args = PRESETS[name]["model_args"]
+    without = model_args.get("branch_ratio") == 0.0 or model_args.get("attention") == "mhsa"
     assert card["training"]["backend"] == ("none (no ConvNN aggregation)" if without else "reference")
 
 
