@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import inspect
+import json
 import os
 import reprlib
 import tempfile
 from pathlib import Path
 from unittest import mock
+from urllib.parse import parse_qsl
 
 import gradio as gr
 import numpy as np
@@ -76,6 +79,14 @@ GUIDE = [
     "switch the large panel, or read the small ones.",
     "**5 · Open the tabs** below: how neighbours are weighed, how the branches mix, and where the model looks.",
 ]
+
+
+# Links and lessons (README, "Teaching with ConvNN Explorer"): a link sets these controls through their checks.
+LINK_CONTROLS = {"row": "row_px", "col": "col_px", "k": "num_neighbors", "window": "window_size",
+                 "r": "num_candidates", "seed": "seed", "alpha": "blend_alpha", "head": "head"}
+TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
+        "equivalence": "Equivalence demo", "hops": "Multi-hop", "pixels": "Input-level view"}  # id → label
+LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
 ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "
@@ -239,6 +250,10 @@ class Explorer:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
+        self.example_digests = {hashlib.sha256(Path(path).read_bytes()).hexdigest(): Path(path).stem
+                                for path in self.examples}
+        self.lessons = json.loads((WEB_DIR / "lessons.json").read_text(encoding="utf-8"))
+        self.controls: dict[str, gr.components.Component] = {}  # LINK_CONTROLS' components (build_demo sets them)
         self.workspace = workspace or default_workspace()
         self.max_upload_mb = max_upload_mb
 
@@ -485,12 +500,119 @@ class Explorer:
         uploads = [*uploads, (label, choice)]
         return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads}
 
+    # -- links and lessons ------------------------------------------------------------------------------------------
+    def example_name(self, image_file: str | None) -> str | None:
+        """The example an image file holds (compared by content: an upload may share an example's file name), or
+        None: an uploaded photo, which a link cannot carry."""
+        if not image_file or not isinstance(image_file, str) or not Path(image_file).is_file():
+            return None
+        if Path(image_file).stat().st_size > 2**20:  # the examples are small PNGs
+            return None
+        return self.example_digests.get(hashlib.sha256(Path(image_file).read_bytes()).hexdigest())
+
+    def view(self, params: dict, checkpoint: str | None, request=None) -> dict:
+        """The page's updates for a link's fields (:func:`analysis.parse_link`), each checked as its control checks
+        it (a shipped model, one of its layers, an example, numbers through :func:`checked_number` with the
+        control's bounds, a pixel inside the model's input, a tab); a model, image or tab the link leaves out stays
+        as it is, a pixel or knob it leaves out takes its control's default (a lesson's step is the same view
+        whatever came before), and every value refused is named in ``link_note`` (the page still opens)."""
+        values, problems = an.parse_link(params)
+        out = {name: gr.update() for name in VIEWS["link"][2]}
+        shipped = [choice for _, choice in self.choices([])]
+        if "model" in values:
+            if values["model"] in shipped:
+                checkpoint = out["checkpoint"] = values["model"]
+            else:
+                problems.append(f"the link's model “{values['model']}” is not one of the shipped models")
+        out |= self.on_model(checkpoint, request)
+        loaded = self.model(checkpoint, request)
+        probes = {probe.name: probe for probe in loaded.probes}
+        if "layer" in values:
+            if values["layer"] in probes:
+                out["layer"] = gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
+                                         value=values["layer"])
+            else:
+                problems.append(f"the link's layer “{values['layer']}” is not a layer of this model")
+        if "image" in values:
+            paths = {Path(path).stem: path for path in self.examples}
+            if values["image"] in paths:
+                out["image_file"] = paths[values["image"]]
+            else:
+                problems.append(f"the link's image “{values['image']}” is not one of the examples")
+        heads = max((p.num_heads for p in loaded.probes), default=1)
+        for key, control in LINK_CONTROLS.items():  # a link is the whole view: a knob it leaves out (or that is
+            number = None                            # refused) takes its control's default
+            if key in values:
+                try:
+                    number = checked_number(values[key], self.controls[control])
+                except gr.Error as err:
+                    problems.append(f"the link's {key}: {err.message}")
+                bound = {"row": loaded.card.input_size, "col": loaded.card.input_size, "head": heads}.get(key)
+                if number is not None and bound is not None and number >= bound:
+                    problems.append(f"the link's {key} must be below {bound} for this model, got {number}")
+                    number = None
+            if key == "head":  # the model's update above set its range and the default head
+                if number is not None:
+                    out[control] = gr.update(maximum=heads - 1, value=number, visible=heads > 1)
+            else:
+                out[control] = self.controls[control].value if number is None else number
+        if "tab" in values:
+            if values["tab"] in TABS:
+                out["tabs"], out["tab"] = gr.Tabs(selected=values["tab"]), values["tab"]
+            else:
+                problems.append(f"the link's tab “{values['tab']}” is not one of: {', '.join(TABS)}")
+        out["link_note"] = ("**This link could not set everything:** " + "; ".join(problems[:6])
+                            + ("; …" if len(problems) > 6 else "") + ".") if problems else ""
+        return out
+
     @user_errors
-    def on_example(self, evt: gr.SelectData) -> str:
+    def on_link(self, checkpoint, request=None):
+        """The page as the address's query string says (a plain address: the model's default view)."""
+        params = dict(request.query_params) if request is not None and request.query_params else {}
+        return self.view(params, checkpoint, request)
+
+    def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
+                     num_candidates, seed, blend_alpha, head, tab, request=None) -> str:
+        """The query string of the view shown (:func:`analysis.link_query`): knobs left at their defaults are left
+        out; an uploaded model or photo cannot travel (:data:`LINK_NOTE`)."""
+        shipped = {choice for _, choice in self.choices([])}
+        fields = {"model": checkpoint if checkpoint in shipped else None, "image": self.example_name(image_file),
+                  "layer": layer, "row": row_px, "col": col_px, "k": num_neighbors or None,
+                  "window": window_size or None, "r": num_candidates or None, "seed": seed or None,
+                  "alpha": None if blend_alpha == 0.5 else blend_alpha, "head": head or None,
+                  "tab": tab if tab in TABS else None}
+        return an.link_query(fields)
+
+    def lesson_step(self, lesson, step, checkpoint, request=None) -> dict:
+        """Step ``step`` of the lesson titled ``lesson``: its link's view (:meth:`view`), its paragraph, and the
+        step reached (clamped to the lesson's steps)."""
+        found = next((item for item in self.lessons if item["title"] == lesson), None)
+        if found is None:
+            raise ValueError(f"no lesson is called “{reprlib.repr(lesson)}”")
+        steps = found["steps"]
+        step = min(max(an.whole_number(step, "the lesson's step"), 0), len(steps) - 1)
+        params = dict(parse_qsl(steps[step]["link"]))
+        text = f"**Step {step + 1} of {len(steps)}.** {steps[step]['text']}"
+        return self.view(params, checkpoint, request) | {"lesson_text": text, "lesson_step": step}
+
+    @user_errors
+    def on_lesson_start(self, lesson, checkpoint, request=None):
+        return self.lesson_step(lesson, 0, checkpoint, request)
+
+    @user_errors
+    def on_lesson_next(self, lesson, lesson_step, checkpoint, request=None):
+        return self.lesson_step(lesson, (lesson_step or 0) + 1, checkpoint, request)
+
+    @user_errors
+    def on_lesson_back(self, lesson, lesson_step, checkpoint, request=None):
+        return self.lesson_step(lesson, (lesson_step or 0) - 1, checkpoint, request)
+
+    @user_errors
+    def on_example(self, evt: gr.SelectData, request=None) -> str:
         return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
 
     @user_errors
-    def on_image_upload(self, image_upload: str | None) -> str:
+    def on_image_upload(self, image_upload: str | None, request=None) -> str:
         self.image(image_upload)  # refuse what cannot be read before it replaces the current image
         return image_upload
 
@@ -599,8 +721,20 @@ class Explorer:
 KNOBS = ["num_neighbors", "window_size", "num_candidates", "seed", "blend_alpha", "head"]  # what a selection reads
 QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]  # all a table is made from
 # The views, by name: (handler, inputs, outputs), each a component's elem_id.
+# What a link or a lesson's step sets (Explorer.view).
+LINK_OUTPUTS = ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px", *KNOBS[:-1], "tabs", "tab",
+                "link_note"]
 VIEWS = {
     "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
+    "link": ("on_link", ["checkpoint"], LINK_OUTPUTS),
+    "lesson_start": ("on_lesson_start", ["lesson", "checkpoint"], [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
+    "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", "checkpoint"],
+                    [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
+    "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", "checkpoint"],
+                    [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
+    "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"], ["checkpoint", "uploads"]),
+    "example": ("on_example", [], ["image_file"]),
+    "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
     "first_render": ("on_first_render", QUERY, ["explorer"]),
     "table": ("on_table", QUERY, ["explorer"]),
     "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
@@ -616,14 +750,21 @@ VIEWS = {
 # The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
 # the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
 # the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
-# run when asked. Layer and head answer the user only (.input): a new model whose default layer has the old one's
-# name fires no .change, so a new model runs every view itself.
+# run when asked. Model, layer and head answer the user only (.input), and the image is set by the example, upload,
+# link and lesson events, each of which runs its own chain: a link or a lesson sets model, layer and pixel at once,
+# and a .change of the model would reset its layer.
+MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
+IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels"]
+VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels"]  # after a link or a lesson's step: anything
 REFRESH = {
-    ("demo", "load"): ["model", "first_render", "weights", "mix", "spectrum", "hops", "pixel_image", "pixel_query",
-                       "pixels"],
-    ("checkpoint", "change"): ["model", "first_render", "weights", "mix", "spectrum", "hops", "slow_reset"],
-    ("image_file", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image",
-                               "pixel_query", "pixels"],
+    ("demo", "load"): ["link", *VIEW_CHAIN],
+    ("checkpoint", "input"): ["model", *MODEL_CHAIN],
+    ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN],
+    ("examples", "select"): ["example", *IMAGE_CHAIN],
+    ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
+    ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
+    ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
+    ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
     ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset"],
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
     ("head", "input"): ["table", "hops"],
@@ -634,6 +775,14 @@ REFRESH = {
     ("position_weight", "release"): ["pixels"],
     **{(box, trigger): ["pixels"] for box in ("pixel_row", "pixel_col") for trigger in ("submit", "blur")},
 }
+
+
+# The page's address with a view's query string, copied to the clipboard where the browser allows it.
+COPY_LINK_JS = """(query) => {
+  const url = `${location.origin}${location.pathname}?${query}`;
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return url;
+}"""
 
 
 def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
@@ -667,11 +816,26 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
+            with gr.Row(elem_id="link_row"):
+                add(gr.Button("Copy a link to this view", size="sm", elem_id="link_button", min_width=120))
+                add(gr.Textbox(label="link", show_label=False, interactive=False, buttons=["copy"], elem_id="link",
+                               placeholder=LINK_NOTE, min_width=160))
+            add(gr.Markdown("", elem_id="link_note"))
             guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("explorer.js"), padding=False))
             add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
+    with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
+        with gr.Row():
+            add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
+                            elem_id="lesson", scale=3))
+            add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
+            add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
+        add(gr.Markdown("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says "
+                        "in plain words what to look at.", elem_id="lesson_text"))
+    ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
+    ui["tab"] = gr.State(next(iter(TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):
         add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
                        elem_id="card"))
@@ -695,16 +859,16 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         add(gr.File(file_count="multiple", label="Downloads", elem_id="exports"))
         add(gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data"))
     guide.append(gr.Markdown(GUIDE[4], visible=False))
-    with gr.Tabs():
-        with gr.Tab("Aggregation weights"):
+    with add(gr.Tabs(elem_id="tabs")):
+        with gr.Tab(TABS["weights"], id="weights"):
             add(gr.Markdown(elem_id="weights_note"))
             with gr.Row():
                 add(gr.Plot(label="kernel", elem_id="kernel_plot"))
                 add(gr.Plot(label="per rank slot", elem_id="slot_plot"))
-        with gr.Tab("λ mix"):
+        with gr.Tab(TABS["mix"], id="mix"):
             add(gr.Markdown(elem_id="mix_note"))
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))
-        with gr.Tab("Attribution"):
+        with gr.Tab(TABS["attribution"], id="attribution"):
             with gr.Row():
                 add(gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method", elem_id="method"))
                 add(gr.Textbox("", label="class (empty = predicted)", elem_id="target"))
@@ -712,21 +876,21 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(gr.Button("Cancel", elem_id="attribution_cancel"))
             add(gr.Markdown(ATTRIBUTION_PROMPT, elem_id="attribution_note"))
             add(gr.Plot(label="attribution", elem_id="attribution_plot"))
-        with gr.Tab("Spectrum"):
+        with gr.Tab(TABS["spectrum"], id="spectrum"):
             add(gr.Plot(label="spectrum", elem_id="spectrum_plot"))
             add(gr.Button("Place every shipped model on this image", elem_id="spectrum_models_button"))
             add(gr.Plot(label="every model", elem_id="spectrum_models_plot"))
-        with gr.Tab("Equivalence demo"):
+        with gr.Tab(TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
             add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
             add(gr.Plot(label="ConvNN vs the operation it equals", elem_id="equivalence_plot"))
-        with gr.Tab("Multi-hop"):
+        with gr.Tab(TABS["hops"], id="hops"):
             gr.Markdown("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through "
                         "consecutive layers' selections (follows the click above).")
             add(CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)", elem_id="hops"))
             add(gr.HTML(None, elem_id="hop_view", html_template='<div class="cx-hops"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("hops.js"), padding=False))
-        with gr.Tab("Input-level view"):
+        with gr.Tab(TABS["pixels"], id="pixels"):
             gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
             with gr.Row():
                 add(gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
@@ -781,6 +945,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
         ui = build_layout(ex)
         ui["demo"] = demo
+        ex.controls = {name: ui[name] for name in LINK_CONTROLS.values()}
 
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
@@ -797,10 +962,12 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].select(**wire(ex, ui, "on_table_row", [*QUERY[:4], *KNOBS], ["explorer"]),
                               api_visibility="private")
         ui["explorer"].click(**wire(ex, ui, "on_sweep", QUERY, ["sweep"]), api_visibility="private")  # ▶ α
-        ui["examples"].select(ex.on_example, None, ui["image_file"], api_visibility="private")
-        ui["image_upload"].upload(ex.on_image_upload, ui["image_upload"], ui["image_file"], api_visibility="private")
-        ui["checkpoint_files"].upload(**wire(ex, ui, "on_checkpoint_upload", ["checkpoint_files", "uploads"],
-                                            ["checkpoint", "uploads"]), api_visibility="private")
+        for tab in ui["tabs"].children:  # the open tab, for a link
+            tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
+        link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", [*QUERY[:1], "image_file", *QUERY[3:],
+                                                                            "tab"], ["link"]),
+                                            api_visibility="private")
+        link_copy.then(None, ui["link"], ui["link"], js=COPY_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),
                                   api_visibility="private")
         pixel_click = ui["pixel_image"].select(ex.on_pixel_click, ui["image_file"],

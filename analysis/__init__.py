@@ -52,6 +52,7 @@ from .session.inputs import (
     user_error_message,
     whole_number,
 )
+from .session.links import LINK_FIELDS, link_query, parse_link
 from .session.memory import limit_malloc_arenas, trim_heap
 from .session.models import (
     UPLOAD_PREFIX,
@@ -116,6 +117,7 @@ __all__ = [
     "FITS",
     "GRADIENT_NOTE",
     "LETTERBOX_RGB",
+    "LINK_FIELDS",
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",
     "MAX_TABLE_NEIGHBORS",
@@ -170,6 +172,7 @@ __all__ = [
     "jaccard",
     "layer_label",
     "limit_malloc_arenas",
+    "link_query",
     "list_checkpoints",
     "load_image",
     "load_model",
@@ -186,6 +189,7 @@ __all__ = [
     "page_hops",
     "page_sweep",
     "page_table",
+    "parse_link",
     "pixel_neighbors",
     "pixel_view",
     "query_cell",

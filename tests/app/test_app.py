@@ -303,7 +303,7 @@ def test_the_page_runs_the_refresh_policy_as_written(explorer):
         target = blocks[source]
         names = [step.name for step in chain_steps(demo, target, trigger)]
         assert names == [app.VIEWS[view][0] for view in views], (source, trigger)
-    for control in ("layer", "head"):  # only the user's choice (.input): a new model's default never races a run
+    for control in ("checkpoint", "layer", "head"):  # the user's choice only (.input): a link sets all three
         assert not any((blocks[control]._id, "change") in step.targets for step in demo.fns.values() if step.fn)
 
 
@@ -317,16 +317,18 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
             redrawn = [key for key, views in app.REFRESH.items() if key[0] == control
                        and any(set(app.VIEWS[v][2]) == set(outputs) and control in app.VIEWS[v][1] for v in views)]
             assert redrawn, (outputs, control)
-    for (source, _), views in app.REFRESH.items():
+    for (source, trigger), views in app.REFRESH.items():
         written = {source}
         for view in views:
             fn, inputs, outputs = app.VIEWS[view]
-            assert not inputs or written & set(inputs) or source == "demo", (source, view)
+            assert not inputs or written & set(inputs) or source == "demo" or trigger == "click", (source, view)
             assert fn not in ("on_attribution", "on_equivalence")
             written |= set(outputs)
-    image_views = app.REFRESH[("image_file", "change")]
-    assert image_views[0] == "first_render"  # what the page shows first, first
-    assert app.REFRESH[("checkpoint", "change")][:2] == ["model", "first_render"]
+    for key in (("examples", "select"), ("image_upload", "upload")):
+        assert app.REFRESH[key][1] == "first_render"  # what the page shows first, first
+    assert app.REFRESH[("checkpoint", "input")][:2] == ["model", "first_render"]
+    for key in (("demo", "load"), ("lesson", "input"), ("lesson_next", "click")):  # a link or a lesson's step
+        assert app.REFRESH[key][1:] == app.VIEW_CHAIN and set(app.VIEW_CHAIN) >= set(app.MODEL_CHAIN)
 
 
 def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bound(explorer):
@@ -364,11 +366,11 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     values = {block._id: getattr(block, "value", None) for block in demo.blocks.values()}
     old, new = (str(checkpoint_dir / f"{name}.json") for name in ("cnn-l0.5", "cnn-random"))
     values[blocks["checkpoint"]._id], values[blocks["image_file"]._id] = old, str(example_image)
-    run_event(demo, values, blocks["checkpoint"], "change")
+    run_event(demo, values, blocks["checkpoint"], "input")
     layer, before = values[blocks["layer"]._id], values[blocks["explorer"]._id]
     values[blocks["equivalence_text"]._id] = "a result for the old model"
     values[blocks["checkpoint"]._id] = new
-    run_event(demo, values, blocks["checkpoint"], "change")
+    run_event(demo, values, blocks["checkpoint"], "input")
     assert values[blocks["layer"]._id] == layer == "stages.1.0.conv1"
     expected = explorer.on_first_render(**page(new, example_image, layer))
     assert values[blocks["explorer"]._id] == expected != before and expected["model"] == "cnn-random"
@@ -379,8 +381,8 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     image = tmp_path / "noise.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(image)
     values[blocks["pixel_row"]._id], values[blocks["pixel_col"]._id] = 30, 5  # row 30 lies outside the 20×24 image
-    values[blocks["image_file"]._id] = str(image)
-    run_event(demo, values, blocks["image_file"], "change")
+    values[blocks["image_upload"]._id] = str(image)
+    run_event(demo, values, blocks["image_upload"], "upload")
     assert (values[blocks["pixel_row"]._id], values[blocks["pixel_col"]._id]) == (19, 5)  # the nearest pixel inside
     assert values[blocks["pixel_plot"]._id].to_json() == explorer.on_pixels(str(image), 19, 5, 64, 0).to_json()
     assert values[blocks["explorer"]._id] == explorer.on_first_render(**page(new, image, layer))
@@ -512,3 +514,77 @@ def test_the_mcp_flag_offers_the_documented_api_as_tools(explorer, checkpoint_di
     assert tools["api_layers"]["description"].startswith("The layers a model's views open")
     assert list(tools["api_neighbors"]["inputSchema"]["properties"])[:5] == [
         "checkpoint", "image", "layer", "row_px", "col_px"]
+
+
+# -- links and lessons ---------------------------------------------------------------------------------------------
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """An Explorer on the shipped checkpoints, its link checks bound to the page's controls (as build_demo does)."""
+    explorer = app.Explorer(SHIPPED_DIR, device="cpu")
+    app.build_demo(explorer)
+    return explorer
+
+
+def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
+    out = shipped.view({"model": "vit-convnn16", "layer": "blocks.2.attn", "image": "dog_0", "row": "5",
+                        "col": "40", "k": "-1", "alpha": "2", "head": "3", "tab": "spectrum", "zzz": "1"}, "cnn-l0.5")
+    assert out["checkpoint"] == "vit-convnn16" and out["layer"]["value"] == "blocks.2.attn"
+    assert Path(out["image_file"]).name == "dog_0.png" and out["row_px"] == 5 and out["tab"] == "spectrum"
+    assert out["head"]["value"] == 3 and out["head"]["maximum"] == 3  # 4 heads
+    # 40 ≥ 32 px, K < 0, α > 1 are refused: those controls take their defaults, as for a knob the link leaves out
+    assert (out["col_px"], out["num_neighbors"], out["blend_alpha"], out["seed"]) == (16, 0, 0.5, 0)
+    for named in ("col must be below 32", "K (0 = layer's) must be in [0", "blend α", "“zzz”"):
+        assert named in out["link_note"], named
+    bad = shipped.view({"model": "../../etc/passwd", "layer": "nope", "image": "x", "tab": "secret"}, "cnn-l0.5")
+    assert "checkpoint" not in bad or bad["checkpoint"] == gr.update()
+    assert all(word in bad["link_note"] for word in ("model", "layer", "image", "tab"))
+    assert str(SHIPPED_DIR) not in bad["link_note"]
+    plain = shipped.view({}, "cnn-l0.5")  # a plain address: the model's default view, no note
+    assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
+
+
+def test_a_copied_link_reopens_the_same_view(shipped):
+    image = next(path for path in shipped.examples if Path(path).stem == "ship_1")
+    query = shipped.on_link_copy("cnn-l0.5-random32", image, "stages.2.0.conv1", 3, 30, 4, 0, 64, 7, 0.25, 0,
+                                 "hops")
+    assert query == ("model=cnn-l0.5-random32&image=ship_1&layer=stages.2.0.conv1&row=3&col=30&k=4&r=64&seed=7"
+                     "&alpha=0.25&tab=hops")
+    out = shipped.view(dict(pair.split("=") for pair in query.split("&")), "cnn-l0.5")
+    assert out["link_note"] == ""
+    assert (out["checkpoint"], out["layer"]["value"], Path(out["image_file"]).stem) == ("cnn-l0.5-random32",
+                                                                                         "stages.2.0.conv1", "ship_1")
+    assert [out[name] for name in ("row_px", "col_px", "num_neighbors", "num_candidates", "seed", "blend_alpha")] == [
+        3, 30, 4, 64, 7, 0.25]
+    upload = Path(shipped.workspace.root) / "upload.png"  # an upload with an example's bytes is that example
+    upload.parent.mkdir(parents=True, exist_ok=True)
+    upload.write_bytes(Path(image).read_bytes())
+    assert shipped.example_name(str(upload)) == "ship_1"
+    upload.write_bytes(Path(image).read_bytes() + b"x")
+    assert shipped.example_name(str(upload)) is None  # another image: a link leaves it out
+
+
+def test_every_lesson_step_opens_on_the_shipped_models(shipped):
+    """Each step's link names a shipped model, one of its layers, an example, a pixel and a tab that exist; the
+    step's text is numbered; stepping past either end stays on the first or the last step."""
+    assert len(shipped.lessons) >= 4
+    for lesson in shipped.lessons:
+        steps = lesson["steps"]
+        for index, step in enumerate(steps):
+            out = shipped.lesson_step(lesson["title"], index, "cnn-l0.5")
+            link = dict(pair.split("=") for pair in step["link"].split("&"))
+            assert out["link_note"] == "", (lesson["title"], index, out["link_note"])
+            assert out["checkpoint"] == link["model"] and out["layer"]["value"] == link["layer"]
+            assert Path(out["image_file"]).stem == link["image"]
+            assert (out["row_px"], out["col_px"]) == (int(link["row"]), int(link["col"]))
+            assert out["lesson_text"].startswith(f"**Step {index + 1} of {len(steps)}.**")
+            assert out["lesson_step"] == index
+        assert shipped.lesson_step(lesson["title"], len(steps) + 3, "cnn-l0.5")["lesson_step"] == len(steps) - 1
+        assert shipped.lesson_step(lesson["title"], -1, "cnn-l0.5")["lesson_step"] == 0
+    with pytest.raises(ValueError, match="no lesson"):
+        shipped.lesson_step("Lesson 99", 0, "cnn-l0.5")
+    words = " ".join(step["text"] for lesson in shipped.lessons for step in lesson["steps"])
+    for term in ("mean distance", "Jaccard overlap", "What the layer used", "in R×R"):  # the terms the page uses
+        assert term.lower() in words.lower(), term

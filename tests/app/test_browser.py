@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import pytest
 
 import analysis as an
+import app
 from tests.app.browser import DESKTOP, PHONE, browser_page, settle
-from tests.app.test_app import CELL_LAYER, page
+from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, page
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored: the last run's pictures
 pytestmark = pytest.mark.browser
@@ -127,3 +130,70 @@ def test_the_core_loop_fits_the_screen(app_url, context):
                      or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
             assert apart, (a, b)
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
+
+
+@pytest.fixture
+def shipped_url():
+    """The app on the shipped checkpoints (the lessons name them), served in this process for one test."""
+    explorer = app.Explorer(SHIPPED_DIR, device="cpu")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    demo = app.build_demo(explorer)
+    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
+    yield url, explorer
+    demo.close()
+
+
+def linked_values(explorer, link: str) -> dict:
+    """The page values a link sets, the knobs it leaves out at their defaults (tests.app.test_app.page)."""
+    fields = dict(parse_qsl(link))
+    image = next(path for path in explorer.examples if Path(path).stem == fields["image"])
+    return page(fields["model"], image, fields["layer"], int(fields["row"]), int(fields["col"]),
+                **{control: int(fields[key]) for key, control in app.LINK_CONTROLS.items()
+                   if key in fields and key not in ("row", "col")})
+
+
+def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
+    url, explorer = shipped_url
+    link = "model=cnn-l1&image=cat_0&layer=stages.0.0.conv1&row=5&col=7&k=4&tab=spectrum"
+    with browser_page(f"{url}?{link}") as tab:
+        assert shown(tab)["layer"] == "stages.0.0.conv1" and shown(tab)["query"] == "5,7"
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "layer")
+        assert tab.get_by_role("tab", name="Spectrum").get_attribute("aria-selected") == "true"
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
+        copied = tab.locator("#link textarea, #link input").first.input_value()
+    assert copied.split("?", 1)[1] == link
+    with browser_page(copied) as again:  # a fresh page on the copied link: the same view
+        assert shown(again)["layer"] == "stages.0.0.conv1" and shown(again)["query"] == "5,7"
+        assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "layer")
+    with browser_page(f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
+        assert "could not set everything" in bad.locator("#link_note").inner_text()
+        assert shown(bad)["query"] == "16,16"
+
+
+def test_each_lesson_runs_end_to_end(shipped_url):
+    """Every lesson, chosen and then stepped through with Next: each step shows its text and the explorer shows
+    the step's layer and pixel, with the neighbours the API gives."""
+    url, explorer = shipped_url
+    for lesson in explorer.lessons:  # each from a fresh page, as a class would open it
+        with browser_page(url) as tab:
+            tab.get_by_text("Lessons: convolution").click()
+            tab.locator("#lesson input").click()
+            tab.get_by_role("option", name=lesson["title"]).click()
+            for index, step in enumerate(lesson["steps"]):
+                if index:
+                    tab.locator("#lesson_next").click()
+                values = linked_values(explorer, step["link"])
+                tab.wait_for_function(
+                    "([text, model, layer, query]) => document.querySelector('#lesson_text').innerText.includes(text)"
+                    " && document.querySelector('.cx').dataset.model === model"
+                    " && document.querySelector('.cx').dataset.layer === layer"
+                    " && document.querySelector('.cx').dataset.query === query",
+                    arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["checkpoint"], values["layer"],
+                         f"{values['row_px']},{values['col_px']}"], timeout=60_000)
+                settle(tab)  # the knobs the step resets fetch their table too: the last one drawn is the step's
+                expected = json.dumps(api_cells(explorer, values, "layer"), separators=(",", ":"))
+                tab.wait_for_function("(cells) => document.querySelector('.cx').dataset.neighbors === cells",
+                                      arg=expected, timeout=20_000)

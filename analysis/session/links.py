@@ -1,0 +1,60 @@
+"""A view of the explorer as a link: its state in a URL's query string (README, "Teaching with ConvNN Explorer").
+
+A link names a shipped model, an example image, a layer, the clicked pixel, the rule knobs and a tab, e.g.
+``?model=cnn-l0.5&image=cat_0&layer=stages.1.0.conv1&row=10&col=20&k=9&tab=spectrum``. This module reads and
+writes the text only: each value has the type its field needs or is refused with a message; whether a model, a
+layer or a pixel exists, and the bounds of each number, are checked by the page exactly as it checks its controls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import urlencode
+
+__all__ = ["LINK_FIELDS", "link_query", "parse_link"]
+
+# key → its kind: "text" (a name), "whole" (a whole number), "real" (a finite number); the query string's order.
+LINK_FIELDS = {"model": "text", "image": "text", "layer": "text", "row": "whole", "col": "whole", "k": "whole",
+               "window": "whole", "r": "whole", "seed": "whole", "alpha": "real", "head": "whole", "tab": "text"}
+MAX_VALUE_CHARS = 120  # a longer value is refused unread (names here are short; a link is typed or pasted)
+_TEXT = re.compile(r"[A-Za-z0-9_.:\-]+")  # model stems, example names, layer paths, tab names
+_WHOLE = re.compile(r"[+-]?\d{1,12}")
+_REAL = re.compile(r"[+-]?(\d{1,12}(\.\d{0,12})?|\.\d{1,12})")
+
+
+def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | float], list[str]]:
+    """The fields of a link's query string, each as its kind (:data:`LINK_FIELDS`), and a message per value refused.
+
+    Args:
+        params (Mapping[str, object]): the query parameters, name → value (what ``request.query_params`` holds;
+            any values, e.g. from a hand-edited URL).
+
+    Returns:
+        tuple[dict, list[str]]: the fields read (``{"model": "cnn-l0.5", "row": 10, "alpha": 0.25, …}``, absent
+        fields left out) and, for each unknown name or unreadable value, a message naming it (no value is echoed
+        longer than 40 characters).
+    """
+    values: dict[str, str | int | float] = {}
+    problems: list[str] = []
+    for name, raw in params.items():
+        shown = str(name)[:40]
+        kind = LINK_FIELDS.get(name)
+        if kind is None:
+            problems.append(f"the link's “{shown}” is not something a link sets (it can set: "
+                            f"{', '.join(LINK_FIELDS)})")
+            continue
+        text = raw if isinstance(raw, str) else ""
+        pattern = {"text": _TEXT, "whole": _WHOLE, "real": _REAL}[kind]
+        if len(text) > MAX_VALUE_CHARS or not pattern.fullmatch(text):
+            what = {"text": "a name", "whole": "a whole number", "real": "a number"}[kind]
+            problems.append(f"the link's {name} must be {what}, got “{text[:40]}”")
+            continue
+        values[name] = text if kind == "text" else int(text) if kind == "whole" else float(text)
+    return values, problems
+
+
+def link_query(values: Mapping[str, object]) -> str:
+    """The query string of a view (no leading ``?``): the fields of :data:`LINK_FIELDS` that ``values`` holds and
+    that are not None, in that order; :func:`parse_link` reads it back to the same values."""
+    return urlencode([(name, values[name]) for name in LINK_FIELDS if values.get(name) is not None])
