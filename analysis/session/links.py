@@ -32,26 +32,33 @@ def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | floa
 
     Returns:
         tuple[dict, list[str]]: the fields read (``{"model": "cnn-l0.5", "row": 10, "alpha": 0.25, …}``, absent
-        fields left out) and, for each unknown name or unreadable value, a message naming it (no value is echoed
-        longer than 40 characters).
+        fields left out) and, for each unknown name or unreadable value, a message naming it. The messages are
+        shown as markup in the page: a name or value is echoed only when it is plain (letters, digits, ``_.:-``,
+        at most 40 characters), anything else is described, not shown.
     """
     values: dict[str, str | int | float] = {}
     problems: list[str] = []
     for name, raw in params.items():
-        shown = str(name)[:40]
         kind = LINK_FIELDS.get(name)
         if kind is None:
-            problems.append(f"the link's “{shown}” is not something a link sets (it can set: "
+            problems.append(f"the link's {_echo(name)} is not something a link sets (it can set: "
                             f"{', '.join(LINK_FIELDS)})")
             continue
         text = raw if isinstance(raw, str) else ""
         pattern = {"text": _TEXT, "whole": _WHOLE, "real": _REAL}[kind]
         if len(text) > MAX_VALUE_CHARS or not pattern.fullmatch(text):
             what = {"text": "a name", "whole": "a whole number", "real": "a number"}[kind]
-            problems.append(f"the link's {name} must be {what}, got “{text[:40]}”")
+            problems.append(f"the link's {name} must be {what}, got {_echo(text)}")
             continue
         values[name] = text if kind == "text" else int(text) if kind == "whole" else float(text)
     return values, problems
+
+
+def _echo(text: object) -> str:
+    """``text`` quoted, if it is plain enough to show inside page markup; else a description of it."""
+    if isinstance(text, str) and len(text) <= 40 and (text == "" or _TEXT.fullmatch(text)):
+        return f"“{text}”"
+    return "“…” (not shown: not a plain name or number)"
 
 
 def link_query(values: Mapping[str, object]) -> str:

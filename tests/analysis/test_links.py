@@ -30,3 +30,13 @@ def test_a_written_link_reads_back_to_the_same_values_in_field_order():
     values, problems = parse_link(dict(pair.split("=") for pair in query.split("&")))
     assert problems == [] and values == {key: value for key, value in fields.items() if value is not None}
     assert list(values) == [key for key in LINK_FIELDS if key in values]
+
+
+def test_a_refusal_never_echoes_markup():
+    """The messages are page markup: a field name or value with anything but plain characters is not shown."""
+    _, problems = parse_link({"<img src=x onerror=alert(1)>": "1", "model": "[x](javascript:alert(1))",
+                              "row": "**9**"})
+    assert len(problems) == 3
+    for problem in problems:
+        assert "not shown" in problem
+        assert not any(mark in problem for mark in ("<", ">", "[", "]", "*", "javascript", "onerror"))
