@@ -44,6 +44,7 @@ from starlette.middleware import Middleware
 
 import analysis as an
 from analysis.rendering import figures
+from convnn.selection import rule_names
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -86,6 +87,7 @@ LINK_CONTROLS = {"row": "row_px", "col": "col_px", "k": "num_neighbors", "window
                  "r": "num_candidates", "seed": "seed", "alpha": "blend_alpha", "head": "head"}
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
         "equivalence": "Equivalence demo", "hops": "Multi-hop", "pixels": "Input-level view"}  # id → label
+RULES = tuple(rule_names())  # the selection rules a table holds besides "layer" (what the layer used)
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
@@ -523,7 +525,7 @@ class Explorer:
             if values["model"] in shipped:
                 checkpoint = out["checkpoint"] = values["model"]
             else:
-                problems.append(f"the link's model “{values['model']}” is not one of the shipped models")
+                problems.append(f"the link's model {an.echo(values['model'])} is not one of the shipped models")
         out |= self.on_model(checkpoint, request)
         loaded = self.model(checkpoint, request)
         probes = {probe.name: probe for probe in loaded.probes}
@@ -532,13 +534,13 @@ class Explorer:
                 out["layer"] = gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
                                          value=values["layer"])
             else:
-                problems.append(f"the link's layer “{values['layer']}” is not a layer of this model")
+                problems.append(f"the link's layer {an.echo(values['layer'])} is not a layer of this model")
         if "image" in values:
             paths = {Path(path).stem: path for path in self.examples}
             if values["image"] in paths:
                 out["image_file"] = paths[values["image"]]
             else:
-                problems.append(f"the link's image “{values['image']}” is not one of the examples")
+                problems.append(f"the link's image {an.echo(values['image'])} is not one of the examples")
         heads = max((p.num_heads for p in loaded.probes), default=1)
         for key, control in LINK_CONTROLS.items():  # a link is the whole view: a knob it leaves out (or that is
             number = None                            # refused) takes its control's default
@@ -560,7 +562,14 @@ class Explorer:
             if values["tab"] in TABS:
                 out["tabs"], out["tab"] = gr.Tabs(selected=values["tab"]), values["tab"]
             else:
-                problems.append(f"the link's tab “{values['tab']}” is not one of: {', '.join(TABS)}")
+                problems.append(f"the link's tab {an.echo(values['tab'])} is not one of: {', '.join(TABS)}")
+        # The rule shown large (web/explorer.js reads focus_rule once per new value): the link's, else what the
+        # layer used, as on a fresh page; the link's text makes each step's value new.
+        rule = values.get("rule", "layer")
+        if rule not in (*RULES, "layer"):
+            problems.append(f"the link's rule {an.echo(rule)} is not one of: {', '.join((*RULES, 'layer'))}")
+            rule = "layer"
+        out["focus_rule"] = f"{rule}@{an.link_query(values)}"
         out["link_note"] = ("**This link could not set everything:** " + "; ".join(problems[:6])
                             + ("; …" if len(problems) > 6 else "") + ".") if problems else ""
         return out
@@ -572,23 +581,28 @@ class Explorer:
         return self.view(params, checkpoint, request)
 
     def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
-                     num_candidates, seed, blend_alpha, head, tab, request=None) -> str:
-        """The query string of the view shown (:func:`analysis.link_query`): knobs left at their defaults are left
-        out; an uploaded model or photo cannot travel (:data:`LINK_NOTE`)."""
+                     num_candidates, seed, blend_alpha, head, tab, request=None) -> dict:
+        """The query string of the view shown (:func:`analysis.link_query`; knobs left at their defaults are left
+        out) and a note naming what cannot travel in it: an uploaded model or photo (:data:`LINK_NOTE`)."""
         shipped = {choice for _, choice in self.choices([])}
-        fields = {"model": checkpoint if checkpoint in shipped else None, "image": self.example_name(image_file),
+        example = self.example_name(image_file)
+        left = [what for what, missing in (("the uploaded model", checkpoint not in shipped),
+                                           ("the uploaded photo", example is None)) if missing]
+        note = (f"**This link leaves out {' and '.join(left)}:** it stays on this server, so the link opens "
+                "whatever model or image the opening page has." if left else "")
+        fields = {"model": checkpoint if checkpoint in shipped else None, "image": example,
                   "layer": layer, "row": row_px, "col": col_px, "k": num_neighbors or None,
                   "window": window_size or None, "r": num_candidates or None, "seed": seed or None,
                   "alpha": None if blend_alpha == 0.5 else blend_alpha, "head": head or None,
                   "tab": tab if tab in TABS else None}
-        return an.link_query(fields)
+        return {"link": an.link_query(fields), "link_note": note}
 
     def lesson_step(self, lesson, step, checkpoint, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson``: its link's view (:meth:`view`), its paragraph, and the
         step reached (clamped to the lesson's steps)."""
         found = next((item for item in self.lessons if item["title"] == lesson), None)
         if found is None:
-            raise ValueError(f"no lesson is called “{reprlib.repr(lesson)}”")
+            raise ValueError("Pick a lesson first (the list above Back and Next).")
         steps = found["steps"]
         step = min(max(an.whole_number(step, "the lesson's step"), 0), len(steps) - 1)
         params = dict(parse_qsl(steps[step]["link"]))
@@ -723,7 +737,7 @@ QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]
 # The views, by name: (handler, inputs, outputs), each a component's elem_id.
 # What a link or a lesson's step sets (Explorer.view).
 LINK_OUTPUTS = ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px", *KNOBS[:-1], "tabs", "tab",
-                "link_note"]
+                "focus_rule", "link_note"]
 VIEWS = {
     "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
     "link": ("on_link", ["checkpoint"], LINK_OUTPUTS),
@@ -750,9 +764,10 @@ VIEWS = {
 # The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
 # the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
 # the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
-# run when asked. Model, layer and head answer the user only (.input), and the image is set by the example, upload,
-# link and lesson events, each of which runs its own chain: a link or a lesson sets model, layer and pixel at once,
-# and a .change of the model would reset its layer.
+# run when asked. Model, layer, head and the number knobs answer the user only (.input), and the image is set by the
+# example, upload, link and lesson events, each of which runs its own chain: a link or a lesson's step sets model,
+# layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old and
+# new values (the model's .change reset its layer; a knob's asked for the old layer of the new model).
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels"]
 VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels"]  # after a link or a lesson's step: anything
@@ -768,7 +783,7 @@ REFRESH = {
     ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset"],
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
     ("head", "input"): ["table", "hops"],
-    **{(knob, "change"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
+    **{(knob, "input"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
     ("blend_alpha", "release"): ["table"],
     ("hops", "release"): ["hops"],
     ("pixel_k", "release"): ["pixels"],
@@ -779,7 +794,8 @@ REFRESH = {
 
 # The page's address with a view's query string, copied to the clipboard where the browser allows it.
 COPY_LINK_JS = """(query) => {
-  const url = `${location.origin}${location.pathname}?${query}`;
+  const rule = document.querySelector("#explorer .cx")?.dataset.rule;
+  const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
   if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
   return url;
 }"""
@@ -821,6 +837,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(gr.Textbox(label="link", show_label=False, interactive=False, buttons=["copy"], elem_id="link",
                                placeholder=LINK_NOTE, min_width=160))
             add(gr.Markdown("", elem_id="link_note"))
+            add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
             guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
@@ -965,7 +982,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", [*QUERY[:1], "image_file", *QUERY[3:],
-                                                                            "tab"], ["link"]),
+                                                                            "tab"], ["link", "link_note"]),
                                             api_visibility="private")
         link_copy.then(None, ui["link"], ui["link"], js=COPY_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),

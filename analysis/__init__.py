@@ -52,7 +52,7 @@ from .session.inputs import (
     user_error_message,
     whole_number,
 )
-from .session.links import LINK_FIELDS, link_query, parse_link
+from .session.links import LINK_FIELDS, echo, link_query, parse_link
 from .session.memory import limit_malloc_arenas, trim_heap
 from .session.models import (
     UPLOAD_PREFIX,
@@ -163,6 +163,7 @@ __all__ = [
     "display_factor",
     "display_image",
     "display_to_input_px",
+    "echo",
     "equivalence_summary",
     "equivalences",
     "export_query",

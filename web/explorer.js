@@ -52,6 +52,7 @@ const tip = $(".cx-tip");
 let table = null; // the decoded table
 let query = null; // [row_px, col_px]
 let focusRule = null;
+let appliedHint = ""; // the last rule a link or a lesson's step asked to show large (the #focus_rule box)
 let drawCount = 0;
 let sweep = null; // the decoded α sweep of the current table, once asked for
 let sweepFrame = null; // the α frame shown, or null
@@ -658,6 +659,11 @@ function show() {
     query = value.query_px;
     setBox("row_px", query[0]);
     setBox("col_px", query[1]);
+  }
+  const hint = document.querySelector("#focus_rule textarea, #focus_rule input")?.value || "";
+  if (hint && hint !== appliedHint && table.byName[hint.split("@")[0]]) { // a link's or a lesson step's rule
+    appliedHint = hint;
+    focusRule = hint.split("@")[0];
   }
   if (!table.byName[focusRule]) focusRule = table.rules[table.rules.length - 1].name;
   followBox("row_px", 0);

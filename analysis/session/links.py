@@ -1,6 +1,7 @@
 """A view of the explorer as a link: its state in a URL's query string (README, "Teaching with ConvNN Explorer").
 
-A link names a shipped model, an example image, a layer, the clicked pixel, the rule knobs and a tab, e.g.
+A link names a shipped model, an example image, a layer, the clicked pixel, the rule knobs, a tab and the rule shown
+large, e.g.
 ``?model=cnn-l0.5&image=cat_0&layer=stages.1.0.conv1&row=10&col=20&k=9&tab=spectrum``. This module reads and
 writes the text only: each value has the type its field needs or is refused with a message; whether a model, a
 layer or a pixel exists, and the bounds of each number, are checked by the page exactly as it checks its controls.
@@ -12,15 +13,17 @@ import re
 from collections.abc import Mapping
 from urllib.parse import urlencode
 
-__all__ = ["LINK_FIELDS", "link_query", "parse_link"]
+__all__ = ["LINK_FIELDS", "echo", "link_query", "parse_link"]
 
 # key → its kind: "text" (a name), "whole" (a whole number), "real" (a finite number); the query string's order.
 LINK_FIELDS = {"model": "text", "image": "text", "layer": "text", "row": "whole", "col": "whole", "k": "whole",
-               "window": "whole", "r": "whole", "seed": "whole", "alpha": "real", "head": "whole", "tab": "text"}
+               "window": "whole", "r": "whole", "seed": "whole", "alpha": "real", "head": "whole", "tab": "text",
+               "rule": "text"}
 MAX_VALUE_CHARS = 120  # a longer value is refused unread (names here are short; a link is typed or pasted)
 _TEXT = re.compile(r"[A-Za-z0-9_.:\-]+")  # model stems, example names, layer paths, tab names
-_WHOLE = re.compile(r"[+-]?\d{1,12}")
-_REAL = re.compile(r"[+-]?(\d{1,12}(\.\d{0,12})?|\.\d{1,12})")
+_WHOLE = re.compile(r"[+-]?\d{1,19}")  # a seed may be as large as 2**63 − 1
+_REAL = re.compile(r"[+-]?(\d{1,12}(\.\d{0,17})?|\.\d{1,17})([eE][+-]?\d{1,3})?")  # what repr(float) writes
+_IGNORED = re.compile(r"__.*|utm_.*|fbclid|gclid|view")  # Gradio's own (__theme, view=api) and trackers' fields
 
 
 def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | float], list[str]]:
@@ -33,32 +36,36 @@ def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | floa
     Returns:
         tuple[dict, list[str]]: the fields read (``{"model": "cnn-l0.5", "row": 10, "alpha": 0.25, …}``, absent
         fields left out) and, for each unknown name or unreadable value, a message naming it. The messages are
-        shown as markup in the page: a name or value is echoed only when it is plain (letters, digits, ``_.:-``,
-        at most 40 characters), anything else is described, not shown.
+        shown as markup in the page: a name or value is echoed (:func:`echo`) only when it is plain (letters,
+        digits, ``_.:-``, at most 40 characters), as a code span; anything else is described, not shown. Gradio's
+        own fields (``__theme``, ``view``) and trackers' (``utm_*``, ``fbclid``, ``gclid``) are passed over.
     """
     values: dict[str, str | int | float] = {}
     problems: list[str] = []
     for name, raw in params.items():
         kind = LINK_FIELDS.get(name)
+        if kind is None and isinstance(name, str) and _IGNORED.fullmatch(name):
+            continue
         if kind is None:
-            problems.append(f"the link's {_echo(name)} is not something a link sets (it can set: "
+            problems.append(f"the link's {echo(name)} is not something a link sets (it can set: "
                             f"{', '.join(LINK_FIELDS)})")
             continue
         text = raw if isinstance(raw, str) else ""
         pattern = {"text": _TEXT, "whole": _WHOLE, "real": _REAL}[kind]
         if len(text) > MAX_VALUE_CHARS or not pattern.fullmatch(text):
             what = {"text": "a name", "whole": "a whole number", "real": "a number"}[kind]
-            problems.append(f"the link's {name} must be {what}, got {_echo(text)}")
+            problems.append(f"the link's {name} must be {what}, got {echo(text)}")
             continue
         values[name] = text if kind == "text" else int(text) if kind == "whole" else float(text)
     return values, problems
 
 
-def _echo(text: object) -> str:
-    """``text`` quoted, if it is plain enough to show inside page markup; else a description of it."""
+def echo(text: object) -> str:
+    """``text`` as a code span of page markup (nothing in it renders), if it is a plain name of at most 40
+    characters; else a description of it."""
     if isinstance(text, str) and len(text) <= 40 and (text == "" or _TEXT.fullmatch(text)):
-        return f"“{text}”"
-    return "“…” (not shown: not a plain name or number)"
+        return f"`{text}`"
+    return "a value not shown (not a plain name or number)"
 
 
 def link_query(values: Mapping[str, object]) -> str:

@@ -18,7 +18,7 @@ def test_every_value_a_link_cannot_hold_is_refused_by_name_and_left_out():
     assert values == {}
     assert len(problems) == 8
     named = " ".join(problems)
-    for name in ("row", "k", "model", "layer", "alpha", "seed", "“secret”", "image"):
+    for name in ("row", "k", "model", "layer", "alpha", "seed", "`secret`", "image"):
         assert name in named
     assert "a" * 41 not in named  # no value is echoed at length
 
@@ -40,3 +40,11 @@ def test_a_refusal_never_echoes_markup():
     for problem in problems:
         assert "not shown" in problem
         assert not any(mark in problem for mark in ("<", ">", "[", "]", "*", "javascript", "onerror"))
+
+
+def test_gradio_and_tracker_fields_pass_over_and_any_float_reads_back():
+    values, problems = parse_link({"__theme": "dark", "view": "api", "utm_source": "x", "fbclid": "1",
+                                   "alpha": repr(1e-05), "seed": str(2**63 - 1)})
+    assert problems == [] and values == {"alpha": 1e-05, "seed": 2**63 - 1}
+    _, problems = parse_link({"tab": "__proto__"})
+    assert problems == [] or "`__proto__`" in problems[0]  # a plain name is echoed as code: nothing renders

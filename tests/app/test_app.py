@@ -303,7 +303,8 @@ def test_the_page_runs_the_refresh_policy_as_written(explorer):
         target = blocks[source]
         names = [step.name for step in chain_steps(demo, target, trigger)]
         assert names == [app.VIEWS[view][0] for view in views], (source, trigger)
-    for control in ("checkpoint", "layer", "head"):  # the user's choice only (.input): a link sets all three
+    for control in ("checkpoint", "layer", "head", "num_neighbors", "window_size", "num_candidates", "seed"):
+        # the user's choice only (.input): a link or a lesson's step sets them all at once
         assert not any((blocks[control]._id, "change") in step.targets for step in demo.fns.values() if step.fn)
 
 
@@ -536,20 +537,25 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     assert out["head"]["value"] == 3 and out["head"]["maximum"] == 3  # 4 heads
     # 40 ≥ 32 px, K < 0, α > 1 are refused: those controls take their defaults, as for a knob the link leaves out
     assert (out["col_px"], out["num_neighbors"], out["blend_alpha"], out["seed"]) == (16, 0, 0.5, 0)
-    for named in ("col must be below 32", "K (0 = layer's) must be in [0", "blend α", "“zzz”"):
+    for named in ("col must be below 32", "K (0 = layer's) must be in [0", "blend α", "`zzz`"):
         assert named in out["link_note"], named
     bad = shipped.view({"model": "../../etc/passwd", "layer": "nope", "image": "x", "tab": "secret"}, "cnn-l0.5")
     assert "checkpoint" not in bad or bad["checkpoint"] == gr.update()
     assert all(word in bad["link_note"] for word in ("model", "layer", "image", "tab"))
     assert str(SHIPPED_DIR) not in bad["link_note"]
+    ruled = shipped.view({"rule": "window"}, "cnn-l0.5")  # the rule shown large goes to the page's hidden box
+    assert ruled["focus_rule"].startswith("window@") and ruled["link_note"] == ""
+    assert "rule `nope`" in shipped.view({"rule": "nope"}, "cnn-l0.5")["link_note"]
     plain = shipped.view({}, "cnn-l0.5")  # a plain address: the model's default view, no note
     assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
 
 
 def test_a_copied_link_reopens_the_same_view(shipped):
     image = next(path for path in shipped.examples if Path(path).stem == "ship_1")
-    query = shipped.on_link_copy("cnn-l0.5-random32", image, "stages.2.0.conv1", 3, 30, 4, 0, 64, 7, 0.25, 0,
-                                 "hops")
+    copied = shipped.on_link_copy("cnn-l0.5-random32", image, "stages.2.0.conv1", 3, 30, 4, 0, 64, 7, 0.25, 0,
+                                  "hops")
+    query = copied["link"]
+    assert copied["link_note"] == ""
     assert query == ("model=cnn-l0.5-random32&image=ship_1&layer=stages.2.0.conv1&row=3&col=30&k=4&r=64&seed=7"
                      "&alpha=0.25&tab=hops")
     out = shipped.view(dict(pair.split("=") for pair in query.split("&")), "cnn-l0.5")
@@ -563,7 +569,11 @@ def test_a_copied_link_reopens_the_same_view(shipped):
     upload.write_bytes(Path(image).read_bytes())
     assert shipped.example_name(str(upload)) == "ship_1"
     upload.write_bytes(Path(image).read_bytes() + b"x")
-    assert shipped.example_name(str(upload)) is None  # another image: a link leaves it out
+    assert shipped.example_name(str(upload)) is None  # another image: a link leaves it out, and says so
+    copied = shipped.on_link_copy("upload:abc", str(upload), "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 1e-5, 0, "hops")
+    assert "uploaded model and the uploaded photo" in copied["link_note"] and "image=" not in copied["link"]
+    values, problems = an.parse_link(dict(pair.split("=") for pair in copied["link"].split("&")))
+    assert problems == [] and values["alpha"] == 1e-5  # what repr writes reads back
 
 
 def test_every_lesson_step_opens_on_the_shipped_models(shipped):
@@ -583,7 +593,7 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
             assert out["lesson_step"] == index
         assert shipped.lesson_step(lesson["title"], len(steps) + 3, "cnn-l0.5")["lesson_step"] == len(steps) - 1
         assert shipped.lesson_step(lesson["title"], -1, "cnn-l0.5")["lesson_step"] == 0
-    with pytest.raises(ValueError, match="no lesson"):
+    with pytest.raises(ValueError, match="Pick a lesson first"):
         shipped.lesson_step("Lesson 99", 0, "cnn-l0.5")
     words = " ".join(step["text"] for lesson in shipped.lessons for step in lesson["steps"])
     for term in ("mean distance", "Jaccard overlap", "What the layer used", "in R×R"):  # the terms the page uses

@@ -156,18 +156,21 @@ def linked_values(explorer, link: str) -> dict:
 
 def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
     url, explorer = shipped_url
-    link = "model=cnn-l1&image=cat_0&layer=stages.0.0.conv1&row=5&col=7&k=4&tab=spectrum"
+    link = "model=cnn-l1&image=cat_0&layer=stages.0.0.conv1&row=5&col=7&k=4&tab=spectrum&rule=window"
     with browser_page(f"{url}?{link}") as tab:
         assert shown(tab)["layer"] == "stages.0.0.conv1" and shown(tab)["query"] == "5,7"
-        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "layer")
+        assert shown(tab)["rule"] == "window"  # the rule shown large
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
         assert tab.get_by_role("tab", name="Spectrum").get_attribute("aria-selected") == "true"
+        assert tab.locator(".toast-body").count() == 0  # no view ran on a half-applied link (no error toast)
         tab.locator("#link_button").click()
         tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
         copied = tab.locator("#link textarea, #link input").first.input_value()
     assert copied.split("?", 1)[1] == link
     with browser_page(copied) as again:  # a fresh page on the copied link: the same view
         assert shown(again)["layer"] == "stages.0.0.conv1" and shown(again)["query"] == "5,7"
-        assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "layer")
+        assert shown(again)["rule"] == "window"
+        assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
     with browser_page(f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
         assert "could not set everything" in bad.locator("#link_note").inner_text()
         assert shown(bad)["query"] == "16,16"
@@ -177,8 +180,12 @@ def test_each_lesson_runs_end_to_end(shipped_url):
     """Every lesson, chosen and then stepped through with Next: each step shows its text and the explorer shows
     the step's layer and pixel, with the neighbours the API gives."""
     url, explorer = shipped_url
-    for lesson in explorer.lessons:  # each from a fresh page, as a class would open it
-        with browser_page(url) as tab:
+    with browser_page(url) as tab:
+        for number, lesson in enumerate(explorer.lessons):  # each on a freshly loaded page, as a class opens it
+            if number:
+                tab.goto(url)
+                tab.wait_for_selector(".cx[data-drawn]", timeout=60_000)
+                settle(tab)
             tab.get_by_text("Lessons: convolution").click()
             tab.locator("#lesson input").click()
             tab.get_by_role("option", name=lesson["title"]).click()
@@ -194,6 +201,7 @@ def test_each_lesson_runs_end_to_end(shipped_url):
                     arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["checkpoint"], values["layer"],
                          f"{values['row_px']},{values['col_px']}"], timeout=60_000)
                 settle(tab)  # the knobs the step resets fetch their table too: the last one drawn is the step's
-                expected = json.dumps(api_cells(explorer, values, "layer"), separators=(",", ":"))
+                rule = dict(parse_qsl(step["link"])).get("rule", "layer")  # a step may name the rule shown large
+                expected = json.dumps(api_cells(explorer, values, rule), separators=(",", ":"))
                 tab.wait_for_function("(cells) => document.querySelector('.cx').dataset.neighbors === cells",
                                       arg=expected, timeout=20_000)
