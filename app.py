@@ -558,6 +558,14 @@ class Explorer:
                     out[control] = gr.update(maximum=heads - 1, value=number, visible=heads > 1)
             else:
                 out[control] = self.controls[control].value if number is None else number
+        layer = out["layer"].get("value") if isinstance(out["layer"], dict) else None
+        if layer in probes:  # the knobs together, as the table will check them for this layer
+            head = out["head"].get("value", 0) if isinstance(out["head"], dict) else 0
+            try:
+                an.resolve_options(probes[layer], self.options(*(out[name] for name in KNOBS[:-1]), head))
+            except ValueError as err:
+                problems.append(f"the link's knobs: {err}")
+                out |= {name: self.controls[name].value for name in KNOBS[:-1]}
         if "tab" in values:
             if values["tab"] in TABS:
                 out["tabs"], out["tab"] = gr.Tabs(selected=values["tab"]), values["tab"]

@@ -543,6 +543,8 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     assert "checkpoint" not in bad or bad["checkpoint"] == gr.update()
     assert all(word in bad["link_note"] for word in ("model", "layer", "image", "tab"))
     assert str(SHIPPED_DIR) not in bad["link_note"]
+    too_many = shipped.view({"k": "999999999999", "layer": "stages.2.0.conv1"}, "cnn-l0.5")  # K > the 8×8 grid
+    assert "K (neighbours per query) must be in [1, 64]" in too_many["link_note"] and too_many["num_neighbors"] == 0
     ruled = shipped.view({"rule": "window"}, "cnn-l0.5")  # the rule shown large goes to the page's hidden box
     assert ruled["focus_rule"].startswith("window@") and ruled["link_note"] == ""
     assert "rule `nope`" in shipped.view({"rule": "nope"}, "cnn-l0.5")["link_note"]
