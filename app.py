@@ -44,7 +44,6 @@ from starlette.middleware import Middleware
 
 import analysis as an
 from analysis.rendering import figures
-from convnn.selection import rule_names
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -87,7 +86,6 @@ LINK_CONTROLS = {"row": "row_px", "col": "col_px", "k": "num_neighbors", "window
                  "r": "num_candidates", "seed": "seed", "alpha": "blend_alpha", "head": "head"}
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
         "equivalence": "Equivalence demo", "hops": "Multi-hop", "pixels": "Input-level view"}  # id → label
-RULES = tuple(rule_names())  # the selection rules a table holds besides "layer" (what the layer used)
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
@@ -252,8 +250,9 @@ class Explorer:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
-        self.example_digests = {hashlib.sha256(Path(path).read_bytes()).hexdigest(): Path(path).stem
-                                for path in self.examples}
+        self.example_paths = {Path(path).stem: path for path in self.examples}  # a link's image → its file
+        self.example_digests = {hashlib.sha256(Path(path).read_bytes()).hexdigest(): stem
+                                for stem, path in self.example_paths.items()}
         self.lessons = json.loads((WEB_DIR / "lessons.json").read_text(encoding="utf-8"))
         self.controls: dict[str, gr.components.Component] = {}  # LINK_CONTROLS' components (build_demo sets them)
         self.workspace = workspace or default_workspace()
@@ -531,17 +530,15 @@ class Explorer:
         probes = {probe.name: probe for probe in loaded.probes}
         if "layer" in values:
             if values["layer"] in probes:
-                out["layer"] = gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
-                                         value=values["layer"])
+                out["layer"]["value"] = values["layer"]  # the model's update holds its layers
             else:
                 problems.append(f"the link's layer {an.echo(values['layer'])} is not a layer of this model")
         if "image" in values:
-            paths = {Path(path).stem: path for path in self.examples}
-            if values["image"] in paths:
-                out["image_file"] = paths[values["image"]]
+            if values["image"] in self.example_paths:
+                out["image_file"] = self.example_paths[values["image"]]
             else:
                 problems.append(f"the link's image {an.echo(values['image'])} is not one of the examples")
-        heads = max((p.num_heads for p in loaded.probes), default=1)
+        heads = out["head"]["maximum"] + 1  # the model's update set the head's range
         for key, control in LINK_CONTROLS.items():  # a link is the whole view: a knob it leaves out (or that is
             number = None                            # refused) takes its control's default
             if key in values:
@@ -555,14 +552,14 @@ class Explorer:
                     number = None
             if key == "head":  # the model's update above set its range and the default head
                 if number is not None:
-                    out[control] = gr.update(maximum=heads - 1, value=number, visible=heads > 1)
+                    out[control]["value"] = number
             else:
                 out[control] = self.controls[control].value if number is None else number
-        layer = out["layer"].get("value") if isinstance(out["layer"], dict) else None
+        layer = out["layer"]["value"]
         if layer in probes:  # the knobs together, as the table will check them for this layer
-            head = out["head"].get("value", 0) if isinstance(out["head"], dict) else 0
             try:
-                an.resolve_options(probes[layer], self.options(*(out[name] for name in KNOBS[:-1]), head))
+                an.resolve_options(probes[layer], self.options(*(out[name] for name in KNOBS[:-1]),
+                                                               out["head"]["value"]))
             except ValueError as err:
                 problems.append(f"the link's knobs: {err}")
                 out |= {name: self.controls[name].value for name in KNOBS[:-1]}
@@ -573,10 +570,11 @@ class Explorer:
                 problems.append(f"the link's tab {an.echo(values['tab'])} is not one of: {', '.join(TABS)}")
         # The rule shown large (web/explorer.js reads focus_rule once per new value): the link's, else what the
         # layer used, as on a fresh page; the link's text makes each step's value new.
-        rule = values.get("rule", "layer")
-        if rule not in (*RULES, "layer"):
-            problems.append(f"the link's rule {an.echo(rule)} is not one of: {', '.join((*RULES, 'layer'))}")
-            rule = "layer"
+        rules = an.page_rules()
+        rule = values.get("rule", rules[-1])
+        if rule not in rules:
+            problems.append(f"the link's rule {an.echo(rule)} is not one of: {', '.join(rules)}")
+            rule = rules[-1]
         out["focus_rule"] = f"{rule}@{an.link_query(values)}"
         out["link_note"] = ("**This link could not set everything:** " + "; ".join(problems[:6])
                             + ("; …" if len(problems) > 6 else "") + ".") if problems else ""

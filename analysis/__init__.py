@@ -99,6 +99,7 @@ from .views.table import (
     NeighborTable,
     blend_sweep,
     neighbor_table,
+    page_rules,
 )
 from .views.weights import (
     AggregationKernel,
@@ -188,6 +189,7 @@ __all__ = [
     "neighbors_to_dict",
     "overlay_png",
     "page_hops",
+    "page_rules",
     "page_sweep",
     "page_table",
     "parse_link",

@@ -30,7 +30,8 @@ from ..session.traces import LayerInfo, query_cell
 from .neighbors import QueryNeighbors, RuleTable, query_row, rule_rows
 from .weights import branch_mix, contribution_norms
 
-__all__ = ["MAX_TABLE_NEIGHBORS", "SWEEP_STEPS", "BlendSweep", "NeighborTable", "blend_sweep", "neighbor_table"]
+__all__ = ["MAX_TABLE_NEIGHBORS", "SWEEP_STEPS", "BlendSweep", "NeighborTable", "blend_sweep", "neighbor_table",
+           "page_rules"]
 
 MAX_TABLE_NEIGHBORS = 64  # K up to which every query's neighbours are sent to the page at once
 SWEEP_STEPS = 21  # α values of the blend sweep, 0, 0.05, …, 1: the frames of the page's α animation
@@ -90,6 +91,11 @@ class NeighborTable:
         return query_row(self.layer, self.options, query_px, self.rules, self.overlaps, row)
 
 
+def page_rules() -> tuple[str, ...]:
+    """The rules a table holds: every rule registered now (``convnn.selection``), then what the layer used."""
+    return (*rule_names(), LAYER_RULE)
+
+
 def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
                    query_px: tuple[int, int] | None = None) -> NeighborTable:
     """Every query's neighbours in ``layer`` under every registered rule and the layer itself (module docstring).
@@ -119,7 +125,7 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
                              f"{options.num_neighbors} name the query pixel")
         row, col = query_cell(probe, *query_px)
         queries = rows = np.array([row * probe.width + col])
-    rules, overlaps = rule_rows(loaded, image, probe, options, (*rule_names(), LAYER_RULE), rows)
+    rules, overlaps = rule_rows(loaded, image, probe, options, page_rules(), rows)
     contributions = None if probe.record_name is None else contribution_norms(loaded, image, probe.name,
                                                                               options.head)[rows]
     share = branch_mix(loaded, image, probe.name).share.reshape(-1)[rows] if probe.is_hybrid else None
