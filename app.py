@@ -53,7 +53,7 @@ WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores
 #                                                             one folder per session) and gradio/ (Gradio's cache)
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
-MAX_UPLOAD_MB = 50  # larger uploaded files are refused by the server before they are stored (--max-upload-mb)
+MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
 REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
 MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
 #                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
@@ -499,7 +499,8 @@ class Explorer:
         choice = an.store_upload(checkpoint_files or [], self.workspace, self.session(request), self.device)
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
         uploads = [*uploads, (label, choice)]
-        return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads}
+        return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads,
+                "checkpoint_files": None}  # emptied, so that the next pair is an upload of two files again
 
     # -- links and lessons ------------------------------------------------------------------------------------------
     def example_name(self, image_file: str | None) -> str | None:
@@ -752,7 +753,8 @@ VIEWS = {
                     [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
     "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", "checkpoint"],
                     [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
-    "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"], ["checkpoint", "uploads"]),
+    "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
+                          ["checkpoint", "uploads", "checkpoint_files"]),
     "example": ("on_example", [], ["image_file"]),
     "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
     "first_render": ("on_first_render", QUERY, ["explorer"]),

@@ -5,7 +5,9 @@ each layer describes itself (``describe()``: kind, λ and channel split, K, sele
 The layers described are the ones a selection acts on: each :class:`~convnn.HybridConvNN2d`, each
 :class:`~convnn.ConvNN2d` that is not a hybrid's branch, and each attention layer
 (:class:`~convnn.MultiheadSelfAttention` and its k-NN subclasses), whose tokens are ``[prefix tokens (a ViT's CLS),
-then an H×W grid of patches in raster order]``.
+then an H×W grid of patches in raster order]``. A model with none of these (a torchvision ResNet or ViT) is described
+by its plain convolutions and attention layers instead (:mod:`convnn.adapters`, METHOD §8), those whose input has at
+most :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens (the views score every pair of them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import nn
 
 from kernels import resolve_backend
 
+from .adapters import describe_plain, layer_input, prefix_tokens
+from .budget import MAX_EXHAUSTIVE_TOKENS
 from .layers import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention
 
 __all__ = ["LayerInfo", "compute_path", "convnn_layers", "layer_facts", "model_family"]
@@ -32,9 +36,10 @@ class LayerInfo:
 
     Attributes:
         name (str): qualified module name (``model.get_submodule(name)``).
-        kind (str): ``"hybrid"``, ``"convnn2d"`` or ``"attention"``.
+        kind (str): ``"hybrid"``, ``"convnn2d"``, ``"attention"``, or ``"conv"`` for a plain ``nn.Conv2d``
+            (:mod:`convnn.adapters`).
         mixer (str): for attention ``"mhsa"``, ``"kvt"`` or ``"convnn"``; for maps ``"convnn"``, or ``"conv"`` for a
-            hybrid whose ConvNN branch is empty (λ·C_out rounds to 0).
+            plain convolution or a hybrid whose ConvNN branch is empty (λ·C_out rounds to 0).
         height, width (int): the token grid (feature-map cells, or patches), H×W.
         num_prefix_tokens (int): tokens before the grid (1 for a ViT's CLS token, else 0).
         input_size (int): side of the model input in pixels at which the grid was found.
@@ -44,12 +49,14 @@ class LayerInfo:
         selection (str): the registered rule (:mod:`convnn.selection`); ``"dense"`` for MHSA, ``"conv"`` for a
             conv-only hybrid.
         similarity (str): the similarity its selection scores with (``"dot"`` for attention).
-        window_size (int): R (a conv-only hybrid's kernel size; :data:`DEFAULT_WINDOW` for attention).
+        window_size (int): R (a convolution's kernel size k; :data:`DEFAULT_WINDOW` for attention).
         num_candidates (int or None): r of random selection.
         num_heads (int): attention heads (1 for maps).
         branch_ratio (float or None): λ of a hybrid layer.
         seed (int or None): its candidate seed (:mod:`convnn.candidates`), None for layers that select nothing.
         blend_alpha (float or None): α of blend selection (None for other layers).
+        stride, dilation (int): a convolution's stride s and dilation d (1 for every other layer).
+        padding (int or None): a convolution's zero padding p, cells (None: k // 2, a hybrid's "same" window).
     """
 
     name: str
@@ -69,6 +76,9 @@ class LayerInfo:
     branch_ratio: float | None = None
     seed: int | None = None
     blend_alpha: float | None = None
+    stride: int = 1
+    dilation: int = 1
+    padding: int | None = None
 
     @property
     def is_attention(self) -> bool:
@@ -103,8 +113,8 @@ class LayerInfo:
 
     @property
     def conv_only(self) -> bool:
-        """A hybrid without a ConvNN branch (λ·C_out rounds to 0): its neighbours are its convolution's window, and
-        it has no rank-slot kernel."""
+        """A plain convolution, or a hybrid without a ConvNN branch (λ·C_out rounds to 0): its neighbours are its
+        convolution's window (:func:`convnn.adapters.conv_window`), and it has no rank-slot kernel."""
         return self.mixer == "conv"
 
     @property
@@ -113,19 +123,25 @@ class LayerInfo:
         return self.mixer == "mhsa"
 
 
-def _described(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules :func:`convnn_layers` describes: hybrids, standalone ConvNN2d, attention layers."""
+def _described(model: nn.Module) -> tuple[dict[str, dict], bool]:
+    """The modules :func:`convnn_layers` describes, name → what each says it is: hybrids, standalone ConvNN2d,
+    attention layers; for a model without any, its plain convolutions and attention layers (module docstring), and
+    whether these are plain layers."""
     branches = {f"{name}.knn" for name, m in model.named_modules() if isinstance(m, HybridConvNN2d)}
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, HybridConvNN2d | MultiheadSelfAttention)
-            or (isinstance(m, ConvNN2d) and name not in branches)}
+    own = {name: m.describe(name) for name, m in model.named_modules()
+           if isinstance(m, HybridConvNN2d | MultiheadSelfAttention)
+           or (isinstance(m, ConvNN2d) and name not in branches)}
+    if own:
+        return own, False
+    plain = {name: describe_plain(m) for name, m in model.named_modules()}
+    return {name: facts for name, facts in plain.items() if facts is not None}, True
 
 
 def layer_facts(model: nn.Module) -> tuple[dict, ...]:
     """What each ConvNN-family layer of ``model`` says it is (``describe()``), in module order, with its ``name``;
     no forward pass, so it works on a model built on the ``meta`` device (no grids: :func:`convnn_layers` has
     them)."""
-    return tuple({"name": name, **module.describe(name)} for name, module in _described(model).items())
+    return tuple({"name": name, **facts} for name, facts in _described(model)[0].items())
 
 
 def model_family(model: nn.Module) -> str:
@@ -139,8 +155,9 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
     at an ``input_size``² input.
 
     Runs one forward pass on a zero image (no gradients) to see the order and each layer's input shape; a token
-    layer's grid is the largest square that the tokens past the prefix fill (one CLS token if the model has a
-    ``cls_token``).
+    layer's grid is the largest square that the tokens past the prefix fill (:func:`convnn.adapters.prefix_tokens`:
+    one CLS token if the model has a ``cls_token`` or ``class_token``). A plain layer (a model without ConvNN layers)
+    whose input has more than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens is left out.
 
     Args:
         model (nn.Module): any model built from ConvNN layers.
@@ -152,22 +169,26 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
         tuple[LayerInfo, ...]: one per layer, in the order the forward pass calls them.
     """
     found: list[LayerInfo] = []
-    prefix = 1 if hasattr(model, "cls_token") else 0
+    prefix = prefix_tokens(model)
+    described, plain = _described(model)
 
     def hook(name: str):
-        def capture(module: nn.Module, args: tuple) -> None:
-            x = args[0]
+        def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            x = layer_input(module, args, kwargs)
             if x.dim() == 4:
                 grid, tokens_prefix = (x.shape[2], x.shape[3]), 0
             else:
                 side = math.isqrt(x.shape[1] - prefix)
                 grid, tokens_prefix = (side, (x.shape[1] - prefix) // side), prefix
-            facts = module.describe(name)
+            facts = described[name]
+            if plain and grid[0] * grid[1] + tokens_prefix > MAX_EXHAUSTIVE_TOKENS:
+                return
             found.append(LayerInfo(name=name, height=grid[0], width=grid[1], num_prefix_tokens=tokens_prefix,
                                    input_size=input_size, **facts))
         return capture
 
-    handles = [m.register_forward_pre_hook(hook(name)) for name, m in _described(model).items()]
+    handles = [model.get_submodule(name).register_forward_pre_hook(hook(name), with_kwargs=True)
+               for name in described]
     try:
         with torch.no_grad():
             model(torch.zeros(1, in_chans, input_size, input_size, device=device))

@@ -40,6 +40,29 @@ def checkpoint_dir(tmp_path_factory) -> Path:
     return folder
 
 
+PLAIN_MODELS = {  # torchvision models a card may name (convnn.models.plain), opened through convnn.adapters
+    "tv-resnet18": ("torchvision.models.resnet18", dict(num_classes=10)),
+    "tv-vit": ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, num_layers=2, num_heads=4,
+                                                            hidden_dim=64, mlp_dim=128, num_classes=10)),
+}
+
+
+@pytest.fixture(scope="session")
+def plain_checkpoint_dir(tmp_path_factory) -> Path:
+    """A folder holding the random-init torchvision checkpoints of :data:`PLAIN_MODELS` (the ResNet-18 in int8,
+    11 MB; torchvision's zero-initialised ViT head made random, so that its prediction is not uniform)."""
+    folder = tmp_path_factory.mktemp("plain")
+    for index, (name, (model_name, args)) in enumerate(PLAIN_MODELS.items()):
+        torch.manual_seed(index)
+        model = create_model(model_name, **args).eval()
+        if hasattr(model, "heads"):
+            torch.nn.init.normal_(model.heads.head.weight, std=0.5)
+        card = ModelCard(name=name, model=model_name, model_args=args, classes=list(CIFAR10_CLASSES), input_size=32,
+                         mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD))
+        save_checkpoint(model, folder / name, card, dtype=torch.int8 if "resnet" in name else None)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def example_image() -> Path:
     """A 32×32 CIFAR-10 example shipped with the app."""

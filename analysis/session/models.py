@@ -130,19 +130,21 @@ _MIXER_TITLES = {"mhsa": "MHSA", "kvt": "KVT", "convnn": "ConvNN-attention"}
 
 
 def _layers_summary(card: ModelCard) -> tuple[str, dict | None]:
-    """``"<family>, <what its first ConvNN-family layer is>"`` and that layer's facts if it selects, from the model
-    built on the meta device (:func:`convnn.budget.build_on_meta`; the layers describe themselves)."""
+    """``"<family>, <what its first attention layer, else its first layer is>"`` and the first layer that selects,
+    from the model built on the meta device (:func:`convnn.budget.build_on_meta`; the layers describe themselves)."""
     try:
         model = build_on_meta(card)
     except CheckpointError:
         return str(card.model), None
     layers = layer_facts(model)
-    first = layers[0] if layers else {"kind": "", "mixer": ""}
+    first = next((facts for facts in layers if facts["kind"] == "attention"), layers[0] if layers else {"kind": ""})
     selecting = next((facts for facts in layers if facts["record_name"] is not None), None)
     if first["kind"] == "attention":
         what = _MIXER_TITLES.get(first["mixer"], first["mixer"])
     elif first["kind"] == "hybrid":
         what = f"hybrid λ={first['branch_ratio']}"
+    elif first["kind"] == "conv":
+        what = "plain convolutions (no ConvNN layer)"
     else:
         what = "ConvNN2d" if layers else "no ConvNN layer"
     return f"{model_family(model)}, {what}", selecting

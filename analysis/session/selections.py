@@ -11,7 +11,8 @@ For a probe layer and an image, the rules act on the features the layer itself s
 * ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`); α = 0 is the
   window rule and α = 1 the all rule exactly (:func:`convnn.selection.effective_selection`);
 * ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
-  hybrid uses its kernel's window, and MHSA (which selects nothing) is shown by its K largest attention weights.
+  hybrid or a plain convolution uses its kernel's window (with its stride and padding), and MHSA (which selects
+  nothing) is shown by its K largest attention weights.
 
 Selections are computed for every query of the layer at once and cached per (model, image, layer, rule) and the
 resolved options that rule reads (α only for blend, the seed only for random), so each further click, and each knob
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from convnn.adapters import conv_window
 from convnn.candidates import keyed_candidates
 from convnn.functional import padded_to_cells, window_size_for
 from convnn.selection import (
@@ -113,9 +115,9 @@ def max_window_size(probe: LayerInfo) -> int:
 def resolve_options(probe: LayerInfo, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
-    K defaults to the layer's K (else 9); R to the layer's R when R² ≥ K, else the smallest odd R with R² ≥ K;
-    r to the layer's r (else 32), raised to K; the seed to the layer's (else 0). As in the layers (METHOD §3), r ≥ N
-    (every token) makes the random rule the "all" rule, so r is capped at N
+    K defaults to the layer's K (else 9, or H·W on a smaller grid); R to the layer's R (made odd) when R² ≥ K, else
+    the smallest odd R with R² ≥ K; r to the layer's r (else 32), raised to K; the seed to the layer's (else 0). As in
+    the layers (METHOD §3), r ≥ N (every token) makes the random rule the "all" rule, so r is capped at N
     (:attr:`QueryNeighbors.random_uses_all_tokens`). Whole floats (``9.0``) are accepted for the integer fields and
     returned as ``int``.
 
@@ -128,14 +130,16 @@ def resolve_options(probe: LayerInfo, options: RuleOptions) -> RuleOptions:
             [0, 2⁶⁴ − 1] or a head out of range; the message names the value and the allowed range.
     """
     grid = probe.height * probe.width
-    k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or DEFAULT_NUM_NEIGHBORS
+    k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or min(
+        DEFAULT_NUM_NEIGHBORS, grid)
     k = whole_number(k, "K (neighbours per query)")
     if not 1 <= k <= grid:
         raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the {probe.height}×{probe.width} grid "
                          f"of {probe.name}, got {k}")
     window = options.window_size
     if window is None:
-        window = probe.window_size if probe.window_size**2 >= k else window_size_for(k)
+        window = probe.window_size | 1  # an even kernel (a patch embedding's) → the next odd side
+        window = window if window**2 >= k else window_size_for(k)
     window, largest = whole_number(window, "the window side R"), max_window_size(probe)
     if window < 1 or window % 2 == 0 or window**2 < k or window > largest:
         raise ValueError(f"the window side R must be odd with R² ≥ K = {k} and at most {largest} (as wide as the "
@@ -226,6 +230,17 @@ def _recorded(probe: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Sele
     return Selection(cells, is_prefix, scores[0, 0].cpu().numpy())
 
 
+def _conv_selection(probe: LayerInfo, q: Tensor, k: Tensor) -> Selection:
+    """A convolution's window at every query cell (:func:`convnn.adapters.conv_window`: its stride, dilation and
+    padding; a hybrid's conv branch pads by k // 2), taps in raster order, with their feature similarities."""
+    size = probe.window_size
+    padding = size // 2 if probe.padding is None else probe.padding
+    cells = conv_window(probe.height, probe.width, size, probe.stride, probe.dilation, padding, q.device)
+    idx = (cells[..., 0] + padding) * (probe.width + 2 * padding) + cells[..., 1] + padding
+    scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width), padding)
+    return Selection(cells.cpu().numpy(), np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())
+
+
 @bounded_cache(_QUERY_KEY_CACHE_SIZE)
 def _query_key(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
     """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer)."""
@@ -287,9 +302,7 @@ def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, op
         if record is not None:
             return _recorded(probe, record, q, k, options.head)
         if probe.conv_only:  # a convolution uses its whole kernel window
-            size = probe.window_size
-            return _rule_selection(probe, q, k, "window", replace(options, num_neighbors=size**2, window_size=size),
-                                   keys)
+            return _conv_selection(probe, q, k)
         layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
         return _rule_selection(probe, q, k, "all", replace(options, num_neighbors=layer_k), keys)
 

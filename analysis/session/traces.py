@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, NeighborRecord, record_neighbors
+from convnn.adapters import as_self_attention, layer_input
 from convnn.candidates import sample_keys
 from convnn.functional import to_tokens
 from convnn.introspect import LayerInfo
@@ -49,6 +50,10 @@ def layer_label(probe: LayerInfo) -> str:
                 "convnn": f"ConvNN-attention K={probe.num_neighbors}"}.get(probe.mixer, probe.mixer)
     elif probe.is_hybrid:
         what = f"hybrid λ={probe.branch_ratio}" + ("" if probe.conv_only else f" K={probe.num_neighbors}")
+    elif probe.conv_only:
+        what = f"conv {probe.window_size}×{probe.window_size}" + "".join(
+            f" {name} {value}" for name, value in (("stride", probe.stride), ("dilation", probe.dilation))
+            if value > 1)
     else:
         what = f"ConvNN2d K={probe.num_neighbors}"
     grid = f"{probe.height}×{probe.width}" + (" patches + CLS" if probe.num_prefix_tokens else "")
@@ -86,8 +91,10 @@ def cell_rect_px(probe: LayerInfo, row: int, col: int) -> tuple[int, int, int, i
 def knn_branch(module: nn.Module, probe: LayerInfo) -> ConvNN2d | None:
     """The ConvNN2d that selects in a map probe layer: a hybrid's ConvNN branch, or the standalone layer itself.
 
-    None for a conv-only hybrid (λ·C_out rounds to 0 channels).
+    None for a plain convolution or a conv-only hybrid (λ·C_out rounds to 0 channels).
     """
+    if probe.conv_only:
+        return None
     return module.knn if probe.is_hybrid else module
 
 
@@ -126,11 +133,11 @@ def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Tra
     inputs: dict[str, Tensor] = {}
 
     def hook(name: str):
-        def capture(module: nn.Module, args: tuple) -> None:
-            inputs[name] = args[0].detach()
+        def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[name] = layer_input(module, args, kwargs).detach()
         return capture
 
-    handles = [probe_module(model, p).register_forward_pre_hook(hook(p.name)) for p in probes]
+    handles = [probe_module(model, p).register_forward_pre_hook(hook(p.name), with_kwargs=True) for p in probes]
     try:
         with torch.no_grad(), record_neighbors(model) as records:
             logits = model(x)[0].float()
@@ -144,8 +151,9 @@ def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Tra
 def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
     """The query and key features the layer's own selection scores, as tokens, every head at once.
 
-    For a ConvNN branch: its input (+ coordinate channels) or its learned q/k projections; for a conv-only hybrid:
-    the input itself; for attention: the q, k projections of every head.
+    For a ConvNN branch: its input (+ coordinate channels) or its learned q/k projections; for a convolution (plain,
+    or a conv-only hybrid): the input itself; for attention: the q, k projections of every head
+    (:func:`convnn.adapters.as_self_attention` for ``nn.MultiheadAttention`` and timm-style attention).
 
     Args:
         module (nn.Module): the probe layer's module.
@@ -158,7 +166,7 @@ def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Ten
     """
     with torch.no_grad():
         if probe.is_attention:
-            q, k, _ = module.project_qkv(x)  # (B, h, N, d) each
+            q, k, _ = as_self_attention(module).project_qkv(x)  # (B, h, N, d) each
             return q.float(), k.float()
         knn = knn_branch(module, probe)
         q_map, k_map = (x, x) if knn is None else knn.query_key_features(x)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
+from convnn.adapters import as_self_attention
 
 from ..session.images import InputImage
 from ..session.models import LoadedModel
@@ -64,7 +65,7 @@ def _pictured(description: str, got: Tensor, expected: Tensor, whole: tuple[Tens
     |reference| over ``whole`` = (got, expected) when the grid is not all of the output (a ViT's CLS token)."""
     difference = (got - expected).abs()
     whole_got, whole_expected = whole or (got, expected)
-    channel = int(expected.flatten(1).std(dim=1).argmax())
+    channel = int(expected.flatten(1).std(dim=1, correction=0).argmax())
     return Equivalence(description, float((whole_got - whole_expected).abs().max()),
                        float(whole_expected.abs().max()), "reference", channel, got[channel].numpy(),
                        expected[channel].numpy(), difference.amax(0).numpy())
@@ -79,6 +80,16 @@ def _seeded_(module: nn.Module) -> nn.Module:
     return module
 
 
+def _window_shaped(conv: nn.Conv2d | None) -> bool:
+    """Whether ``conv`` computes what window selection with K = k² does: an odd k×k kernel, stride 1, dilation 1,
+    one group, zero padding k // 2 (a hybrid's branch; a plain convolution may be otherwise)."""
+    if conv is None:
+        return False
+    size = conv.kernel_size[0]
+    return (conv.kernel_size == (size, size) and size % 2 == 1 and conv.stride == (1, 1) and conv.dilation == (1, 1)
+            and conv.groups == 1 and conv.padding == (size // 2, size // 2) and conv.padding_mode == "zeros")
+
+
 def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
     """Window-selection ConvNN2d (K = R²) vs ``Conv2d`` on ``layer``'s input map (METHOD §4.1).
 
@@ -90,9 +101,11 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
         raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
     module = probe_module(loaded.model, probe)
     x = trace_image(loaded, image).inputs[probe.name].cpu()
-    conv = copy.deepcopy(module.conv).cpu() if getattr(module, "conv", None) is not None else None
-    source = "the layer's own 3×3 conv branch"
-    if conv is None:
+    conv = module.conv if probe.is_hybrid else module if probe.conv_only else None
+    if _window_shaped(conv):
+        conv = copy.deepcopy(conv).cpu()
+        source = f"the layer's own {conv.kernel_size[0]}×{conv.kernel_size[0]} convolution"
+    else:  # none, or one whose output is not the window selection's (stride, dilation, groups, other padding)
         conv = _seeded_(nn.Conv2d(x.shape[1], _DEMO_CHANNELS, 3, padding=1))
         source = f"a seeded random 3×3 conv ({_DEMO_CHANNELS} channels)"
     size = conv.kernel_size[0]
@@ -111,9 +124,10 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     module = probe_module(loaded.model, probe)
     x = trace_image(loaded, image).inputs[probe.name].cpu()
     if probe.is_attention:
-        tokens, dim, heads, source = x, module.dim, module.num_heads, "the layer's own q, k, v and output projections"
+        own = as_self_attention(module)  # the library's MHSA, or one holding nn.MultiheadAttention's weights
+        tokens, dim, heads, source = x, own.dim, own.num_heads, "the layer's own q, k, v and output projections"
         mhsa = MultiheadSelfAttention(dim, heads)
-        mhsa.load_state_dict({name: t.cpu() for name, t in module.state_dict().items() if name != "weight"})
+        mhsa.load_state_dict({name: t.cpu() for name, t in own.state_dict().items() if name != "weight"})
     else:
         tokens = x.flatten(2).transpose(1, 2)  # (1, N, C): every pixel is a token
         dim, heads, source = tokens.shape[-1], 1, "seeded random one-head projections"

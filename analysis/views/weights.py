@@ -73,8 +73,11 @@ def _kernel_tensor(loaded: LoadedModel, probe: LayerInfo) -> tuple[Tensor, str]:
         kind = "KVT (fixed ones)" if probe.mixer == "kvt" else "ConvNN-attention depthwise Conv1D"
         return module.weight.detach(), kind
     if probe.conv_only:
-        weight = module.conv.weight.detach().flatten(2)  # taps in raster order = window rank slots (METHOD §4.1)
-        return weight, "3×3 conv branch, taps in raster order (= window selection's rank slots)"
+        conv = module.conv if probe.is_hybrid else module
+        weight = conv.weight.detach().flatten(2)  # taps in raster order = window rank slots (METHOD §4.1)
+        size = f"{probe.window_size}×{probe.window_size}"
+        return weight, (f"{size} conv branch" if probe.is_hybrid else f"{size} convolution") + (
+            ", taps in raster order (= window selection's rank slots)")
     return knn_branch(module, probe).weight.detach(), "ConvNN branch Conv1D"
 
 

@@ -21,9 +21,10 @@ import math
 from dataclasses import dataclass
 
 from ..selection import selection_rule
-from ..validation import check_int, check_positive, check_ratio
+from ..validation import check_int, check_nonnegative, check_positive, check_ratio
 
-__all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "vit_cost"]
+__all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "torchvision_resnet18_cost", "torchvision_vit_cost",
+           "vit_cost"]
 
 _TORCHVISION_RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride) per stage
 _BOTTLENECK_EXPANSION = 4
@@ -235,4 +236,70 @@ def vit_cost(input_size: int, *, img_size: int = 32, patch_size: int = 4, in_cha
     blocks = _times(block, depth)
     embed = _conv(in_chans, dim, patch_size, (img_size // patch_size) ** 2, bias=True)
     return (_simple(2) + embed + ModelCost(dim + tokens * dim, 0, 0, tokens * dim) + blocks + norm
+            + _linear(dim, num_classes))
+
+
+_TORCHVISION_RESNET18 = ((64, 1), (128, 2), (256, 2), (512, 2))  # (planes, stride) per stage, two blocks each
+_MAX_SIDE = 100_000  # pixels a torchvision ViT's image_size (and patch) may name: bounds the arithmetic below
+
+
+def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> ModelCost:
+    """The cost of ``torchvision.models.resnet18(num_classes=…)`` (random weights) at ``input_size``² pixels.
+
+    Raises:
+        ValueError: ``num_classes`` not a positive integer.
+        TypeError: any other argument (``weights`` would download: no argument but ``num_classes`` is taken).
+    """
+    check_int("num_classes", num_classes, 1)
+    side = (input_size + 1) // 2  # conv1: 7×7, stride 2, padding 3
+    cost = _simple(3) + _conv(3, 64, 7, side * side) + _batch_norm(64, side * side)  # root, ReLU, max-pool
+    side = (side + 1) // 2  # max-pool: 3×3, stride 2, padding 1
+    inplanes = 64
+    for planes, stride in _TORCHVISION_RESNET18:
+        cost = cost + _simple()  # the layer's Sequential
+        for block in range(2):
+            strided = stride == 2 and block == 0
+            out_side = (side + 1) // 2 if strided else side
+            pixels = out_side * out_side
+            cost = cost + _sum([_simple(2), _conv(inplanes, planes, 3, pixels), _batch_norm(planes, pixels),
+                                _conv(planes, planes, 3, pixels), _batch_norm(planes, pixels)])  # block, ReLU
+            if strided:  # downsample: Sequential(1×1 conv, BatchNorm)
+                cost = cost + _simple() + _conv(inplanes, planes, 1, pixels) + _batch_norm(planes, pixels)
+            inplanes, side = planes, out_side
+    return cost + _simple() + _linear(inplanes, num_classes)  # average pool, fc
+
+
+def torchvision_vit_cost(input_size: int, *, image_size: int = 224, patch_size: int = 16, num_layers: int = 12,
+                         num_heads: int = 12, hidden_dim: int = 768, mlp_dim: int = 3072, num_classes: int = 1000,
+                         dropout: float = 0.0, attention_dropout: float = 0.0) -> ModelCost:
+    """The cost of ``torchvision.models.VisionTransformer(…)`` (random weights) at its ``image_size``.
+
+    Raises:
+        ValueError: a size that is not a positive integer (``num_layers`` ≥ 0; sides ≤ 100,000 pixels), a dropout
+            outside [0, 1), an ``image_size`` that the patches do not tile or that is not the card's input size, or a
+            ``hidden_dim`` that is not a multiple of ``num_heads`` (torchvision would fail an assertion).
+        TypeError: any other argument (``norm_layer``, ``conv_stem_configs``: no callables from a card).
+    """
+    for name, value in (("image_size", image_size), ("patch_size", patch_size), ("num_layers", num_layers),
+                        ("num_heads", num_heads), ("hidden_dim", hidden_dim), ("mlp_dim", mlp_dim),
+                        ("num_classes", num_classes)):
+        check_int(name, value, 0 if name == "num_layers" else 1, _MAX_SIDE if name.endswith("size") else math.inf)
+    for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+        check_nonnegative(name, value, below=1.0)
+    if image_size % patch_size or image_size != input_size:
+        raise ValueError(f"image_size must be a multiple of patch_size ({patch_size}) and equal the card's input_size "
+                         f"({input_size}), got {image_size}")
+    if hidden_dim % num_heads:
+        raise ValueError(f"hidden_dim must be a multiple of num_heads ({num_heads}), got {hidden_dim}")
+    patches = (image_size // patch_size) ** 2
+    tokens, dim = patches + 1, hidden_dim
+    norm = ModelCost(2 * dim, 1, dim * tokens, dim * tokens)
+    attention = _linear(dim, 3 * dim, tokens) + _linear(dim, dim, tokens) + ModelCost(
+        0, 0, 2 * tokens * tokens * dim, tokens * tokens * num_heads)  # in_proj + out_proj, scores
+    # EncoderBlock and its dropout; two LayerNorms; attention; the MLPBlock (a Sequential, its GELU and 2 dropouts)
+    block = _sum([_simple(2), norm, norm, attention, _simple(4), _linear(dim, mlp_dim, tokens),
+                  _linear(mlp_dim, dim, tokens)])
+    embed = _conv(3, dim, patch_size, patches, bias=True)
+    # root, encoder (and its dropout and Sequential), class token and position embedding, heads' Sequential
+    return (_simple(5) + embed + ModelCost(dim + tokens * dim, 0, 0, tokens * dim) + _times(block, num_layers) + norm
             + _linear(dim, num_classes))

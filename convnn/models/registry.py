@@ -14,21 +14,27 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {}
 _COSTS: dict[str, Callable[..., ModelCost]] = {}
 
 
-def register_model(fn: Callable[..., nn.Module] | None = None, *, cost: Callable[..., ModelCost] | None = None):
+def register_model(fn: Callable[..., nn.Module] | None = None, *, cost: Callable[..., ModelCost] | None = None,
+                   name: str | None = None):
     """Decorator: register ``fn`` under its ``__name__`` as a model constructor taking keyword arguments.
+
+    The registry is the allow-list of what a model card may build: a card names a registered model, never an import
+    path.
 
     Args:
         fn (Callable): the constructor (``@register_model``), or None (``@register_model(cost=...)``).
         cost (Callable, optional): ``cost(input_size, **model_args) -> ModelCost``, what the model costs without
             building it (:mod:`convnn.models.cost`); :func:`model_cost` answers from it, so a card can be refused
             before any module is built. Default: None (the model's cost is only known once built)
+        name (str, optional): the name cards use, e.g. ``"torchvision.models.resnet18"``. Default: ``fn.__name__``
     """
     def register(constructor: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        if constructor.__name__ in _MODELS:
-            raise ValueError(f"model {constructor.__name__!r} is already registered")
-        _MODELS[constructor.__name__] = constructor
+        key = name or constructor.__name__
+        if key in _MODELS:
+            raise ValueError(f"model {key!r} is already registered")
+        _MODELS[key] = constructor
         if cost is not None:
-            _COSTS[constructor.__name__] = cost
+            _COSTS[key] = cost
         return constructor
     return register if fn is None else register(fn)
 

@@ -21,6 +21,11 @@ CASES = [
     ("convnn_resnet50", 224, dict()),
     ("convnn_resnet50", 224, dict(branch_ratio=0.0, num_classes=10)),
     ("convnn_vit_b16", 224, dict()),
+    ("torchvision.models.resnet18", 224, dict()),
+    ("torchvision.models.resnet18", 17, dict(num_classes=3)),  # odd sides through every stride
+    ("torchvision.models.VisionTransformer", 224, dict()),  # ViT-B/16
+    ("torchvision.models.VisionTransformer", 32, dict(image_size=32, patch_size=4, num_layers=2, num_heads=4,
+                                                      hidden_dim=64, mlp_dim=128, num_classes=10)),
 ]
 
 

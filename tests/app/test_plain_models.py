@@ -1,0 +1,105 @@
+"""A researcher's ordinary models open in the app (convnn.adapters): a torchvision ResNet-18 and a small torchvision
+ViT, uploaded through the checkpoint path, answer a click with the sets computed here by hand — the window a
+strided convolution reads, and the K largest weights of ``nn.MultiheadAttention``'s own attention row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import analysis as an
+from tests import small_models
+from tests.app.browser import browser_page, settle
+from tests.app.test_app import page
+from tests.app.test_browser import pixel_position, shown
+
+plain_checkpoint_dir = small_models.plain_checkpoint_dir  # shared fixture
+
+STRIDED = "layer2.0.conv1"  # 3×3, stride 2, padding 1, on the 8×8 map of a 32 px input
+ATTENTION = "encoder.layers.encoder_layer_1.self_attention"  # 4 heads over CLS + 8×8 patches of 4 px
+
+
+def strided_window(row_px: int, col_px: int) -> list[list[int]]:
+    """By hand: pixel → cell of the 8×8 map (4 px each) → the stride-2 output covering it, o = cell // 2 → its 3×3
+    taps 2·o − 1 + (0, 1, 2) on each axis, raster order."""
+    row, col = row_px // 4, col_px // 4
+    return [[2 * (row // 2) - 1 + a, 2 * (col // 2) - 1 + b] for a in range(3) for b in range(3)]
+
+
+def attention_top(loaded: an.LoadedModel, image: an.InputImage, px: tuple[int, int], head: int = 0, k: int = 9):
+    """By hand: the k largest weights of the query patch's row in ``nn.MultiheadAttention``'s own attention
+    (``need_weights=True``, per head) on the layer's input, as cells (None for the class token)."""
+    module = loaded.model.get_submodule(ATTENTION)
+    captured = {}
+    handle = module.register_forward_pre_hook(lambda _, args: captured.update(x=args[0]))
+    with torch.no_grad():
+        loaded.model(an.model_input(image, loaded.card))
+        handle.remove()
+        x = captured["x"]
+        _, weights = module(x, x, x, need_weights=True, average_attn_weights=False)  # (1, h, N, N)
+    token = 1 + (px[0] // 4) * 8 + px[1] // 4
+    top = weights[0, head, token].topk(k).indices.tolist()
+    return [None if t == 0 else [(t - 1) // 8, (t - 1) % 8] for t in top]
+
+
+@pytest.fixture(scope="module")
+def uploaded(explorer, plain_checkpoint_dir) -> dict[str, str]:
+    """The two models uploaded through the app's checkpoint path: name → the model list's choice."""
+    choices = {}
+    for name in small_models.PLAIN_MODELS:
+        files = [str(plain_checkpoint_dir / f"{name}.json"), str(plain_checkpoint_dir / f"{name}.safetensors")]
+        choices[name] = explorer.on_checkpoint_upload(files, [])["uploads"][0][1]
+    return choices
+
+
+def test_a_torchvision_resnet18_answers_with_the_window_its_convolution_reads(explorer, uploaded, example_image):
+    shown_model = explorer.on_model(uploaded["tv-resnet18"])
+    assert "ResNet, plain convolutions (no ConvNN layer)" in shown_model["card"]
+    assert (an.layer_label(explorer.model(uploaded["tv-resnet18"]).probe(STRIDED)), STRIDED) in \
+        shown_model["layer"]["choices"]
+    for px in ((13, 22), (0, 31), (31, 4)):
+        values = page(uploaded["tv-resnet18"], example_image, STRIDED, *px)
+        loaded, image = explorer.model(values["checkpoint"]), explorer.image(values["image_file"])
+        got = an.query_neighbors(loaded, image, STRIDED, px).sets["layer"]
+        assert got.cells.tolist() == strided_window(*px)
+    stem = an.query_neighbors(loaded, image, "conv1", (5, 7)).sets["layer"]  # 7×7, stride 2, padding 3
+    assert stem.cells[0].tolist() == [2 * (5 // 2) - 3, 2 * (7 // 2) - 3] and len(stem.cells) == 49
+    assert explorer.on_first_render(**values)["layer"] == STRIDED  # the page's table opens too
+
+
+def test_a_torchvision_vit_answers_with_the_largest_weights_of_its_attention_row(explorer, uploaded, example_image):
+    shown_model = explorer.on_model(uploaded["tv-vit"])
+    assert "VisionTransformer, MHSA" in shown_model["card"] and shown_model["head"]["visible"]
+    loaded, image = explorer.model(uploaded["tv-vit"]), explorer.image(str(example_image))
+    for px, head in (((5, 27), 0), ((30, 1), 3)):
+        got = an.query_neighbors(loaded, image, ATTENTION, px, an.RuleOptions(head=head)).sets["layer"]
+        cells = [None if prefix else cell for cell, prefix in zip(got.cells.tolist(), got.is_prefix, strict=True)]
+        assert cells == attention_top(loaded, image, px, head)
+
+
+@pytest.mark.browser
+def test_both_open_through_the_upload_and_answer_a_click_in_the_page(app_url, explorer, uploaded,
+                                                                     plain_checkpoint_dir):
+    """Uploaded in the page (its own copy of the same files), each answers a click with the set computed by hand."""
+    image_file = explorer.examples[0]  # what the page shows first
+    with browser_page(app_url) as tab:
+        tab.get_by_text("Model card, or open your own checkpoint").click()
+        for name, layer, px in (("tv-resnet18", STRIDED, (13, 22)), ("tv-vit", ATTENTION, (5, 27))):
+            tab.locator("#checkpoint_files input[type=file]").set_input_files(
+                [plain_checkpoint_dir / f"{name}.json", plain_checkpoint_dir / f"{name}.safetensors"])
+            tab.wait_for_function("name => [...document.querySelectorAll('#checkpoint input')].some(input => "
+                                  "input.value.includes(name))", arg=name, timeout=60_000)
+            settle(tab)
+            tab.locator("#layer input").click()
+            tab.locator("#layer input").fill(layer)
+            tab.get_by_role("option").filter(has_text=layer).first.click()
+            tab.wait_for_function(f"document.querySelector('.cx').dataset.layer === '{layer}'", timeout=60_000)
+            settle(tab)
+            table = explorer.on_table(**page(uploaded[name], image_file, layer))  # the same geometry
+            tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, px))
+            assert shown(tab)["query"] == f"{px[0]},{px[1]}"
+            loaded, image = explorer.model(uploaded[name]), explorer.image(image_file)
+            expected = strided_window(*px) if name == "tv-resnet18" else attention_top(loaded, image, px)
+            assert json.loads(shown(tab)["neighbors"]) == expected
