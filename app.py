@@ -85,7 +85,10 @@ GUIDE = [
 LINK_CONTROLS = {"row": "row_px", "col": "col_px", "k": "num_neighbors", "window": "window_size",
                  "r": "num_candidates", "seed": "seed", "alpha": "blend_alpha", "head": "head"}
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
-        "equivalence": "Equivalence demo", "hops": "Multi-hop", "pixels": "Input-level view"}  # id → label
+        "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
+        "pixels": "Input-level view"}  # id → label
+COMPARE_DEFAULT = ("cnn-l0", "cnn-l0.5", "cnn-l1")  # compare mode's first columns: convolution, hybrid, pure ConvNN
+COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
@@ -448,6 +451,76 @@ class Explorer:
         return self.table(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
                           num_candidates, seed, blend_alpha, head, request)
 
+    @user_errors
+    def api_compare(self, checkpoints: list[str], image: FileData, row_px: int, col_px: int, depth: float = 0.5,
+                    layers: list[str] | None = None, fit: str = "crop",
+                    request: gr.Request | None = None) -> list[dict]:
+        """Compare mode: 2–4 models' neighbours of one query, the pixel given in the first model's input and mapped
+        onto each (:func:`analysis.compare_neighbors`); each column's layer from ``layers``, else the layer ``depth``
+        of the way through the model. One :func:`analysis.query_record` per column."""
+        image = self.image(self.uploaded(image), fit)
+        models = self.compared(checkpoints, request)
+        names = layers or [an.layer_at_depth(loaded, depth).name for loaded in models]
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise ValueError("layers must be a list of layer names, one per model")
+        results = an.compare_neighbors(models, image, names, self.pixel(row_px, col_px))
+        return [an.query_record(loaded, image, result) for loaded, result in zip(models, results, strict=True)]
+
+    # -- compare mode -------------------------------------------------------------------------------------------------
+    def compare_default(self) -> list[str]:
+        """The models compare mode opens with: :data:`COMPARE_DEFAULT` where shipped, else the first three."""
+        shipped = [choice for _, choice in self.choices([])]
+        wanted = [name for name in COMPARE_DEFAULT if name in shipped]
+        return wanted if len(wanted) >= 2 else shipped[:3]
+
+    def compared(self, checkpoints: object, request=None) -> list[an.LoadedModel]:
+        """The models of compare mode's list, each checked as the model list checks it.
+
+        Raises:
+            ValueError: not a list of 2 to :data:`analysis.MAX_COMPARED` model names.
+        """
+        if not isinstance(checkpoints, list) or not 2 <= len(checkpoints) <= an.MAX_COMPARED:
+            raise ValueError(f"Pick 2 to {an.MAX_COMPARED} models to compare.")
+        return [self.model(self.text(checkpoint, "a model"), request) for checkpoint in checkpoints]
+
+    @user_errors
+    def on_compare_layers(self, compare_models, compare_depth, request=None):
+        """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
+        models = self.compared(compare_models, request)
+        updates = {}
+        for index, name in enumerate(COMPARE_LAYERS):
+            if index < len(models):
+                loaded = models[index]
+                updates[name] = gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
+                                          value=an.layer_at_depth(loaded, compare_depth).name, visible=True,
+                                          label=f"{loaded.card.name}: layer")
+            else:
+                updates[name] = gr.update(visible=False)
+        return updates
+
+    @user_errors
+    def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
+                   image_file, fit, row_px, col_px, request=None):
+        """Compare mode's value: each column's neighbour table (the page's, as the explorer gets it), each layer's
+        own K, R and r, at the query of the boxes moved inside each model's input."""
+        models = self.compared(compare_models, request)
+        layers = [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3][:len(models)]
+        query_px = self.pixel(row_px, col_px)
+        columns = []
+        for checkpoint, loaded, layer in zip(compare_models, models, layers, strict=True):
+            size = loaded.card.input_size
+            columns.append(self.table(checkpoint, image_file, fit, layer, *an.clamp_px(query_px, size, size),
+                                      0, 0, 0, 0, 0.5, 0, request, keep_query=False))
+        return {"columns": columns}
+
+    def on_compare_if_open(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
+                           image_file, fit, row_px, col_px, tab, request=None):
+        """:meth:`on_compare` for a new image while compare mode is the open tab; nothing otherwise."""
+        if tab != "compare":
+            return gr.skip()
+        return self.on_compare(compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
+                               image_file, fit, row_px, col_px, request)
+
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
     def on_model(self, checkpoint, request=None):
@@ -500,7 +573,8 @@ class Explorer:
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
         uploads = [*uploads, (label, choice)]
         return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads,
-                "checkpoint_files": None}  # emptied, so that the next pair is an upload of two files again
+                "checkpoint_files": None,  # emptied, so that the next pair is an upload of two files again
+                "compare_models": gr.update(choices=self.choices(uploads))}
 
     # -- links and lessons ------------------------------------------------------------------------------------------
     def example_name(self, image_file: str | None) -> str | None:
@@ -741,6 +815,7 @@ class Explorer:
 
 KNOBS = ["num_neighbors", "window_size", "num_candidates", "seed", "blend_alpha", "head"]  # what a selection reads
 QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]  # all a table is made from
+COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px", "col_px"]  # compare mode's
 # The views, by name: (handler, inputs, outputs), each a component's elem_id.
 # What a link or a lesson's step sets (Explorer.view).
 LINK_OUTPUTS = ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px", *KNOBS[:-1], "tabs", "tab",
@@ -754,7 +829,10 @@ VIEWS = {
     "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", "checkpoint"],
                     [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
     "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
-                          ["checkpoint", "uploads", "checkpoint_files"]),
+                          ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
+    "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
+    "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
+    "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
     "example": ("on_example", [], ["image_file"]),
     "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
     "first_render": ("on_first_render", QUERY, ["explorer"]),
@@ -777,7 +855,8 @@ VIEWS = {
 # layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old and
 # new values (the model's .change reset its layer; a knob's asked for the old layer of the new model).
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
-IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels"]
+IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
+               "compare_if_open"]
 VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels"]  # after a link or a lesson's step: anything
 REFRESH = {
     ("demo", "load"): ["link", *VIEW_CHAIN],
@@ -788,7 +867,11 @@ REFRESH = {
     ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
     ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
     ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
-    ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset"],
+    ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
+    ("compare_tab", "select"): ["compare_layers", "compare"],
+    ("compare_models", "input"): ["compare_layers", "compare"],
+    ("compare_depth", "release"): ["compare_layers", "compare"],
+    **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
     ("head", "input"): ["table", "hops"],
     **{(knob, "input"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
@@ -849,7 +932,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
-                        css_template=_web("explorer.css"), js_on_load=_web("explorer.js"), padding=False))
+                        css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("explorer.js"),
+                        padding=False))
             add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
     with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
         with gr.Row():
@@ -905,6 +989,21 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Plot(label="spectrum", elem_id="spectrum_plot"))
             add(gr.Button("Place every shipped model on this image", elem_id="spectrum_models_button"))
             add(gr.Plot(label="every model", elem_id="spectrum_models_plot"))
+        with add(gr.Tab(TABS["compare"], id="compare", elem_id="compare_tab")):
+            with gr.Row():
+                compare_choices = ex.choices([])
+                add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,
+                                max_choices=an.MAX_COMPARED, label=f"models, one column each (2–{an.MAX_COMPARED})",
+                                elem_id="compare_models", scale=3))
+                add(CheckedSlider(0, 1, value=0.5, step=0.05, label="depth: how far through each model",
+                                  elem_id="compare_depth", scale=2, min_width=200))
+            with gr.Row():
+                for index, name in enumerate(COMPARE_LAYERS):
+                    add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
+                                    visible=index < 3, min_width=160))
+            add(gr.HTML(None, elem_id="compare", html_template='<div class="cc"></div>',
+                        css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("compare.js"),
+                        padding=False))
         with gr.Tab(TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
             add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
@@ -1023,7 +1122,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
                              (ex.api_table, "table"), (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
                              (ex.api_multihop, "multihop"), (ex.api_weights, "weights"), (ex.api_mix, "mix"),
-                             (ex.api_pixels, "pixels")):
+                             (ex.api_pixels, "pixels"), (ex.api_compare, "compare")):
             gr.api(fn, api_name=api_name)
         for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
             gr.api(fn, api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)

@@ -75,6 +75,7 @@ from .session.selections import (
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
 from .session.workspace import RequestSizeLimit, Workspace
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
+from .views.compare import MAX_COMPARED, compare_neighbors, layer_at_depth, map_pixel
 from .views.equivalence import (
     Equivalence,
     attention_equivalence,
@@ -119,6 +120,7 @@ __all__ = [
     "GRADIENT_NOTE",
     "LETTERBOX_RGB",
     "LINK_FIELDS",
+    "MAX_COMPARED",
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",
     "MAX_TABLE_NEIGHBORS",
@@ -158,6 +160,7 @@ __all__ = [
     "checkpoint_card",
     "clamp_px",
     "click_position",
+    "compare_neighbors",
     "compute_path",
     "contribution_norms",
     "conv_equivalence",
@@ -172,12 +175,14 @@ __all__ = [
     "image_from_array",
     "is_out_of_memory",
     "jaccard",
+    "layer_at_depth",
     "layer_label",
     "limit_malloc_arenas",
     "link_query",
     "list_checkpoints",
     "load_image",
     "load_model",
+    "map_pixel",
     "max_window_size",
     "mix_summary",
     "model_input",

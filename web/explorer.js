@@ -15,11 +15,9 @@
 // panel, frame by frame, for the clicked query (a click during the animation moves it), with the window share and
 // the mean distance traced as curves.
 
-const PREFIX = -32768; // the packed cell of a prefix token (CLS)
 const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
 const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below the focus panel
 const MULTIPLE_PX = 132; // each small multiple's CSS width
-const LABEL_MIN_CELL_PX = 15; // rank numbers inside cells at least this wide; smaller cells get lines + chips
 const SWEEP_FRAME_MS = 160; // each α of the animation is shown this long
 
 const root = element.querySelector(".cx");
@@ -59,74 +57,11 @@ let sweepFrame = null; // the α frame shown, or null
 let sweepTimer = null;
 let playWhenSwept = false;
 
-function decode(text, Type) {
-  const binary = atob(text);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return new Type(bytes.buffer);
-}
-
-function decodeSelection(entry) {
-  return {
-    k: entry.k,
-    cells: decode(entry.cells, Int16Array),
-    scores: decode(entry.scores, Float32Array),
-    candidates: entry.candidates ? decode(entry.candidates, Int16Array) : null,
-  };
-}
-
 function load(value) {
-  const [height, width] = value.grid;
-  const t = {
-    ...value, height, width,
-    rules: value.rules.map((rule) => ({
-      ...rule, ...decodeSelection(rule),
-      meanDistance: decode(rule.mean_distance, Float32Array),
-      windowShare: decode(rule.window_share, Float32Array),
-    })),
-    jaccard: Object.fromEntries(Object.entries(value.jaccard).map(([pair, v]) => [pair, decode(v, Float32Array)])),
-    contributions: value.contributions ? decode(value.contributions, Float32Array) : null,
-    branchShare: value.branch_share ? decode(value.branch_share, Float32Array) : null,
-    heads: value.heads.map(decodeSelection),
-    image: new Image(),
-  };
-  t.byName = Object.fromEntries(t.rules.map((rule) => [rule.name, rule]));
-  t.image.onload = () => draw();
-  t.image.src = value.image;
-  return t;
+  return decodeTable(value, () => draw());
 }
 
 // -- the table's rows ------------------------------------------------------------------------------------------
-function cellOf(px) {
-  return [table.row_cell_of_px[px[0]], table.col_cell_of_px[px[1]]];
-}
-
-function rowOf(cell) { // the table row of a query cell, or -1 when the table does not hold it
-  const index = cell[0] * table.width + cell[1];
-  if (table.queries == null) return index;
-  return table.queries.indexOf(index);
-}
-
-function neighbors(selection, row) { // [{rank, cell: [r, c] or null (CLS), score}]
-  const out = [];
-  for (let t = 0; t < selection.k; t++) {
-    const at = (row * selection.k + t) * 2;
-    const r = selection.cells[at];
-    out.push({rank: t, cell: r === PREFIX ? null : [r, selection.cells[at + 1]],
-              score: selection.scores[row * selection.k + t]});
-  }
-  return out;
-}
-
-function candidates(selection) {
-  if (!selection.candidates) return [];
-  const out = [];
-  for (let i = 0; i < selection.candidates.length; i += 2) {
-    if (selection.candidates[i] !== PREFIX) out.push([selection.candidates[i], selection.candidates[i + 1]]);
-  }
-  return out;
-}
-
 function contribution(row, rank) {
   const layer = table.byName.layer;
   return table.contributions ? table.contributions[row * layer.k + rank] : null;
@@ -136,132 +71,6 @@ function jaccard(a, b, row) {
   if (a === b) return 1;
   const values = table.jaccard[`${a}|${b}`] || table.jaccard[`${b}|${a}`];
   return values ? values[row] : NaN;
-}
-
-// -- geometry: model-input pixels ↔ CSS pixels of a panel ---------------------------------------------------------
-function frame(cssWidth) {
-  const pad = table.padding;
-  const top = -table.row_edges_px[0];
-  const left = -table.col_edges_px[0];
-  const spanY = table.row_edges_px[table.row_edges_px.length - 1] + top;
-  const spanX = table.col_edges_px[table.col_edges_px.length - 1] + left;
-  const scale = cssWidth / Math.max(spanX, spanY);
-  return {pad, top, left, scale, width: spanX * scale, height: spanY * scale};
-}
-
-function rect(f, cell) { // a cell's rectangle in the panel's CSS pixels
-  const r = cell[0] + f.pad;
-  const c = cell[1] + f.pad;
-  const y0 = (table.row_edges_px[r] + f.top) * f.scale;
-  const x0 = (table.col_edges_px[c] + f.left) * f.scale;
-  const y1 = (table.row_edges_px[r + 1] + f.top) * f.scale;
-  const x1 = (table.col_edges_px[c + 1] + f.left) * f.scale;
-  return {x: x0, y: y0, w: x1 - x0, h: y1 - y0};
-}
-
-function cellAt(f, x, y) { // CSS position → the cell [row, col] under it, padding cells included, or null
-  const find = (edges, at) => {
-    for (let i = 0; i + 1 < edges.length; i++) if (edges[i] <= at && at < edges[i + 1]) return i - f.pad;
-    return null;
-  };
-  const row = find(table.row_edges_px, y / f.scale - f.top);
-  const col = find(table.col_edges_px, x / f.scale - f.left);
-  return row === null || col === null ? null : [row, col];
-}
-
-function pixelAt(f, x, y) { // CSS position → model-input pixel [row, col], or null outside the image
-  const col = Math.floor(x / f.scale - f.left);
-  const row = Math.floor(y / f.scale - f.top);
-  const size = table.input_size;
-  return row >= 0 && row < size && col >= 0 && col < size ? [row, col] : null;
-}
-
-// -- drawing ----------------------------------------------------------------------------------------------------
-function sized(target, cssWidth) {
-  const f = frame(cssWidth);
-  const ratio = window.devicePixelRatio || 1;
-  target.style.width = `${f.width}px`;
-  target.style.height = `${f.height}px`;
-  target.width = Math.round(f.width * ratio);
-  target.height = Math.round(f.height * ratio);
-  const ctx = target.getContext("2d");
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  return [ctx, f];
-}
-
-function drawPanel(target, cssWidth, selection, row, options) {
-  const [ctx, f] = sized(target, cssWidth);
-  ctx.fillStyle = "#3a3a3a"; // padding cells around the image (darker than a letterbox's grey bars)
-  ctx.fillRect(0, 0, f.width, f.height);
-  ctx.imageSmoothingEnabled = false;
-  if (table.image.complete) {
-    ctx.drawImage(table.image, f.left * f.scale, f.top * f.scale, table.input_size * f.scale,
-                  table.input_size * f.scale);
-  }
-  const cell = cellOf(query);
-  const q = rect(f, cell);
-  const qx = q.x + q.w / 2;
-  const qy = q.y + q.h / 2;
-  ctx.strokeStyle = table.candidate_color;
-  ctx.lineWidth = 1;
-  for (const c of candidates(selection)) {
-    const r = rect(f, c);
-    ctx.strokeRect(r.x + 0.5, r.y + 0.5, r.w - 1, r.h - 1);
-  }
-  if (row < 0) return f;
-  const list = neighbors(selection, row).filter((n) => n.cell);
-  const small = q.w < LABEL_MIN_CELL_PX;
-  if (small && options.lines) {
-    ctx.lineWidth = 1.5;
-    for (const n of list) {
-      const r = rect(f, n.cell);
-      ctx.strokeStyle = table.colors[n.rank];
-      ctx.beginPath();
-      ctx.moveTo(qx, qy);
-      ctx.lineTo(r.x + r.w / 2, r.y + r.h / 2);
-      ctx.stroke();
-    }
-  }
-  ctx.lineWidth = Math.max(1.5, Math.min(3, q.w / 6));
-  for (const n of [...list].reverse()) { // rank 0 drawn last, on top
-    const r = rect(f, n.cell);
-    ctx.strokeStyle = table.colors[n.rank];
-    ctx.strokeRect(r.x + ctx.lineWidth / 2, r.y + ctx.lineWidth / 2, r.w - ctx.lineWidth, r.h - ctx.lineWidth);
-  }
-  ctx.lineWidth = 2;
-  ctx.strokeStyle = "#000";
-  ctx.strokeRect(q.x - 1, q.y - 1, q.w + 2, q.h + 2);
-  ctx.strokeStyle = "#fff";
-  ctx.strokeRect(q.x - 3, q.y - 3, q.w + 6, q.h + 6);
-  if (options.labels && selection.k <= table.max_labelled_ranks) drawRanks(ctx, f, list, small);
-  return f;
-}
-
-function drawRanks(ctx, f, list, small) {
-  ctx.textAlign = "center";
-  ctx.textBaseline = "middle";
-  ctx.font = "600 11px system-ui, sans-serif";
-  const placed = [];
-  for (const n of list) {
-    const r = rect(f, n.cell);
-    const x = r.x + r.w / 2;
-    const y = r.y + r.h / 2;
-    const label = String(n.rank);
-    const w = Math.max(12, ctx.measureText(label).width + 5);
-    if (small) { // a chip centred on the cell, skipped where an earlier (better) rank's chip already sits
-      if (placed.some((p) => Math.abs(p[0] - x) < w - 2 && Math.abs(p[1] - y) < 12)) continue;
-      placed.push([x, y]);
-      ctx.fillStyle = "rgba(0, 0, 0, 0.72)";
-      ctx.fillRect(x - w / 2, y - 7, w, 14);
-      ctx.fillStyle = table.colors[n.rank];
-      ctx.fillRect(x - w / 2, y + 5, w, 2);
-    }
-    ctx.lineWidth = 3;
-    ctx.strokeStyle = "rgba(0, 0, 0, 0.85)";
-    ctx.fillStyle = "#fff";
-    if (!small) ctx.strokeText(label, x, y);
-    ctx.fillText(label, x, y);
-  }
 }
 
 function focusWidth() { // as wide as its column allows, and short enough to leave the page's header in view
@@ -290,7 +99,8 @@ function draw() {
   root.dataset.alpha = sweepFrame === null ? "" : String(sweep.alphas[sweepFrame]);
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
-  document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer}}));
+  document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer,
+                                                              size: table.input_size}}));
 }
 
 function drawRules() {

@@ -310,8 +310,9 @@ def test_the_page_runs_the_refresh_policy_as_written(explorer):
 
 def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
     """What a view shows is redrawn whenever a control it reads changes (by it, or by a view of the same
-    outputs); a chain runs only views that read its control, or what an earlier step of the chain wrote; no chain
-    runs attribution or the equivalence demo (they run when asked)."""
+    outputs); a chain runs only views that read its control, or what an earlier step of the chain wrote (or the
+    action's own views: a button, a tab opened); no chain runs attribution or the equivalence demo (they run when
+    asked)."""
     writers = {name for _, _, outputs in app.VIEWS.values() for name in outputs}
     for _, inputs, outputs in app.VIEWS.values():
         for control in set(inputs) - {"row_px", "col_px"} - writers:  # the page owns the query (no server call)
@@ -322,7 +323,8 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
         written = {source}
         for view in views:
             fn, inputs, outputs = app.VIEWS[view]
-            assert not inputs or written & set(inputs) or source == "demo" or trigger == "click", (source, view)
+            opened = trigger == "click" or source.endswith("_tab")  # a button pressed, a tab opened: an action
+            assert not inputs or written & set(inputs) or source == "demo" or opened, (source, view)
             assert fn not in ("on_attribution", "on_equivalence")
             written |= set(outputs)
     for key in (("examples", "select"), ("image_upload", "upload")):
@@ -436,6 +438,11 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     assert mix["branch_ratio"] == 0.5 and np.asarray(mix["share"]).shape == (16, 16)
     pixels = client.predict(image, 3, 4, 9, api_name="/pixels")
     assert np.asarray(pixels["near"]).sum() == 9 and pixels["near"][3][4] and pixels["like"][3][4]
+    columns = client.predict([checkpoint, hybrid], image, 10, 20, 1.0, api_name="/compare")  # the last layers
+    for column, (model, layer) in zip(columns, ((checkpoint, "blocks.1.attn"), (hybrid, "stages.2.0.conv2")),
+                                      strict=True):
+        alone = client.predict(model, image, layer, 10, 20, api_name="/neighbors")
+        assert column["layer"] == layer and column["rules"] == alone["rules"] and column["query"] == alone["query"]
 
 
 def test_uploads_over_the_size_limit_are_refused(app_url):
@@ -511,7 +518,7 @@ def test_the_mcp_flag_offers_the_documented_api_as_tools(explorer, checkpoint_di
         demo.close()
     assert set(tools) == {f"api_{name}" for name in ("layers", "predict", "neighbors", "table", "export", "spectrum",
                                                      "multihop", "attribution", "equivalence", "weights", "mix",
-                                                     "pixels")}
+                                                     "pixels", "compare")}
     assert tools["api_layers"]["description"].startswith("The layers a model's views open")
     assert list(tools["api_neighbors"]["inputSchema"]["properties"])[:5] == [
         "checkpoint", "image", "layer", "row_px", "col_px"]
@@ -600,3 +607,27 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
     words = " ".join(step["text"] for lesson in shipped.lessons for step in lesson["steps"])
     for term in ("mean distance", "Jaccard overlap", "What the layer used", "in R×R"):  # the terms the page uses
         assert term.lower() in words.lower(), term
+
+
+# -- compare mode -------------------------------------------------------------------------------------------------
+def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_cannot_show(explorer, example_image):
+    models = ["cnn-l0", "cnn-l0.5", "vit-mhsa"]
+    updates = explorer.on_compare_layers(models, 1.0)  # the last layer of each
+    assert [updates[name]["value"] for name in app.COMPARE_LAYERS[:3]] == [
+        explorer.model(name).probes[-1].name for name in models]
+    assert updates[app.COMPARE_LAYERS[3]]["visible"] is False and updates[app.COMPARE_LAYERS[0]]["label"].startswith(
+        "cnn-l0: layer")
+    layers = [updates[name].get("value") for name in app.COMPARE_LAYERS]
+    value = explorer.on_compare(models, *layers, str(example_image), "crop", 31, 0)
+    assert [column["model"] for column in value["columns"]] == models
+    assert [column["layer"] for column in value["columns"]] == layers[:3]
+    assert all(column["query_px"] == [31, 0] for column in value["columns"])
+    assert explorer.on_compare_if_open(models, *layers, str(example_image), "crop", 31, 0, "weights") == gr.skip()
+    for picked, message in ((["cnn-l0"], "Pick 2 to 4 models"), (["cnn-l0"] * 5, "Pick 2 to 4 models"),
+                            ("cnn-l0", "Pick 2 to 4 models"), (["cnn-l0", "../../etc/passwd"], "")):
+        with pytest.raises(gr.Error, match=message):
+            explorer.on_compare_layers(picked, 0.5)
+    with pytest.raises(gr.Error, match="depth must be a fraction in \\[0, 1\\]"):
+        explorer.on_compare_layers(models, 1.5)
+    with pytest.raises(gr.Error, match="is not a probe layer of cnn-l0"):  # a column's layer of another model
+        explorer.on_compare(models, "blocks.0.attn", *layers[1:], str(example_image), "crop", 16, 16)

@@ -20,10 +20,11 @@ SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored
 pytestmark = pytest.mark.browser
 
 
-def pixel_position(page_, table: dict, px: tuple[int, int]) -> dict:
-    """Where on the focus canvas model-input pixel ``px`` = (row, col) is centred, in the canvas's CSS pixels (the
-    canvas shows the input with ``table["padding"]`` cells of padding around it)."""
-    box = page_.locator("#explorer .cx-canvas").bounding_box()
+def pixel_position(page_, table: dict, px: tuple[int, int], canvas: str = "#explorer .cx-canvas") -> dict:
+    """Where on a panel's canvas (the explorer's focus panel unless ``canvas`` names another) model-input pixel
+    ``px`` = (row, col) is centred, in the canvas's CSS pixels (the canvas shows the input with
+    ``table["padding"]`` cells of padding around it)."""
+    box = page_.locator(canvas).bounding_box()
     rows, cols = table["row_edges_px"], table["col_edges_px"]
     scale = box["width"] / max(cols[-1] - cols[0], rows[-1] - rows[0])
     return {"x": (px[1] + 0.5 - cols[0]) * scale, "y": (px[0] + 0.5 - rows[0]) * scale}
@@ -201,3 +202,38 @@ def test_each_lesson_runs_end_to_end(shipped_url):
                 expected = json.dumps(api_cells(explorer, values, rule), separators=(",", ":"))
                 tab.wait_for_function("(cells) => document.querySelector('.cx').dataset.neighbors === cells",
                                       arg=expected, timeout=20_000)
+
+
+def test_compare_mode_answers_one_click_in_every_column(shipped_url):
+    """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
+    answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
+    reaches the server; the rule buttons switch every column."""
+    url, explorer = shipped_url
+    with browser_page(url) as tab:
+        tab.get_by_role("tab", name="Compare models").click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
+        settle(tab)
+        models = explorer.compare_default()
+        layers = [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-layer") for i in range(3)]
+        loaded = [explorer.model(name) for name in models]
+        assert layers == [an.layer_at_depth(m, 0.5).name for m in loaded]
+        image_file = explorer.examples[0]
+        table = explorer.on_table(**page(models[1], image_file, layers[1]))
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        for px in ((9, 25), (30, 3)):
+            tab.locator(".cc-col:nth-child(2) .cc-canvas").click(
+                position=pixel_position(tab, table, px, ".cc-col:nth-child(2) .cc-canvas"))
+            results = an.compare_neighbors(loaded, explorer.image(image_file), layers, px, source=1)
+            for index, result in enumerate(results):
+                column = tab.locator(f".cc-col:nth-child({index + 1})")
+                assert column.get_attribute("data-model") == models[index]
+                assert column.get_attribute("data-query") == f"{px[0]},{px[1]}"
+                assert json.loads(column.get_attribute("data-neighbors")) == result.sets["layer"].cells.tolist()
+        tab.locator(".cc-rules button", has_text="window").click()
+        assert tab.locator(".cc").get_attribute("data-rule") == "window"
+        for index, result in enumerate(results):
+            cells = json.loads(tab.locator(f".cc-col:nth-child({index + 1})").get_attribute("data-neighbors"))
+            assert cells == result.sets["window"].cells.tolist()
+        assert requests == []  # two clicks and a rule switch: answered in the page
+        tab.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=False)

@@ -484,7 +484,7 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
     """NaN, inf, strings or lists for a number box through the API came back as {"error": null} (Gradio's own check
     failed), and 2.5 was rounded to 2 before the app's checks; strings for a slider too."""
     inputs = number_inputs(app.build_demo(explorer))
-    assert len(inputs) == 13  # 9 number boxes, 4 sliders
+    assert len(inputs) == 14  # 9 number boxes, 5 sliders (compare mode's depth among them)
     for label, component in inputs.items():
         whole = isinstance(component, gr.Number)
         if (value == 2.5 and not whole) or (value is None and whole):

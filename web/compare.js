@@ -1,0 +1,121 @@
+// Compare mode: 2–4 models in columns on the same image, one click (or tap, or the explorer's query) driving them all.
+//
+// Run by Gradio's gr.HTML after web/panel.js, in one js_on_load(element, trigger, props, server, upload, watch) body.
+// The server sends each column's neighbour table (analysis/rendering/page.py's value, one per model and layer:
+// analysis/views/compare.py); a click in any column maps the pixel onto every other model's input by its place in
+// the image (as analysis.map_pixel does) and onto each layer's grid (as analysis.query_cell does), and redraws every
+// column from its table: nothing reaches the server.
+
+const COLUMN_MAX_PX = 300; // each column's largest panel width
+const COLUMN_MIN_PX = 140; // a phone (390 px) shows two columns side by side
+const COLUMN_GAP_PX = 12; // .cc-cols's gap
+const RULES = [["layer", "what each layer used"], ["window", "window"], ["all", "all tokens"],
+               ["random", "random candidates"], ["blend", "blend"]]; // the rule every column shows
+
+const root = element.querySelector(".cc");
+root.innerHTML = `
+  <div class="cc-rules cx-rules" role="tablist" aria-label="selection rule every column shows"></div>
+  <div class="cc-cols"></div>
+  <div class="cc-note">Click or tap a pixel in any column: every model answers at the same place of the image.</div>`;
+let table = null; // panel.js reads these two: set to a column's table and query before drawing it
+let query = null;
+let columns = []; // {table, query, el, canvas, caption, frame}
+let rule = "layer";
+let drawCount = 0;
+
+function mapPixel(px, fromSize, toSize) { // the pixel holding the source pixel's centre (analysis.map_pixel)
+  return px.map((p) => Math.min(toSize - 1, Math.floor((p + 0.5) * toSize / fromSize)));
+}
+
+function format(value) {
+  return Number.isFinite(value) ? value.toFixed(2) : "—";
+}
+
+function layout() { // as many columns side by side as fit (two on a phone), each panel as wide as its column
+  const available = root.clientWidth || COLUMN_MAX_PX * columns.length;
+  const perRow = Math.max(1, Math.min(columns.length, Math.floor((available + COLUMN_GAP_PX) /
+                                                                 (COLUMN_MIN_PX + COLUMN_GAP_PX))));
+  root.querySelector(".cc-cols").style.gridTemplateColumns = `repeat(${perRow}, minmax(0, 1fr))`;
+  return Math.min(COLUMN_MAX_PX, (available - COLUMN_GAP_PX * (perRow - 1)) / perRow);
+}
+
+function drawColumn(column) {
+  table = column.table;
+  query = column.query;
+  const row = rowOf(cellOf(query));
+  const selection = table.byName[rule] || table.byName.layer;
+  column.frame = drawPanel(column.canvas, layout(), selection, row, {labels: false, lines: true});
+  const [name, probability] = table.prediction[0] || ["—", NaN];
+  const cell = cellOf(query);
+  column.caption.replaceChildren(
+    Object.assign(document.createElement("div"), {className: "cc-model", textContent: table.model}),
+    Object.assign(document.createElement("div"), {className: "cc-layer", textContent: table.label}),
+    Object.assign(document.createElement("div"), {
+      textContent: `predicts ${name} (${format(100 * probability)} %) · query pixel (${query.join(", ")}) → cell ` +
+        `(${cell.join(", ")})`}),
+    Object.assign(document.createElement("div"), {
+      className: "cc-stats", textContent: row < 0 ? "" : `${selection.title}: mean distance ` +
+        `${format(selection.meanDistance[row])} cells · ${format(100 * selection.windowShare[row])} % in ` +
+        `${table.options.window_size}×${table.options.window_size}`}));
+  Object.assign(column.el.dataset, {
+    model: table.model, layer: table.layer, query: query.join(","), cell: cell.join(","), rule: selection.name,
+    neighbors: JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell)),
+  });
+}
+
+function drawRules() {
+  const bar = root.querySelector(".cc-rules");
+  bar.replaceChildren(...RULES.map(([name, title]) => {
+    const button = Object.assign(document.createElement("button"), {type: "button", textContent: title});
+    button.setAttribute("role", "tab");
+    button.setAttribute("aria-selected", String(name === rule));
+    button.addEventListener("click", () => { rule = name; drawAll(); });
+    return button;
+  }));
+}
+
+function drawAll() {
+  if (!columns.length) return;
+  drawRules();
+  columns.forEach(drawColumn);
+  root.dataset.rule = rule;
+  root.dataset.columns = String(columns.length);
+  root.dataset.drawn = String(++drawCount); // last: a watcher of this attribute sees every column drawn
+}
+
+function setQuery(px, size) {
+  for (const column of columns) column.query = mapPixel(px, size, column.table.input_size);
+  drawAll();
+}
+
+function onClick(column, event) {
+  const box = column.canvas.getBoundingClientRect();
+  table = column.table;
+  const px = pixelAt(column.frame, event.clientX - box.left, event.clientY - box.top);
+  if (px) setQuery(px, column.table.input_size);
+}
+
+function show() {
+  const value = props.value;
+  if (!value || !Array.isArray(value.columns)) return;
+  const place = root.querySelector(".cc-cols");
+  const kept = columns.length ? [columns[0].query, columns[0].table.input_size] : null;
+  columns = value.columns.map((entry) => {
+    const el = Object.assign(document.createElement("figure"), {className: "cc-col"});
+    const canvas = Object.assign(document.createElement("canvas"), {className: "cc-canvas"});
+    canvas.setAttribute("aria-label", `${entry.model}: click or tap a pixel`);
+    const caption = document.createElement("figcaption");
+    el.append(canvas, caption);
+    const column = {el, canvas, caption, query: entry.query_px, frame: null};
+    column.table = decodeTable(entry, () => drawAll());
+    canvas.addEventListener("click", (event) => onClick(column, event));
+    return column;
+  });
+  place.replaceChildren(...columns.map((column) => column.el));
+  if (kept) setQuery(...kept); else drawAll();
+}
+
+document.addEventListener("cx-query", (event) => { if (columns.length) setQuery(event.detail.px, event.detail.size); });
+new ResizeObserver(() => drawAll()).observe(root);
+watch("value", show);
+show();
