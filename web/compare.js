@@ -1,4 +1,5 @@
-// Compare mode: 2–4 models in columns on the same image, one click (or tap, or the explorer's query) driving them all.
+// Compare mode: 2–4 models in columns on the same image, one click, tap or hover (or the explorer's query) driving
+// them all.
 //
 // Run by Gradio's gr.HTML after web/panel.js, in one js_on_load(element, trigger, props, server, upload, watch) body.
 // The server sends each column's neighbour table (analysis/rendering/page.py's value, one per model and layer:
@@ -22,6 +23,8 @@ let query = null;
 let columns = []; // {table, query, el, canvas, caption, frame}
 let rule = "layer";
 let drawCount = 0;
+let clicked = null; // [px, input size] of the last click, which a hover previews over and returns to
+let hoverFrame = 0;
 
 function mapPixel(px, fromSize, toSize) { // the pixel holding the source pixel's centre (analysis.map_pixel)
   return px.map((p) => Math.min(toSize - 1, Math.floor((p + 0.5) * toSize / fromSize)));
@@ -88,18 +91,35 @@ function setQuery(px, size) {
   drawAll();
 }
 
-function onClick(column, event) {
+function pixelUnder(column, event) { // the model-input pixel of `column` under the pointer, or null
   const box = column.canvas.getBoundingClientRect();
   table = column.table;
-  const px = pixelAt(column.frame, event.clientX - box.left, event.clientY - box.top);
-  if (px) setQuery(px, column.table.input_size);
+  return pixelAt(column.frame, event.clientX - box.left, event.clientY - box.top);
+}
+
+function onClick(column, event) {
+  const px = pixelUnder(column, event);
+  if (px) {
+    clicked = [px, column.table.input_size];
+    setQuery(...clicked);
+  }
+}
+
+function onHover(column, event) { // a mouse over a column previews that pixel in every column; leaving restores
+  if (event.pointerType !== "mouse" || hoverFrame) return;
+  hoverFrame = requestAnimationFrame(() => {
+    hoverFrame = 0;
+    const px = pixelUnder(column, event);
+    if (px) setQuery(px, column.table.input_size);
+  });
 }
 
 function show() {
   const value = props.value;
   if (!value || !Array.isArray(value.columns)) return;
   const place = root.querySelector(".cc-cols");
-  const kept = columns.length ? [columns[0].query, columns[0].table.input_size] : null;
+  const kept = clicked;
+  clicked = clicked || [value.columns[0].query_px, value.columns[0].input_size];
   columns = value.columns.map((entry) => {
     const el = Object.assign(document.createElement("figure"), {className: "cc-col"});
     const canvas = Object.assign(document.createElement("canvas"), {className: "cc-canvas"});
@@ -109,13 +129,19 @@ function show() {
     const column = {el, canvas, caption, query: entry.query_px, frame: null};
     column.table = decodeTable(entry, () => drawAll());
     canvas.addEventListener("click", (event) => onClick(column, event));
+    canvas.addEventListener("pointermove", (event) => onHover(column, event));
+    canvas.addEventListener("pointerleave", () => { if (clicked) setQuery(...clicked); });
     return column;
   });
   place.replaceChildren(...columns.map((column) => column.el));
   if (kept) setQuery(...kept); else drawAll();
 }
 
-document.addEventListener("cx-query", (event) => { if (columns.length) setQuery(event.detail.px, event.detail.size); });
+document.addEventListener("cx-query", (event) => {
+  if (!columns.length) return;
+  clicked = [event.detail.px, event.detail.size];
+  setQuery(...clicked);
+});
 new ResizeObserver(() => drawAll()).observe(root);
 watch("value", show);
 show();

@@ -1,1 +1,1 @@
-"""The explorer's views, one module each; none imports another (each reads the session)."""
+"""The explorer's views, one module each, each reading the session; table and compare build on neighbors."""

@@ -207,7 +207,7 @@ def test_each_lesson_runs_end_to_end(shipped_url):
 def test_compare_mode_answers_one_click_in_every_column(shipped_url):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
-    reaches the server; the rule buttons switch every column."""
+    reaches the server; a hover previews a pixel in every column; the rule buttons switch every column."""
     url, explorer = shipped_url
     with browser_page(url) as tab:
         tab.get_by_role("tab", name="Compare models").click()
@@ -230,10 +230,14 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url):
                 assert column.get_attribute("data-model") == models[index]
                 assert column.get_attribute("data-query") == f"{px[0]},{px[1]}"
                 assert json.loads(column.get_attribute("data-neighbors")) == result.sets["layer"].cells.tolist()
-        tab.locator(".cc-rules button", has_text="window").click()
+        tab.locator(".cc-col:nth-child(3) .cc-canvas").hover(  # a hover previews its pixel in every column
+            position=pixel_position(tab, table, (4, 12), ".cc-col:nth-child(3) .cc-canvas"))
+        tab.wait_for_function("[...document.querySelectorAll('.cc-col')].every(c => c.dataset.query === '4,12')")
+        tab.locator(".cc-rules button", has_text="window").click()  # leaving returns to the clicked pixel
         assert tab.locator(".cc").get_attribute("data-rule") == "window"
+        assert {tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-query") for i in range(3)} == {"30,3"}
         for index, result in enumerate(results):
             cells = json.loads(tab.locator(f".cc-col:nth-child({index + 1})").get_attribute("data-neighbors"))
             assert cells == result.sets["window"].cells.tolist()
-        assert requests == []  # two clicks and a rule switch: answered in the page
+        assert requests == []  # two clicks, a hover and a rule switch: answered in the page
         tab.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=False)
