@@ -680,10 +680,11 @@ class Explorer:
 
     def lesson_step(self, lesson, step, checkpoint, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson``: its link's view (:meth:`view`), its paragraph, and the
-        step reached (clamped to the lesson's steps)."""
+        step reached (clamped to the lesson's steps); without a lesson, only a note where its text goes."""
         found = next((item for item in self.lessons if item["title"] == lesson), None)
-        if found is None:
-            raise ValueError("Pick a lesson first (the list above Back and Next).")
+        if found is None:  # said where the lesson's text goes; the view stays as it is (no error on every box)
+            return {name: gr.skip() for name in LINK_OUTPUTS} | {
+                "lesson_text": "Pick a lesson first, in the list beside Back and Next.", "lesson_step": 0}
         steps = found["steps"]
         step = min(max(an.whole_number(step, "the lesson's step"), 0), len(steps) - 1)
         params = dict(parse_qsl(steps[step]["link"]))
@@ -931,18 +932,19 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
             guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
+            # Right above the explorer: a step's text next to what it describes, on a desktop and on a phone.
+            with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
+                with gr.Row():
+                    add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
+                                    elem_id="lesson", scale=3))
+                    add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
+                    add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
+                add(gr.Markdown("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says "
+                                "in plain words what to look at.", elem_id="lesson_text"))
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("explorer.js"),
                         padding=False))
             add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
-    with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
-        with gr.Row():
-            add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
-                            elem_id="lesson", scale=3))
-            add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
-            add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
-        add(gr.Markdown("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says "
-                        "in plain words what to look at.", elem_id="lesson_text"))
     ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
     ui["tab"] = gr.State(next(iter(TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):

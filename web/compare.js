@@ -42,12 +42,18 @@ function layout() { // as many columns side by side as fit (two on a phone), eac
   return Math.min(COLUMN_MAX_PX, (available - COLUMN_GAP_PX * (perRow - 1)) / perRow);
 }
 
-function drawColumn(column) {
+function spanRatio(t) { // the panel's side (the input and its padding cells) over the input's
+  const edges = (e) => e[e.length - 1] - e[0];
+  return Math.max(edges(t.row_edges_px), edges(t.col_edges_px)) / t.input_size;
+}
+
+function drawColumn(column, imageWidth) {
   table = column.table;
   query = column.query;
   const row = rowOf(cellOf(query));
   const selection = table.byName[rule] || table.byName.layer;
-  column.frame = drawPanel(column.canvas, layout(), selection, row, {labels: false, lines: true});
+  column.frame = drawPanel(column.canvas, imageWidth * spanRatio(table), selection, row,
+                           {labels: false, lines: true});
   const [name, probability] = table.prediction[0] || ["—", NaN];
   const cell = cellOf(query);
   column.caption.replaceChildren(
@@ -80,7 +86,9 @@ function drawRules() {
 function drawAll() {
   if (!columns.length) return;
   drawRules();
-  columns.forEach(drawColumn);
+  // Every column shows the image at one size (the layers' padding rings differ), the widest panel filling its column.
+  const imageWidth = layout() / Math.max(...columns.map((column) => spanRatio(column.table)));
+  for (const column of columns) drawColumn(column, imageWidth);
   root.dataset.rule = rule;
   root.dataset.columns = String(columns.length);
   root.dataset.drawn = String(++drawCount); // last: a watcher of this attribute sees every column drawn

@@ -95,8 +95,9 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
 
 def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
     """What a reader of the neighbours of ``probe`` under resolved ``options`` should know, one sentence each: that
-    r ≥ N made the random rule the all rule, that MHSA selects nothing, and what cells outside the grid are (zero
-    padding of a map, or, for a ViT, padding the layer itself cannot select)."""
+    r ≥ N made the random rule the all rule, that MHSA selects nothing, that a strided or dilated convolution's window
+    is not centred on the query, and what cells outside the grid are (zero padding of a map, or, for a ViT, padding
+    the layer itself cannot select)."""
     notes = []
     if options.num_candidates >= probe.num_tokens:
         notes.append(f"r = {options.num_candidates} ≥ N = {probe.num_tokens} tokens: the random rule draws every "
@@ -105,6 +106,11 @@ def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
         notes.append(f"{probe.name} is plain multi-head attention: it attends to every one of its {probe.num_tokens} "
                      f"tokens and selects none; \"what the layer used\" shows its {options.num_neighbors} largest "
                      "attention weights of the query.")
+    if probe.conv_only and not probe.is_hybrid and (probe.stride > 1 or probe.dilation > 1):
+        notes.append(f"A plain convolution with stride {probe.stride} and dilation {probe.dilation}: it computes one "
+                     f"output per {probe.stride}×{probe.stride} cells of this {probe.height}×{probe.width} input, so "
+                     "\"what the layer used\" is the window of the output covering the query (METHOD §8), not a "
+                     "window centred on it as the window rule's.")
     if probe.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "

@@ -156,15 +156,19 @@ def spectrum_figure(rows: tuple[SpectrumRow, ...]) -> go.Figure:
     mean_distance = np.array([row.mean_distance for row in rows])
     window_share = np.array([row.window_share for row in rows])
     window_size = rows[0].window_size if rows else DEFAULT_WINDOW
-    fig = make_subplots(1, 2, subplot_titles=["mean neighbour distance (cells)",
-                                              f"share of neighbours inside the {window_size}×{window_size} window (%)"])
+    # One above the other, so that each is as wide as the page (a phone's too).
+    fig = make_subplots(2, 1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=["mean neighbour distance (cells)",
+                                        f"% of neighbours inside the {window_size}×{window_size} window"])
     fig.add_trace(go.Bar(x=layers, y=mean_distance, marker_color=OKABE_ITO[4], showlegend=False,
                          hovertemplate="%{x}<br>%{y:.2f} cells<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=layers, y=100 * window_share, marker_color=OKABE_ITO[0], showlegend=False,
-                         hovertemplate="%{x}<br>%{y:.1f}%<extra></extra>"), row=1, col=2)
-    fig.update_yaxes(range=[0, 100], row=1, col=2)
-    fig.update_layout(height=CHART_HEIGHT + 80, margin=dict(l=50, r=20, t=60, b=120),
-                      title="Convolution ↔ attention: how local are each layer's selections on this image?")
+                         hovertemplate="%{x}<br>%{y:.1f}%<extra></extra>"), row=2, col=1)
+    fig.update_yaxes(range=[0, 100], row=2, col=1)
+    fig.update_xaxes(automargin=True)
+    fig.update_layout(height=2 * CHART_HEIGHT, margin=dict(l=40, r=10, t=70, b=40),
+                      title=dict(text="Convolution ↔ attention:<br>how local is each layer's selection here?",
+                                 font=dict(size=15)))
     return fig
 
 
@@ -185,14 +189,18 @@ def spectrum_models_figure(spectra: dict[str, tuple[SpectrumRow, ...]]) -> go.Fi
             x=[r.mean_distance_px for r in rows], y=[shown] * len(rows), mode="markers", name=shown,
             showlegend=False, marker=dict(size=12, color=[100 * r.window_share for r in rows], cmin=0, cmax=100,
                                           colorscale="Viridis", line=dict(width=1, color="white"),
-                                          colorbar=dict(title="% in R×R")),
+                                          colorbar=dict(title="% in R×R", orientation="h", y=-0.25,
+                                                        thickness=12, len=0.9)),
             text=[html.escape(r.layer) for r in rows], customdata=[[r.mean_distance, 100 * r.window_share]
                                                                    for r in rows],
             hovertemplate="%{y} · %{text}<br>%{x:.2f} px = %{customdata[0]:.2f} cells · %{customdata[1]:.0f}% in "
                           "the window<extra></extra>"))
-    fig.update_layout(height=max(CHART_HEIGHT, 60 + 34 * len(order)), margin=dict(l=170, r=20, t=60, b=50),
-                      title="Every model's layers on one axis: conv-like (left) ↔ attention-like (right), this image",
-                      xaxis_title="mean distance of a query's neighbours (model-input pixels)")
+    # Names sized by the axis itself and the colour bar below the plot, so that a phone keeps a plot to read.
+    fig.update_yaxes(automargin=True)
+    fig.update_layout(height=max(CHART_HEIGHT, 150 + 34 * len(order)), margin=dict(l=10, r=10, t=70, b=110),
+                      title=dict(text="Every model's layers on one axis:<br>conv-like (left) ↔ attention-like (right)",
+                                 font=dict(size=15)),
+                      xaxis_title="mean neighbour distance (input pixels)")
     return fig
 
 

@@ -66,7 +66,8 @@ def test_a_torchvision_resnet18_answers_with_the_window_its_convolution_reads(ex
         assert got.cells.tolist() == strided_window(*px)
     stem = an.query_neighbors(loaded, image, "conv1", (5, 7)).sets["layer"]  # 7×7, stride 2, padding 3
     assert stem.cells[0].tolist() == [2 * (5 // 2) - 3, 2 * (7 // 2) - 3] and len(stem.cells) == 49
-    assert explorer.on_first_render(**values)["layer"] == STRIDED  # the page's table opens too
+    shown_table = explorer.on_first_render(**values)  # the page's table opens too, and says why it is off-centre
+    assert shown_table["layer"] == STRIDED and any("stride 2" in note for note in shown_table["notes"])
 
 
 def test_a_torchvision_vit_answers_with_the_largest_weights_of_its_attention_row(explorer, uploaded, example_image):
