@@ -44,6 +44,7 @@ from starlette.middleware import Middleware
 
 import analysis as an
 from analysis.rendering import figures
+from convnn import CheckpointError
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -483,9 +484,16 @@ class Explorer:
             raise ValueError(f"Pick 2 to {an.MAX_COMPARED} models to compare.")
         return [self.model(self.text(checkpoint, "a model"), request) for checkpoint in checkpoints]
 
+    @staticmethod
+    def too_few(compare_models) -> bool:
+        """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
+        return isinstance(compare_models, list) and len(compare_models) < 2
+
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
         """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
+        if self.too_few(compare_models):
+            return {name: gr.update(visible=False) for name in COMPARE_LAYERS}
         models = self.compared(compare_models, request)
         updates = {}
         for index, name in enumerate(COMPARE_LAYERS):
@@ -502,7 +510,10 @@ class Explorer:
     def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
                    image_file, fit, row_px, col_px, request=None):
         """Compare mode's value: each column's neighbour table (the page's, as the explorer gets it), each layer's
-        own K, R and r, at the query of the boxes moved inside each model's input."""
+        own K, R and r, at the query of the boxes moved inside each model's input; with fewer than 2 models, no
+        columns and a note."""
+        if self.too_few(compare_models):
+            return {"columns": [], "note": f"Pick 2 to {an.MAX_COMPARED} models to compare."}
         models = self.compared(compare_models, request)
         layers = [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3][:len(models)]
         query_px = self.pixel(row_px, col_px)
@@ -751,8 +762,15 @@ class Explorer:
     def on_spectrum_models(self, image_file, fit, request=None):
         """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
         image = self.image(image_file, fit)
-        spectra = {path.stem: an.selection_spectrum(an.load_model(path, self.device), image)
-                   for _, path in an.list_checkpoints(self.checkpoint_dir)}
+        spectra, refused = {}, []
+        for _, path in an.list_checkpoints(self.checkpoint_dir):
+            try:
+                spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
+            except CheckpointError:  # one broken card in a --checkpoints folder leaves out only itself
+                refused.append(path.stem)
+        if refused:
+            gr.Warning(f"Left out, as they cannot be loaded: {', '.join(refused)} (pick one in the model list to "
+                       "see why).")
         return figures.spectrum_models_figure(spectra)
 
     @user_errors
@@ -1080,7 +1098,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
         for (source, trigger), views in REFRESH.items():
             first, *rest = views
-            run(rest, getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private"))
+            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private")
+            run(rest, event)
+            if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
+                event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
         # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the

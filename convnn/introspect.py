@@ -157,7 +157,8 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
     Runs one forward pass on a zero image (no gradients) to see the order and each layer's input shape; a token
     layer's grid is the largest square that the tokens past the prefix fill (:func:`convnn.adapters.prefix_tokens`:
     one CLS token if the model has a ``cls_token`` or ``class_token``). A plain layer (a model without ConvNN layers)
-    whose input has more than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens is left out.
+    whose input has more than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens, or tokens that are not the prefix
+    and a square grid, is left out; a module called twice is one layer (its first call).
 
     Args:
         model (nn.Module): any model built from ConvNN layers.
@@ -178,10 +179,14 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
             if x.dim() == 4:
                 grid, tokens_prefix = (x.shape[2], x.shape[3]), 0
             else:
-                side = math.isqrt(x.shape[1] - prefix)
-                grid, tokens_prefix = (side, (x.shape[1] - prefix) // side), prefix
+                side = math.isqrt(max(x.shape[1] - prefix, 0))
+                grid, tokens_prefix = (side, (x.shape[1] - prefix) // max(side, 1)), prefix
             facts = described[name]
-            if plain and grid[0] * grid[1] + tokens_prefix > MAX_EXHAUSTIVE_TOKENS:
+            # A plain layer is left out when the views could not place its tokens (not the prefix and a square
+            # grid), would score too many of them, or was called before (a module used twice is one layer).
+            placed = grid[0] * grid[1] + tokens_prefix == (x.shape[1] if x.dim() == 3 else grid[0] * grid[1])
+            if plain and (not placed or grid[0] * grid[1] == 0 or grid[0] * grid[1] + tokens_prefix
+                          > MAX_EXHAUSTIVE_TOKENS or any(layer.name == name for layer in found)):
                 return
             found.append(LayerInfo(name=name, height=grid[0], width=grid[1], num_prefix_tokens=tokens_prefix,
                                    input_size=input_size, **facts))

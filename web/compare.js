@@ -13,11 +13,13 @@ const COLUMN_GAP_PX = 12; // .cc-cols's gap
 const RULES = [["layer", "what each layer used"], ["window", "window"], ["all", "all tokens"],
                ["random", "random candidates"], ["blend", "blend"]]; // the rule every column shows
 
+const NOTE = "Click or tap a pixel in any column: every model answers at the same place of the image.";
+
 const root = element.querySelector(".cc");
 root.innerHTML = `
   <div class="cc-rules cx-rules" role="tablist" aria-label="selection rule every column shows"></div>
   <div class="cc-cols"></div>
-  <div class="cc-note">Click or tap a pixel in any column: every model answers at the same place of the image.</div>`;
+  <div class="cc-note"></div>`;
 let table = null; // panel.js reads these two: set to a column's table and query before drawing it
 let query = null;
 let columns = []; // {table, query, el, canvas, caption, frame}
@@ -126,8 +128,9 @@ function show() {
   const value = props.value;
   if (!value || !Array.isArray(value.columns)) return;
   const place = root.querySelector(".cc-cols");
+  root.querySelector(".cc-note").textContent = value.note || NOTE;
   const kept = clicked;
-  clicked = clicked || [value.columns[0].query_px, value.columns[0].input_size];
+  if (!clicked && value.columns.length) clicked = [value.columns[0].query_px, value.columns[0].input_size];
   columns = value.columns.map((entry) => {
     const el = Object.assign(document.createElement("figure"), {className: "cc-col"});
     const canvas = Object.assign(document.createElement("canvas"), {className: "cc-canvas"});
@@ -142,7 +145,9 @@ function show() {
     return column;
   });
   place.replaceChildren(...columns.map((column) => column.el));
-  if (kept) setQuery(...kept); else drawAll();
+  root.dataset.columns = String(columns.length); // 0: no columns left to draw
+  root.querySelector(".cc-rules").hidden = !columns.length;
+  if (kept && columns.length) setQuery(...kept); else drawAll();
 }
 
 document.addEventListener("cx-query", (event) => {

@@ -253,6 +253,10 @@ def _load_cached(card_path: Path, stamps: tuple[tuple[int, int], tuple[int, int]
     model, card = load_checkpoint(card_path, device=device)
     _check_finite_forward(model, card, device, card_path.name)
     probes = convnn_layers(model, card.input_size, device=torch.device(device))
+    if not probes:
+        raise CheckpointError(f"{card_path.name}: {card.model!r} has no layer these views open (a ConvNN layer, a "
+                              "convolution wider than 1×1, or attention over at most "
+                              f"{MAX_EXHAUSTIVE_TOKENS} tokens)")
     _check_probe_tokens(probes, card, card_path.name)
     return LoadedModel(model, card, probes, torch.device(device))
 

@@ -5,8 +5,9 @@ that choice fixed: top-K indices carry no gradient (METHOD §2). Occlusion re-ru
 layers may select different neighbours: it measures the effect of the selection too.
 
 Attributions run on a copy of the model of their own (made once per loaded model, under its lock, and cached with
-it): their many forward passes (64 for occlusion) then neither wait for nor hold the model's lock, which every
-recorded forward pass of the other views takes, so a click or a prediction never queues behind an attribution.
+it): their many forward passes (64 for occlusion at any input size, in batches bounded by the model's activations)
+then neither wait for nor hold the model's lock, which every recorded forward pass of the other views takes, so a
+click or a prediction never queues behind an attribution.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 import torch
 from captum.attr import IntegratedGradients, Occlusion, Saliency
 
+from convnn.models import model_cost
+
 from ..session.caching import bounded_cache
 from ..session.images import InputImage, model_input
 from ..session.models import LoadedModel
@@ -30,9 +33,10 @@ ATTRIBUTION_METHODS = ("saliency", "integrated_gradients", "occlusion")
 GRADIENT_NOTE = ("Saliency and Integrated Gradients hold each layer's neighbour choice fixed (top-K indices carry no "
                  "gradient); Occlusion re-runs the model on occluded images, so the selected neighbours may change.")
 IG_STEPS = 16  # Riemann steps of Integrated Gradients: a coarse but interactive approximation
-OCCLUSION_WINDOW_PX = 4  # occluding square, pixels (a ViT patch on CIFAR)
-OCCLUSION_STRIDE_PX = 4  # non-overlapping squares: 64 forward passes on a 32×32 input
-_BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion
+OCCLUSION_SQUARES = 8  # occluding squares per side, not overlapping: 64 forward passes at any input size (4 px on
+# a 32 px input, a ViT patch on CIFAR; 28 px at 224), so a large input costs 64 passes, not (S / 4)²
+_BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion, at most
+_BATCH_VALUES = 100_000_000  # activation values a batch's passes may hold together (0.4 GB in fp32, before gradients)
 _MODEL_COPIES = 2  # models with an attribution copy kept (each as large as its model)
 
 
@@ -79,7 +83,7 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
     else:
         raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
     x = model_input(image, loaded.card).to(loaded.device)
-    values = _attribute(_own_model(loaded), x, method, index)
+    values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))
     return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
 
 
@@ -93,16 +97,25 @@ def _own_model(loaded: LoadedModel) -> torch.nn.Module:
         return copy.deepcopy(loaded.model)
 
 
-def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int) -> torch.Tensor:
-    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy)."""
+def _batch_size(loaded: LoadedModel) -> int:
+    """Forward passes per batch: :data:`_BATCH`, fewer for a model whose one pass holds more than
+    ``_BATCH_VALUES / _BATCH`` activation values (its card's cost, :func:`convnn.models.model_cost`), at least 1."""
+    card = loaded.card
+    cost = model_cost(card.model, card.input_size, **card.model_args)
+    per_pass = cost.activations if cost is not None else _BATCH_VALUES // _BATCH
+    return max(1, min(_BATCH, _BATCH_VALUES // max(per_pass, 1)))
+
+
+def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int, batch: int) -> torch.Tensor:
+    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy), ``batch`` passes at once."""
     if method == "saliency":
         values = Saliency(model).attribute(x.requires_grad_(), target=index, abs=True)
     elif method == "integrated_gradients":
         values = IntegratedGradients(model).attribute(x, baselines=torch.zeros_like(x), target=index,
-                                                      n_steps=IG_STEPS, internal_batch_size=_BATCH).abs()
+                                                      n_steps=IG_STEPS, internal_batch_size=batch).abs()
     else:
+        side = -(-x.shape[-1] // OCCLUSION_SQUARES)  # ⌈S / 8⌉ px: 8 × 8 squares cover the input
         values = Occlusion(model).attribute(
-            x, sliding_window_shapes=(x.shape[1], OCCLUSION_WINDOW_PX, OCCLUSION_WINDOW_PX),
-            strides=(x.shape[1], OCCLUSION_STRIDE_PX, OCCLUSION_STRIDE_PX), baselines=0.0, target=index,
-            perturbations_per_eval=_BATCH, show_progress=True).abs()  # a tqdm bar, which the app's page follows
+            x, sliding_window_shapes=(x.shape[1], side, side), strides=(x.shape[1], side, side), baselines=0.0,
+            target=index, perturbations_per_eval=batch, show_progress=True).abs()  # a tqdm bar the page follows
     return values

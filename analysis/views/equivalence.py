@@ -126,14 +126,16 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     if probe.is_attention:
         own = as_self_attention(module)  # the library's MHSA, or one holding nn.MultiheadAttention's weights
         tokens, dim, heads, source = x, own.dim, own.num_heads, "the layer's own q, k, v and output projections"
-        mhsa = MultiheadSelfAttention(dim, heads)
+        biases = dict(qkv_bias=own.qkv.bias is not None, proj_bias=own.proj.bias is not None)
+        mhsa = MultiheadSelfAttention(dim, heads, **biases)
         mhsa.load_state_dict({name: t.cpu() for name, t in own.state_dict().items() if name != "weight"})
     else:
         tokens = x.flatten(2).transpose(1, 2)  # (1, N, C): every pixel is a token
         dim, heads, source = tokens.shape[-1], 1, "seeded random one-head projections"
+        biases = {}
         mhsa = _seeded_(MultiheadSelfAttention(dim, heads))
     num_tokens = tokens.shape[1]
-    knn = ConvNNAttention(dim, heads, num_neighbors=num_tokens, backend="reference")  # kernel starts at all ones
+    knn = ConvNNAttention(dim, heads, num_neighbors=num_tokens, backend="reference", **biases)  # kernel: all ones
     knn.load_state_dict(mhsa.state_dict(), strict=False)
     with torch.no_grad():
         expected, got = mhsa(tokens)[0], knn(tokens)[0]  # (N, dim)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from torch import nn
@@ -51,7 +52,21 @@ def model_cost(name: str, input_size: int, **model_args) -> ModelCost | None:
     """
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {list_models()}")
-    return _COSTS[name](input_size, **model_args) if name in _COSTS else None
+    if name not in _COSTS:
+        return None
+    _check_arguments(name, _COSTS[name], model_args)
+    return _COSTS[name](input_size, **model_args)
+
+
+def _check_arguments(name: str, fn: Callable, model_args: dict) -> None:
+    """Raise ``TypeError`` naming the model, not an internal function, for arguments ``fn`` does not take."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(model_args) - set(params))
+    if unknown:
+        taken = sorted(p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY)
+        raise TypeError(f"model {name!r} takes no argument {', '.join(map(repr, unknown))}; it takes {taken}")
 
 
 def list_models() -> list[str]:

@@ -165,9 +165,75 @@ def test_attribution_maps(load_small, image, method):
     assert result.target == next(iter(top_classes(loaded, image)))
 
 
+def test_occlusion_costs_64_passes_at_any_input_size_in_batches_the_model_can_hold(tmp_path, image, monkeypatch):
+    """8 × 8 squares of ⌈S / 8⌉ px: at 64 px, 64 occluded passes (plus Captum's one unoccluded), not (64 / 4)² = 256;
+    a model whose pass holds more activation values than a batch may runs fewer passes per batch."""
+    import torch
+
+    from analysis import load_model
+    from analysis.views import attribution
+    from convnn import ModelCard, create_model, save_checkpoint
+
+    args = dict(widths=[8], depths=[1], branch_ratio=0.0, num_classes=3)
+    card = ModelCard(name="wide", model="convnn_resnet_cifar", model_args=args, classes=["a", "b", "c"],
+                     input_size=64, mean=[0.5] * 3, std=[0.25] * 3)
+    save_checkpoint(create_model("convnn_resnet_cifar", **args).eval(), tmp_path / "wide", card)
+    loaded = load_model(tmp_path / "wide.json")
+    batches = []
+    model = attribution._own_model(loaded)
+    handle = model.register_forward_pre_hook(lambda _, args: batches.append(args[0].shape[0]))
+    try:
+        assert attribution.attribution_map(loaded, image, "occlusion").values.shape == (64, 64)
+        assert sum(batches) == 64 + 1 and max(batches) == 16
+        monkeypatch.setattr(attribution, "_BATCH_VALUES", 4 * model_cost_values(loaded))
+        batches.clear()
+        attribution._attribute(model, torch.zeros(1, 3, 64, 64), "occlusion", 0, attribution._batch_size(loaded))
+        assert sum(batches) == 64 + 1 and max(batches) == 4
+    finally:
+        handle.remove()
+
+
+def model_cost_values(loaded) -> int:
+    """The activation values of one forward pass of ``loaded``, from its card (convnn.models.model_cost)."""
+    from convnn.models import model_cost
+
+    return model_cost(loaded.card.model, loaded.card.input_size, **loaded.card.model_args).activations
+
+
 def test_attribution_rejects_unknown_classes_and_methods(load_small, image):
     loaded = load_small("vit-convnn")
     with pytest.raises(ValueError, match="not one of the model's classes"):
         attribution_map(loaded, image, "saliency", "unicorn")
     with pytest.raises(ValueError, match="method must be one of"):
         attribution_map(loaded, image, "lime")
+
+
+def test_attention_without_biases_is_compared_with_sdpa_on_its_own_projections(image):
+    """A bias-free attention (any researcher's, built in Python: no card needed) runs the equivalence demo with its
+    own projections: ConvNN-attention with K = N equals SDPA to fp32 precision."""
+    import torch
+    from torch import nn
+
+    from analysis import LoadedModel, attention_equivalence
+    from convnn import ModelCard
+    from convnn.introspect import convnn_layers
+
+    class BiasFree(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Conv2d(3, 16, 4, stride=4)
+            self.attn = nn.MultiheadAttention(16, 2, bias=False, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            tokens = self.embed(x).flatten(2).transpose(1, 2)
+            return self.head(self.attn(tokens, tokens, tokens, need_weights=False)[0].mean(1))
+
+    torch.manual_seed(0)
+    model = BiasFree().eval()
+    card = ModelCard(name="bias-free", model="mine", model_args={}, classes=["a", "b", "c"], input_size=32,
+                     mean=[0.5] * 3, std=[0.25] * 3)
+    loaded = LoadedModel(model, card, convnn_layers(model, 32), torch.device("cpu"))
+    assert [probe.name for probe in loaded.probes] == ["embed", "attn"]
+    result = attention_equivalence(loaded, image, "attn")
+    assert "the layer's own q, k, v" in result.description and result.max_abs_diff <= 1e-5

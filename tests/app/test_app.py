@@ -623,8 +623,12 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     assert [column["layer"] for column in value["columns"]] == layers[:3]
     assert all(column["query_px"] == [31, 0] for column in value["columns"])
     assert explorer.on_compare_if_open(models, *layers, str(example_image), "crop", 31, 0, "weights") == gr.skip()
-    for picked, message in ((["cnn-l0"], "Pick 2 to 4 models"), (["cnn-l0"] * 5, "Pick 2 to 4 models"),
-                            ("cnn-l0", "Pick 2 to 4 models"), (["cnn-l0", "../../etc/passwd"], "")):
+    for picked in ([], ["cnn-l0"]):  # the user removing models: no columns and a note, not an error
+        assert all(update == gr.update(visible=False) for update in explorer.on_compare_layers(picked, 0.5).values())
+        value = explorer.on_compare(picked, *layers, str(example_image), "crop", 31, 0)
+        assert value == {"columns": [], "note": "Pick 2 to 4 models to compare."}
+    for picked, message in ((["cnn-l0"] * 5, "Pick 2 to 4 models"), ("cnn-l0", "Pick 2 to 4 models"),
+                            (["cnn-l0", "../../etc/passwd"], "")):
         with pytest.raises(gr.Error, match=message):
             explorer.on_compare_layers(picked, 0.5)
     with pytest.raises(gr.Error, match="depth must be a fraction in \\[0, 1\\]"):

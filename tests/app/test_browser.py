@@ -241,3 +241,8 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url):
             assert cells == result.sets["window"].cells.tolist()
         assert requests == []  # two clicks, a hover and a rule switch: answered in the page
         tab.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=False)
+        for _ in range(2):  # down to one model: no stale columns, a note instead
+            tab.locator("#compare_models .token-remove").first.click()
+        tab.wait_for_function("document.querySelector('.cc').dataset.columns === '0'", timeout=30_000)
+        assert tab.locator(".cc-note").inner_text() == "Pick 2 to 4 models to compare."
+        assert tab.locator(".toast-body").count() == 0

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import pytest
 import torch
 
 import analysis as an
+from convnn import ModelCard, create_model, save_checkpoint
+from convnn.data import CIFAR10_CLASSES
 from tests import small_models
 from tests.app.browser import browser_page, settle
 from tests.app.test_app import page
@@ -80,13 +83,30 @@ def test_a_torchvision_vit_answers_with_the_largest_weights_of_its_attention_row
         assert cells == attention_top(loaded, image, px, head)
 
 
+def test_a_model_with_no_layer_to_open_is_refused_at_upload(explorer, tmp_path):
+    """A ViT of 1-pixel patches and no blocks has neither a window wider than one cell nor attention: refused with
+    a message, not a model list entry whose every view fails."""
+    args = dict(image_size=32, patch_size=1, num_layers=0, num_heads=1, hidden_dim=8, mlp_dim=8, num_classes=10)
+    model = create_model("torchvision.models.VisionTransformer", **args).eval()
+    card = ModelCard(name="empty", model="torchvision.models.VisionTransformer", model_args=args,
+                     classes=list(CIFAR10_CLASSES), input_size=32, mean=[0.5] * 3, std=[0.25] * 3)
+    weights, card_path = save_checkpoint(model, tmp_path / "empty", card)
+    with pytest.raises(gr.Error, match="has no layer these views open"):
+        explorer.on_checkpoint_upload([str(card_path), str(weights)], [])
+
+
 @pytest.mark.browser
 def test_both_open_through_the_upload_and_answer_a_click_in_the_page(app_url, explorer, uploaded,
                                                                      plain_checkpoint_dir):
-    """Uploaded in the page (its own copy of the same files), each answers a click with the set computed by hand."""
+    """Uploaded in the page (its own copy of the same files), after a refused pair, each answers a click with the set
+    computed by hand."""
     image_file = explorer.examples[0]  # what the page shows first
     with browser_page(app_url) as tab:
         tab.get_by_text("Model card, or open your own checkpoint").click()
+        tab.locator("#checkpoint_files input[type=file]").set_input_files(  # a pair that does not fit: refused
+            [plain_checkpoint_dir / "tv-vit.json", plain_checkpoint_dir / "tv-resnet18.safetensors"])
+        tab.wait_for_selector(".toast-body:has-text('sha256 differs from the card')", timeout=60_000)
+        settle(tab)  # the refused pair is emptied from the box: the next upload is two files again
         for name, layer, px in (("tv-resnet18", STRIDED, (13, 22)), ("tv-vit", ATTENTION, (5, 27))):
             tab.locator("#checkpoint_files input[type=file]").set_input_files(
                 [plain_checkpoint_dir / f"{name}.json", plain_checkpoint_dir / f"{name}.safetensors"])
@@ -104,3 +124,20 @@ def test_both_open_through_the_upload_and_answer_a_click_in_the_page(app_url, ex
             loaded, image = explorer.model(uploaded[name]), explorer.image(image_file)
             expected = strided_window(*px) if name == "tv-resnet18" else attention_top(loaded, image, px)
             assert json.loads(shown(tab)["neighbors"]) == expected
+
+
+def test_one_broken_card_in_a_folder_leaves_out_only_itself_from_the_spectrum_of_every_model(
+        plain_checkpoint_dir, tmp_path, example_image):
+    """A --checkpoints folder with a card whose weights are another model's: the chart of every model places the
+    others and says which one it left out (a warning, not an error for the whole chart)."""
+    import shutil
+
+    import app
+
+    for name in ("tv-vit.json", "tv-vit.safetensors", "tv-resnet18.json"):
+        shutil.copy(plain_checkpoint_dir / name, tmp_path / name)
+    shutil.copy(plain_checkpoint_dir / "tv-vit.safetensors", tmp_path / "tv-resnet18.safetensors")
+    explorer = app.Explorer(tmp_path, device="cpu")
+    with pytest.warns(UserWarning, match="Left out, as they cannot be loaded: tv-resnet18"):
+        figure = explorer.on_spectrum_models(str(example_image), "crop")
+    assert [trace.name for trace in figure.data] == ["tv-vit"]

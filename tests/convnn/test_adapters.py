@@ -164,14 +164,15 @@ def _card(model: str, **model_args) -> ModelCard:
 @pytest.mark.parametrize("model, args, message", [
     ("os.system", {}, "unknown model 'os.system'"),
     ("torchvision.models.resnet50", {}, "unknown model"),  # not on the allow-list
-    ("torchvision.models.resnet18", dict(num_classes=10, weights="IMAGENET1K_V1"), "unexpected keyword.*weights"),
+    ("torchvision.models.resnet18", dict(num_classes=10, weights="IMAGENET1K_V1"),
+     "takes no argument 'weights'; it takes \\['num_classes'\\]"),
     ("torchvision.models.resnet18", dict(num_classes=10.5), "num_classes must be an integer"),
     ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=5, num_classes=10), "multiple of patch"),
     ("torchvision.models.VisionTransformer", dict(image_size=64, patch_size=8, num_classes=10), "equal the card"),
     ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, hidden_dim=30, num_heads=4,
                                                   num_classes=10), "hidden_dim must be a multiple of num_heads"),
     ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, num_classes=10,
-                                                  norm_layer="torch.nn.Identity"), "unexpected keyword.*norm_layer"),
+                                                  norm_layer="torch.nn.Identity"), "takes no argument 'norm_layer'"),
     ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, num_classes=10, hidden_dim=8192,
                                                   mlp_dim=8192, num_heads=8), "more than the 100,000,000"),
     ("torchvision.models.resnet18", dict(num_classes=7), "outputs \\(1, 7\\)"),
@@ -186,3 +187,24 @@ def test_allowed_cards_pass_the_checks():
     check_model(_card("torchvision.models.resnet18", num_classes=10), "mine.json")
     check_model(_card("torchvision.models.VisionTransformer", image_size=32, patch_size=4, num_layers=1, num_heads=2,
                       hidden_dim=16, mlp_dim=16, num_classes=10), "mine.json")
+
+
+class OddTokens(nn.Module):
+    """Attention over tokens the views cannot place (8 × 4 patches, no class token) and over a square grid, the
+    second attention called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.square = TimmStyleAttention(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.flatten(2).transpose(1, 2)  # (B, H·W, 8)
+        wide = self.wide(tokens[:, :32], tokens[:, :32], tokens[:, :32], need_weights=False)[0]
+        return self.square(self.square(tokens[:, :16])).mean() + wide.mean()
+
+
+def test_plain_layers_the_views_cannot_place_are_left_out_and_a_module_used_twice_is_one_layer():
+    layers = convnn_layers(OddTokens().eval(), 8, in_chans=8)
+    assert [(layer.name, layer.height, layer.width) for layer in layers] == [("square", 4, 4)]
+
