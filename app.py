@@ -524,6 +524,13 @@ class Explorer:
                                       0, 0, 0, 0, 0.5, 0, request, keep_query=False))
         return {"columns": columns}
 
+    def on_compare_layers_if_open(self, compare_models, compare_depth, tab, request=None):
+        """:meth:`on_compare_layers` after a link or a lesson's step that opens compare mode (``tab=compare``), so
+        that the columns follow (:meth:`on_compare_if_open`); nothing when another tab is open."""
+        if tab != "compare":
+            return {name: gr.skip() for name in COMPARE_LAYERS}
+        return self.on_compare_layers(compare_models, compare_depth, request)
+
     def on_compare_if_open(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
                            image_file, fit, row_px, col_px, tab, request=None):
         """:meth:`on_compare` for a new image while compare mode is the open tab; nothing otherwise."""
@@ -852,6 +859,8 @@ VIEWS = {
     "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
     "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
     "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
+    "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
+                               COMPARE_LAYERS),
     "example": ("on_example", [], ["image_file"]),
     "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
     "first_render": ("on_first_render", QUERY, ["explorer"]),
@@ -876,7 +885,8 @@ VIEWS = {
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
-VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels"]  # after a link or a lesson's step: anything
+VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels",  # after a link or a lesson's step: anything
+              "compare_layers_if_open", "compare_if_open"]
 REFRESH = {
     ("demo", "load"): ["link", *VIEW_CHAIN],
     ("checkpoint", "input"): ["model", *MODEL_CHAIN],

@@ -623,6 +623,9 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     assert [column["layer"] for column in value["columns"]] == layers[:3]
     assert all(column["query_px"] == [31, 0] for column in value["columns"])
     assert explorer.on_compare_if_open(models, *layers, str(example_image), "crop", 31, 0, "weights") == gr.skip()
+    opened = explorer.on_compare_layers_if_open(models, 1.0, "compare")  # a link or a step opening compare mode
+    assert [opened[name]["value"] for name in app.COMPARE_LAYERS[:3]] == layers[:3]
+    assert explorer.on_compare_layers_if_open(models, 1.0, "hops")[app.COMPARE_LAYERS[0]] == gr.skip()
     for picked in ([], ["cnn-l0"]):  # the user removing models: no columns and a note, not an error
         assert all(update == gr.update(visible=False) for update in explorer.on_compare_layers(picked, 0.5).values())
         value = explorer.on_compare(picked, *layers, str(example_image), "crop", 31, 0)

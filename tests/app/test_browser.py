@@ -246,3 +246,6 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url):
         tab.wait_for_function("document.querySelector('.cc').dataset.columns === '0'", timeout=30_000)
         assert tab.locator(".cc-note").inner_text() == "Pick 2 to 4 models to compare."
         assert tab.locator(".toast-body").count() == 0
+    with browser_page(f"{url}?image=dog_0&row=3&col=30&tab=compare") as linked:  # a link opens compare mode drawn
+        linked.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
+        assert linked.locator(".cc-col:nth-child(1)").get_attribute("data-query") == "3,30"
