@@ -499,7 +499,8 @@ class Explorer:
         for index, name in enumerate(COMPARE_LAYERS):
             if index < len(models):
                 loaded = models[index]
-                updates[name] = gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
+                short = [(f"{p.name} · {p.height}×{p.width}", p.name) for p in loaded.probes]  # caption: the rest
+                updates[name] = gr.update(choices=short,
                                           value=an.layer_at_depth(loaded, compare_depth).name, visible=True,
                                           label=f"{loaded.card.name}: layer")
             else:
