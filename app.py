@@ -310,6 +310,10 @@ class Explorer:
     def options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head) -> an.RuleOptions:
         return an.RuleOptions.from_ui(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
 
+    def shipped(self) -> list[str]:
+        """The shipped checkpoints' names (stems), as the model list offers them."""
+        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir)]
+
     def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
         shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir)]
@@ -470,7 +474,7 @@ class Explorer:
     # -- compare mode -------------------------------------------------------------------------------------------------
     def compare_default(self) -> list[str]:
         """The models compare mode opens with: :data:`COMPARE_DEFAULT` where shipped, else the first three."""
-        shipped = [choice for _, choice in self.choices([])]
+        shipped = self.shipped()
         wanted = [name for name in COMPARE_DEFAULT if name in shipped]
         return wanted if len(wanted) >= 2 else shipped[:3]
 
@@ -613,7 +617,7 @@ class Explorer:
         whatever came before), and every value refused is named in ``link_note`` (the page still opens)."""
         values, problems = an.parse_link(params)
         out = {name: gr.update() for name in VIEWS["link"][2]}
-        shipped = [choice for _, choice in self.choices([])]
+        shipped = self.shipped()
         if "model" in values:
             if values["model"] in shipped:
                 checkpoint = out["checkpoint"] = values["model"]
@@ -684,7 +688,7 @@ class Explorer:
                      num_candidates, seed, blend_alpha, head, tab, request=None) -> dict:
         """The query string of the view shown (:func:`analysis.link_query`; knobs left at their defaults are left
         out) and a note naming what cannot travel in it: an uploaded model or photo (:data:`LINK_NOTE`)."""
-        shipped = {choice for _, choice in self.choices([])}
+        shipped = self.shipped()
         example = self.example_name(image_file)
         left = [what for what, missing in (("the uploaded model", checkpoint not in shipped),
                                            ("the uploaded photo", example is None)) if missing]

@@ -56,7 +56,7 @@ class LayerInfo:
         seed (int or None): its candidate seed (:mod:`convnn.candidates`), None for layers that select nothing.
         blend_alpha (float or None): α of blend selection (None for other layers).
         stride, dilation (int): a convolution's stride s and dilation d (1 for every other layer).
-        padding (int or None): a convolution's zero padding p, cells (None: k // 2, a hybrid's "same" window).
+        padding (int or None): a convolution's zero padding p, cells (None for layers that are not convolutions).
     """
 
     name: str
@@ -158,7 +158,7 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
     layer's grid is the largest square that the tokens past the prefix fill (:func:`convnn.adapters.prefix_tokens`:
     one CLS token if the model has a ``cls_token`` or ``class_token``). A plain layer (a model without ConvNN layers)
     whose input has more than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens, or tokens that are not the prefix
-    and a square grid, is left out; a module called twice is one layer (its first call).
+    and a square grid, is left out. A module called twice is one layer (its first call).
 
     Args:
         model (nn.Module): any model built from ConvNN layers.
@@ -170,26 +170,29 @@ def convnn_layers(model: nn.Module, input_size: int, device: torch.device | None
         tuple[LayerInfo, ...]: one per layer, in the order the forward pass calls them.
     """
     found: list[LayerInfo] = []
+    seen: set[str] = set()
     prefix = prefix_tokens(model)
     described, plain = _described(model)
 
     def hook(name: str):
         def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
             x = layer_input(module, args, kwargs)
+            if name in seen:  # a module called twice is one layer, as its first call saw it
+                return
+            seen.add(name)
             if x.dim() == 4:
                 grid, tokens_prefix = (x.shape[2], x.shape[3]), 0
             else:
                 side = math.isqrt(max(x.shape[1] - prefix, 0))
-                grid, tokens_prefix = (side, (x.shape[1] - prefix) // max(side, 1)), prefix
-            facts = described[name]
+                grid, tokens_prefix = (side, side), prefix
+            cells = grid[0] * grid[1]
             # A plain layer is left out when the views could not place its tokens (not the prefix and a square
-            # grid), would score too many of them, or was called before (a module used twice is one layer).
-            placed = grid[0] * grid[1] + tokens_prefix == (x.shape[1] if x.dim() == 3 else grid[0] * grid[1])
-            if plain and (not placed or grid[0] * grid[1] == 0 or grid[0] * grid[1] + tokens_prefix
-                          > MAX_EXHAUSTIVE_TOKENS or any(layer.name == name for layer in found)):
+            # grid) or would score too many of them.
+            if plain and (cells == 0 or cells + tokens_prefix != (x.shape[1] if x.dim() == 3 else cells)
+                          or cells + tokens_prefix > MAX_EXHAUSTIVE_TOKENS):
                 return
             found.append(LayerInfo(name=name, height=grid[0], width=grid[1], num_prefix_tokens=tokens_prefix,
-                                   input_size=input_size, **facts))
+                                   input_size=input_size, **described[name]))
         return capture
 
     handles = [model.get_submodule(name).register_forward_pre_hook(hook(name), with_kwargs=True)

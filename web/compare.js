@@ -32,10 +32,6 @@ function mapPixel(px, fromSize, toSize) { // the pixel holding the source pixel'
   return px.map((p) => Math.min(toSize - 1, Math.floor((p + 0.5) * toSize / fromSize)));
 }
 
-function format(value) {
-  return Number.isFinite(value) ? value.toFixed(2) : "—";
-}
-
 function layout() { // as many columns side by side as fit (two on a phone), each panel as wide as its column
   const available = root.clientWidth || COLUMN_MAX_PX * columns.length;
   const perRow = Math.max(1, Math.min(columns.length, Math.floor((available + COLUMN_GAP_PX) /

@@ -122,10 +122,6 @@ function drawRules() {
   }
 }
 
-function format(value, digits = 2) {
-  return Number.isFinite(value) ? value.toFixed(digits) : "—";
-}
-
 function drawPrediction() {
   const box = $(".cx-prediction");
   if (box.dataset.for === table.image.src + table.model) return; // the same image and model

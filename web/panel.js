@@ -45,6 +45,10 @@ function decodeTable(value, onImage) { // the page's value, its arrays decoded; 
   return t;
 }
 
+function format(value, digits = 2) { // a number as the page shows it, "—" for NaN (no neighbour on the grid)
+  return Number.isFinite(value) ? value.toFixed(digits) : "—";
+}
+
 // -- the table's rows ------------------------------------------------------------------------------------------
 function cellOf(px) {
   return [table.row_cell_of_px[px[0]], table.col_cell_of_px[px[1]]];

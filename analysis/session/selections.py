@@ -232,10 +232,9 @@ def _recorded(probe: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Sele
 
 def _conv_selection(probe: LayerInfo, q: Tensor, k: Tensor) -> Selection:
     """A convolution's window at every query cell (:func:`convnn.adapters.conv_window`: its stride, dilation and
-    padding; a hybrid's conv branch pads by k // 2), taps in raster order, with their feature similarities."""
-    size = probe.window_size
-    padding = size // 2 if probe.padding is None else probe.padding
-    cells = conv_window(probe.height, probe.width, size, probe.stride, probe.dilation, padding, q.device)
+    padding), taps in raster order, with their feature similarities."""
+    padding = probe.padding
+    cells = conv_window(probe.height, probe.width, probe.window_size, probe.stride, probe.dilation, padding, q.device)
     idx = (cells[..., 0] + padding) * (probe.width + 2 * padding) + cells[..., 1] + padding
     scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width), padding)
     return Selection(cells.cpu().numpy(), np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())

@@ -33,6 +33,7 @@ __all__ = [
     "Trace",
     "cell_rect_px",
     "knn_branch",
+    "layer_conv",
     "layer_label",
     "layer_query_key",
     "probe_module",
@@ -86,6 +87,14 @@ def cell_rect_px(probe: LayerInfo, row: int, col: int) -> tuple[int, int, int, i
     size = probe.input_size
     return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
             math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
+
+
+def layer_conv(module: nn.Module, probe: LayerInfo) -> nn.Conv2d | None:
+    """The convolution of a map probe layer: a hybrid's conv branch, or a plain convolution itself; None for a
+    standalone ConvNN2d, attention, or a hybrid whose conv branch is empty (λ = 1)."""
+    if probe.is_hybrid:
+        return module.conv
+    return module if probe.conv_only else None
 
 
 def knn_branch(module: nn.Module, probe: LayerInfo) -> ConvNN2d | None:

@@ -21,11 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
-from convnn.adapters import as_self_attention
+from convnn.adapters import as_self_attention, describe_plain
 
 from ..session.images import InputImage
 from ..session.models import LoadedModel
-from ..session.traces import probe_module, trace_image
+from ..session.traces import layer_conv, probe_module, trace_image
 
 __all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary", "equivalences"]
 
@@ -83,11 +83,9 @@ def _seeded_(module: nn.Module) -> nn.Module:
 def _window_shaped(conv: nn.Conv2d | None) -> bool:
     """Whether ``conv`` computes what window selection with K = k² does: an odd k×k kernel, stride 1, dilation 1,
     one group, zero padding k // 2 (a hybrid's branch; a plain convolution may be otherwise)."""
-    if conv is None:
-        return False
-    size = conv.kernel_size[0]
-    return (conv.kernel_size == (size, size) and size % 2 == 1 and conv.stride == (1, 1) and conv.dilation == (1, 1)
-            and conv.groups == 1 and conv.padding == (size // 2, size // 2) and conv.padding_mode == "zeros")
+    facts = None if conv is None else describe_plain(conv)  # square kernel > 1, zero padding, or None
+    return facts is not None and conv.groups == 1 and (facts["stride"], facts["dilation"], facts["padding"]) == (
+        1, 1, facts["window_size"] // 2) and facts["window_size"] % 2 == 1
 
 
 def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
@@ -101,7 +99,7 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
         raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
     module = probe_module(loaded.model, probe)
     x = trace_image(loaded, image).inputs[probe.name].cpu()
-    conv = module.conv if probe.is_hybrid else module if probe.conv_only else None
+    conv = layer_conv(module, probe)
     if _window_shaped(conv):
         conv = copy.deepcopy(conv).cpu()
         source = f"the layer's own {conv.kernel_size[0]}×{conv.kernel_size[0]} convolution"

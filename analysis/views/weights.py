@@ -29,7 +29,7 @@ from ..session.caching import bounded_cache
 from ..session.images import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
-from ..session.traces import LayerInfo, knn_branch, probe_module, query_cell, trace_image
+from ..session.traces import LayerInfo, knn_branch, layer_conv, probe_module, query_cell, trace_image
 
 __all__ = [
     "AggregationKernel",
@@ -73,8 +73,7 @@ def _kernel_tensor(loaded: LoadedModel, probe: LayerInfo) -> tuple[Tensor, str]:
         kind = "KVT (fixed ones)" if probe.mixer == "kvt" else "ConvNN-attention depthwise Conv1D"
         return module.weight.detach(), kind
     if probe.conv_only:
-        conv = module.conv if probe.is_hybrid else module
-        weight = conv.weight.detach().flatten(2)  # taps in raster order = window rank slots (METHOD §4.1)
+        weight = layer_conv(module, probe).weight.detach().flatten(2)  # taps in raster order = rank slots (§4.1)
         size = f"{probe.window_size}×{probe.window_size}"
         return weight, (f"{size} conv branch" if probe.is_hybrid else f"{size} convolution") + (
             ", taps in raster order (= window selection's rank slots)")

@@ -89,7 +89,7 @@ class HybridConvNN2d(nn.Module):
         if self.knn is None:
             return {"kind": "hybrid", "mixer": "conv", "record_name": None, "num_neighbors": None,
                     "selection": "conv", "similarity": "cosine", "window_size": self.conv.kernel_size[0],
-                    "branch_ratio": self.branch_ratio}
+                    "padding": self.conv.padding[0], "branch_ratio": self.branch_ratio}
         return {**self.knn.describe(f"{name}.knn"), "kind": "hybrid", "branch_ratio": self.branch_ratio}
 
     def extra_repr(self) -> str:
