@@ -125,8 +125,6 @@ function show() {
   if (!value || !Array.isArray(value.columns)) return;
   const place = root.querySelector(".cc-cols");
   root.querySelector(".cc-note").textContent = value.note || NOTE;
-  const kept = clicked;
-  if (!clicked && value.columns.length) clicked = [value.columns[0].query_px, value.columns[0].input_size];
   columns = value.columns.map((entry) => {
     const el = Object.assign(document.createElement("figure"), {className: "cc-col"});
     const canvas = Object.assign(document.createElement("canvas"), {className: "cc-canvas"});
@@ -137,13 +135,15 @@ function show() {
     column.table = decodeTable(entry, () => drawAll());
     canvas.addEventListener("click", (event) => onClick(column, event));
     canvas.addEventListener("pointermove", (event) => onHover(column, event));
-    canvas.addEventListener("pointerleave", () => { if (clicked) setQuery(...clicked); });
+    canvas.addEventListener("pointerleave", () => setQuery(...clicked));
     return column;
   });
   place.replaceChildren(...columns.map((column) => column.el));
   root.dataset.columns = String(columns.length); // 0: no columns left to draw
   root.querySelector(".cc-rules").hidden = !columns.length;
-  if (kept && columns.length) setQuery(...kept); else drawAll();
+  if (!columns.length) return;
+  clicked = clicked || [columns[0].query, columns[0].table.input_size]; // a new table keeps the clicked pixel
+  setQuery(...clicked);
 }
 
 document.addEventListener("cx-query", (event) => {
