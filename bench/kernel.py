@@ -271,22 +271,24 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PARTS = {"layers": bench_layers, "kernel": bench_kernel, "sweep": bench_sweep}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
     parser.add_argument("--json", type=Path, default=None, help="write the results (bench/results/kernel.json)")
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the block-size variants")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to measure: the layers, the kernel alone, the block-size variants (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    bench_layers(results, args.warmup_ms, args.rep_ms)
-    bench_kernel(results, args.warmup_ms, args.rep_ms)
-    if not args.no_sweep:
-        bench_sweep(results, args.warmup_ms, args.rep_ms)
+    for part in args.parts:
+        PARTS[part](results, args.warmup_ms, args.rep_ms)
     text = report(results)
     print(text)
     if args.out is not None:

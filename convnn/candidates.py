@@ -178,17 +178,19 @@ class CandidateSampler:
         """The candidates of one forward call of a layer whose input is ``x`` (B samples of N tokens).
 
         Returns:
-            Tensor or None: (1 or B, r) int64 on ``x.device``; None when every key is a candidate (r ≥ N).
+            Tensor or None: (1 or B, r) int64 on the CPU, where the kernels check them without a device sync
+            (:func:`kernels.knn_aggregate` moves them to ``x``'s device without blocking); None when every key is
+            a candidate (r ≥ N).
         """
         if self.num_candidates is None or self.num_candidates >= num_tokens:
             return None
         batch = x.shape[0]
         if training:
             draws = batch if self.candidate_sampling == "sample" else 1
-            return sample_candidates(num_tokens, self.num_candidates, draws, self.generator, x.device)
+            return sample_candidates(num_tokens, self.num_candidates, draws, self.generator)
         stack = _KEY_STACK.get()
         keys = stack[-1] if stack and stack[-1] is not None and len(stack[-1]) == batch else sample_keys(x)
-        return keyed_candidates(keys, self.seed, num_tokens, self.num_candidates).to(x.device)
+        return keyed_candidates(keys, self.seed, num_tokens, self.num_candidates)
 
 
 @contextlib.contextmanager

@@ -95,9 +95,7 @@ def coordinate_channels(height: int, width: int, device=None, dtype=None) -> Ten
     return grid.unsqueeze(0)
 
 
-def sample_candidates(
-    num_tokens: int, num_candidates: int, batch_size: int, generator: torch.Generator, device=None
-) -> Tensor:
+def sample_candidates(num_tokens: int, num_candidates: int, batch_size: int, generator: torch.Generator) -> Tensor:
     """Draw r candidate keys uniformly without replacement (METHOD §3, ``random``).
 
     Args:
@@ -105,19 +103,14 @@ def sample_candidates(
         num_candidates (int): r, 1 ≤ r ≤ N.
         batch_size (int): 1 for one draw shared by the batch, B for one draw per sample.
         generator (torch.Generator): a CPU generator; the draw is reproducible from its state.
-        device (torch.device, optional): where to put the result.
 
     Returns:
-        Tensor: (batch_size, r) int64 key indices, distinct within a row (the r smallest of N uniform draws).
-
-    On a CUDA ``device`` the draw goes through pinned memory without blocking: a pageable copy would wait for every
-    queued kernel at each call of a random-candidate layer.
+        Tensor: (batch_size, r) int64 key indices on the CPU, distinct within a row (the r smallest of N uniform
+        draws). Pass them to :func:`kernels.knn_aggregate` as they are: it checks them on the CPU and copies them
+        to the GPU without blocking (``kernels.reference.candidates_on``).
     """
     keys = torch.rand(batch_size, num_tokens, generator=generator)
-    drawn = keys.topk(num_candidates, dim=1, largest=False).indices  # ascending: argsort's first r, O(N)
-    if device is not None and torch.device(device).type == "cuda":
-        return drawn.pin_memory().to(device, non_blocking=True)
-    return drawn.to(device)
+    return keys.topk(num_candidates, dim=1, largest=False).indices  # ascending: argsort's first r, O(N)
 
 
 def causal_mask(num_tokens: int, device=None) -> Tensor:

@@ -77,7 +77,7 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
             raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
                              f"{tuple(candidates.shape)}")
         if candidates.numel():
-            low, high = (int(x) for x in torch.aminmax(candidates))  # one device sync
+            low, high = (int(x) for x in torch.aminmax(candidates))  # free on the CPU, one sync on a device
             if low < 0 or high >= num_keys:
                 raise ValueError(f"candidates must be key indices in [0, Nk={num_keys}), got values in "
                                  f"[{low}, {high}]")

@@ -137,7 +137,9 @@ def knn_aggregate(
         temperature (float): softmax temperature, > 0. Default: 1.0
         groups (int): Conv1D groups; ``H·Dv`` is depthwise aggregation. Default: 1
         candidates (Tensor, optional): (B, r) or (1, r) int64 sampled keys per sample; the query itself is added
-            (METHOD §3). None: every key is a candidate. Default: None
+            (METHOD §3). Pass them on the CPU, as the layers do: they are range-checked there without a device
+            sync and copied to q's device without blocking (on q's device the check syncs once). None: every key
+            is a candidate. Default: None
         attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed (reference only).
         self_first (bool): force each query's own token to rank 0 (needs Nq = Nk). Default: False
         blend (BlendGrid, optional): select by the ``blend`` rule over the zero-padded map (METHOD §3): needs

@@ -46,6 +46,7 @@ __all__ = [
     "KnnResult",
     "aggregate_neighbors",
     "blend_scores",
+    "candidates_on",
     "canonical_scores",
     "knn_aggregate_reference",
     "neighbor_scores",
@@ -315,6 +316,27 @@ def aggregate_neighbors(
     return out if bias is None else out + bias.to(out.dtype).view(1, C_out, 1)
 
 
+def candidates_on(candidates: Tensor | None, device: torch.device) -> Tensor | None:
+    """``candidates`` on ``device``, where the scores are computed (METHOD §3, ``random``).
+
+    The layers draw candidates on the CPU, where :func:`kernels.checks.check_knn_arguments` checks their range
+    without a device sync; a CPU tensor bound for CUDA is copied through pinned memory without blocking (a pageable
+    copy, like the sync, would make the host wait for every queued kernel at each call of a random layer).
+
+    Args:
+        candidates (Tensor, optional): (B or 1, r) int64 key indices, on any device.
+        device (torch.device): where q and k are.
+
+    Returns:
+        Tensor or None: the same indices on ``device`` (``candidates`` itself when already there).
+    """
+    if candidates is None or candidates.device == device:
+        return candidates
+    if candidates.device.type == "cpu" and device.type == "cuda":
+        return candidates.pin_memory().to(device, non_blocking=True)
+    return candidates.to(device)
+
+
 def _candidate_scores(
     q: Tensor, k: Tensor, candidates: Tensor, similarity: str, attn_mask: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -356,8 +378,9 @@ def select_neighbors(
         k (Tensor): (B, H, Nk, D) keys.
         num_neighbors (int): K.
         similarity (str): ``"cosine"``, ``"dot"`` or ``"euclidean"``. Default: ``"cosine"``
-        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled keys; the query itself is always a candidate
-            too, ranked first among equal scores. None: all Nk keys. Default: None
+        candidates (Tensor, optional): (B, r) or (1, r) int64 sampled keys, on the CPU or q's device
+            (:func:`candidates_on`); the query itself is always a candidate too, ranked first among equal scores.
+            None: all Nk keys. Default: None
         attn_mask (Tensor, optional): bool, broadcastable to (B, H, Nq, Nk), True = allowed.
         self_first (bool): force each query's own token (key index = query index) to rank 0. Default: False
         blend (BlendGrid, optional): the ``blend`` rule's map: candidates are its padded cells, scored by
@@ -369,6 +392,7 @@ def select_neighbors(
         enabled, and ``topk_idx`` (B, H, Nq, K) int64 key indices (padded cells with ``blend``), rank 0 first.
     """
     Nq = q.shape[2]
+    candidates = candidates_on(candidates, q.device)
     if blend is not None:
         grid = (blend.height, blend.width)
         feature = similarity_scores(q, padded_tokens(k, grid, blend.pad), similarity)  # (B, H, Nq, M)

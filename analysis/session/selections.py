@@ -206,7 +206,7 @@ def _rule_selection(probe: LayerInfo, q: Tensor, k: Tensor, rule_name: str, opti
         return Selection(cells, np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())
     candidates = candidate_cells = candidate_is_prefix = None
     if "num_candidates" in rule.reads and options.num_candidates < num_tokens:  # r ≥ N: every token (METHOD §3)
-        candidates = keyed_candidates(keys, options.seed, num_tokens, options.num_candidates).to(q.device)
+        candidates = keyed_candidates(keys, options.seed, num_tokens, options.num_candidates)
         candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
     neighbors = rule.select(q, k, grid, replace(select, candidates=candidates))
     idx = neighbors.topk_idx[0, 0, prefix:]  # the grid's queries

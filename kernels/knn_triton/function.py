@@ -11,7 +11,7 @@ import triton
 from torch import Tensor
 
 from ..checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
-from ..reference import BlendGrid, KnnResult, spatial_profile
+from ..reference import BlendGrid, KnnResult, candidates_on, spatial_profile
 from ..usage import note_backend
 from . import backward, forward
 from .select import NORM_EPS
@@ -315,7 +315,9 @@ def knn_aggregate_triton(
         temperature (float): softmax temperature, > 0. Default: 1.0
         groups (int): 1 (standard Conv1D) or H·Dv (depthwise). Default: 1
         candidates (Tensor, optional): (B, r) or (1, r) int64 sampled key indices shared by a sample's queries; each
-            query's candidates are itself plus these (METHOD §3, ``random``). None: all Nk keys. Default: None
+            query's candidates are itself plus these (METHOD §3, ``random``). On the CPU they are range-checked
+            without a device sync and copied without blocking; on q's device the check syncs once. None: all Nk
+            keys. Default: None
         self_first (bool): rank each query's own token first (needs Nq = Nk); its real score sets its weight.
             Default: False
         blend (BlendGrid, optional): the blend rule over the zero-padded map (needs ``self_first``, weighting
@@ -353,4 +355,4 @@ def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
     Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
     note_backend("triton")
     return KnnResult(*KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
-                                         groups, candidates, self_first, blend))
+                                         groups, candidates_on(candidates, q.device), self_first, blend))

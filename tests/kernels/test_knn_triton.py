@@ -613,3 +613,32 @@ def test_large_n_fp32_matches_reference_on_gpu(num_neighbors):
     _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity="cosine",
                              weighting="softmax", candidates=None, self_first=True,
                              grad_tol=dict(atol=1e-3, rtol=1e-3))
+
+
+@CUDA_ONLY
+def test_a_random_layer_trains_without_a_device_sync():
+    """The layer's CPU draw is range-checked on the CPU and copied without blocking: one training step of a
+    random-candidate layer (forward + backward under autocast) makes no host–device sync, so the host queues the
+    next layer while the GPU works (bench/kernel.py's ``layer_random32_fwdbwd`` was host-bound on it). The result
+    equals the layer's reference path with the same candidates on the GPU."""
+    from convnn import ConvNN2d
+
+    torch.manual_seed(0)
+    layer = ConvNN2d(16, 16, num_neighbors=9, selection="random", num_candidates=32).to(DEVICE).train()
+    x = torch.randn(4, 16, 16, 16, device=DEVICE, requires_grad=True)
+    with torch.autocast("cuda", torch.bfloat16):
+        layer(x).float().sum().backward()  # compiles the kernels
+    torch.cuda.synchronize()
+    state = layer._sampler.generator.get_state()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", torch.bfloat16):
+            out = layer(x)
+            out.float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    layer._sampler.generator.set_state(state)  # the same draw again, on the GPU through the reference
+    layer.backend = "reference"
+    with torch.autocast("cuda", torch.bfloat16):
+        expected = layer(x)
+    torch.testing.assert_close(out.float(), expected.float(), **BF16_OUT_TOL)
