@@ -17,7 +17,8 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   ``cifar_*`` (B = 128, N = 1024), ``n16k_bh16_*`` (B = 16, N = 16384), ``by_n_fused_fwd`` (B = 1, N = 1024 … 32768).
 - **Selection floor** (``*_floor_fwd``): a bench-only kernel with the fused forward's tiling that keeps only a
   running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
-- **Variants** (``sweep``): the fused forward alone under other block sizes and warp counts.
+- **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts and selection loops
+  (insertion rounds, the default, or ``COMPACT``). ``--compact`` runs everything with the compact loop.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ DEVICE = "cuda"
 CIFAR = dict(batch=128, channels=64, size=32, num_neighbors=9)
 KERNEL_DIM, KERNEL_K = 64, 9
 BY_N = [1024, 2048, 4096, 8192, 16384, 32768]
-SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps); the default (64, 64, 4) is timed first
-    (64, 64, 4), (64, 32, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 8), (32, 64, 2), (64, 64, 8),
+SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, COMPACT); the default (64, 64, 4, rounds) is timed first
+    (64, 64, 4, False), (64, 32, 4, False), (64, 128, 4, False), (128, 64, 4, False), (128, 64, 8, False),
+    (128, 128, 8, False), (32, 64, 2, False), (64, 64, 8, False),
+    (64, 64, 4, True), (64, 32, 4, True), (32, 64, 4, True), (64, 64, 8, True), (128, 64, 8, True),
 ]
 
 
@@ -209,15 +212,16 @@ def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
     results["sweep"] = {}
     for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
         q, k, v, weight = (x.detach() for x in _kernel_inputs(batch, tokens))
-        for block_m, block_n, warps in SWEEP:
-            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+        for block_m, block_n, warps, compact in SWEEP:
+            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, COMPACT=compact)
 
             def forward(config=config, q=q, k=k, v=v, weight=weight):
                 return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "softmax", 1.0, 1, None,
                                                False, config=config)
 
             local: dict = {}
-            _measure(local, f"{prefix} {block_m}x{block_n} w{warps}", {"fwd": forward}, warmup_ms, rep_ms)
+            loop = "compact" if compact else "rounds"
+            _measure(local, f"{prefix} {block_m}x{block_n} w{warps} {loop}", {"fwd": forward}, warmup_ms, rep_ms)
             results["sweep"].update(local)
 
 
@@ -280,13 +284,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results (bench/results/kernel.json)")
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
+    parser.add_argument("--compact", action="store_true",
+                        help="select with the compact loop wherever every key is a candidate (fwd_config COMPACT)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure: the layers, the kernel alone, the block-size variants (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "selection_loop": "compact" if args.compact else "rounds"}
+    if args.compact:
+        default_config = function.fwd_config
+        function.fwd_config = lambda *sizes: default_config(*sizes) | {"COMPACT": True}
     for part in args.parts:
         PARTS[part](results, args.warmup_ms, args.rep_ms)
     text = report(results)

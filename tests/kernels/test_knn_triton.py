@@ -198,29 +198,33 @@ def _forward_variants(q, k, v, weight, bias, options, **overrides):
         return function.launch_forward(*args), function.launch_forward(*args, **overrides)
 
 
-@pytest.mark.parametrize("candidates", ["all", "random"])
-def test_split_candidate_range_merges_to_the_same_result(candidates):
-    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing."""
+@pytest.mark.parametrize("candidates, compact", [("all", False), ("random", False), ("all", True)])
+def test_split_candidate_range_merges_to_the_same_result(candidates, compact):
+    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing, with either
+    selection loop."""
     q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20, out_channels=12,
                                             num_neighbors=16, depthwise=False, seed=5)
     cand = _random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
     options = dict(num_neighbors=16, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=True)
-    single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3)
+    single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3, config=dict(COMPACT=compact))
     for got, expected in zip(split, single, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("num_neighbors, candidates, self_first", [
-    (2, "all", False), (9, "all", True), (16, "random", False), (5, "random", True)])
-def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first):
-    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped; same result."""
+@pytest.mark.parametrize("num_neighbors, candidates, self_first, compact", [
+    (2, "all", False, False), (9, "all", True, False), (16, "random", False, False), (5, "random", True, False),
+    (2, "all", False, True), (9, "all", True, True), (16, "all", False, True)])
+def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first, compact):
+    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped, or (compact)
+    appended to the lists or merged with them; same result."""
     q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=160, dim=12, value_dim=4, out_channels=0,
                                             num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
     cand = _random_candidates(1, 160, 120, shared=True, seed=1) if candidates == "random" else None
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=self_first)
-    default, tiled = _forward_variants(q, k, v, weight, bias, options, config=dict(BLOCK_M=16, BLOCK_N=16))
+    default, tiled = _forward_variants(q, k, v, weight, bias, options,
+                                       config=dict(BLOCK_M=16, BLOCK_N=16, COMPACT=compact))
     torch.testing.assert_close(tiled[1], default[1], rtol=0, atol=0)  # indices
     torch.testing.assert_close(tiled[0], default[0], **OUT_TOL)
 
@@ -642,3 +646,26 @@ def test_a_random_layer_trains_without_a_device_sync():
     with torch.autocast("cuda", torch.bfloat16):
         expected = layer(x)
     torch.testing.assert_close(out.float(), expected.float(), **BF16_OUT_TOL)
+
+
+@CUDA_ONLY
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, batch, num_neighbors, num_splits", [(1024, 8, 9, None), (4096, 1, 9, 4),
+                                                                      (1500, 2, 64, None)])
+def test_compact_loop_selects_as_the_rounds_loop_on_gpu(dtype, tokens, batch, num_neighbors, num_splits):
+    """The compact selection loop (persistent programs, per-row lists in global memory, barriers between their
+    writes and reads) against the insertion rounds on the GPU: the same indices and bit-identical outputs, for
+    clustered keys (many near-equal scores overflow the lists) and random ones, unsplit and split."""
+    gen = torch.Generator().manual_seed(tokens + num_neighbors)
+    centres = torch.randn(8, 64, generator=gen)
+    clustered = centres[torch.randint(0, 8, (batch, 1, tokens), generator=gen)] + 0.05 * torch.randn(
+        batch, 1, tokens, 64, generator=gen)
+    for keys in (clustered, torch.randn(batch, 1, tokens, 64, generator=gen)):
+        q = k = keys.to(DEVICE, dtype)
+        v = torch.randn(batch, 1, tokens, 32, generator=gen).to(DEVICE, dtype)
+        weight = torch.randn(48, 32, num_neighbors, generator=gen).to(DEVICE, dtype)
+        args = (q, k, v, weight, None, num_neighbors, "cosine", "softmax", 1.0, 1, None, True)
+        rounds = function.launch_forward(*args, num_splits=num_splits, config=dict(COMPACT=False))
+        compact = function.launch_forward(*args, num_splits=num_splits, config=dict(COMPACT=True))
+        for got, expected in zip(compact, rounds, strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -40,12 +40,28 @@ def _keys(stream: str, n: int, dim: int, gen: torch.Generator) -> torch.Tensor:
     return k
 
 
-@pytest.mark.parametrize("stream", ["ascending", "descending", "equal", "inf", "nan"])
+STREAMS = ["ascending", "descending", "equal", "inf", "nan"]
+
+
+@pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("num_neighbors", [1, 9, 128])
 @pytest.mark.parametrize("candidates", ["all", "random"])
 def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neighbors, candidates):
+    _check_stream(stream, num_neighbors, candidates, compact=False)
+
+
+@pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
+                                                   ("equal", 1), ("equal", 128)])
+def test_compact_selection_selects_exactly_the_reference_sets(stream, num_neighbors):
+    """The compact loop (a bound, per-row lists, merges of overflowing tiles; four programs taking the work items
+    in turn in the interpreter): equal keys make every tile overflow the lists, a forced self (descending) leaves
+    K − 1 keys to find (K = 1: none), K = 128 merges 128-key lists; one sample."""
+    _check_stream(stream, num_neighbors, "all", compact=True, batch=1)
+
+
+def _check_stream(stream, num_neighbors, candidates, compact, batch=2):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample
-    batch, n, dim = (2, 203, 4) if num_neighbors < 128 else (1, 139, 4)
+    batch, n, dim = (batch, 203, 4) if num_neighbors < 128 else (1, 139, 4)
     gen = torch.Generator().manual_seed(num_neighbors)
     k = _keys(stream, n, dim, gen)
     q = torch.zeros(batch, 1, n, dim)
@@ -65,7 +81,8 @@ def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neigh
     options["candidates"] = cand
     with torch.no_grad():
         out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
-                                              config=dict(BLOCK_M=16, BLOCK_N=max(16, num_neighbors)))
+                                              config=dict(BLOCK_M=16, BLOCK_N=max(16, num_neighbors),
+                                                          COMPACT=compact))
     expected = knn_aggregate_reference(q, k, v, weight, None, **options)
     assert torch.equal(idx.long(), expected.topk_idx)
     torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
