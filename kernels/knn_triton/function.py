@@ -20,7 +20,8 @@ _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
-_PERSISTENT_PROGRAMS_PER_SM = 4  # COMPACT: programs that each take work items in turn, one list block each
+_PERSISTENT_PROGRAMS_PER_SM = 2  # COMPACT: programs that each take work items in turn, one list block each; as
+# many as fit at once (≈ 170–200 registers a thread, 128 threads: 2 of 64 K registers), or the last would start late
 
 
 def _next_pow2(n: int, floor: int = 1) -> int:
