@@ -17,7 +17,7 @@ _CNN_RECIPE = dict(optimizer="sgd", lr=0.2, weight_decay=5e-4, momentum=0.9, bat
 _CNN_ARCH = dict(widths=[64, 128, 176], depths=[1, 1, 1], num_neighbors=9)
 # The deeper CNN family (issue 16): three blocks per stage (λ = 0 flattens at 92.8 % on the first recipe); 2.8 M
 # parameters, under 3 MB in int8; 60 epochs, at which λ = 0 reaches 93.35 ± 0.11 % (30 epochs: 92.36 ± 0.15 %).
-_CNN3_RECIPE = dict(_CNN_RECIPE, epochs=60)
+_CNN3_RECIPE = dict(_CNN_RECIPE, epochs=60)  # its sweeps: α at λ = 0.5 (blend0 is the window rule), K = 16
 _CNN3_ARCH = dict(widths=[64, 112, 160], depths=[3, 3, 3], num_neighbors=9)
 # ViTs need stronger regularisation on CIFAR: AdamW, mixup, stochastic depth.
 _VIT_RECIPE = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, momentum=0.9, batch_size=512, epochs=80,
@@ -49,7 +49,11 @@ PRESETS: dict[str, dict] = {
     "cnn-l0.5-random32": _cnn(0.5, selection="random", num_candidates=32),
     "cnn-l0.5-blend0.5": _cnn(0.5, selection="blend", blend_alpha=0.5),
     "cnn3-l0": _cnn3(0.0),
-    "cnn3-l0.5": _cnn3(0.5),
+    "cnn3-l0.5": _cnn3(0.5),  # = the α sweep's α = 1 (blend's end: the all rule)
+    **{f"cnn3-l0.5-blend{alpha:g}": _cnn3(0.5, selection="blend", blend_alpha=alpha)
+       for alpha in (0.0, 0.25, 0.5, 0.75)},
+    "cnn3-l0.5-k16": _cnn3(0.5, num_neighbors=16),
+    "cnn3-l0.5-k16-random32": _cnn3(0.5, num_neighbors=16, selection="random", num_candidates=32),
     "vit-mhsa": _vit("mhsa"),
     "vit-kvt16": _vit("kvt", num_neighbors=16),
     "vit-convnn16": _vit("convnn", num_neighbors=16),
