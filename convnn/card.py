@@ -132,8 +132,12 @@ class ModelCard:
         if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)
                 or not all(isinstance(c, str) for c in self.classes)):
             fail("classes", "a non-empty list of distinct class names")
-        if self.model_args.get("num_classes", len(self.classes)) != len(self.classes):
-            fail("classes", f"{self.model_args['num_classes']} names (model_args.num_classes)")
+        num_classes = self.model_args.get("num_classes", len(self.classes))
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise CheckpointError(f"{source}: model_args.num_classes must be a positive integer, got "
+                                  f"{repr(num_classes)[:80]}")
+        if num_classes != len(self.classes):
+            fail("classes", f"{num_classes} names (model_args.num_classes)")
         if isinstance(self.input_size, bool) or not isinstance(self.input_size, int) or not (
                 1 <= self.input_size <= MAX_INPUT_SIZE):
             fail("input_size", f"an integer in [1, {MAX_INPUT_SIZE}] (pixels)")

@@ -129,6 +129,8 @@ def test_deeply_nested_cards_are_checkpoint_errors(saved):
     ("weights_sha256", "abc", "weights_sha256 must be"),
     ("format_version", True, "format_version must be the integer 1"),
     ("format_version", 1.0, "format_version must be the integer 1"),
+    ("model_args", {"num_classes": "10"}, r"model_args.num_classes must be a positive integer, got '10'"),
+    ("model_args", {"num_classes": True}, r"model_args.num_classes must be a positive integer, got True"),
 ])
 def test_card_fields_of_the_wrong_type_or_range_are_refused(saved, field, value, message):
     _, path = saved
