@@ -227,16 +227,25 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
 
 
 @triton.jit
-def _plain_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, D, SELF_FIRST: tl.constexpr,
-                COSINE: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
-    """Scores of keys ``start + [0, BLOCK_N)`` when every key is a candidate: −∞ past the range, for rows past Nq
-    and, with a forced self, at the query's own key (in acc already). Returns (s, valid), [BLOCK_M, BLOCK_N]."""
+def _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col, feature_range,
+                    Spatial, blend, sizes, SELF_FIRST: tl.constexpr, BLEND: tl.constexpr, COSINE: tl.constexpr,
+                    IEEE: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+    """Ranking scores of candidate columns ``start + [0, BLOCK_N)`` without sampled candidates: the keys, or with
+    ``BLEND`` the padded map's cells blended (``feature_range`` = (low, spread) per query); −∞ past the range, for
+    rows past Nq and, with a forced self, at the query's own column ``self_col`` (in acc already). Returns
+    (s, valid), [BLOCK_M, BLOCK_N]."""
     cols = start + tl.arange(0, BLOCK_N)
     mask_n = cols < col_hi
-    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, cols, mask_n, D, COSINE, IEEE, D_PAD)
+    key_rows = cols
+    if BLEND:
+        key_rows = padded_cells(cols, sizes[10], sizes[11], sizes[1] // sizes[10])
+    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), sizes[6], COSINE,
+                    IEEE, D_PAD)
+    if BLEND:
+        s = _blend_tile(s, cols, offs_m, feature_range[0], feature_range[1], Spatial, sizes, blend)
     valid = mask_m[:, None] & mask_n[None, :]
     if SELF_FIRST:
-        valid = valid & (cols[None, :] != offs_m[:, None])
+        valid = valid & (cols[None, :] != self_col[:, None])
     return tl.where(valid, s, NEG_INF), valid
 
 
@@ -247,10 +256,12 @@ def _top_half(a, b, K_PAD: tl.constexpr):
 
 
 @triton.jit
-def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col_lo, col_hi, offs_m, mask_m, wanted, D,
-                   SELF_FIRST: tl.constexpr, COSINE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr):
-    """The top-K of keys [col_lo, col_hi) into ``acc`` without insertion rounds (docs/kernel.md, "Selection"):
+def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col_lo, col_hi, offs_m, mask_m, self_col,
+                   feature_range, Spatial, blend, sizes, wanted, SELF_FIRST: tl.constexpr, BLEND: tl.constexpr,
+                   COSINE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D_PAD: tl.constexpr, K_PAD: tl.constexpr):
+    """The top-K of candidate columns [col_lo, col_hi) (:func:`_candidate_tile`) into ``acc`` without insertion
+    rounds (docs/kernel.md, "Compact selection"):
 
     1. a bound: the elementwise max of the score tiles holds BLOCK_N distinct scores per row, so their
        ``wanted``-th largest τ is at most the row's ``wanted``-th largest score: every key of the top K scores ≥ τ;
@@ -266,8 +277,9 @@ def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col
     slots = tl.arange(0, K_PAD)
     bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
     for start in range(col_lo, col_hi, BLOCK_N):
-        s, valid = _plain_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, D, SELF_FIRST,
-                               COSINE, IEEE, BLOCK_N, D_PAD)
+        s, valid = _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col,
+                                   feature_range, Spatial, blend, sizes, SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_N,
+                                   D_PAD)
         bound = tl.maximum(bound, s)
     tau = tl.where(wanted > 0, column(tl.topk(bound, K_PAD), slots, wanted - 1), POS_INF)
 
@@ -276,8 +288,9 @@ def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col
     count = tl.zeros([BLOCK_M], tl.int32)
     tl.debug_barrier()  # the previous work item's final read of the lists is done
     for start in range(col_lo, col_hi, BLOCK_N):
-        s, valid = _plain_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, D, SELF_FIRST,
-                               COSINE, IEEE, BLOCK_N, D_PAD)
+        s, valid = _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col,
+                                   feature_range, Spatial, blend, sizes, SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_N,
+                                   D_PAD)
         enter = valid & (s >= tau[:, None])
         entries = tl.sum(enter.to(tl.int32), axis=1)
         if tl.max(entries, axis=0) > 0:
@@ -309,7 +322,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
     """Work items (query block, B·H, split), as many programs as the grid has, each taking items pid, pid + grid,
     …: scores + exact top-K over one split of the candidates; without a split also weights and Conv1D
-    (:func:`aggregate`), with one the sorted partial top-K goes to Part. ``COMPACT`` (every key a candidate) selects
+    (:func:`aggregate`), with one the sorted partial top-K goes to Part. ``COMPACT`` (no sampled candidates) selects
     with :func:`select_compact` into the program's rows of the lists ``outputs[4]``, else with :func:`merge_tile`
     per key tile."""
     tl.static_assert(BLOCK_N >= K_PAD)
@@ -352,8 +365,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                                            D_PAD, K_PAD)
         if COMPACT:
             acc = select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, outputs[4] + list_rows, col_lo,
-                                 col_hi, offs_m, mask_m, wanted, D, SELF_FIRST, COSINE, IEEE, BLOCK_M, BLOCK_N,
-                                 D_PAD, K_PAD)
+                                 col_hi, offs_m, mask_m, self_col, (low, spread), Spatial, blend, sizes, wanted,
+                                 SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
             acc = tl.where(live[None, :], acc, EMPTY_KEY)
         else:
             everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)

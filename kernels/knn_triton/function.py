@@ -31,7 +31,7 @@ def _next_pow2(n: int, floor: int = 1) -> int:
 def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int) -> dict:
     """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K (the H200
     sweeps in bench/RESULTS.md §1), and the selection loop: ``COMPACT`` (:func:`forward.select_compact`, for calls
-    where every key is a candidate) or insertion rounds (:func:`select.merge_tile`). Entries can be overridden
+    without sampled candidates) or insertion rounds (:func:`select.merge_tile`). Entries can be overridden
     through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
@@ -118,7 +118,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     split = num_splits > 1
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
     num_items = grid_m * B * H * num_splits
-    compact = cfg["COMPACT"] and candidates is None and blend is None
+    compact = cfg["COMPACT"] and candidates is None
     programs = min(num_items, _PERSISTENT_PROGRAMS_PER_SM * _sm_count(q.device)) if compact else num_items
     lists = torch.empty(programs * block_m, 2 * k_pad, device=q.device, dtype=torch.int64) if compact else idx
     args = dict(

@@ -102,3 +102,23 @@ def test_blend_layer_gives_the_same_output_and_records_on_both_backends():
     assert records["triton"].padding == records["reference"].padding == 1
     agree = (records["triton"].topk_idx == records["reference"].topk_idx).all(-1).float().mean()
     assert agree > 0.95  # rows may differ only at fp32 near-ties
+
+
+@pytest.mark.parametrize("tiles", [{}, dict(BLOCK_M=16, BLOCK_N=16)])
+def test_the_compact_loop_selects_the_blend_rules_cells_as_the_rounds_loop(tiles):
+    """The compact selection loop on the blend rule (its bound and lists over the blended scores of the padded
+    map's cells) selects exactly what the insertion rounds select, with the same output; 16×16 tiles make lists
+    overflow. Integer features give exact feature scores."""
+    from kernels.knn_triton import function
+
+    gen = torch.Generator().manual_seed(4)
+    grid, K = (9, 11), 9
+    N = grid[0] * grid[1]
+    q, k = (torch.randint(-2, 3, (2, 1, N, 4), generator=gen).float().to(DEVICE) for _ in range(2))
+    v = torch.randn(2, 1, N, 5, generator=gen).to(DEVICE)
+    weight = torch.randn(6, 5, K, generator=gen).to(DEVICE)
+    args = (q, k, v, weight, None, K, "cosine", "none", 1.0, 1, None, True, BlendGrid(*grid, 3, 0.5))
+    rounds = function.launch_forward(*args, config=dict(tiles, COMPACT=False))
+    compact = function.launch_forward(*args, config=dict(tiles, COMPACT=True))
+    for got, expected in zip(compact, rounds, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
