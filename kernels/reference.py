@@ -140,9 +140,9 @@ def blend_scores(feature_scores: Tensor, spatial: Tensor, blend_alpha: float) ->
     Returns:
         Tensor: (B, H, Nq, M) blended scores in [0, 1], or −∞.
     """
-    finite = torch.isfinite(feature_scores)
-    low = torch.where(finite, feature_scores, math.inf).amin(-1, keepdim=True)
-    high = torch.where(finite, feature_scores, -math.inf).amax(-1, keepdim=True)
+    # Canonical scores are finite or −∞: the highest finite score is the row maximum (−∞ for a row of −∞ only).
+    low = feature_scores.masked_fill(feature_scores == -math.inf, math.inf).amin(-1, keepdim=True)
+    high = feature_scores.amax(-1, keepdim=True)
     feature = (feature_scores - low) / (high - low).clamp_min(torch.finfo(feature_scores.dtype).tiny)
     return (1 - blend_alpha) * spatial.to(feature.dtype) + blend_alpha * feature
 
