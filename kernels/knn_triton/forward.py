@@ -302,6 +302,7 @@ def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col
                 best = _top_half(kept, tl.where(enter, keys, EMPTY_KEY), K_PAD)  # descending
                 tl.debug_barrier()
                 tl.store(list_rows[:, None] + slots[None, :], best)
+                tl.debug_barrier()  # before later appends write these slots from other threads
                 count = tl.sum((best != EMPTY_KEY).to(tl.int32), axis=1)
                 kth = column(best, slots, wanted - 1)
                 tau = tl.where((wanted > 0) & (kth != EMPTY_KEY), tl.maximum(tau, unpack_score(kth)), tau)

@@ -20,8 +20,9 @@ _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
-_PERSISTENT_PROGRAMS_PER_SM = 2  # COMPACT: programs that each take work items in turn, one list block each; as
-# many as fit at once (≈ 170–200 registers a thread, 128 threads: 2 of 64 K registers), or the last would start late
+_PERSISTENT_THREADS_PER_SM = 256  # COMPACT: programs that each take work items in turn, one list block each, as
+# many as fit on an SM at once (≈ 170–200 registers a thread of 64 K: 2 programs of 4 warps, 1 of 8), or one that
+# started late would finish late
 
 
 def _next_pow2(n: int, floor: int = 1) -> int:
@@ -119,7 +120,8 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
     num_items = grid_m * B * H * num_splits
     compact = cfg["COMPACT"] and candidates is None
-    programs = min(num_items, _PERSISTENT_PROGRAMS_PER_SM * _sm_count(q.device)) if compact else num_items
+    per_sm = max(1, _PERSISTENT_THREADS_PER_SM // (32 * cfg["num_warps"]))
+    programs = min(num_items, per_sm * _sm_count(q.device)) if compact else num_items
     lists = torch.empty(programs * block_m, 2 * k_pad, device=q.device, dtype=torch.int64) if compact else idx
     args = dict(
         inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv, spatial),

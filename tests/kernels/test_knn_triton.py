@@ -650,12 +650,13 @@ def test_a_random_layer_trains_without_a_device_sync():
 
 @CUDA_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens, batch, num_neighbors, num_splits", [(1024, 8, 9, None), (4096, 1, 9, 4),
-                                                                      (1500, 2, 64, None)])
+@pytest.mark.parametrize("tokens, batch, num_neighbors, num_splits", [(1024, 8, 9, None), (1024, 40, 9, None),
+                                                                      (4096, 1, 9, 4), (1500, 2, 64, None)])
 def test_compact_loop_selects_as_the_rounds_loop_on_gpu(dtype, tokens, batch, num_neighbors, num_splits):
     """The compact selection loop (persistent programs, per-row lists in global memory, barriers between their
     writes and reads) against the insertion rounds on the GPU: the same indices and bit-identical outputs, for
-    clustered keys (many near-equal scores overflow the lists) and random ones, unsplit and split."""
+    clustered keys (many near-equal scores overflow the lists) and random ones, unsplit and split; batch 40 gives
+    640 work items, more than the programs, so each program reuses its lists."""
     gen = torch.Generator().manual_seed(tokens + num_neighbors)
     centres = torch.randn(8, 64, generator=gen)
     clustered = centres[torch.randint(0, 8, (batch, 1, tokens), generator=gen)] + 0.05 * torch.randn(

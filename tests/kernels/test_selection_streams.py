@@ -53,7 +53,7 @@ def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neigh
 @pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
                                                    ("equal", 1), ("equal", 128)])
 def test_compact_selection_selects_exactly_the_reference_sets(stream, num_neighbors):
-    """The compact loop (a bound, per-row lists, merges of overflowing tiles; four programs taking the work items
+    """The compact loop (a bound, per-row lists, merges of overflowing tiles; two programs taking the work items
     in turn in the interpreter): equal keys make every tile overflow the lists, a forced self (descending) leaves
     K − 1 keys to find (K = 1: none), K = 128 merges 128-key lists; one sample."""
     _check_stream(stream, num_neighbors, "all", compact=True, batch=1)
