@@ -285,7 +285,7 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
     parser.add_argument("--compact", action="store_true",
-                        help="select with the compact loop wherever every key is a candidate (fwd_config COMPACT)")
+                        help="select with the compact loop wherever there are no sampled candidates (COMPACT)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure: the layers, the kernel alone, the block-size variants (default: all)")
     args = parser.parse_args()

@@ -272,7 +272,8 @@ def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col
     3. the top K_PAD of the list merged with ``acc`` (the forced self, if any).
 
     ``wanted`` = K, or K − 1 with a forced self. Exact: the lists hold every key that can rank in the top K, and
-    the packed keys order ties by the lower column. Returns acc [BLOCK_M, K_PAD] ascending, dead slots empty."""
+    the packed keys order ties by the lower column. Returns acc [BLOCK_M, K_PAD] ascending: the top K_PAD keys,
+    of which the caller keeps the K live slots (the list's keys below rank ``wanted`` need not be exact)."""
     CAP: tl.constexpr = 2 * K_PAD
     slots = tl.arange(0, K_PAD)
     bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
