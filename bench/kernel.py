@@ -17,8 +17,8 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   ``cifar_*`` (B = 128, N = 1024), ``n16k_bh16_*`` (B = 16, N = 16384), ``by_n_fused_fwd`` (B = 1, N = 1024 … 32768).
 - **Selection floor** (``*_floor_fwd``): a bench-only kernel with the fused forward's tiling that keeps only a
   running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
-- **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts and selection loops
-  (insertion rounds, the default, or ``COMPACT``). ``--compact`` runs everything with the compact loop.
+- **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts and warm starts
+  (``WARM`` tiles, also for the blend rule's kernel at the CIFAR layer).
 """
 
 from __future__ import annotations
@@ -44,16 +44,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from convnn import ConvNN2d, HybridConvNN2d
 from kernels.knn_triton import function, knn_aggregate_triton
+from kernels.reference import BlendGrid
 
 DEVICE = "cuda"
 CIFAR = dict(batch=128, channels=64, size=32, num_neighbors=9)
 KERNEL_DIM, KERNEL_K = 64, 9
 BY_N = [1024, 2048, 4096, 8192, 16384, 32768]
-SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, COMPACT); the default (64, 64, 4, rounds) is timed first
-    (64, 64, 4, False), (64, 32, 4, False), (64, 128, 4, False), (128, 64, 4, False), (128, 64, 8, False),
-    (128, 128, 8, False), (32, 64, 2, False), (64, 64, 8, False),
-    (64, 64, 4, True), (64, 32, 4, True), (32, 64, 4, True), (64, 64, 8, True), (128, 64, 8, True),
+SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, WARM); the default (64, 64, 4, 0) is timed first. WARM ≥ the tiles of
+    # a query block's range (16 at N = 1024, 256 at N = 16384) makes the floor the bound of every tile's elementwise max
+    (64, 64, 4, 0), (64, 128, 4, 0), (128, 64, 4, 0), (128, 128, 8, 0),
+    (64, 64, 4, 1), (64, 64, 4, 2), (64, 64, 4, 4), (64, 64, 4, 16), (64, 64, 4, 256), (64, 128, 4, 128),
+    (128, 64, 4, 256),
 ]
+BLEND_WARM = [0, 1, 2, 4]  # the blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): warm tiles (default 4)
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
@@ -212,17 +215,26 @@ def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
     results["sweep"] = {}
     for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
         q, k, v, weight = (x.detach() for x in _kernel_inputs(batch, tokens))
-        for block_m, block_n, warps, compact in SWEEP:
-            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, COMPACT=compact)
+        for block_m, block_n, warps, warm in SWEEP:
+            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, WARM=warm)
 
             def forward(config=config, q=q, k=k, v=v, weight=weight):
                 return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "softmax", 1.0, 1, None,
                                                False, config=config)
 
             local: dict = {}
-            loop = "compact" if compact else "rounds"
-            _measure(local, f"{prefix} {block_m}x{block_n} w{warps} {loop}", {"fwd": forward}, warmup_ms, rep_ms)
+            _measure(local, f"{prefix} {block_m}x{block_n} w{warps} warm{warm}", {"fwd": forward}, warmup_ms, rep_ms)
             results["sweep"].update(local)
+    q, k, v, weight = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
+    grid = BlendGrid(CIFAR["size"], CIFAR["size"], 3, 0.5)
+    for warm in BLEND_WARM:
+        def blend_forward(warm=warm):
+            return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "none", 1.0, 1, None, True,
+                                           grid, config=dict(WARM=warm))
+
+        local = {}
+        _measure(local, f"cifar blend warm{warm}", {"fwd": blend_forward}, warmup_ms, rep_ms)
+        results["sweep"].update(local)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -284,19 +296,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results (bench/results/kernel.json)")
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
-    parser.add_argument("--compact", action="store_true",
-                        help="select with the compact loop wherever there are no sampled candidates (COMPACT)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure: the layers, the kernel alone, the block-size variants (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "selection_loop": "compact" if args.compact else "rounds"}
-    if args.compact:
-        default_config = function.fwd_config
-        function.fwd_config = lambda *sizes: default_config(*sizes) | {"COMPACT": True}
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     for part in args.parts:
         PARTS[part](results, args.warmup_ms, args.rep_ms)
     text = report(results)

@@ -226,196 +226,115 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
     return acc, self_col, s_self
 
 
-@triton.jit
-def _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col, feature_range,
-                    Spatial, blend, sizes, SELF_FIRST: tl.constexpr, BLEND: tl.constexpr, COSINE: tl.constexpr,
-                    IEEE: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
-    """Ranking scores of candidate columns ``start + [0, BLOCK_N)`` without sampled candidates: the keys, or with
-    ``BLEND`` the padded map's cells blended (``feature_range`` = (low, spread) per query); −∞ past the range, for
-    rows past Nq and, with a forced self, at the query's own column ``self_col`` (in acc already). Returns
-    (s, valid), [BLOCK_M, BLOCK_N]."""
-    cols = start + tl.arange(0, BLOCK_N)
-    mask_n = cols < col_hi
-    key_rows = cols
-    if BLEND:
-        key_rows = padded_cells(cols, sizes[10], sizes[11], sizes[1] // sizes[10])
-    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), sizes[6], COSINE,
-                    IEEE, D_PAD)
-    if BLEND:
-        s = _blend_tile(s, cols, offs_m, feature_range[0], feature_range[1], Spatial, sizes, blend)
-    valid = mask_m[:, None] & mask_n[None, :]
-    if SELF_FIRST:
-        valid = valid & (cols[None, :] != self_col[:, None])
-    return tl.where(valid, s, NEG_INF), valid
-
-
-@triton.jit
-def _top_half(a, b, K_PAD: tl.constexpr):
-    """The K_PAD largest keys of two [rows, ≥ K_PAD] key blocks, sorted descending."""
-    return tl.bitonic_merge(tl.maximum(tl.sort(tl.topk(a, K_PAD)), tl.topk(b, K_PAD)), descending=True)
-
-
-@triton.jit
-def select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, list_rows, col_lo, col_hi, offs_m, mask_m, self_col,
-                   feature_range, Spatial, blend, sizes, wanted, SELF_FIRST: tl.constexpr, BLEND: tl.constexpr,
-                   COSINE: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D_PAD: tl.constexpr, K_PAD: tl.constexpr):
-    """The top-K of candidate columns [col_lo, col_hi) (:func:`_candidate_tile`) into ``acc`` without insertion
-    rounds (docs/kernel.md, "Compact selection"):
-
-    1. a bound: the elementwise max of the score tiles holds BLOCK_N distinct scores per row, so their
-       ``wanted``-th largest τ is at most the row's ``wanted``-th largest score: every key of the top K scores ≥ τ;
-    2. the scores again: each row appends its keys ≥ τ (packed, in column order) to its own list of 2·K_PAD slots
-       in global memory (``list_rows``: the program's rows of it), so a row never waits for a busier one; a tile
-       that would overflow some row's list is merged whole with every row's list into its best K_PAD, which also
-       raises τ to the ``wanted``-th best key held;
-    3. the top K_PAD of the list merged with ``acc`` (the forced self, if any).
-
-    ``wanted`` = K, or K − 1 with a forced self. Exact: the lists hold every key that can rank in the top K, and
-    the packed keys order ties by the lower column. Returns acc [BLOCK_M, K_PAD] ascending: the top K_PAD keys,
-    of which the caller keeps the K live slots (the list's keys below rank ``wanted`` need not be exact)."""
-    CAP: tl.constexpr = 2 * K_PAD
-    slots = tl.arange(0, K_PAD)
-    bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
-    for start in range(col_lo, col_hi, BLOCK_N):
-        s, valid = _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col,
-                                   feature_range, Spatial, blend, sizes, SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_N,
-                                   D_PAD)
-        bound = tl.maximum(bound, s)
-    tau = tl.where(wanted > 0, column(tl.topk(bound, K_PAD), slots, wanted - 1), POS_INF)
-
-    held = tl.arange(0, CAP)
-    offs = tl.arange(0, BLOCK_N)
-    count = tl.zeros([BLOCK_M], tl.int32)
-    tl.debug_barrier()  # the previous work item's final read of the lists is done
-    for start in range(col_lo, col_hi, BLOCK_N):
-        s, valid = _candidate_tile(q, q_scale, k_base, k_strides, kinv_base, start, col_hi, offs_m, mask_m, self_col,
-                                   feature_range, Spatial, blend, sizes, SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_N,
-                                   D_PAD)
-        enter = valid & (s >= tau[:, None])
-        entries = tl.sum(enter.to(tl.int32), axis=1)
-        if tl.max(entries, axis=0) > 0:
-            keys = pack(s, start + offs[None, :])
-            if tl.max(count + entries, axis=0) > CAP:  # some list would overflow: keep each row's best K_PAD
-                tl.debug_barrier()
-                kept = tl.load(list_rows[:, None] + held[None, :], mask=held[None, :] < count[:, None],
-                               other=EMPTY_KEY)
-                best = _top_half(kept, tl.where(enter, keys, EMPTY_KEY), K_PAD)  # descending
-                tl.debug_barrier()
-                tl.store(list_rows[:, None] + slots[None, :], best)
-                tl.debug_barrier()  # before later appends write these slots from other threads
-                count = tl.sum((best != EMPTY_KEY).to(tl.int32), axis=1)
-                kth = column(best, slots, wanted - 1)
-                tau = tl.where((wanted > 0) & (kth != EMPTY_KEY), tl.maximum(tau, unpack_score(kth)), tau)
-            else:
-                at = count[:, None] + tl.cumsum(enter.to(tl.int32), axis=1) - 1
-                tl.store(list_rows[:, None] + at, keys, mask=enter)
-                count += entries
-    tl.debug_barrier()
-    kept = tl.load(list_rows[:, None] + held[None, :], mask=held[None, :] < count[:, None], other=EMPTY_KEY)
-    return tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(kept, K_PAD)))
-
-
 @triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
 def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
             blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
             CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
-            SPLIT: tl.constexpr, COMPACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            SPLIT: tl.constexpr, WARM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
-    """Work items (query block, B·H, split), as many programs as the grid has, each taking items pid, pid + grid,
-    …: scores + exact top-K over one split of the candidates; without a split also weights and Conv1D
-    (:func:`aggregate`), with one the sorted partial top-K goes to Part. ``COMPACT`` (no sampled candidates) selects
-    with :func:`select_compact` into the program's rows of the lists ``outputs[4]``, else with :func:`merge_tile`
-    per key tile."""
+    """Grid (query blocks, B·H, splits): scores + streaming top-K over one split of the candidates; without a
+    split also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part. ``WARM``
+    (not with sampled candidates): how many key tiles around the block's middle query set each row's floor
+    first (:func:`select.merge_tile`)."""
     tl.static_assert(BLOCK_N >= K_PAD)
     Q, K, Cand, KInv, Spatial = inputs[0], inputs[1], inputs[5], inputs[6], inputs[7]
     H, Nq, Nk, num_cols, cols_per_split = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
-    num_neighbors, D, stride_cb, width, pad, num_items = sizes[5], sizes[6], sizes[9], sizes[10], sizes[11], sizes[12]
-    grid_m = tl.cdiv(Nq, BLOCK_M)
-    num_splits = tl.cdiv(num_cols, cols_per_split)
+    num_neighbors, D, stride_cb, width, pad = sizes[5], sizes[6], sizes[9], sizes[10], sizes[11]
+    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b = pid_bh // H
+    h = pid_bh % H
+    row_lo = pid_m * BLOCK_M
+    offs_m = row_lo + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < Nq
     live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
-    wanted = num_neighbors  # how many keys the tiles must supply: all but a forced self
+    k_base = K + b * k_strides[0] + h * k_strides[1]
+    kinv_base = KInv + pid_bh * Nk
+    q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale, D,
+                               COSINE, BLOCK_M, D_PAD)
+    low = tl.zeros([BLOCK_M], tl.float32)
+    spread = tl.zeros([BLOCK_M], tl.float32) + 1.0
+    if BLEND:
+        low, spread = _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE, IEEE, BLOCK_M,
+                                     BLOCK_N, D_PAD)
+    acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
+    col_lo = pid_s * cols_per_split
+    col_hi = tl.minimum(col_lo + cols_per_split, num_cols)
+    if CANDIDATES:  # column 0 is the query itself
+        col_lo += 1
+        col_hi += 1
+    acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low,
+                                       spread, sizes, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M, D_PAD,
+                                       K_PAD)
+    everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+    slots = tl.arange(0, K_PAD)
+    num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
+    # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
+    # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).
+    num_warm = tl.minimum(num_tiles, WARM)
+    centre = row_lo + BLOCK_M // 2
+    if BLEND:
+        centre = (centre // width + pad) * (width + 2 * pad) + centre % width + pad
+    first_warm = tl.maximum(tl.minimum((centre - col_lo) // BLOCK_N - WARM // 2, num_tiles - num_warm), 0)
+    wanted = num_neighbors  # the keys the tiles must supply: all but a forced self
     if SELF_FIRST:
         wanted = num_neighbors - 1
-    list_rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64) * (2 * K_PAD)
-    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
-        pid_m = item % grid_m
-        pid_bh = (item // grid_m) % (num_items // (grid_m * num_splits))
-        pid_s = item // (num_items // num_splits)
-        b = pid_bh // H
-        h = pid_bh % H
-        row_lo = pid_m * BLOCK_M
-        offs_m = row_lo + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < Nq
-        k_base = K + b * k_strides[0] + h * k_strides[1]
-        kinv_base = KInv + pid_bh * Nk
-        q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale, D,
-                                   COSINE, BLOCK_M, D_PAD)
-        low = tl.zeros([BLOCK_M], tl.float32)
-        spread = tl.zeros([BLOCK_M], tl.float32) + 1.0
+    bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+    floor = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    for t in range(-num_warm, num_tiles):
+        tile = t
+        if WARM > 0:
+            tile = tl.where(t < 0, first_warm + num_warm + t, t)
+        start = col_lo + tile * BLOCK_N
+        cols = start + tl.arange(0, BLOCK_N)
+        mask_n = cols < col_hi
+        if CANDIDATES:
+            key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
+        elif BLEND:
+            key_rows = padded_cells(cols, width, pad, Nq // width)
+        else:
+            key_rows = cols
+        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE,
+                        IEEE, D_PAD)
         if BLEND:
-            low, spread = _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE, IEEE, BLOCK_M,
-                                         BLOCK_N, D_PAD)
-        acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
-        col_lo = pid_s * cols_per_split
-        col_hi = tl.minimum(col_lo + cols_per_split, num_cols)
-        if CANDIDATES:  # column 0 is the query itself
-            col_lo += 1
-            col_hi += 1
-        acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s,
-                                           low, spread, sizes, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M,
-                                           D_PAD, K_PAD)
-        if COMPACT:
-            acc = select_compact(acc, q, q_scale, k_base, k_strides, kinv_base, outputs[4] + list_rows, col_lo,
-                                 col_hi, offs_m, mask_m, self_col, (low, spread), Spatial, blend, sizes, wanted,
-                                 SELF_FIRST, BLEND, COSINE, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
-            acc = tl.where(live[None, :], acc, EMPTY_KEY)
+            s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
+        # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc
+        # already) appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced self.
+        needs_mask = start + BLOCK_N > col_hi
+        if CANDIDATES or BLEND:
+            needs_mask = start >= 0
+        elif SELF_FIRST:
+            needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
+        if needs_mask:
+            valid = mask_n[None, :] & (everything != 0)
+            if CANDIDATES:  # a sampled key equal to the query scores −∞ (the reference's mask), still a candidate
+                s = tl.where(valid & (key_rows[None, :] != offs_m[:, None]), s, NEG_INF)
+            else:
+                if SELF_FIRST:  # the query's own key is in acc already
+                    valid = valid & (cols[None, :] != self_col[:, None])
+                s = tl.where(valid, s, NEG_INF)
         else:
-            everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-            for start in range(col_lo, col_hi, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                mask_n = cols < col_hi
-                if CANDIDATES:
-                    key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
-                elif BLEND:
-                    key_rows = padded_cells(cols, width, pad, Nq // width)
-                else:
-                    key_rows = cols
-                s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D,
-                                COSINE, IEEE, D_PAD)
-                if BLEND:
-                    s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
-                # Only the tiles that need it are masked: past the range, and where the query's own candidate (in
-                # acc already) appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced
-                # self.
-                needs_mask = start + BLOCK_N > col_hi
-                if CANDIDATES or BLEND:
-                    needs_mask = start >= 0
-                elif SELF_FIRST:
-                    needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
-                if needs_mask:
-                    valid = mask_n[None, :] & (everything != 0)
-                    if CANDIDATES:  # a sampled key equal to the query scores −∞ (the reference's mask), still a
-                        s = tl.where(valid & (key_rows[None, :] != offs_m[:, None]), s, NEG_INF)  # candidate
-                    else:
-                        if SELF_FIRST:  # the query's own key is in acc already
-                            valid = valid & (cols[None, :] != self_col[:, None])
-                        s = tl.where(valid, s, NEG_INF)
-                else:
-                    valid = everything
-                acc = merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD, BLOCK_N)
-        acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
-        if SPLIT:
-            part_rows = (pid_bh.to(tl.int64) * num_splits + pid_s) * Nq + offs_m
-            tl.store(outputs[3] + part_rows[:, None] * K_PAD + tl.arange(0, K_PAD)[None, :], acc,
-                     mask=mask_m[:, None])
-            if SELF_FIRST:  # the merge reads the query's own score from A's first slot: the same bits as unsplit
-                if pid_s == 0:
-                    tl.store(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, s_self, mask=mask_m)
+            valid = everything
+        warm = False
+        if WARM > 0:
+            warm = t < 0
+        if warm:  # the elementwise max holds BLOCK_N distinct candidates: its wanted-th largest is a floor
+            bound = tl.maximum(bound, s)
+            if t == -1:
+                if wanted > 0:
+                    floor = column(tl.topk(bound, K_PAD), slots, wanted - 1)
         else:
-            aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
-                      offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, BLOCK_M,
-                      K_PAD, BLOCK_C, BLOCK_O)
+            acc = merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM > 0, K_PAD, BLOCK_N)
+    acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
+    if SPLIT:
+        part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m
+        tl.store(outputs[3] + part_rows[:, None] * K_PAD + tl.arange(0, K_PAD)[None, :], acc, mask=mask_m[:, None])
+        if SELF_FIRST:  # the merge reads the query's own score from A's first slot: the same bits as unsplit
+            if pid_s == 0:
+                tl.store(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, s_self, mask=mask_m)
+    else:
+        aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
+                  offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, BLOCK_M,
+                  K_PAD, BLOCK_C, BLOCK_O)
 
 
 @triton.jit(do_not_specialize=["sizes", "num_splits"])

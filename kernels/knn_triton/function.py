@@ -20,24 +20,22 @@ _WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
-_PERSISTENT_THREADS_PER_SM = 256  # COMPACT: programs that each take work items in turn, one list block each, as
-# many as fit on an SM at once (≈ 170–200 registers a thread of 64 K: 2 programs of 4 warps, 1 of 8), or one that
-# started late would finish late
 
 
 def _next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int) -> dict:
+def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, blend: bool = False) -> dict:
     """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K (the H200
-    sweeps in bench/RESULTS.md §1), and the selection loop: ``COMPACT`` (:func:`forward.select_compact`, for calls
-    without sampled candidates) or insertion rounds (:func:`select.merge_tile`). Entries can be overridden
+    sweeps in bench/RESULTS.md §1), and ``WARM``: the key tiles around each query block that set its rows' floors
+    before the stream (:func:`select.merge_tile`): 4 for the blend rule, whose best cells are the query's
+    neighbourhood by construction, none otherwise (every key, or sampled candidates). Entries can be overridden
     through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=4 if k_pad <= 16 else 8, num_stages=2, COMPACT=False)
+                num_warps=4 if k_pad <= 16 else 8, num_stages=2, WARM=4 if blend else 0)
 
 
 @functools.cache
@@ -95,7 +93,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     C_out = weight.shape[0]
-    cfg = fwd_config(num_neighbors, D, Dv, C_out) | (config or {})
+    cfg = fwd_config(num_neighbors, D, Dv, C_out, blend=blend is not None) | (config or {})
     block_m, block_n, k_pad = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["K_PAD"]
     out = torch.empty(B, C_out, Nq, device=q.device, dtype=q.dtype)
     idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int64)
@@ -118,23 +116,19 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     num_splits = triton.cdiv(num_cols, cols_per_split)
     split = num_splits > 1
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
-    num_items = grid_m * B * H * num_splits
-    compact = cfg["COMPACT"] and candidates is None
-    per_sm = max(1, _PERSISTENT_THREADS_PER_SM // (32 * cfg["num_warps"]))
-    programs = min(num_items, per_sm * _sm_count(q.device)) if compact else num_items
-    lists = torch.empty(programs * block_m, 2 * k_pad, device=q.device, dtype=torch.int64) if compact else idx
     args = dict(
         inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv, spatial),
-        outputs=(out, idx, a, part, lists), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+        outputs=(out, idx, a, part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
         w_strides=weight.stride(), o_strides=out.stride(),
-        sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad, num_items),
+        sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad),
         scale=1.0 if similarity == "cosine" else 1.0 / math.sqrt(D), inv_temperature=1.0 / temperature,
         WEIGHTING=_WEIGHTINGS[weighting], SELF_FIRST=bool(self_first), HAS_BIAS=bias is not None,
         COSINE=similarity == "cosine", CANDIDATES=candidates is not None, DEPTHWISE=groups > 1,
         IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=cfg["D_PAD"], K_PAD=k_pad, BLOCK_C=cfg["BLOCK_C"],
         BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    forward.knn_fwd[(programs,)](**args, blend=mix, BLEND=blend is not None, SPLIT=split, COMPACT=compact,
-                                 BLOCK_N=block_n)
+    warm = cfg["WARM"] if candidates is None else 0  # sampled candidates have no neighbourhood
+    forward.knn_fwd[(grid_m, B * H, num_splits)](**args, blend=mix, BLEND=blend is not None, SPLIT=split,
+                                                 WARM=warm, BLOCK_N=block_n)
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a

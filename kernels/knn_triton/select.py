@@ -8,15 +8,21 @@ so far, in no particular order. The row's threshold is the score of its smallest
 
 A score tile is merged in one of two ways (:func:`merge_tile`):
 
-- while some row holds fewer than K keys (the first tile): the tile is packed, its top K_PAD taken with ``tl.topk``
-  and merged with the sorted accumulator (``max`` of an ascending and a descending list is the top half of their
-  union, as a bitonic sequence);
+- while some row holds fewer than K keys and knows no floor (the first tile): the tile is packed, its top K_PAD
+  taken with ``tl.topk`` and merged with the sorted accumulator (``max`` of an ascending and a descending list is
+  the top half of their union, as a bitonic sequence);
 - afterwards, candidates enter one row maximum at a time: as many times as the most entries a row has (at most K,
   since a tile's K best are all it can contribute), each row's tile maximum, if it beats the row's threshold,
   replaces the row's smallest live key and is removed from the tile. Tiles where no row's maximum beats its
   threshold cost one row-max reduction: about as much as flash attention's running max. Keys are visited in
   increasing column order, so a score equal to the threshold has a larger column and cannot enter: the strict test
   is exact.
+
+A warm start (``WARM``) gives each row a floor before the stream: a score that at least as many candidates reach
+as the row must find, so no key below it can rank. A row not yet full then takes only keys ≥ its floor, one row
+maximum at a time as a full row does (its smallest live slot is empty), so tiles far below every floor cost one
+row-max reduction from the first tile on. Ties with the floor all enter; among them the packed keys keep the lower
+columns, and once the row is full the strict test applies as above.
 """
 
 from __future__ import annotations
@@ -92,26 +98,48 @@ def threshold(acc, live):
 
 
 @triton.jit
-def merge_tile(acc, s, start, valid, live, num_neighbors, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.constexpr, K_PAD: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """Merge a [rows, BLOCK_N] tile of canonical fp32 scores of columns ``start + [0, BLOCK_N)`` into the
     accumulator ``acc`` [rows, K_PAD] (``live``: its live slots). ``valid`` [rows, BLOCK_N] marks real candidates;
-    the others must score −∞. Returns acc."""
+    the others must score −∞. With ``WARM``, ``floor`` [rows] fp32 is a score at least as many candidates reach as
+    the row must find (−∞: none known): a row not yet full takes only keys ≥ its floor, one row maximum at a time
+    like a full row, and a tile whose maxima are all below what each row needs costs one row-max reduction.
+    Returns acc."""
     thr, full = threshold(acc, live)
     offs = tl.arange(0, BLOCK_N)
     slots = tl.arange(0, K_PAD)
-    if tl.min(full.to(tl.int32), axis=0) == 0:  # a row holds fewer than K: take the tile's top K_PAD at once
-        keys = tl.where(valid, pack(s, start + offs[None, :]), EMPTY_KEY)
+    if WARM:
+        whole = (full == 0) & (floor == NEG_INF)  # rows without a floor take the tile's top K_PAD at once
+    else:
+        whole = full == 0
+    if tl.max(whole.to(tl.int32), axis=0) > 0:
+        keys = tl.where(valid & (s >= floor[:, None]), pack(s, start + offs[None, :]), EMPTY_KEY)
         acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(keys, K_PAD)))
         acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
-    elif tl.max((tl.max(s, axis=1) > thr).to(tl.int32), axis=0) > 0:
-        # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
-        entries = tl.minimum(tl.max(tl.sum((s > thr[:, None]).to(tl.int32), axis=1), axis=0), num_neighbors)
-        for _ in range(entries):
-            best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-            enter = best > thr
-            smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)  # live keys are distinct
-            acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]), pack(best, start + at)[:, None],
-                           acc)
-            s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
-            thr, full = threshold(acc, live)
+    else:
+        top = tl.max(s, axis=1)
+        if WARM:  # a full row needs more than its threshold, the others (floor > −∞) at least their floor
+            needs = tl.where(full, top > thr, top >= floor)
+        else:
+            needs = top > thr
+        if tl.max(needs.to(tl.int32), axis=0) > 0:
+            if WARM:
+                beats = tl.where(full[:, None], s > thr[:, None], s >= floor[:, None])
+            else:
+                beats = s > thr[:, None]
+            # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
+            entries = tl.minimum(tl.max(tl.sum(beats.to(tl.int32), axis=1), axis=0), num_neighbors)
+            for _ in range(entries):
+                best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+                if WARM:
+                    enter = tl.where(full, best > thr, best >= floor)
+                else:
+                    enter = best > thr
+                # live keys are distinct; a row not yet full has an empty live slot, its smallest
+                smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+                acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]),
+                               pack(best, start + at)[:, None], acc)
+                s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
+                thr, full = threshold(acc, live)
     return acc

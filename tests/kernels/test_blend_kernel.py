@@ -104,21 +104,22 @@ def test_blend_layer_gives_the_same_output_and_records_on_both_backends():
     assert agree > 0.95  # rows may differ only at fp32 near-ties
 
 
-@pytest.mark.parametrize("tiles", [{}, dict(BLOCK_M=16, BLOCK_N=16)])
-def test_the_compact_loop_selects_the_blend_rules_cells_as_the_rounds_loop(tiles):
-    """The compact selection loop on the blend rule (its bound and lists over the blended scores of the padded
-    map's cells) selects exactly what the insertion rounds select, with the same output; 16×16 tiles make lists
-    overflow. Integer features give exact feature scores."""
+@pytest.mark.parametrize("warm", [1, 4])
+def test_a_warm_start_selects_the_blend_rules_cells_as_the_plain_stream(warm):
+    """The blend rule's floors from the tiles around each query block (default 4 tiles; 1 leaves most tiles
+    outside) change no selection and no output bit against the stream without them, on 16×16 tiles over a 13×11
+    map (195 padded cells, 13 tiles). Integer features give exact feature scores and many ties at the floor."""
     from kernels.knn_triton import function
 
-    gen = torch.Generator().manual_seed(4)
-    grid, K = (9, 11), 9
+    gen = torch.Generator().manual_seed(warm)
+    grid, K = (13, 11), 9
     N = grid[0] * grid[1]
     q, k = (torch.randint(-2, 3, (2, 1, N, 4), generator=gen).float().to(DEVICE) for _ in range(2))
     v = torch.randn(2, 1, N, 5, generator=gen).to(DEVICE)
     weight = torch.randn(6, 5, K, generator=gen).to(DEVICE)
     args = (q, k, v, weight, None, K, "cosine", "none", 1.0, 1, None, True, BlendGrid(*grid, 3, 0.5))
-    rounds = function.launch_forward(*args, config=dict(tiles, COMPACT=False))
-    compact = function.launch_forward(*args, config=dict(tiles, COMPACT=True))
-    for got, expected in zip(compact, rounds, strict=True):
+    tiles = dict(BLOCK_M=16, BLOCK_N=16)
+    plain = function.launch_forward(*args, config=dict(tiles, WARM=0))
+    warmed = function.launch_forward(*args, config=dict(tiles, WARM=warm))
+    for got, expected in zip(warmed, plain, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

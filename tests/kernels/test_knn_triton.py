@@ -198,33 +198,29 @@ def _forward_variants(q, k, v, weight, bias, options, **overrides):
         return function.launch_forward(*args), function.launch_forward(*args, **overrides)
 
 
-@pytest.mark.parametrize("candidates, compact", [("all", False), ("random", False), ("all", True)])
-def test_split_candidate_range_merges_to_the_same_result(candidates, compact):
-    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing, with either
-    selection loop."""
+@pytest.mark.parametrize("candidates", ["all", "random"])
+def test_split_candidate_range_merges_to_the_same_result(candidates):
+    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing."""
     q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20, out_channels=12,
                                             num_neighbors=16, depthwise=False, seed=5)
     cand = _random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
     options = dict(num_neighbors=16, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=True)
-    single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3, config=dict(COMPACT=compact))
+    single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3)
     for got, expected in zip(split, single, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("num_neighbors, candidates, self_first, compact", [
-    (2, "all", False, False), (9, "all", True, False), (16, "random", False, False), (5, "random", True, False),
-    (2, "all", False, True), (9, "all", True, True), (16, "all", False, True)])
-def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first, compact):
-    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped, or (compact)
-    appended to the lists or merged with them; same result."""
+@pytest.mark.parametrize("num_neighbors, candidates, self_first", [
+    (2, "all", False), (9, "all", True), (16, "random", False), (5, "random", True)])
+def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first):
+    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped; same result."""
     q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=160, dim=12, value_dim=4, out_channels=0,
                                             num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
     cand = _random_candidates(1, 160, 120, shared=True, seed=1) if candidates == "random" else None
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=self_first)
-    default, tiled = _forward_variants(q, k, v, weight, bias, options,
-                                       config=dict(BLOCK_M=16, BLOCK_N=16, COMPACT=compact))
+    default, tiled = _forward_variants(q, k, v, weight, bias, options, config=dict(BLOCK_M=16, BLOCK_N=16))
     torch.testing.assert_close(tiled[1], default[1], rtol=0, atol=0)  # indices
     torch.testing.assert_close(tiled[0], default[0], **OUT_TOL)
 
@@ -650,23 +646,26 @@ def test_a_random_layer_trains_without_a_device_sync():
 
 @CUDA_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens, batch, num_neighbors, num_splits", [(1024, 8, 9, None), (1024, 40, 9, None),
-                                                                      (4096, 1, 9, 4), (1500, 2, 64, None)])
-def test_compact_loop_selects_as_the_rounds_loop_on_gpu(dtype, tokens, batch, num_neighbors, num_splits):
-    """The compact selection loop (persistent programs, per-row lists in global memory, barriers between their
-    writes and reads) against the insertion rounds on the GPU: the same indices and bit-identical outputs, for
-    clustered keys (many near-equal scores overflow the lists) and random ones, unsplit and split; batch 40 gives
-    640 work items, more than the programs, so each program reuses its lists."""
-    gen = torch.Generator().manual_seed(tokens + num_neighbors)
+@pytest.mark.parametrize("rule", ["blend", "all"])
+def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule):
+    """The floors a warm start sets (fwd_config ``WARM``: the blend rule's default, and an option for every key)
+    change no index and no output bit against the stream without them, on the GPU at the CIFAR layer's size
+    (32×32 map, K = 9, 64×64 tiles): the floor is one of the stream's own scores, computed by the same loop.
+    Clustered keys give many near-equal scores at the floor."""
+    from kernels.reference import BlendGrid
+
+    gen = torch.Generator().manual_seed(9)
+    batch, tokens = 8, 1024
     centres = torch.randn(8, 64, generator=gen)
-    clustered = centres[torch.randint(0, 8, (batch, 1, tokens), generator=gen)] + 0.05 * torch.randn(
+    keys = centres[torch.randint(0, 8, (batch, 1, tokens), generator=gen)] + 0.05 * torch.randn(
         batch, 1, tokens, 64, generator=gen)
-    for keys in (clustered, torch.randn(batch, 1, tokens, 64, generator=gen)):
-        q = k = keys.to(DEVICE, dtype)
-        v = torch.randn(batch, 1, tokens, 32, generator=gen).to(DEVICE, dtype)
-        weight = torch.randn(48, 32, num_neighbors, generator=gen).to(DEVICE, dtype)
-        args = (q, k, v, weight, None, num_neighbors, "cosine", "softmax", 1.0, 1, None, True)
-        rounds = function.launch_forward(*args, num_splits=num_splits, config=dict(COMPACT=False))
-        compact = function.launch_forward(*args, num_splits=num_splits, config=dict(COMPACT=True))
-        for got, expected in zip(compact, rounds, strict=True):
-            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    q = k = keys.to(DEVICE, dtype)
+    v = torch.randn(batch, 1, tokens, 32, generator=gen).to(DEVICE, dtype)
+    weight = torch.randn(48, 32, 9, generator=gen).to(DEVICE, dtype)
+    blend = BlendGrid(32, 32, 3, 0.5) if rule == "blend" else None
+    weighting = "none" if rule == "blend" else "softmax"
+    args = (q, k, v, weight, None, 9, "cosine", weighting, 1.0, 1, None, True, blend)
+    plain = function.launch_forward(*args, config=dict(WARM=0))
+    warmed = function.launch_forward(*args, config=dict(WARM=4 if rule == "blend" else 1))
+    for got, expected in zip(warmed, plain, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
