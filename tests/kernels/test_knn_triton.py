@@ -646,16 +646,19 @@ def test_a_random_layer_trains_without_a_device_sync():
 
 @CUDA_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rule", ["blend", "all"])
-def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule):
-    """The floors a warm start sets (fwd_config ``WARM``: the blend rule's default, and an option for every key)
-    change no index and no output bit against the stream without them, on the GPU at the CIFAR layer's size
-    (32×32 map, K = 9, 64×64 tiles): the floor is one of the stream's own scores, computed by the same loop.
-    Clustered keys give many near-equal scores at the floor."""
+@pytest.mark.parametrize("rule, warm, batch", [("blend", 4, 8), ("all", 1, 8), ("all", 16, 8), ("all", 1, 40),
+                                               ("all", 16, 40)])
+def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule, warm, batch):
+    """The floors a warm start sets (fwd_config ``WARM``: the blend rule's default 4; for every key 1 tile, or 16:
+    all of them, the floor then the bound of every tile's elementwise max) change no index and no output bit
+    against the stream without them, on the GPU at the CIFAR layer's size (32×32 map, K = 9, 64×64 tiles): the
+    floor is one of the stream's own scores, computed by the same loop. Batch 8 leaves the GPU half empty, so the
+    keys are split over programs (each split's floor from its own tiles); clustered keys give many near-equal
+    scores at the floor."""
     from kernels.reference import BlendGrid
 
     gen = torch.Generator().manual_seed(9)
-    batch, tokens = 8, 1024
+    tokens = 1024
     centres = torch.randn(8, 64, generator=gen)
     keys = centres[torch.randint(0, 8, (batch, 1, tokens), generator=gen)] + 0.05 * torch.randn(
         batch, 1, tokens, 64, generator=gen)
@@ -666,6 +669,6 @@ def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule):
     weighting = "none" if rule == "blend" else "softmax"
     args = (q, k, v, weight, None, 9, "cosine", weighting, 1.0, 1, None, True, blend)
     plain = function.launch_forward(*args, config=dict(WARM=0))
-    warmed = function.launch_forward(*args, config=dict(WARM=4 if rule == "blend" else 1))
+    warmed = function.launch_forward(*args, config=dict(WARM=warm))
     for got, expected in zip(warmed, plain, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
