@@ -79,8 +79,9 @@ def curves(logs: Path) -> go.Figure:
     return figure
 
 
-def render_png(html: Path, png: Path) -> bool:
-    """Screenshot ``html`` with Playwright + Chromium; False when either is missing."""
+def render_png(html: Path, png: Path, viewport: tuple[int, int] = (1620, 660)) -> bool:
+    """Screenshot ``html`` at ``viewport`` (width, height px) with Playwright + Chromium; False when either is
+    missing."""
     chromium = shutil.which("chromium")
     try:
         from playwright.sync_api import sync_playwright
@@ -90,7 +91,7 @@ def render_png(html: Path, png: Path) -> bool:
         return False
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1620, "height": 660})
+        page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
         page.goto(html.resolve().as_uri())
         page.wait_for_selector(".main-svg")
         page.screenshot(path=str(png))
@@ -98,20 +99,26 @@ def render_png(html: Path, png: Path) -> bool:
     return True
 
 
+def save_figure(figure: go.Figure, png: Path, viewport: tuple[int, int] = (1620, 660)) -> Path:
+    """``figure`` as ``png`` (:func:`render_png`), or as HTML beside it without Chromium; returns the file written."""
+    with tempfile.TemporaryDirectory() as folder:
+        html = Path(folder) / "figure.html"
+        figure.write_html(html, include_plotlyjs=True)
+        if render_png(html, png, viewport):
+            return png
+    html = png.with_suffix(".html")
+    figure.write_html(html, include_plotlyjs=True)
+    return html
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logs", type=Path, default=ROOT / "checkpoints" / "logs")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "curves.png")
     args = parser.parse_args()
-    figure = curves(args.logs)
-    with tempfile.TemporaryDirectory() as folder:
-        html = Path(folder) / "curves.html"
-        figure.write_html(html, include_plotlyjs=True)
-        if render_png(html, args.out):
-            return
-    html = args.out.with_suffix(".html")
-    figure.write_html(html, include_plotlyjs=True)
-    print(f"wrote {html}; install chromium and playwright to render {args.out}")
+    written = save_figure(curves(args.logs), args.out)
+    if written != args.out:
+        print(f"wrote {written}; install chromium and playwright to render {args.out}")
 
 
 if __name__ == "__main__":
