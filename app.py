@@ -941,7 +941,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
     ui["uploads"] = gr.State([])  # this session's uploaded checkpoints (a State has no elem_id)
     gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation · compute "
                 f"path: **{an.compute_path(ex.device)}**", elem_id="title")
-    with gr.Row(equal_height=False):
+    with gr.Row(equal_height=False, elem_id="main_row"):
         with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
             guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
             add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))

@@ -113,7 +113,8 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
 @pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
 def test_the_core_loop_fits_the_screen(app_url, context):
     """Image, click, focus panel and prediction: inside the viewport (at 1280×800 all on the first screen; at
-    390×844 without sideways scrolling), none covering another. Screenshots go to tests/screenshots/."""
+    390×844 without sideways scrolling, the focus panel starting on the first screen, right after the model, the
+    examples and the upload), none covering another. Screenshots go to tests/screenshots/."""
     width, height = context["viewport"]["width"], context["viewport"]["height"]
     with browser_page(app_url, context) as tab:
         SCREENSHOTS.mkdir(exist_ok=True)
@@ -126,6 +127,9 @@ def test_the_core_loop_fits_the_screen(app_url, context):
             assert box["x"] >= 0 and box["x"] + box["width"] <= width, name
             if width >= 1000:
                 assert box["y"] >= 0 and box["y"] + box["height"] <= height, name
+        if width < 1000:  # a phone: the image before the rest of the controls
+            assert boxes["model"]["y"] < boxes["upload"]["y"] < boxes["focus panel"]["y"] < height
+            assert boxes["focus panel"]["y"] < tab.locator("#layer").bounding_box()["y"]
         for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
             apart = (box_a["x"] + box_a["width"] <= box_b["x"] or box_b["x"] + box_b["width"] <= box_a["x"]
                      or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
