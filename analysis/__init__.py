@@ -19,6 +19,7 @@ Imports ``convnn``, never ``kernels`` or ``gradio``.
 from convnn.introspect import compute_path
 
 from .rendering.export import (
+    blend_window_note,
     export_query,
     neighbor_notes,
     neighbors_summary,
@@ -152,6 +153,7 @@ __all__ = [
     "attention_equivalence",
     "attribution_map",
     "blend_sweep",
+    "blend_window_note",
     "branch_mix",
     "cache_budget",
     "cache_usage",

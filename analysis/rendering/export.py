@@ -121,6 +121,29 @@ def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
     return notes
 
 
+def blend_window_note(options: RuleOptions, overlaps: dict[tuple[str, str], np.ndarray]) -> str | None:
+    """The page's note when the blend rule picks exactly the window's cells for most queries (METHOD §3): at that
+    α the spatial term still outweighs the features, which a reader would otherwise take for a fault.
+
+    Args:
+        options (RuleOptions): the resolved options (``blend_alpha``).
+        overlaps (dict): (a, b) → (Q,) Jaccard overlaps of each pair of rules (:func:`analysis.rule_rows`).
+
+    Returns:
+        str or None: the note, or None unless the window and blend sets are equal for at least half the queries.
+    """
+    pair = overlaps.get(("window", "blend"), overlaps.get(("blend", "window")))
+    if pair is None or not len(pair):
+        return None
+    share = float(np.mean(pair == 1.0))
+    if share < 0.5:
+        return None
+    return (f"At α = {options.blend_alpha:g} the blend rule picks exactly the window's cells for {share:.0%} of this "
+            "layer's queries: the spatial term (1 − α)·spatial, 1 at the query and e^−½ on the window's border, "
+            "still outweighs α times the features' similarity (scaled to [0, 1]). Raise α, or press ▶ α, to watch "
+            "the features take over.")
+
+
 def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image.Image:
     probe, size = neighbors.layer, view.shape[0]
     factor = max(1, _PNG_PANEL_PX // size)

@@ -24,7 +24,7 @@ from ..session.selections import Selection, rule_title
 from ..session.traces import LayerInfo, cell_rect_px, layer_label
 from ..views.spectrum import ReceptiveFields
 from ..views.table import BlendSweep, NeighborTable
-from .export import neighbor_notes
+from .export import blend_window_note, neighbor_notes
 from .overlay import CANDIDATE_COLOR, MAX_LABELLED_RANKS, rank_colors
 
 __all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_sweep", "page_table"]
@@ -96,7 +96,8 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         the random rule), ``jaccard`` ({"a|b": (N,) float32}),
         ``contributions`` ((N, K) float32 or None), ``branch_share`` / ``branch_ratio``, ``heads`` (per head
         ``cells``/``scores``), ``colors`` (K rank colours, rank 0 first), ``candidate_color``,
-        ``max_labelled_ranks`` and ``notes`` (:func:`analysis.neighbor_notes`).
+        ``max_labelled_ranks`` and ``notes`` (:func:`analysis.neighbor_notes`, then
+        :func:`analysis.blend_window_note`'s when it has one).
     """
     probe, options = table.layer, table.options
     size = probe.input_size
@@ -141,7 +142,8 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         "colors": rank_colors(k_max),
         "candidate_color": CANDIDATE_COLOR,
         "max_labelled_ranks": MAX_LABELLED_RANKS,
-        "notes": neighbor_notes(probe, options),
+        "notes": [*neighbor_notes(probe, options),
+                  *filter(None, [blend_window_note(options, table.overlaps)])],
     }
 
 

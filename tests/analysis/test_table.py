@@ -228,3 +228,20 @@ def test_the_alpha_sweep_runs_from_the_window_to_all_tokens(load_small, image):
                                   sweep.rules[3].window_share.astype(np.float32))
     with pytest.raises(ValueError, match="at least 2 steps"):
         blend_sweep(loaded, image, "stages.1.0.conv1", steps=1)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_the_page_says_when_the_blend_rule_picks_the_windows_cells(load_small, image, alpha):
+    """The note appears exactly when the blend and window sets are equal for at least half the queries, with that
+    share (counted here from the two rules' cells): α = 0 is the window rule itself (every query)."""
+    loaded = load_small("cnn-l0.5")
+    table = neighbor_table(loaded, image, "stages.1.0.conv1", RuleOptions(blend_alpha=alpha))
+    window, blend = (table.rules[rule].selection.cells for rule in ("window", "blend"))
+    same = np.mean([{tuple(c) for c in w} == {tuple(c) for c in b} for w, b in zip(window, blend, strict=True)])
+    notes = page_table(model_view(image, 32), table, (0, 0), loaded.card, {})["notes"]
+    said = [note for note in notes if "the blend rule picks exactly the window's cells" in note]
+    if alpha == 0.0:
+        assert same == 1.0
+    assert len(said) == (same >= 0.5)
+    if said:
+        assert f"At α = {alpha:g}" in said[0] and f"for {same:.0%} of this layer's queries" in said[0]
