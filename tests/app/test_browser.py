@@ -13,7 +13,7 @@ import pytest
 
 import analysis as an
 import app
-from tests.app.browser import DESKTOP, PHONE, browser_page, settle
+from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
 from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, page
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored: the last run's pictures
@@ -90,9 +90,10 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
     with browser_page(app_url) as tab:
         tab.locator("#checkpoint input").click()
         tab.locator("#checkpoint input").fill("vit-convnn")
+        model_chain = expect_chain(tab, "input", "checkpoint")
         tab.get_by_role("option").filter(has_text="vit-convnn").first.click()
         tab.wait_for_function("document.querySelector('.cx').dataset.layer === 'blocks.0.attn'", timeout=60_000)
-        settle(tab)
+        settle(tab, model_chain)  # the model's other views too, before counting requests
         table = explorer.on_table(**page(checkpoint, explorer.examples[0], "blocks.0.attn"))
         assert tab.locator(".cx-multiples figure").count() == 4 + 2  # the other rules, and each head's selection
         tab.get_by_role("tab", name="Multi-hop").click()

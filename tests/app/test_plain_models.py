@@ -14,7 +14,7 @@ import analysis as an
 from convnn import ModelCard, create_model, save_checkpoint
 from convnn.data import CIFAR10_CLASSES
 from tests import small_models
-from tests.app.browser import browser_page, settle
+from tests.app.browser import browser_page, expect_chain, settle
 from tests.app.test_app import page
 from tests.app.test_browser import pixel_position, shown
 
@@ -108,16 +108,18 @@ def test_both_open_through_the_upload_and_answer_a_click_in_the_page(app_url, ex
         tab.wait_for_selector(".toast-body:has-text('sha256 differs from the card')", timeout=60_000)
         settle(tab)  # the refused pair is emptied from the box: the next upload is two files again
         for name, layer, px in (("tv-resnet18", STRIDED, (13, 22)), ("tv-vit", ATTENTION, (5, 27))):
+            upload = expect_chain(tab, "upload", "checkpoint_files")
             tab.locator("#checkpoint_files input[type=file]").set_input_files(
                 [plain_checkpoint_dir / f"{name}.json", plain_checkpoint_dir / f"{name}.safetensors"])
             tab.wait_for_function("name => [...document.querySelectorAll('#checkpoint input')].some(input => "
                                   "input.value.includes(name))", arg=name, timeout=60_000)
-            settle(tab)
+            settle(tab, upload)  # the model's views, its layer list among them
             tab.locator("#layer input").click()
             tab.locator("#layer input").fill(layer)
+            layer_chain = expect_chain(tab, "input", "layer")
             tab.get_by_role("option").filter(has_text=layer).first.click()
             tab.wait_for_function(f"document.querySelector('.cx').dataset.layer === '{layer}'", timeout=60_000)
-            settle(tab)
+            settle(tab, layer_chain)
             table = explorer.on_table(**page(uploaded[name], image_file, layer))  # the same geometry
             tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, px))
             assert shown(tab)["query"] == f"{px[0]},{px[1]}"
