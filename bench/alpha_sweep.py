@@ -25,6 +25,7 @@ from zoo_curves import ROOT, save_figure
 ALPHAS = {0.0: "cnn3-l0.5-blend0", 0.25: "cnn3-l0.5-blend0.25", 0.5: "cnn3-l0.5-blend0.5",
           0.75: "cnn3-l0.5-blend0.75", 1.0: "cnn3-l0.5"}
 BASELINE = "cnn3-l0"
+SEEDS = 3  # the issue's seeds per α; a verdict on fewer says it is provisional
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,19 @@ def beats(a: Runs, b: Runs) -> bool:
 
 
 def verdict(sweep: dict[float, Runs]) -> str:
-    """One sentence: which 0 < α < 1 beat both α = 0 and α = 1, or that none does (or what is missing)."""
+    """One sentence: which 0 < α < 1 beat both α = 0 and α = 1, or that none does (or what is missing), marked
+    provisional while an α has fewer than :data:`SEEDS` seeds."""
     ends = (sweep.get(0.0), sweep.get(1.0))
     if any(end is None or not end.accuracy for end in ends):
         return "not answered: a run of α = 0 or α = 1 is missing"
     middle = [alpha for alpha, runs in sweep.items() if 0 < alpha < 1 and runs.accuracy]
     winners = [alpha for alpha in middle if all(beats(sweep[alpha], end) for end in ends)]
     if winners:
-        return f"yes: α = {', '.join(f'{a:g}' for a in winners)} beats both ends"
-    return f"no: none of α = {', '.join(f'{a:g}' for a in middle)} beats both α = 0 and α = 1"
+        answer = f"yes: α = {', '.join(f'{a:g}' for a in winners)} beats both ends"
+    else:
+        answer = f"no: none of α = {', '.join(f'{a:g}' for a in middle)} beats both α = 0 and α = 1"
+    short = [f"{alpha:g} ({len(runs.accuracy)})" for alpha, runs in sweep.items() if len(runs.accuracy) < SEEDS]
+    return f"{answer} (provisional: α = {', '.join(short)} of {SEEDS} seeds)" if short else answer
 
 
 def table(sweep: dict[float, Runs], baseline: Runs) -> str:
@@ -112,6 +117,7 @@ def main() -> None:
     baseline = load_runs(BASELINE)
     print(table(sweep, baseline), "", "Does any 0 < α < 1 beat both ends? " + verdict(sweep), sep="\n")
     print(f"wrote {save_figure(figure(sweep, baseline), args.out, viewport=(760, 440))}")
+
 
 if __name__ == "__main__":
     main()

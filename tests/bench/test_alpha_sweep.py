@@ -41,13 +41,19 @@ def test_the_verdict_needs_a_difference_above_the_sum_of_the_stds(tmp_path):
     sweep = {alpha: alpha_sweep.load_runs(preset, tmp_path) for alpha, preset in alpha_sweep.ALPHAS.items()}
     assert alpha_sweep.beats(sweep[0.25], sweep[1.0])  # 0.4 > 0.3
     assert not alpha_sweep.beats(sweep[1.0], sweep[0.25])
-    assert alpha_sweep.verdict(sweep) == "yes: α = 0.25, 0.5 beats both ends"
+    assert alpha_sweep.verdict(sweep) == "yes: α = 0.25, 0.5 beats both ends (provisional: α = 0.75 (0) of 3 seeds)"
     means = next(trace for trace in alpha_sweep.figure(sweep, sweep[0.0]).data if trace.name.endswith("mean"))
     assert list(means.x) == [0.0, 0.25, 0.5, 1.0]  # α = 0.75 has no run yet
     assert list(means.y) == pytest.approx([90.2, 91.0, 91.1, 90.6])
     _runs(tmp_path, "cnn3-l0.5", [91.0, 91.2, 91.4])  # α = 1 now 91.2 ± 0.2: nothing beats it
     sweep[1.0] = alpha_sweep.load_runs("cnn3-l0.5", tmp_path)
-    assert alpha_sweep.verdict(sweep) == "no: none of α = 0.25, 0.5 beats both α = 0 and α = 1"
+    _runs(tmp_path, "cnn3-l0.5-blend0.75", [90.9, 91.1])
+    sweep[0.75] = alpha_sweep.load_runs("cnn3-l0.5-blend0.75", tmp_path)  # 91.0 ± 0.14, two seeds
+    assert alpha_sweep.verdict(sweep) == ("no: none of α = 0.25, 0.5, 0.75 beats both α = 0 and α = 1 "
+                                          "(provisional: α = 0.75 (2) of 3 seeds)")
+    _runs(tmp_path, "cnn3-l0.5-blend0.75", [90.9, 91.1, 91.0])
+    sweep[0.75] = alpha_sweep.load_runs("cnn3-l0.5-blend0.75", tmp_path)
+    assert alpha_sweep.verdict(sweep) == "no: none of α = 0.25, 0.5, 0.75 beats both α = 0 and α = 1"
     sweep[0.0] = alpha_sweep.Runs("cnn3-l0.5-blend0", {})
     assert alpha_sweep.verdict(sweep).startswith("not answered")
-    assert "| 0.75 | `cnn3-l0.5-blend0.75` | — | — |" in alpha_sweep.table(sweep, sweep[1.0])
+    assert "| 0 | `cnn3-l0.5-blend0` | — | — |" in alpha_sweep.table(sweep, sweep[1.0])
