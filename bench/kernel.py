@@ -19,6 +19,10 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
 - **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts and warm starts
   (``WARM`` tiles, also for the blend rule's kernel at the CIFAR layer).
+- **Where the time goes** (``profile``): each layer's forward + backward under ``torch.profiler``
+  (:func:`gpu_breakdown`): per call the wall time, the time the GPU is busy (the union of its kernels' intervals)
+  and each kernel's total, so a layer that waits on the host (wall ≫ busy) tells itself apart from one whose
+  kernels are slow, and each kernel's share is known.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import nn
+from torch.autograd import DeviceType
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,7 +95,9 @@ def _layers() -> dict[str, nn.Module]:
     }
 
 
-def bench_layers(results: dict, warmup_ms: float, rep_ms: float) -> None:
+def _layer_calls():
+    """Per layer of :func:`_layers` on one CIFAR input: its name and calls ``fwd`` (no autograd), ``fwdbwd``
+    (forward + ``sum().backward()``) and ``graph`` (the forward with autograd, its output returned)."""
     torch.manual_seed(0)
     x = torch.randn(CIFAR["batch"], CIFAR["channels"], CIFAR["size"], CIFAR["size"], device=DEVICE,
                     requires_grad=True)
@@ -110,10 +117,15 @@ def bench_layers(results: dict, warmup_ms: float, rep_ms: float) -> None:
             with torch.autocast("cuda", torch.bfloat16):
                 return layer(x)
 
-        _measure(results, name, {"fwd": forward, "fwdbwd": forward_backward}, warmup_ms, rep_ms)
+        yield name, {"fwd": forward, "fwdbwd": forward_backward, "graph": forward_graph}
+
+
+def bench_layers(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    for name, calls in _layer_calls():
+        _measure(results, name, {"fwd": calls["fwd"], "fwdbwd": calls["fwdbwd"]}, warmup_ms, rep_ms)
         if name == "layer_all":
-            results["layer_all_peak_mib"] = peak_mib(forward_graph)
-            results["layer_all_out_dtype"] = str(forward().dtype)
+            results["layer_all_peak_mib"] = peak_mib(calls["graph"])
+            results["layer_all_out_dtype"] = str(calls["fwd"]().dtype)
 
 
 def _measure(results: dict, prefix: str, fns: dict[str, Callable], warmup_ms: float, rep_ms: float) -> None:
@@ -129,6 +141,57 @@ def _measure(results: dict, prefix: str, fns: dict[str, Callable], warmup_ms: fl
         except Exception as error:  # one failing measurement must not stop the benchmark
             results.setdefault("errors", {})[key] = f"{type(error).__name__}: {str(error)[:200]}"
             traceback.print_exc()
+
+
+def busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals in µs, as ms: the time at least one kernel runs."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1000
+
+
+def kernel_summary(events, calls: int) -> dict:
+    """Per call of the profiled function: ``gpu_busy_ms`` (:func:`busy_ms` over the CUDA kernel events) and
+    ``kernels`` ({name: ms}, largest first) from ``torch.profiler`` events (``name``, ``device_type``,
+    ``time_range`` in µs); memory copies and sets count as kernels."""
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    totals: dict[str, float] = {}
+    for event in kernels:
+        totals[event.name] = totals.get(event.name, 0.0) + (event.time_range.end - event.time_range.start) / 1000
+    return {"gpu_busy_ms": busy_ms([(e.time_range.start, e.time_range.end) for e in kernels]) / calls,
+            "kernels": {name: ms / calls for name, ms in sorted(totals.items(), key=lambda item: -item[1])}}
+
+
+def gpu_breakdown(fn: Callable[[], object], calls: int = 20) -> dict:
+    """Where ``fn``'s time goes: ``calls`` calls (after one untimed) under ``torch.profiler``; ``wall_ms`` per call
+    (host included, the profiler's own overhead too) beside :func:`kernel_summary`'s ``gpu_busy_ms`` and
+    ``kernels``. Wall well above busy: the GPU waits on the host (launches, Python, syncs)."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - started) * 1000 / calls
+    return {"wall_ms": wall_ms, **kernel_summary(profile.events(), calls)}
+
+
+def bench_profile(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    results["profile"] = {f"{name}_fwdbwd": gpu_breakdown(calls["fwdbwd"]) for name, calls in _layer_calls()}
+
+
+def profile_table(profile: dict, top: int = 6) -> list[str]:
+    """Markdown rows of :func:`gpu_breakdown` results ({what: breakdown}): wall, busy and the ``top`` kernels."""
+    lines = ["| call | wall ms | GPU busy ms | largest kernels (ms per call) |", "|---|---:|---:|---|"]
+    for what, entry in profile.items():
+        largest = ", ".join(f"`{name[:40]}` {ms:.3f}" for name, ms in list(entry["kernels"].items())[:top])
+        lines.append(f"| {what} | {entry['wall_ms']:.3f} | {entry['gpu_busy_ms']:.3f} | {largest} |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -282,12 +345,15 @@ def report(results: dict) -> str:
     if results.get("sweep"):
         lines += ["", "Fused forward alone by block size (BLOCK_M×BLOCK_N, warps):", "", "| variant | fwd ms |",
                   "|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in results["sweep"].items()]
+    if results.get("profile"):
+        lines += ["", "Where the time goes (torch.profiler, forward + backward):", "",
+                  *profile_table(results["profile"])]
     if results.get("errors"):
         lines += ["", "Errors:", ""] + [f"- `{k}`: {v}" for k, v in results["errors"].items()]
     return "\n".join(lines) + "\n"
 
 
-PARTS = {"layers": bench_layers, "kernel": bench_kernel, "sweep": bench_sweep}
+PARTS = {"layers": bench_layers, "kernel": bench_kernel, "sweep": bench_sweep, "profile": bench_profile}
 
 
 def main() -> None:
@@ -297,7 +363,8 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure: the layers, the kernel alone, the block-size variants (default: all)")
+                        help="what to measure: the layers, the kernel alone, the block-size variants, where each "
+                        "layer's time goes (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")

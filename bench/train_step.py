@@ -8,7 +8,8 @@ waits for nothing else). The batch is the first images of the lite training set,
 same batch every step (no loader or augmentation cost). ``--warm`` sets ``fwd_config``'s ``WARM`` for every
 ConvNN layer (``default``: each rule's own, 4 tiles for blend and none otherwise): real features have neighbours
 near each query, which the bench's random features in ``bench/kernel.py`` do not. Prints a table and writes
-``--json``; the per-epoch estimate is steps per epoch (50,000 / batch) × the step.
+``--json``; the per-epoch estimate is steps per epoch (50,000 / batch) × the step. ``--profile`` also puts each
+step under ``torch.profiler`` (``kernel.gpu_breakdown``: wall vs GPU-busy time, the largest kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernel import gpu_breakdown, profile_table
 
 from convnn import create_model
 from convnn.data import load_cifar10, normalize
@@ -55,6 +58,7 @@ def main() -> None:
                         help="WARM values to time ('default': each rule's own)")
     parser.add_argument("--rep-ms", type=float, default=2000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true", help="also profile each step: wall vs GPU busy, kernels")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/train_step.py needs a CUDA GPU")
@@ -73,7 +77,11 @@ def main() -> None:
             ms = triton.testing.do_bench(step, warmup=200, rep=args.rep_ms)
             results[f"{name} warm={warm}"] = ms
             print(f"| {name} | {warm} | {ms:.2f} | {ms * 50000 / batch / 1000:.2f} |", flush=True)
+            if args.profile:
+                results.setdefault("profile", {})[f"{name} warm={warm}"] = gpu_breakdown(step, calls=10)
     function.fwd_config = default_config
+    if args.profile:
+        print("", *profile_table(results["profile"]), sep="\n")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
