@@ -98,6 +98,17 @@ def threshold(acc, live):
 
 
 @triton.jit
+def enters(score, thr, full, floor, WARM: tl.constexpr):
+    """Whether ``score`` may enter its row's accumulator: it beats the row's threshold ``thr`` (strict: a later
+    column loses the tie); with ``WARM``, a row not yet ``full`` takes any score ≥ its floor instead. Arguments
+    broadcast: a row's values ([rows]) against [rows] scores, or [rows, 1] against a [rows, BLOCK_N] tile."""
+    ok = score > thr
+    if WARM:
+        ok = tl.where(full, ok, score >= floor)
+    return ok
+
+
+@triton.jit
 def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.constexpr, K_PAD: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """Merge a [rows, BLOCK_N] tile of canonical fp32 scores of columns ``start + [0, BLOCK_N)`` into the
@@ -117,29 +128,17 @@ def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.conste
         keys = tl.where(valid & (s >= floor[:, None]), pack(s, start + offs[None, :]), EMPTY_KEY)
         acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(keys, K_PAD)))
         acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
-    else:
-        top = tl.max(s, axis=1)
-        if WARM:  # a full row needs more than its threshold, the others (floor > −∞) at least their floor
-            needs = tl.where(full, top > thr, top >= floor)
-        else:
-            needs = top > thr
-        if tl.max(needs.to(tl.int32), axis=0) > 0:
-            if WARM:
-                beats = tl.where(full[:, None], s > thr[:, None], s >= floor[:, None])
-            else:
-                beats = s > thr[:, None]
-            # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
-            entries = tl.minimum(tl.max(tl.sum(beats.to(tl.int32), axis=1), axis=0), num_neighbors)
-            for _ in range(entries):
-                best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
-                if WARM:
-                    enter = tl.where(full, best > thr, best >= floor)
-                else:
-                    enter = best > thr
-                # live keys are distinct; a row not yet full has an empty live slot, its smallest
-                smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
-                acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]),
-                               pack(best, start + at)[:, None], acc)
-                s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
-                thr, full = threshold(acc, live)
+    elif tl.max(enters(tl.max(s, axis=1), thr, full, floor, WARM).to(tl.int32), axis=0) > 0:
+        beats = enters(s, thr[:, None], full[:, None], floor[:, None], WARM)
+        # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
+        entries = tl.minimum(tl.max(tl.sum(beats.to(tl.int32), axis=1), axis=0), num_neighbors)
+        for _ in range(entries):
+            best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            enter = enters(best, thr, full, floor, WARM)
+            # live keys are distinct; a row not yet full has an empty live slot, its smallest
+            smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+            acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]),
+                           pack(best, start + at)[:, None], acc)
+            s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
+            thr, full = threshold(acc, live)
     return acc
