@@ -918,6 +918,10 @@ REFRESH = {
 
 
 # The page's address with a view's query string, copied to the clipboard where the browser allows it.
+# The knob values each drawn table was made from, kept in the page (the explorer's .change, run in the page); a
+# refused knob value is put back to them, so that the next change of another knob is not refused for it again.
+KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
+RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
 COPY_LINK_JS = """(query) => {
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;
   const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
@@ -1111,12 +1115,16 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             for view in views:
                 event = event.then(**wire(ex, ui, *VIEWS[view]), api_visibility="private")
 
+        knobs = [ui[name] for name in KNOBS]
         for (source, trigger), views in REFRESH.items():
             first, *rest = views
             event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private")
             run(rest, event)
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
+            if source in KNOBS:  # a refused knob value goes back to the one the table shown was made from
+                event.failure(None, knobs, knobs, js=RESTORE_KNOBS_JS, api_visibility="private")
+        ui["explorer"].change(None, knobs, None, js=KEEP_KNOBS_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
         # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the

@@ -84,6 +84,18 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0, num_neighbors=4)
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "blend")
 
+        tab.locator("#num_candidates input").fill("2")  # r < K: refused, and the box goes back to the table's r
+        tab.locator("#num_candidates input").press("Enter")
+        tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
+        tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
+        drawn = tab.locator(".cx").get_attribute("data-drawn")
+        tab.locator("#seed input").fill("7")  # so the next knob is not refused for it again
+        tab.locator("#seed input").press("Enter")
+        tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
+        values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0, num_neighbors=4, seed=7)
+        tab.get_by_role("tab", name="random candidates").click()
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "random")
+
 
 def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir):
     checkpoint = checkpoint_dir / "vit-convnn.json"
