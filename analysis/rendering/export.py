@@ -37,6 +37,8 @@ __all__ = [
 _PNG_PANEL_PX = 320  # side of one panel of the PNG overlay (the image is upscaled by an integer factor to about it)
 _CAPTION_PX = 22  # height of the caption strip above each panel
 _PANEL_GAP_PX = 8
+# Pillow's default font has no Greek letters nor these signs: the PNG spells them (the page and the JSON keep them)
+_PNG_SPELLING = str.maketrans({"α": "alpha", "×": "x", "−": "-", "²": "^2"})
 MAX_LISTED_CELLS = 32  # neighbour cells listed per rule in the summary (all of them are in the JSON export)
 
 
@@ -153,7 +155,10 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
     panel.paste(Image.fromarray(upscale_nearest(view, factor)), (margin, margin + _CAPTION_PX))
     draw = ImageDraw.Draw(panel)
     nset = neighbors.sets[rule]
-    draw.text((4, 4), f"{rule_title(rule)}: {nset.mean_distance:.2f} cells", fill=(255, 255, 255))
+    title = rule_title(rule)
+    if rule == "blend":
+        title = title.replace("α", f"α = {neighbors.options.blend_alpha:g}")
+    draw.text((4, 4), f"{title}: {nset.mean_distance:.2f} cells".translate(_PNG_SPELLING), fill=(255, 255, 255))
 
     def box(rect_px: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
         top, left, bottom, right = rect_px
@@ -173,26 +178,40 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
     return panel
 
 
-def overlay_png(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None) -> Image.Image:
+def overlay_png(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None,
+                title: str | None = None) -> Image.Image:
     """The overlays of :func:`analysis.figures.neighbor_panel` as one PIL image, panels side by side.
 
     Args:
         view (np.ndarray): (S, S, 3) uint8 model view of the image.
         neighbors (QueryNeighbors): the query's neighbours.
         rules (tuple[str, ...], optional): which rules, in order. Default: every set in ``neighbors``
+        title (str, optional): a line above the panels (what the picture is of: model, layer, query, knobs).
 
     Returns:
         Image.Image: RGB; each panel is the image upscaled nearest-neighbour to about 320 px, neighbour cells
-        outlined in rank colours, the query cell white with a black inner line, random candidates light grey.
+        outlined in rank colours, the query cell white with a black inner line, random candidates light grey;
+        each captioned with its rule (the blend rule with its α) and mean distance.
     """
     panels = [_draw_panel(view, neighbors, rule) for rule in rules or tuple(neighbors.sets)]
     width = sum(p.width for p in panels) + _PANEL_GAP_PX * (len(panels) - 1)
-    strip = Image.new("RGB", (width, max(p.height for p in panels)), (255, 255, 255))
+    top = _CAPTION_PX if title else 0
+    strip = Image.new("RGB", (width, top + max(p.height for p in panels)), (255, 255, 255))
+    if title:
+        ImageDraw.Draw(strip).text((4, 4), title.translate(_PNG_SPELLING), fill=(0, 0, 0))
     x = 0
     for panel in panels:
-        strip.paste(panel, (x, 0))
+        strip.paste(panel, (x, top))
         x += panel.width + _PANEL_GAP_PX
     return strip
+
+
+def _export_title(card_name: str, neighbors: QueryNeighbors) -> str:
+    """The exported PNG's first line: model, layer, query pixel and the rules' knobs."""
+    options, (row_px, col_px) = neighbors.options, neighbors.query_px
+    return (f"{card_name} · {neighbors.layer.name} · query pixel ({row_px}, {col_px}) · K = {options.num_neighbors},"
+            f" R = {options.window_size}, r = {options.num_candidates}, seed = {options.seed},"
+            f" α = {options.blend_alpha:g}")
 
 
 def query_record(loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbors) -> dict:
@@ -215,7 +234,8 @@ def export_query(workspace: Workspace, session: str | None, loaded: LoadedModel,
     row_px, col_px = neighbors.query_px
     stem = f"neighbors-{image.digest[:10]}-{neighbors.layer.name}-{row_px}-{col_px}".replace(".", "_")
     png = io.BytesIO()
-    overlay_png(model_view(image, loaded.card.input_size), neighbors).save(png, format="PNG")
+    overlay_png(model_view(image, loaded.card.input_size), neighbors,
+                title=_export_title(loaded.card.name, neighbors)).save(png, format="PNG")
     data = json.dumps(query_record(loaded, image, neighbors), indent=1).encode()
     entry = workspace.add(session, EXPORTS, {f"{stem}.png": png.getvalue(), f"{stem}.json": data})
     return entry / f"{stem}.png", entry / f"{stem}.json"

@@ -11,6 +11,8 @@ from PIL import ImageDraw
 
 from analysis import (
     RuleOptions,
+    Workspace,
+    export_query,
     image_from_array,
     model_view,
     neighbors_summary,
@@ -83,6 +85,25 @@ def test_the_png_writes_rank_numbers_for_few_neighbours_on_wide_cells(load_small
                         lambda draw, xy, text, **kwargs: written.append(text) or draw_text(draw, xy, text, **kwargs))
     overlay_png(model_view(image, 32), result, ("window",))
     assert written[1:] == ([str(t) for t in range(num_neighbors)] if labelled else [])  # after the caption
+
+
+def test_the_exported_png_says_what_it_shows_in_letters_its_font_has(load_small, image, tmp_path, monkeypatch):
+    """The PNG's first line names the model, layer, query and knobs; the blend panel its α; Pillow's default font
+    has no α, × or −, so the PNG spells them (a newcomer's export read "blend (☒)")."""
+    loaded = load_small("cnn-l0.5")
+    result = query_neighbors(loaded, image, "stages.1.0.conv1", (10, 20), RuleOptions(blend_alpha=0.25))
+    written = []
+    draw_text = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda draw, xy, text, **kwargs: written.append(text) or draw_text(draw, xy, text, **kwargs))
+    png, _ = export_query(Workspace(tmp_path / "work", max_bytes=10**7, max_age_s=60), "s", loaded, image, result)
+    assert png.suffix == ".png" and png.stat().st_size > 0
+    options = result.options
+    assert written[-1] == (f"{loaded.card.name} · stages.1.0.conv1 · query pixel (10, 20) · K = 9, R = 3, "
+                           f"r = {options.num_candidates}, seed = {options.seed}, alpha = 0.25")  # drawn last
+    blend = next(text for text in written if text.startswith("blend"))
+    assert blend == f"blend (alpha = 0.25): {result.sets['blend'].mean_distance:.2f} cells"
+    assert all(ord(char) < 256 for text in written for char in text)
 
 
 def test_the_summary_says_that_plain_attention_selects_nothing(load_small, image):
