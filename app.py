@@ -1007,7 +1007,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         add(gr.File(file_count="multiple", label="Downloads", elem_id="exports"))
         add(gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data"))
     guide.append(gr.Markdown(GUIDE[4], visible=False))
-    with add(gr.Tabs(elem_id="tabs")):
+    with add(gr.Tabs(elem_id="tabs", overflow_behavior="wrap")):  # every view's name in sight, on a phone too
         with gr.Tab(TABS["weights"], id="weights"):
             add(gr.Markdown(elem_id="weights_note"))
             with gr.Row():

@@ -10,6 +10,7 @@ names) is escaped (:func:`html.escape`) before it reaches a figure.
 from __future__ import annotations
 
 import html
+import textwrap
 
 import numpy as np
 import plotly.graph_objects as go
@@ -88,6 +89,17 @@ def pixel_figure(view: np.ndarray, pixels: PixelNeighbors, query_px: tuple[int, 
     return mask_panel(view, masks, query_px, title)
 
 
+TITLE_CHARS = 44  # a chart title's longest line: what a phone's 390-px-wide chart shows whole
+TITLE_LINE_PX = 20
+
+
+def wrapped_title(text: str) -> tuple[str, int]:
+    """A chart title broken at spaces into lines of at most :data:`TITLE_CHARS` (Plotly does not wrap titles, so
+    a long one ran off a phone's screen) and the top margin, px, that its lines need."""
+    lines = textwrap.wrap(text, TITLE_CHARS, break_long_words=False, break_on_hyphens=False) or [""]
+    return "<br>".join(lines), 30 + TITLE_LINE_PX * len(lines)
+
+
 def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, colorbar_title: str,
                    diverging: bool = False, zrange: tuple[float, float] | None = None,
                    image_axes: bool = False) -> go.Figure:
@@ -109,8 +121,9 @@ def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, c
     if image_axes:
         fig.update_xaxes(constrain="domain")
         fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
-    fig.update_layout(title=title, height=CHART_HEIGHT + (60 if image_axes else 0),
-                      margin=dict(l=60, r=20, t=50, b=50), xaxis_title=x_title, yaxis_title=y_title)
+    title, top = wrapped_title(title)
+    fig.update_layout(title=title, height=CHART_HEIGHT + (60 if image_axes else 0) + top - 50,
+                      margin=dict(l=60, r=20, t=top, b=50), xaxis_title=x_title, yaxis_title=y_title)
     return fig
 
 
@@ -119,7 +132,8 @@ def bar_figure(labels: list[str], values: np.ndarray, title: str, y_title: str, 
     """A bar chart (one bar per label), optionally coloured per bar (e.g. :func:`rank_colors`)."""
     fig = go.Figure(go.Bar(x=labels, y=values, marker_color=colors or OKABE_ITO[4],
                            hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    fig.update_layout(title=title, height=CHART_HEIGHT, margin=dict(l=60, r=20, t=50, b=50),
+    title, top = wrapped_title(title)
+    fig.update_layout(title=title, height=CHART_HEIGHT + top - 50, margin=dict(l=60, r=20, t=top, b=50),
                       xaxis_title=x_title, yaxis_title=y_title, xaxis_type="category")
     return fig
 
@@ -252,7 +266,8 @@ def equivalence_figure(results: list[Equivalence]) -> go.Figure:
         for col in (1, 2, 3):
             axis = (row - 1) * 3 + col
             fig.update_yaxes(autorange="reversed", scaleanchor=f"x{axis if axis > 1 else ''}", row=row, col=col)
-    fig.update_layout(height=PANEL_HEIGHT * len(results) - 40 * (len(results) - 1),
-                      margin=dict(l=30, r=30, t=60, b=20),
-                      title="The same output, computed as ConvNN and as the operation it equals (cells of the layer)")
+    title, top = wrapped_title("The same output, computed as ConvNN and as the operation it equals (cells of the "
+                               "layer)")
+    fig.update_layout(height=PANEL_HEIGHT * len(results) - 40 * (len(results) - 1) + top - 60,
+                      margin=dict(l=30, r=30, t=top, b=20), title=title)
     return fig

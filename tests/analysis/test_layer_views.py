@@ -41,6 +41,20 @@ def test_kernel_summaries_match_the_weights(load_small):
         aggregation_kernel(load_small("vit-mhsa"), "blocks.0.attn")
 
 
+def test_long_chart_titles_wrap_to_lines_a_phone_shows_whole(load_small):
+    """Plotly does not wrap a title: the weights tab's ran off a 390-px phone ("… ConvNN branch Con")."""
+    kernel = aggregation_kernel(load_small("cnn-l0.5"), "stages.1.0.conv2")
+    for figure in figures.kernel_figures(kernel):
+        text = figure.layout.title.text
+        lines = text.split("<br>")
+        assert all(len(line) <= 44 for line in lines) and len(lines) >= 2
+        assert figure.layout.margin.t == 30 + 20 * len(lines)
+    heat, bars = figures.kernel_figures(kernel)
+    assert heat.layout.title.text.replace("<br>", " ") == f"Aggregation kernel: {kernel.description}"
+    assert bars.layout.title.text == "How much does the t-th neighbour matter?<br>‖W[:,:,t]‖"  # 40 + 10 chars
+    assert figures.wrapped_title("short") == ("short", 50)
+
+
 @pytest.mark.parametrize(("name", "layer", "head"), [("cnn-l0.5", "stages.1.0.conv2", 0),
                                                      ("cnn-random", "stages.0.0.conv1", 0),
                                                      ("vit-convnn", "blocks.1.attn", 1)])
