@@ -67,7 +67,8 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
         method (str): ``"saliency"``, ``"integrated_gradients"`` or ``"occlusion"``.
-        target (str, optional): class name. Default: the predicted class
+        target (str, optional): class name (exact, or the one class equal to it ignoring case and the spaces
+            around it). Default: the predicted class
 
     Raises:
         ValueError: unknown method or class name, or a model whose class count does not match its card.
@@ -80,8 +81,11 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         index = int(logits.argmax())
     elif target in classes:
         index = classes.index(target)
-    else:
-        raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
+    else:  # as typed: "Dog " is the class "dog", unless two classes differ only in case
+        folded = [i for i, name in enumerate(classes) if name.casefold() == target.strip().casefold()]
+        if len(folded) != 1:
+            raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
+        index = folded[0]
     x = model_input(image, loaded.card).to(loaded.device)
     values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))
     return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -220,6 +221,19 @@ def test_attribution_rejects_unknown_classes_and_methods(load_small, image):
         attribution_map(loaded, image, "saliency", "unicorn")
     with pytest.raises(ValueError, match="method must be one of"):
         attribution_map(loaded, image, "lime")
+
+
+def test_attribution_takes_a_class_as_typed(load_small, image):
+    """A newcomer typed "Dog" and was refused: a class equal ignoring case and surrounding spaces is that class."""
+    loaded = load_small("cnn-l0.5")
+    typed, exact = (attribution_map(loaded, image, "saliency", name) for name in (" Dog ", "dog"))
+    assert typed.target == "dog"
+    np.testing.assert_array_equal(typed.values, exact.values)
+    assert not np.array_equal(exact.values, attribution_map(loaded, image, "saliency", "cat").values)
+    classes = ["Dog", *loaded.card.classes[1:]]  # "Dog" and "dog": typed "DOG" names neither
+    twin = dataclasses.replace(loaded, card=dataclasses.replace(loaded.card, classes=classes))
+    with pytest.raises(ValueError, match="not one of the model's classes"):
+        attribution_map(twin, image, "saliency", "DOG")
 
 
 def test_attention_without_biases_is_compared_with_sdpa_on_its_own_projections(image):
