@@ -816,7 +816,7 @@ class Explorer:
         result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
         return {"exports": [str(path) for path in an.export_query(self.workspace, self.session(request), loaded,
                                                                   image, result)],
-                "neighbors_data": an.query_record(loaded, image, result)}
+                "neighbors_data": an.page_json(an.query_record(loaded, image, result))}  # a seed shown exactly
 
     # -- the input-level view (the upload itself, at a few hundred pixels a side) ------------------------------------
     @user_errors

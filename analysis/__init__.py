@@ -27,7 +27,7 @@ from .rendering.export import (
     overlay_png,
     query_record,
 )
-from .rendering.page import page_hops, page_sweep, page_table
+from .rendering.page import page_hops, page_json, page_sweep, page_table
 from .session.caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
 from .session.images import (
     FITS,
@@ -196,6 +196,7 @@ __all__ = [
     "neighbors_to_dict",
     "overlay_png",
     "page_hops",
+    "page_json",
     "page_rules",
     "page_sweep",
     "page_table",

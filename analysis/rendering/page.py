@@ -27,9 +27,10 @@ from ..views.table import BlendSweep, NeighborTable
 from .export import blend_window_note, neighbor_notes
 from .overlay import CANDIDATE_COLOR, MAX_LABELLED_RANKS, rank_colors
 
-__all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_sweep", "page_table"]
+__all__ = ["PAGE_TABLE_VERSION", "PREFIX_CELL", "page_hops", "page_json", "page_sweep", "page_table"]
 
 PAGE_TABLE_VERSION = 1
+_JS_SAFE_INTEGER = 2**53 - 1  # Number.MAX_SAFE_INTEGER
 PREFIX_CELL = -32768  # the int16 row and col of a prefix token (CLS), which has no cell
 
 
@@ -145,6 +146,32 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         "notes": [*neighbor_notes(probe, options),
                   *filter(None, [blend_window_note(options, table.overlaps)])],
     }
+
+
+def page_json(value: object) -> object:
+    """A JSON value as a page shows it exactly: integers beyond ±2⁵³ (seeds of up to 64 bits), which JavaScript's
+    numbers would round, become their decimal strings, at any depth of lists and dicts (no recursion). The
+    downloaded file keeps the integers; this is for a preview drawn in the page.
+
+    Returns:
+        object: a copy of ``value``, lists and dicts rebuilt, other values as they were.
+    """
+    root: list = [None]
+    stack: list[tuple[object, object, object]] = [(value, root, 0)]
+    while stack:
+        item, parent, key = stack.pop()
+        if isinstance(item, dict):
+            copy: dict | list = {}
+            stack.extend((child, copy, name) for name, child in item.items())
+        elif isinstance(item, list | tuple):
+            copy = [None] * len(item)
+            stack.extend((child, copy, index) for index, child in enumerate(item))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > _JS_SAFE_INTEGER:
+            copy = str(item)
+        else:
+            copy = item
+        parent[key] = copy
+    return root[0]
 
 
 def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> dict:

@@ -18,6 +18,7 @@ from analysis import (
     neighbors_summary,
     neighbors_to_dict,
     overlay_png,
+    page_json,
     pixel_neighbors,
     pixel_view,
     query_neighbors,
@@ -111,3 +112,13 @@ def test_the_summary_says_that_plain_attention_selects_nothing(load_small, image
     result = query_neighbors(load_small("vit-mhsa"), image, "blocks.0.attn", (10, 20))
     assert "plain multi-head attention: it attends to every one of its 65 tokens and selects none" in (
         neighbors_summary(result))
+
+
+def test_the_page_preview_holds_a_64_bit_seed_exactly():
+    """JavaScript's numbers round integers beyond 2⁵³: the preview showed seed 3125381696000609300 for the file's
+    3125381696000609166; the page gets such integers as their decimal strings, at any depth."""
+    record = {"seed": 3125381696000609166, "options": [{"seed": -(2**60)}, 2**53 - 1], "alpha": 0.5, "fixed": True,
+              "name": "x", "none": None}
+    assert page_json(record) == {"seed": "3125381696000609166", "options": [{"seed": "-1152921504606846976"},
+                                 9007199254740991], "alpha": 0.5, "fixed": True, "name": "x", "none": None}
+    assert record["seed"] == 3125381696000609166  # the record itself (the downloaded file) keeps its integers

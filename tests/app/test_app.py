@@ -62,7 +62,9 @@ def test_the_explorer_gets_every_query_s_neighbours_and_the_prediction(explorer,
     data = files["neighbors_data"]
     assert data["query"]["row"] == 5 and data["query"]["col"] == 10
     assert data["rules"]["window"]["neighbors"][4]["rect_px"] == [10, 20, 12, 22]
-    assert json.loads(Path(files["exports"][1]).read_text())["query"] == data["query"]
+    written = json.loads(Path(files["exports"][1]).read_text())
+    assert written["query"] == data["query"]
+    assert written["options"]["seed"] > 2**53 and data["options"]["seed"] == str(written["options"]["seed"])
     assert Image.open(files["exports"][0]).width > 1000
 
 
