@@ -90,6 +90,7 @@ TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attri
         "pixels": "Input-level view"}  # id → label
 COMPARE_DEFAULT = ("cnn-l0", "cnn-l0.5", "cnn-l1")  # compare mode's first columns: convolution, hybrid, pure ConvNN
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
+LESSON_END = "The lesson's last step: pick another lesson in the list, or explore from here."
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
@@ -712,6 +713,8 @@ class Explorer:
         step = min(max(an.whole_number(step, "the lesson's step"), 0), len(steps) - 1)
         params = dict(parse_qsl(steps[step]["link"]))
         text = f"**Step {step + 1} of {len(steps)}.** {steps[step]['text']}"
+        if step == len(steps) - 1:  # Next has nowhere to go: say so
+            text += f"\n\n*{LESSON_END}*"
         return self.view(params, checkpoint, request) | {"lesson_text": text, "lesson_step": step}
 
     @user_errors

@@ -602,6 +602,7 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
             assert (out["row_px"], out["col_px"]) == (int(link["row"]), int(link["col"]))
             assert out["lesson_text"].startswith(f"**Step {index + 1} of {len(steps)}.**")
             assert out["lesson_step"] == index
+            assert out["lesson_text"].endswith("explore from here.*") == (index == len(steps) - 1)  # the end, said
         assert shipped.lesson_step(lesson["title"], len(steps) + 3, "cnn-l0.5")["lesson_step"] == len(steps) - 1
         assert shipped.lesson_step(lesson["title"], -1, "cnn-l0.5")["lesson_step"] == 0
     unpicked = shipped.lesson_step("Lesson 99", 0, "cnn-l0.5")  # Next before a lesson: a note, no error on every box
