@@ -19,6 +19,7 @@ CARD_VERSION = 1
 MAX_INPUT_SIZE = 512  # pixels a side
 _MIN_STD = 1e-6  # the card's std: smaller ones blow normalised inputs up past fp32
 WEIGHTS_DTYPES = ("float32", "float16", "bfloat16", "int8")  # the card's weights_dtype: torch dtype names
+MAX_CARD_BYTES = 256 * 1024  # a card's JSON, at most (cards are ≈ 2.5 KB): parsing costs ≈ 3 s and 300 MB per MB
 _MAX_CARD_NESTING = 16  # JSON levels a card may nest; cards use 4 (card → recipe → model_args → widths)
 
 
@@ -69,10 +70,14 @@ class ModelCard:
         """Read and check the card at ``path`` (the ``.json`` file).
 
         Raises:
-            CheckpointError: the file cannot be read, is not UTF-8 JSON (or nests too deeply to parse), or is not a
-                valid card (:meth:`from_json`); the message names the file.
+            CheckpointError: the file cannot be read, is larger than :data:`MAX_CARD_BYTES` (refused before it is
+                read), is not UTF-8 JSON (or nests too deeply to parse), or is not a valid card (:meth:`from_json`);
+                the message names the file.
         """
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_CARD_BYTES:
+                raise CheckpointError(_too_large(str(path), size))
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
@@ -83,9 +88,12 @@ class ModelCard:
         """Parse and check a card's JSON text (what :meth:`read` reads and :meth:`to_json` writes).
 
         Raises:
-            CheckpointError: ``text`` is not JSON (or nests too deeply to parse), or not a valid card
-                (:meth:`from_dict`); the message names ``source``.
+            CheckpointError: ``text`` is over :data:`MAX_CARD_BYTES` in UTF-8, not JSON (or nests too deeply to
+                parse), or not a valid card (:meth:`from_dict`); the message names ``source``.
         """
+        size = len(text.encode("utf-8", errors="surrogatepass"))
+        if size > MAX_CARD_BYTES:
+            raise CheckpointError(_too_large(source, size))
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as err:
@@ -183,6 +191,11 @@ def _json_scalar(value: object) -> object:
         return value.item()
     kind = type(value)
     raise TypeError(f"a {kind.__module__}.{kind.__qualname__} is not a JSON value: {value!r:.80}")
+
+
+def _too_large(source: str, size: int) -> str:
+    return (f"{source}: the model card is {size / 1024:.0f} KB, more than a card's {MAX_CARD_BYTES // 1024} KB "
+            "(its fields are a few names and numbers; per-epoch logs go in their own file)")
 
 
 def _nesting(value: object) -> int:

@@ -103,6 +103,17 @@ def test_uploads_are_stored_under_server_names_whatever_the_file_names(checkpoin
     assert shown.startswith("vit-mhsa: ViT, MHSA")
 
 
+def test_an_oversized_card_upload_is_refused_with_a_message_naming_no_server_path(checkpoint_dir, tmp_path,
+                                                                                   work_dir):
+    card = copy_checkpoint(checkpoint_dir, "vit-mhsa", tmp_path / "mine")
+    card.write_text(card.read_text() + " " * (300 * 1024))  # valid JSON, beyond any card
+    explorer = app.Explorer(checkpoint_dir, device="cpu")
+    with pytest.raises(gr.Error) as refused:
+        explorer.on_checkpoint_upload([str(card), str(card.with_suffix(".safetensors"))], [], request=SESSION_A)
+    assert "more than a card's 256 KB" in refused.value.message
+    assert str(tmp_path) not in refused.value.message and str(work_dir) not in refused.value.message
+
+
 # -- 3 · the queue is bounded, slow views have their own group ----------------------------------------------------
 def dependency(demo: gr.Blocks, name: str) -> list:
     return [fn for fn in demo.fns.values() if fn.name == name]

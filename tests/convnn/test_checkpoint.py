@@ -112,6 +112,23 @@ def test_deeply_nested_cards_are_checkpoint_errors(saved):
         load_checkpoint(path)
 
 
+def test_a_card_larger_than_any_card_needs_is_refused_before_it_is_parsed(saved, monkeypatch):
+    """An 18 MB card (6 M empty lists in its metrics) took 53 s and 2.4 GB to parse; the cap comes first."""
+    _, path = saved
+    card_path = path.with_suffix(".json")
+    text = card_path.read_text()
+    card_path.write_text(text + " " * (200 * 1024))  # valid JSON, under 256 KiB: loads
+    assert load_checkpoint(path)[1].name == ModelCard.from_json(text).name
+    card_path.write_text(text + " " * (300 * 1024))
+    parsed = []
+    monkeypatch.setattr(json, "loads", lambda *args, **kwargs: parsed.append(1))
+    with pytest.raises(CheckpointError, match=r"the model card is 30\d KB, more than a card's 256 KB"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="more than a card's 256 KB"):
+        ModelCard.from_json(text + " " * (300 * 1024))
+    assert parsed == []
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("classes", ["a", "b", "c"], "classes"),
     ("classes", ["cat"] * 10, "classes"),
