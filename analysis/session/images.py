@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import struct
 import threading
 import warnings
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pillow_heif
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageCms, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
@@ -85,6 +86,11 @@ _PIXEL_LIMIT = (f"images of up to {MAX_IMAGE_PIXELS:,} px (about {MAX_IMAGE_PIXE
                 "more as a possible decompression bomb) are accepted: please downscale it first")
 _SIXTEEN_BIT_NOTE = "a 16-bit image, reduced to 8 bits per pixel"
 _TRANSPARENT_NOTE = "transparent pixels were composited onto white (the model sees white there)"
+_LAB_NOTE = "its CIE L*a*b* colours were converted to sRGB"
+# What Pillow's and its plugins' decoders raise for a damaged file besides OSError (SyntaxError: a PNG's eXIf chunk
+# that is not TIFF; RuntimeError: AVIF/HEIF decoders; IndexError: QOI; NotImplementedError: DDS variants)
+_DECODER_ERRORS = (SyntaxError, RuntimeError, IndexError, NotImplementedError, EOFError, KeyError, TypeError,
+                   ZeroDivisionError, struct.error)
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,10 +243,16 @@ def _to_8bit(image: Image.Image, sixteen_bit: bool) -> tuple[Image.Image, str]:
     return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8)), note
 
 
+@functools.cache
+def _lab_to_srgb() -> ImageCms.ImageCmsTransform:
+    return ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"), "LAB", "RGB")
+
+
 def _composite_on_white(image: Image.Image) -> tuple[Image.Image, str]:
-    """An image with an alpha band (LA, RGBA) → RGB composited onto :data:`BACKGROUND_RGB` (colour · α + white ·
-    (1 − α)), and the note; an image without alpha, or fully opaque, is returned unchanged with ""."""
-    if "A" not in image.getbands() or image.getchannel("A").getextrema()[0] == 255:
+    """An image with an alpha band (LA, RGBA: the modes :func:`_accept` leaves transparency in) → RGB composited
+    onto :data:`BACKGROUND_RGB` (colour · α + white · (1 − α)), and the note; an image without alpha (LAB's "A" is
+    its a* colour band), or fully opaque, is returned unchanged with ""."""
+    if image.mode not in ("RGBA", "LA") or image.getchannel("A").getextrema()[0] == 255:
         return image, ""
     composited = Image.new("RGB", image.size, BACKGROUND_RGB)
     composited.paste(image, mask=image.getchannel("A"))
@@ -264,6 +276,9 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
         image = image.convert("RGBA")  # palette + tRNS, PA, a colour key, premultiplied RGBa / La
     elif image.mode in ("1", "P"):
         image = image.convert("RGB")  # Pillow resamples these nearest-neighbour only
+    elif image.mode == "LAB":  # Pillow's own convert("RGB") would read L, a*, b* as R, G, B
+        image = ImageCms.applyTransform(image, _lab_to_srgb())
+        notes.append(_LAB_NOTE)
     image.thumbnail((WORKING_SIDE_PX, WORKING_SIDE_PX), Image.Resampling.LANCZOS, reducing_gap=_REDUCING_GAP)
     if image.size != size:
         notes.append(f"downscaled from {width}×{height} to {image.width}×{image.height} px")
@@ -360,7 +375,7 @@ def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
             from err
     except Image.DecompressionBombError as err:
         raise ValueError(f"{path.name} has too many pixels to open safely ({err}); {_PIXEL_LIMIT}") from err
-    except OSError as err:
+    except (OSError, *_DECODER_ERRORS) as err:
         raise _unreadable(path.name, err) from err
 
 

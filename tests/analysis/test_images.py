@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import struct
 import sys
 import threading
 import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +199,30 @@ def test_a_truncated_heic_is_a_clear_error_naming_the_file(tmp_path):
     (tmp_path / "cut.heic").write_bytes(buffer.getvalue()[:-10])  # the image data comes last
     with pytest.raises(ValueError, match=r"^cut\.heic could not be read as an image \(truncated or corrupt file\?\)"):
         load_image(tmp_path / "cut.heic")
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def test_a_decoder_error_of_any_kind_is_a_clear_error_naming_the_file(tmp_path):
+    """A PNG whose eXIf chunk is not TIFF made Pillow raise SyntaxError, shown in the page as a bare "Error"."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), RED).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    at = png.index(b"IDAT") - 4
+    (tmp_path / "exif.png").write_bytes(png[:at] + _chunk(b"eXIf", b"NOTATIFF" * 3) + png[at:])
+    with pytest.raises(ValueError, match=r"^exif\.png could not be read as an image \(truncated or corrupt file\?\)"):
+        load_image(tmp_path / "exif.png")
+
+
+def test_a_lab_image_is_converted_to_srgb_not_masked_by_its_a_band(tmp_path):
+    """LAB's bands are L, A, B: its a* band was taken for alpha ("transparent pixels were composited onto white").
+    Pillow's LAB encoding: L · 255/100, a* + 128, b* + 128; sRGB red is L* 53.2, a* 80.1, b* 67.2 (CIE, D65)."""
+    Image.new("LAB", (16, 16), (round(53.24 * 2.55), 128 + 80, 128 + 67)).save(tmp_path / "red.tif")
+    loaded = load_image(tmp_path / "red.tif")
+    assert np.abs(loaded.pixels.astype(int) - [255, 0, 0]).max() <= 12
+    assert "L*a*b*" in loaded.note and "transparent" not in loaded.note
 
 
 def test_the_pixel_limit_is_the_same_whatever_pillows_setting_at_import(monkeypatch):
