@@ -42,13 +42,13 @@ def check_cost(card: ModelCard, source: str) -> None:
     """Refuse a card whose model costs more than the budget, from its arguments alone (nothing is built).
 
     Raises:
-        CheckpointError: ``model_args`` the model's cost function refuses, or a cost over :data:`MAX_PARAMETERS`
-            state-dict values, :data:`MAX_MODULES` modules, :data:`MAX_FLOPS` multiply-adds or
-            :data:`MAX_ACTIVATIONS` activation values per image; the message gives the number and the limit.
+        CheckpointError: ``model_args`` the model's cost function refuses (or overflows on), or a cost over
+            :data:`MAX_PARAMETERS` state-dict values, :data:`MAX_MODULES` modules, :data:`MAX_FLOPS` multiply-adds
+            or :data:`MAX_ACTIVATIONS` activation values per image; the message gives the number and the limit.
     """
     try:
         cost = model_cost(card.model, card.input_size, **card.model_args)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, OverflowError) as err:  # OverflowError: an mlp_ratio of 1e308 times a width
         raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
     if cost is None:  # registered without a cost function: the meta-device build below bounds it
         return
@@ -74,7 +74,7 @@ def build_on_meta(card: ModelCard, source: str = "card") -> nn.Module:
     try:
         with torch.device("meta"):
             return create_model(card.model, **card.model_args).eval()
-    except (ValueError, TypeError, RuntimeError) as err:
+    except (ValueError, TypeError, RuntimeError, OverflowError) as err:
         raise CheckpointError(f"{source}: cannot build model {card.model!r} ({err})") from err
 
 

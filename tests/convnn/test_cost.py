@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from convnn.budget import MAX_ACTIVATIONS, MAX_FLOPS, MAX_MODULES, MAX_PARAMETERS
+from convnn import CheckpointError, ModelCard
+from convnn.budget import MAX_ACTIVATIONS, MAX_FLOPS, MAX_MODULES, MAX_PARAMETERS, build_on_meta
 from convnn.models import create_model, model_cost
 from convnn.presets import PRESETS
 
@@ -54,3 +55,13 @@ def test_every_preset_is_within_the_card_budget(name):
     cost = model_cost(preset["model"], size, **preset["model_args"])
     assert cost.values <= MAX_PARAMETERS and cost.modules <= MAX_MODULES
     assert cost.flops <= MAX_FLOPS and cost.activations <= MAX_ACTIVATIONS
+
+
+@pytest.mark.parametrize("args, message", [(dict(mlp_ratio=1e308), "cannot convert float infinity to integer"),
+                                           (dict(drop_path_rate=10**30), "int too big to convert")])
+def test_arguments_that_overflow_are_refused_as_a_card_error(args, message):
+    """A card's mlp_ratio of 1e308 overflowed int() in the cost function: an OverflowError, not a card error."""
+    card = ModelCard(name="x", model="convnn_vit_cifar", model_args=dict(dim=32, depth=1, num_heads=2, **args),
+                     classes=[str(i) for i in range(10)], input_size=32, mean=[0.5] * 3, std=[0.25] * 3)
+    with pytest.raises(CheckpointError, match=f"x: cannot build model 'convnn_vit_cifar' \\({message}"):
+        build_on_meta(card, "x")
