@@ -442,7 +442,7 @@ class Explorer:
         its window, as boolean masks over the view (``like``, ``near``), their mean distances (pixels) and
         overlap."""
         image = an.load_image(self.uploaded(image))
-        result = an.pixel_neighbors(image, self.pixel(row_px, col_px), num_neighbors, float(position_weight))
+        result = an.pixel_neighbors(image, self.pixel(row_px, col_px), num_neighbors, position_weight)
         return {"like": result.like.tolist(), "near": result.near.tolist(), "like_distance": result.like_distance,
                 "near_distance": result.near_distance, "overlap": result.overlap, "window_size": result.window_size}
 
@@ -843,7 +843,7 @@ class Explorer:
     @user_errors
     def on_pixels(self, image_file, pixel_row, pixel_col, pixel_k, position_weight, request=None):
         image, query_px = an.load_image(image_file), self.pixel(pixel_row, pixel_col)
-        result = an.pixel_neighbors(image, query_px, pixel_k, float(position_weight))
+        result = an.pixel_neighbors(image, query_px, pixel_k, position_weight)
         return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 

@@ -21,7 +21,7 @@ from convnn.selection import top_keys
 
 from ..session.caching import bounded_cache
 from ..session.images import InputImage
-from ..session.inputs import whole_number
+from ..session.inputs import real_number, whole_number
 from ..session.selections import distance_stats, jaccard
 
 __all__ = ["MAX_POSITION_WEIGHT", "PIXEL_VIEW_SIDE_PX", "PixelNeighbors", "pixel_neighbors", "pixel_view"]
@@ -73,8 +73,8 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
         max_side (int): side of the view. Default: 192
 
     Raises:
-        ValueError: a pixel outside the view, K not a whole number in range, or a ``position_weight`` outside
-            [0, 100] or NaN.
+        ValueError: a pixel outside the view, K not a whole number in range, or a ``position_weight`` that is not
+            a finite number in [0, 100] (a bool, a string, a list are refused too).
     """
     view = pixel_view(image, max_side)
     height, width = view.shape[:2]
@@ -84,8 +84,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     num_neighbors = whole_number(num_neighbors, "K")
     if not 1 <= num_neighbors <= min(height * width, _MAX_NEIGHBORS):
         raise ValueError(f"K must be in [1, {min(height * width, _MAX_NEIGHBORS)}], got {num_neighbors}")
-    if not 0 <= position_weight <= MAX_POSITION_WEIGHT:  # NaN fails too
-        raise ValueError(f"position_weight must be in [0, {MAX_POSITION_WEIGHT}], got {position_weight}")
+    position_weight = real_number(position_weight, "position_weight", 0, MAX_POSITION_WEIGHT)
     features = torch.from_numpy(view.copy()).permute(2, 0, 1).unsqueeze(0).float() / 255  # (1, 3, h, w)
     if position_weight:
         features = torch.cat([features, position_weight * coordinate_channels(height, width)], dim=1)

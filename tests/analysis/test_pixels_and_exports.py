@@ -49,8 +49,11 @@ def test_input_level_view_refuses_impossible_k():
         pixel_neighbors(image, (0, 0), num_neighbors=17)
     with pytest.raises(ValueError, match=r"K must be a whole number, got 2\.5"):
         pixel_neighbors(image, (0, 0), num_neighbors=2.5)
-    for weight in (float("nan"), -1.0, 1e308):  # NaN used to pass and give NaN scores; 1e308 overflowed them
+    for weight in (-1.0, 1e308):  # 1e308 overflowed the scores
         with pytest.raises(ValueError, match=re.escape(f"position_weight must be in [0, 100.0], got {weight}")):
+            pixel_neighbors(image, (0, 0), num_neighbors=4, position_weight=weight)
+    for weight in (float("nan"), [1], {}, None, True, "abc"):  # NaN gave NaN scores; the others a TypeError
+        with pytest.raises(ValueError, match=re.escape(f"position_weight must be a finite number, got {weight!r}")):
             pixel_neighbors(image, (0, 0), num_neighbors=4, position_weight=weight)
     assert pixel_neighbors(image, (0, 0), num_neighbors=4.0, position_weight=100).like.sum() == 4
 

@@ -138,7 +138,7 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
      "num_hops must be a whole number, got inf"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
-     r"position_weight must be in \[0, 100.0\], got nan"),
+     r"position_weight must be a finite number, got nan"),
 ])
 def test_impossible_numbers_are_messages_before_any_work(explorer, checkpoint_dir, example_image, call, message):
     """inf, fractions, a seed past 2⁶⁴ − 1 or a window wider than the map: each a message naming the field (they
