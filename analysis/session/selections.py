@@ -98,7 +98,7 @@ class RuleOptions:
                 the field. The other fields, and the ranges that depend on the layer, are checked by
                 :func:`resolve_options`.
         """
-        k, window, candidates = (whole_number(v, name, minimum=0) for v, name in (
+        k, window, candidates = (0 if v is None else whole_number(v, name, minimum=0) for v, name in (
             (k, "K (neighbours per query)"), (window, "the window side R"), (candidates, "r (random candidates)")))
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 

@@ -237,6 +237,8 @@ def test_whole_floats_are_accepted_as_integers_whether_or_not_the_cache_is_warm(
     with pytest.raises(ValueError, match="r \\(random candidates\\) must be a whole number, got inf"):
         RuleOptions.from_ui(0, 0, math.inf, 0, 0.5, 0)
     assert RuleOptions.from_ui(9.0, 0, 0, 4.0, 0.5, 0.0) == RuleOptions(9, None, None, 4.0, 0.5, 0.0)
+    # empty boxes: the layer's own
+    assert RuleOptions.from_ui(None, None, None, None, 0.5, 0) == RuleOptions(None, None, None, None, 0.5, 0)
 
 
 def test_the_widest_window_covers_the_grid(load_small, image):
