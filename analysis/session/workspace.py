@@ -220,13 +220,20 @@ class Workspace:
         return sweeping
 
 
+UPLOAD_IDLE_S = 20.0  # an upload whose body stops arriving for this long is dropped, and its room let go
+UPLOAD_MIN_BYTES_PER_S = 128 * 1024  # … and one slower than this on average, after UPLOAD_IDLE_S of grace
+
+
 class RequestSizeLimit:
     """ASGI middleware: a request whose body is larger than ``max_bytes`` is answered 413 from its declared
     ``Content-Length``, and one with a body of undeclared length (chunked) 411, before any of the body is read.
 
     A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound
     (:meth:`Workspace.reserve`) until it is answered, and is answered 507 with the workspace's message when the
-    bound has no room for it: uploads beyond the bound are refused before they are stored.
+    bound has no room for it: uploads beyond the bound are refused before they are stored. Its body must then keep
+    arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
+    :data:`UPLOAD_MIN_BYTES_PER_S` in all, the application is told the client left (``http.disconnect``) and the
+    room is let go, so connections that declare a large body and send none cannot hold the bound for everyone.
 
     Args:
         app: the ASGI application it wraps.
@@ -260,13 +267,57 @@ class RequestSizeLimit:
                 except ValueError as err:
                     refusal = 507, str(err)
             if refusal is not None:
-                status, text = refusal
-                await send({"type": "http.response.start", "status": status,
-                            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
-                await send({"type": "http.response.body", "body": text.encode()})
+                await _answer(send, *refusal)
                 return
-        try:
+        if release is None:
             await self.app(scope, receive, send)
+            return
+        arrival, started = _Arrival(receive, int(length)), []
+
+        async def sending(message: dict) -> None:
+            started.append(True)
+            await send(message)
+
+        try:
+            await self.app(scope, arrival.receive, sending)
+        except Exception:
+            if not arrival.dropped or started:
+                raise
+            await _answer(send, 408, f"the upload's body stopped arriving (nothing for {UPLOAD_IDLE_S:g} s, or "
+                                     f"slower than {UPLOAD_MIN_BYTES_PER_S // 1024} KB/s): send it again")
         finally:
-            if release is not None:
-                release()
+            release()
+
+
+async def _answer(send: Callable, status: int, text: str) -> None:
+    """Answer an HTTP request with ``status`` and the plain ``text``, and close the connection."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": text.encode()})
+
+
+class _Arrival:
+    """``receive`` of a request body of ``length`` bytes that must keep arriving (:class:`RequestSizeLimit`): a
+    wait past its deadlines returns ``http.disconnect`` instead of a body chunk, and ``dropped`` says so. Once the
+    body is in, ``receive`` as it was."""
+
+    def __init__(self, receive: Callable, length: int) -> None:
+        self._receive = receive
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + UPLOAD_IDLE_S + length / UPLOAD_MIN_BYTES_PER_S
+        self._in = False
+        self.dropped = False
+
+    async def receive(self) -> dict:
+        if self._in:
+            return await self._receive()
+        if self.dropped:
+            return {"type": "http.disconnect"}
+        wait = max(0.0, min(UPLOAD_IDLE_S, self._deadline - self._loop.time()))
+        try:
+            message = await asyncio.wait_for(self._receive(), wait)
+        except TimeoutError:
+            self.dropped = True
+            return {"type": "http.disconnect"}
+        self._in = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
