@@ -80,6 +80,10 @@ _REDUCING_GAP = 2.0  # the cheap integer reduction on arrival stops at ≥ this 
 #                      resample: Pillow's default reducing_gap for Image.thumbnail ("very close to fair resampling")
 _UINT16_MAX = 65535  # white in a 16-bit image
 _ORIENTATIONS_TURNING_90 = frozenset({5, 6, 7, 8})  # EXIF Orientation values (tag 0x0112) that swap width and height
+# The formats a file may be opened as (Pillow's format ids): photos and pictures, each decoded by Pillow or
+# pillow_heif itself; never one that runs an outside program (EPS runs Ghostscript) or needs one
+# (JPEG includes its multi-picture variant, MPO, which Pillow opens through the JPEG opener)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "DIB", "TIFF", "HEIF", "AVIF", "ICO", "PPM", "TGA", "QOI")
 _SIDE_IMAGE_FORMATS = frozenset({"MPO"})  # JPEG multi-picture: the extra images are previews, stereo views or HDR
 #                                           gain maps of the photo, not frames or pages
 _PIXEL_LIMIT = (f"images of up to {MAX_IMAGE_PIXELS:,} px (about {MAX_IMAGE_PIXELS / 1e6:.0f} MP; Pillow refuses "
@@ -361,6 +365,14 @@ def _unreadable(name: str, err: Exception) -> ValueError:
     return ValueError(f"{name} could not be read as an image (truncated or corrupt file?): {err}")
 
 
+@functools.cache
+def _openable_formats() -> tuple[str, ...]:
+    """:data:`IMAGE_FORMATS` this Pillow has an opener for (Image.open fails on a name it has none for: AVIF
+    needs a Pillow built with libavif)."""
+    Image.init()
+    return tuple(name for name in IMAGE_FORMATS if name in Image.OPEN)
+
+
 @functools.lru_cache(maxsize=32)
 def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
     if stamp[0] == 0:
@@ -368,11 +380,11 @@ def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # up to MAX_IMAGE_PIXELS is accepted
-            with Image.open(path) as image:
+            with Image.open(path, formats=_openable_formats()) as image:
                 return _accept_file(image, path.name)
     except UnidentifiedImageError as err:
-        raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, HEIC, WebP, BMP, GIF, TIFF…)") \
-            from err
+        raise ValueError(f"{path.name} is not an image that can be read (PNG, JPEG, HEIC, AVIF, WebP, BMP, GIF, "
+                         "TIFF, ICO, PPM, TGA or QOI)") from err
     except Image.DecompressionBombError as err:
         raise ValueError(f"{path.name} has too many pixels to open safely ({err}); {_PIXEL_LIMIT}") from err
     except (OSError, *_DECODER_ERRORS) as err:

@@ -216,6 +216,21 @@ def test_a_decoder_error_of_any_kind_is_a_clear_error_naming_the_file(tmp_path):
         load_image(tmp_path / "exif.png")
 
 
+def test_only_picture_formats_are_opened_never_one_that_runs_a_program(tmp_path, monkeypatch):
+    """Pillow opens EPS through Ghostscript, an outside program: an uploaded .eps would run it. Files are opened
+    as one of IMAGE_FORMATS only; an image in another format (PCX here) is refused, naming what is read."""
+    from PIL import EpsImagePlugin
+
+    monkeypatch.setattr(EpsImagePlugin, "gs_binary", "/bin/false")  # were it ever called
+    (tmp_path / "x.eps").write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n")
+    Image.new("RGB", (8, 8), RED).save(tmp_path / "red.pcx")
+    for name in ("x.eps", "red.pcx"):
+        with pytest.raises(ValueError, match=rf"^{name.replace('.', '[.]')} is not an image that can be read \(PNG,"):
+            load_image(tmp_path / name)
+    Image.new("RGB", (8, 8), RED).save(tmp_path / "red.qoi")  # a listed one opens
+    assert (load_image(tmp_path / "red.qoi").pixels == RED).all()
+
+
 def test_a_lab_image_is_converted_to_srgb_not_masked_by_its_a_band(tmp_path):
     """LAB's bands are L, A, B: its a* band was taken for alpha ("transparent pixels were composited onto white").
     Pillow's LAB encoding: L · 255/100, a* + 128, b* + 128; sRGB red is L* 53.2, a* 80.1, b* 67.2 (CIE, D65)."""
