@@ -284,11 +284,13 @@ def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(checkpoint_dir,
 
 # -- the refresh policy -------------------------------------------------------------------------------------------
 def chain_steps(demo: gr.Blocks, component: gr.components.Component, event: str) -> list:
-    """The handlers one event runs, in order: the one it triggers, then each ``.then`` after it."""
+    """The handlers one event runs when each succeeds, in order: the one it triggers, then each ``.then`` after it
+    (not a ``.failure`` step)."""
     steps = list(demo.fns.values())
     step = next(f for f in steps if (component._id, event) in f.targets and f.fn is not None)
     chain = [step]
-    while (step := next((f for f in steps if f.trigger_after == step._id), None)) is not None:
+    while (step := next((f for f in steps if f.trigger_after == step._id and not f.trigger_only_on_failure),
+                        None)) is not None:
         chain.append(step)
     return chain
 
@@ -341,9 +343,12 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
     frames (its ▶ button); a click on a cell of a table the page holds triggers neither (test_browser.py)."""
     demo = app.build_demo(explorer)
     explorer_block = blocks_by_id(demo)["explorer"]
-    handlers = [(trigger, step.name) for step in demo.fns.values() for block_id, trigger in step.targets
-                if block_id == explorer_block._id]
-    assert handlers == [("select", "on_table_row"), ("click", "on_sweep")]
+    events = [(trigger, step) for step in demo.fns.values() for block_id, trigger in step.targets
+              if block_id == explorer_block._id]
+    assert [(trigger, step.name) for trigger, step in events if step.fn] == [("select", "on_table_row"),
+                                                                              ("click", "on_sweep")]
+    in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values
+    assert in_page == [("change", app.KEEP_KNOBS_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
