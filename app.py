@@ -920,11 +920,11 @@ REFRESH = {
 }
 
 
-# The page's address with a view's query string, copied to the clipboard where the browser allows it.
 # The knob values each drawn table was made from, kept in the page (the explorer's .change, run in the page); a
 # refused knob value is put back to them, so that the next change of another knob is not refused for it again.
 KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
 RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
+# The page's address with a view's query string, copied to the clipboard where the browser allows it.
 COPY_LINK_JS = """(query) => {
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;
   const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
