@@ -82,7 +82,11 @@ def table(sweep: dict[float, Runs], baseline: Runs) -> str:
     rows = ["| α | preset | seeds | mean ± std (%) |", "|---:|---|---|---:|"]
     for alpha, runs in [*sweep.items(), (None, baseline)]:
         seeds = ", ".join(f"{seed}: {acc:.2f}" for seed, acc in sorted(runs.accuracy.items())) or "—"
-        summary = f"{runs.mean:.2f} ± {runs.std:.2f}" if runs.accuracy else "—"
+        summary = "—"
+        if len(runs.accuracy) == 1:
+            summary = f"{runs.mean:.2f} (one seed: no std)"
+        elif runs.accuracy:
+            summary = f"{runs.mean:.2f} ± {runs.std:.2f}"
         rows.append(f"| {'λ = 0' if alpha is None else f'{alpha:g}'} | `{runs.preset}` | {seeds} | {summary} |")
     return "\n".join(rows)
 

@@ -92,9 +92,9 @@ def column(x, slots, t):
 
 @triton.jit
 def threshold(acc, live):
-    """Per row: the smallest live key, the score a candidate must beat (that key's) and whether K keys are held."""
+    """Per row: the score a candidate must beat (that of the smallest live key) and whether K keys are held."""
     kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
-    return kth, unpack_score(kth), kth != EMPTY_KEY
+    return unpack_score(kth), kth != EMPTY_KEY
 
 
 @triton.jit
@@ -117,7 +117,7 @@ def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.conste
     the row must find (−∞: none known): a row not yet full takes only keys ≥ its floor, one row maximum at a time
     like a full row, and a tile whose maxima are all below what each row needs costs one row-max reduction.
     Returns acc."""
-    kth, thr, full = threshold(acc, live)
+    thr, full = threshold(acc, live)
     offs = tl.arange(0, BLOCK_N)
     slots = tl.arange(0, K_PAD)
     if WARM:
@@ -133,15 +133,12 @@ def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.conste
         # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
         entries = tl.minimum(tl.max(tl.sum(beats.to(tl.int32), axis=1), axis=0), num_neighbors)
         for _ in range(entries):
-            # The row maximum and its lowest column: plain min/max reductions (the scores hold no NaN), cheaper
-            # than an argmax with its tie rule; −0.0 and +0.0 compare equal here and pack alike.
-            best = tl.max(s, axis=1)
+            best, at = tl.max(s, axis=1, return_indices=True, return_indices_tie_break_left=True)
             enter = enters(best, thr, full, floor, WARM)
-            at = tl.min(tl.where((s == best[:, None]) & enter[:, None], offs[None, :], BLOCK_N), axis=1)
-            # live keys are distinct; a row not yet full has an empty live slot, its smallest (lowest slot first)
-            smallest = tl.min(tl.where(live[None, :] & (acc == kth[:, None]), slots[None, :], K_PAD), axis=1)
+            # live keys are distinct; a row not yet full has an empty live slot, its smallest
+            smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
             acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]),
                            pack(best, start + at)[:, None], acc)
-            s = tl.where(offs[None, :] == at[:, None], NEG_INF, s)  # a row that takes nothing has at = BLOCK_N
-            kth, thr, full = threshold(acc, live)
+            s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
+            thr, full = threshold(acc, live)
     return acc

@@ -57,3 +57,6 @@ def test_the_verdict_needs_a_difference_above_the_sum_of_the_stds(tmp_path):
     sweep[0.0] = alpha_sweep.Runs("cnn3-l0.5-blend0", {})
     assert alpha_sweep.verdict(sweep).startswith("not answered")
     assert "| 0 | `cnn3-l0.5-blend0` | — | — |" in alpha_sweep.table(sweep, sweep[1.0])
+    _runs(tmp_path, "cnn3-l0.5-k16", [91.25])  # a single seed has a mean but no sample std
+    single = alpha_sweep.load_runs("cnn3-l0.5-k16", tmp_path)
+    assert "| 0.5 | `cnn3-l0.5-k16` | 0: 91.25 | 91.25 (one seed: no std) |" in alpha_sweep.table({0.5: single}, single)
