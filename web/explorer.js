@@ -83,7 +83,7 @@ function draw() {
   if (!table || !query) return;
   const row = rowOf(cellOf(query));
   const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
-  drawPanel(canvas, focusWidth(), selection, row, {labels: true, lines: true});
+  const focus = drawPanel(canvas, focusWidth(), selection, row, {labels: true, lines: true});
   drawRules();
   drawSide(row);
   drawSweep(row);
@@ -98,6 +98,7 @@ function draw() {
   root.dataset.model = table.model;
   root.dataset.alpha = sweepFrame === null ? "" : String(sweep.alphas[sweepFrame]);
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
+  root.dataset.ranks = focus.ranks;
   root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
   document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer,
                                                               size: table.input_size}}));

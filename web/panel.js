@@ -6,7 +6,12 @@
 // ([row_px, col_px]); the explorer has one of each, the compare view sets them to a column's before drawing it.
 
 const PREFIX = -32768; // the packed cell of a prefix token (CLS)
-const LABEL_MIN_CELL_PX = 15; // rank numbers inside cells at least this wide; smaller cells get lines + chips
+const LABEL_FONT_PX = 11; // rank numbers inside their cells at this size, smaller in narrower cells (0.7 of the
+const LABEL_MIN_FONT_PX = 8; // cell's width) down to this size; narrower cells get lines + chips instead
+
+function labelFontPx(cellPx) { // the size of the rank numbers drawn inside cells this wide (CSS px)
+  return Math.min(LABEL_FONT_PX, Math.floor(cellPx * 0.7));
+}
 
 function decode(text, Type) {
   const binary = atob(text);
@@ -133,6 +138,7 @@ function sized(target, cssWidth) {
 
 function drawPanel(target, cssWidth, selection, row, options) {
   const [ctx, f] = sized(target, cssWidth);
+  f.ranks = "none"; // how the rank numbers were drawn: "inside:N" (in N cells), "chips:N", or not at all
   ctx.fillStyle = "#3a3a3a"; // padding cells around the image (darker than a letterbox's grey bars)
   ctx.fillRect(0, 0, f.width, f.height);
   ctx.imageSmoothingEnabled = false;
@@ -152,7 +158,8 @@ function drawPanel(target, cssWidth, selection, row, options) {
   }
   if (row < 0) return f;
   const list = neighbors(selection, row).filter((n) => n.cell);
-  const small = q.w < LABEL_MIN_CELL_PX;
+  const fontPx = labelFontPx(q.w);
+  const small = fontPx < LABEL_MIN_FONT_PX;
   if (small && options.lines) {
     ctx.lineWidth = 1.5;
     for (const n of list) {
@@ -175,15 +182,19 @@ function drawPanel(target, cssWidth, selection, row, options) {
   ctx.strokeRect(q.x - 1, q.y - 1, q.w + 2, q.h + 2);
   ctx.strokeStyle = "#fff";
   ctx.strokeRect(q.x - 3, q.y - 3, q.w + 6, q.h + 6);
-  if (options.labels && selection.k <= table.max_labelled_ranks) drawRanks(ctx, f, list, small);
+  if (options.labels && selection.k <= table.max_labelled_ranks) {
+    const drawn = drawRanks(ctx, f, list, small ? LABEL_FONT_PX : fontPx, small);
+    f.ranks = `${small ? "chips" : "inside"}:${drawn}`;
+  }
   return f;
 }
 
-function drawRanks(ctx, f, list, small) {
+function drawRanks(ctx, f, list, fontPx, small) { // returns how many numbers it drew
   ctx.textAlign = "center";
   ctx.textBaseline = "middle";
-  ctx.font = "600 11px system-ui, sans-serif";
+  ctx.font = `600 ${fontPx}px system-ui, sans-serif`;
   const placed = [];
+  let drawn = 0;
   for (const n of list) {
     const r = rect(f, n.cell);
     const x = r.x + r.w / 2;
@@ -198,11 +209,13 @@ function drawRanks(ctx, f, list, small) {
       ctx.fillStyle = table.colors[n.rank];
       ctx.fillRect(x - w / 2, y + 5, w, 2);
     }
-    ctx.lineWidth = 3;
+    ctx.lineWidth = fontPx * 0.27; // the outline that keeps a number legible on any image: 3 px at 11 px
     ctx.strokeStyle = "rgba(0, 0, 0, 0.85)";
     ctx.fillStyle = "#fff";
     if (!small) ctx.strokeText(label, x, y);
     ctx.fillText(label, x, y);
+    drawn += 1;
   }
+  return drawn;
 }
 
