@@ -662,6 +662,19 @@ class Explorer:
             except ValueError as err:
                 problems.append(f"the link's knobs: {err}")
                 out |= {name: self.controls[name].value for name in KNOBS[:-1]}
+        if "compare" in values:  # compare mode's columns, as its model list allows them
+            models = values["compare"]
+            if any(name not in shipped for name in models):
+                problems.append("the link's compare must name shipped models only")
+            elif not 2 <= len(set(models)) == len(models) <= an.MAX_COMPARED:
+                problems.append(f"the link's compare must name 2 to {an.MAX_COMPARED} different models")
+            else:
+                out["compare_models"] = models
+        if "depth" in values:
+            try:
+                out["compare_depth"] = checked_number(values["depth"], self.controls["compare_depth"])
+            except gr.Error as err:
+                problems.append(f"the link's depth: {err.message}")
         if "tab" in values:
             if values["tab"] in TABS:
                 out["tabs"], out["tab"] = gr.Tabs(selected=values["tab"]), values["tab"]
@@ -686,20 +699,26 @@ class Explorer:
         return self.view(params, checkpoint, request)
 
     def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
-                     num_candidates, seed, blend_alpha, head, tab, request=None) -> dict:
+                     num_candidates, seed, blend_alpha, head, tab, compare_models=None, compare_depth=None,
+                     request=None) -> dict:
         """The query string of the view shown (:func:`analysis.link_query`; knobs left at their defaults are left
-        out) and a note naming what cannot travel in it: an uploaded model or photo (:data:`LINK_NOTE`)."""
+        out; with compare mode open, its models and depth too) and a note naming what cannot travel in it: an
+        uploaded model or photo (:data:`LINK_NOTE`)."""
         shipped = self.shipped()
         example = self.example_name(image_file)
+        comparing = tab == "compare" and isinstance(compare_models, list)
+        compared = comparing and all(name in shipped for name in compare_models)
         left = [what for what, missing in (("the uploaded model", checkpoint not in shipped),
-                                           ("the uploaded photo", example is None)) if missing]
+                                           ("the uploaded photo", example is None),
+                                           ("the uploaded models compared", comparing and not compared)) if missing]
         note = (f"**This link leaves out {' and '.join(left)}:** it stays on this server, so the link opens "
                 "whatever model or image the opening page has." if left else "")
         fields = {"model": checkpoint if checkpoint in shipped else None, "image": example,
                   "layer": layer, "row": row_px, "col": col_px, "k": num_neighbors or None,
                   "window": window_size or None, "r": num_candidates or None, "seed": seed or None,
                   "alpha": None if blend_alpha == 0.5 else blend_alpha, "head": head or None,
-                  "tab": tab if tab in TABS else None}
+                  "tab": tab if tab in TABS else None,
+                  "compare": compare_models if compared else None, "depth": compare_depth if compared else None}
         return {"link": an.link_query(fields), "link_note": note}
 
     def lesson_step(self, lesson, step, checkpoint, request=None) -> dict:
@@ -853,7 +872,7 @@ COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px
 # The views, by name: (handler, inputs, outputs), each a component's elem_id.
 # What a link or a lesson's step sets (Explorer.view).
 LINK_OUTPUTS = ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px", *KNOBS[:-1], "tabs", "tab",
-                "focus_rule", "link_note"]
+                "focus_rule", "compare_models", "compare_depth", "link_note"]
 VIEWS = {
     "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
     "link": ("on_link", ["checkpoint"], LINK_OUTPUTS),
@@ -1111,7 +1130,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
         ui = build_layout(ex)
         ui["demo"] = demo
-        ex.controls = {name: ui[name] for name in LINK_CONTROLS.values()}
+        ex.controls = {name: ui[name] for name in [*LINK_CONTROLS.values(), "compare_depth"]}
 
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
@@ -1138,7 +1157,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", [*QUERY[:1], "image_file", *QUERY[3:],
-                                                                            "tab"], ["link", "link_note"]),
+                                                                            "tab", "compare_models",
+                                                                            "compare_depth"], ["link", "link_note"]),
                                             api_visibility="private")
         link_copy.then(None, ui["link"], ui["link"], js=COPY_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),

@@ -14,19 +14,21 @@ def test_a_link_is_read_field_by_field_as_its_kind():
 
 def test_every_value_a_link_cannot_hold_is_refused_by_name_and_left_out():
     values, problems = parse_link({"row": "1e3", "k": "2.5", "model": "../../etc/passwd", "layer": "a" * 200,
-                                   "alpha": "nan", "seed": "", "secret": "1", "image": ["cat_0"]})
+                                   "alpha": "nan", "seed": "", "secret": "1", "image": ["cat_0"],
+                                   "compare": "cnn-l0,", "depth": "0.5.5"})
     assert values == {}
-    assert len(problems) == 8
+    assert len(problems) == 10
     named = " ".join(problems)
-    for name in ("row", "k", "model", "layer", "alpha", "seed", "`secret`", "image"):
+    for name in ("row", "k", "model", "layer", "alpha", "seed", "`secret`", "image", "compare", "depth"):
         assert name in named
     assert "a" * 41 not in named  # no value is echoed at length
 
 
 def test_a_written_link_reads_back_to_the_same_values_in_field_order():
-    fields = {"tab": "mix", "row": 31, "model": "vit-convnn16", "alpha": 0.75, "head": 2, "seed": None}
+    fields = {"tab": "mix", "row": 31, "model": "vit-convnn16", "alpha": 0.75, "head": 2, "seed": None,
+              "depth": 0.25, "compare": ["cnn-l0", "cnn-l0.5"]}
     query = link_query(fields)
-    assert query == "model=vit-convnn16&row=31&alpha=0.75&head=2&tab=mix"
+    assert query == "model=vit-convnn16&row=31&alpha=0.75&head=2&tab=mix&compare=cnn-l0,cnn-l0.5&depth=0.25"
     values, problems = parse_link(dict(pair.split("=") for pair in query.split("&")))
     assert problems == [] and values == {key: value for key, value in fields.items() if value is not None}
     assert list(values) == [key for key in LINK_FIELDS if key in values]

@@ -11,6 +11,7 @@ import inspect
 import json
 import shutil
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import gradio as gr
 import numpy as np
@@ -564,6 +565,23 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     assert "rule `nope`" in shipped.view({"rule": "nope"}, "cnn-l0.5")["link_note"]
     plain = shipped.view({}, "cnn-l0.5")  # a plain address: the model's default view, no note
     assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
+    assert plain["compare_models"] == gr.update() and plain["compare_depth"] == gr.update()  # compare stays as is
+
+
+def test_a_link_sets_compare_modes_models_and_depth(shipped):
+    out = shipped.view({"tab": "compare", "compare": "cnn-l0,vit-mhsa", "depth": "0.25"}, "cnn-l0.5")
+    assert (out["compare_models"], out["compare_depth"], out["tab"], out["link_note"]) == (
+        ["cnn-l0", "vit-mhsa"], 0.25, "compare", "")
+    for params, named in (({"compare": "cnn-l0"}, "2 to 4 different models"),
+                          ({"compare": "cnn-l0,cnn-l0"}, "2 to 4 different models"),
+                          ({"compare": "cnn-l0,cnn-l1,cnn-l0.5,vit-mhsa,vit-kvt16"}, "2 to 4 different models"),
+                          ({"compare": "cnn-l0,nope"}, "shipped models only"),
+                          ({"compare": "cnn-l0,../../etc"}, "names separated by commas"),
+                          ({"compare": "cnn-l0,,cnn-l1"}, "names separated by commas"),
+                          ({"depth": "1.5"}, "the link's depth"), ({"depth": "nan"}, "the link's depth")):
+        refused = shipped.view(params, "cnn-l0.5")
+        assert named in refused["link_note"], params
+        assert refused["compare_models"] == gr.update() and refused["compare_depth"] == gr.update(), params
 
 
 def test_a_copied_link_reopens_the_same_view(shipped):
@@ -590,6 +608,18 @@ def test_a_copied_link_reopens_the_same_view(shipped):
     assert "uploaded model and the uploaded photo" in copied["link_note"] and "image=" not in copied["link"]
     values, problems = an.parse_link(dict(pair.split("=") for pair in copied["link"].split("&")))
     assert problems == [] and values["alpha"] == 1e-5  # what repr writes reads back
+    compared = ["cnn-l0", "cnn-l0.5", "cnn-l1"]  # compare mode open: its models and depth travel too
+    copied = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "compare",
+                                  compared, 0.75)
+    assert copied["link"].endswith("&tab=compare&compare=cnn-l0,cnn-l0.5,cnn-l1&depth=0.75")
+    out = shipped.view(dict(parse_qsl(copied["link"])), "vit-mhsa")
+    assert (out["compare_models"], out["compare_depth"], out["link_note"]) == (compared, 0.75, "")
+    hidden = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "hops",
+                                  compared, 0.75)
+    assert "compare=" not in hidden["link"] and "depth=" not in hidden["link"]  # only the open tab's view
+    uploaded = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "compare",
+                                    ["cnn-l0", "upload:abc"], 0.75)
+    assert "uploaded models compared" in uploaded["link_note"] and "compare=" not in uploaded["link"]
 
 
 def test_every_lesson_step_opens_on_the_shipped_models(shipped):

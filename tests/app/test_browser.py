@@ -193,6 +193,16 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
     with browser_page(f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
         assert "could not set everything" in bad.locator("#link_note").inner_text()
         assert shown(bad)["query"] == "16,16"
+    compared = "tab=compare&compare=cnn-l0,vit-mhsa&depth=0.25"  # compare mode's models and depth
+    with browser_page(f"{url}?{compared}") as tab:
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        columns = [tab.locator(f".cc-col:nth-child({i + 1})") for i in range(2)]
+        assert [column.get_attribute("data-model") for column in columns] == ["cnn-l0", "vit-mhsa"]
+        assert [column.get_attribute("data-layer") for column in columns] == [
+            an.layer_at_depth(explorer.model(name), 0.25).name for name in ("cnn-l0", "vit-mhsa")]
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('compare=')")
+        assert tab.locator("#link textarea, #link input").first.input_value().endswith(f"{compared}&rule=layer")
 
 
 def test_each_lesson_runs_end_to_end(shipped_url):
