@@ -613,9 +613,10 @@ class Explorer:
     def view(self, params: dict, checkpoint: str | None, request=None) -> dict:
         """The page's updates for a link's fields (:func:`analysis.parse_link`), each checked as its control checks
         it (a shipped model, one of its layers, an example, numbers through :func:`checked_number` with the
-        control's bounds, a pixel inside the model's input, a tab); a model, image or tab the link leaves out stays
-        as it is, a pixel or knob it leaves out takes its control's default (a lesson's step is the same view
-        whatever came before), and every value refused is named in ``link_note`` (the page still opens)."""
+        control's bounds, a pixel inside the model's input, a tab, compare mode's 2 to 4 shipped models); a model,
+        image, tab or compare mode's models or depth the link leaves out stays as it is, a pixel or knob it leaves
+        out takes its control's default (a lesson's step is the same view whatever came before), and every value
+        refused is named in ``link_note`` (the page still opens)."""
         values, problems = an.parse_link(params)
         out = {name: gr.update() for name in VIEWS["link"][2]}
         shipped = self.shipped()
