@@ -479,15 +479,26 @@ class Explorer:
         wanted = [name for name in COMPARE_DEFAULT if name in shipped]
         return wanted if len(wanted) >= 2 else shipped[:3]
 
-    def compared(self, checkpoints: object, request=None) -> list[an.LoadedModel]:
-        """The models of compare mode's list, each checked as the model list checks it.
+    @staticmethod
+    def compare_list(checkpoints: object) -> list:
+        """``checkpoints`` if it can be compare mode's list: 2 to :data:`analysis.MAX_COMPARED` different entries
+        (what its model list lets a user pick; each entry is checked as a model when it is loaded).
 
         Raises:
-            ValueError: not a list of 2 to :data:`analysis.MAX_COMPARED` model names.
+            ValueError: anything else, with the message the page shows.
         """
-        if not isinstance(checkpoints, list) or not 2 <= len(checkpoints) <= an.MAX_COMPARED:
-            raise ValueError(f"Pick 2 to {an.MAX_COMPARED} models to compare.")
-        return [self.model(self.text(checkpoint, "a model"), request) for checkpoint in checkpoints]
+        if (not isinstance(checkpoints, list) or not 2 <= len(checkpoints) <= an.MAX_COMPARED
+                or len({repr(checkpoint) for checkpoint in checkpoints}) != len(checkpoints)):
+            raise ValueError(f"Pick 2 to {an.MAX_COMPARED} models to compare, each once.")
+        return checkpoints
+
+    def compared(self, checkpoints: object, request=None) -> list[an.LoadedModel]:
+        """The models of compare mode's list (:meth:`compare_list`), each checked as the model list checks it.
+
+        Raises:
+            ValueError: not a list of 2 to :data:`analysis.MAX_COMPARED` different model names.
+        """
+        return [self.model(self.text(checkpoint, "a model"), request) for checkpoint in self.compare_list(checkpoints)]
 
     @staticmethod
     def too_few(compare_models) -> bool:
@@ -664,13 +675,13 @@ class Explorer:
                 problems.append(f"the link's knobs: {err}")
                 out |= {name: self.controls[name].value for name in KNOBS[:-1]}
         if "compare" in values:  # compare mode's columns, as its model list allows them
-            models = values["compare"]
-            if any(name not in shipped for name in models):
+            if any(name not in shipped for name in values["compare"]):
                 problems.append("the link's compare must name shipped models only")
-            elif not 2 <= len(set(models)) == len(models) <= an.MAX_COMPARED:
-                problems.append(f"the link's compare must name 2 to {an.MAX_COMPARED} different models")
             else:
-                out["compare_models"] = models
+                try:
+                    out["compare_models"] = self.compare_list(values["compare"])
+                except ValueError as err:
+                    problems.append(f"the link's compare: {err}")
         if "depth" in values:
             try:
                 out["compare_depth"] = checked_number(values["depth"], self.controls["compare_depth"])

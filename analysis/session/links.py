@@ -27,6 +27,12 @@ _NAMES = re.compile(r"[A-Za-z0-9_.:\-]+(,[A-Za-z0-9_.:\-]+)*")  # compare mode's
 _WHOLE = re.compile(r"[+-]?\d{1,19}")  # a seed may be as large as 2**63 − 1
 _REAL = re.compile(r"[+-]?(\d{1,12}(\.\d{0,17})?|\.\d{1,17})([eE][+-]?\d{1,3})?")  # what repr(float) writes
 _IGNORED = re.compile(r"__.*|utm_.*|fbclid|gclid|view")  # Gradio's own (__theme, view=api) and trackers' fields
+_KINDS = {  # kind → (the text it accepts, what the message calls it, the value read from that text)
+    "text": (_TEXT, "a name", str),
+    "names": (_NAMES, "names separated by commas", lambda text: text.split(",")),
+    "whole": (_WHOLE, "a whole number", int),
+    "real": (_REAL, "a number", float),
+}
 
 
 def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | float | list[str]], list[str]]:
@@ -55,14 +61,11 @@ def parse_link(params: Mapping[str, object]) -> tuple[dict[str, str | int | floa
                             f"{', '.join(LINK_FIELDS)})")
             continue
         text = raw if isinstance(raw, str) else ""
-        pattern = {"text": _TEXT, "names": _NAMES, "whole": _WHOLE, "real": _REAL}[kind]
+        pattern, what, read = _KINDS[kind]
         if len(text) > MAX_VALUE_CHARS or not pattern.fullmatch(text):
-            what = {"text": "a name", "names": "names separated by commas", "whole": "a whole number",
-                    "real": "a number"}[kind]
             problems.append(f"the link's {name} must be {what}, got {echo(text)}")
             continue
-        converted = {"text": str, "names": lambda names: names.split(","), "whole": int, "real": float}[kind]
-        values[name] = converted(text)
+        values[name] = read(text)
     return values, problems
 
 

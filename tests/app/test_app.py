@@ -572,9 +572,9 @@ def test_a_link_sets_compare_modes_models_and_depth(shipped):
     out = shipped.view({"tab": "compare", "compare": "cnn-l0,vit-mhsa", "depth": "0.25"}, "cnn-l0.5")
     assert (out["compare_models"], out["compare_depth"], out["tab"], out["link_note"]) == (
         ["cnn-l0", "vit-mhsa"], 0.25, "compare", "")
-    for params, named in (({"compare": "cnn-l0"}, "2 to 4 different models"),
-                          ({"compare": "cnn-l0,cnn-l0"}, "2 to 4 different models"),
-                          ({"compare": "cnn-l0,cnn-l1,cnn-l0.5,vit-mhsa,vit-kvt16"}, "2 to 4 different models"),
+    once = "Pick 2 to 4 models to compare, each once"
+    for params, named in (({"compare": "cnn-l0"}, once), ({"compare": "cnn-l0,cnn-l0"}, once),
+                          ({"compare": "cnn-l0,cnn-l1,cnn-l0.5,vit-mhsa,vit-kvt16"}, once),
                           ({"compare": "cnn-l0,nope"}, "shipped models only"),
                           ({"compare": "cnn-l0,../../etc"}, "names separated by commas"),
                           ({"compare": "cnn-l0,,cnn-l1"}, "names separated by commas"),
