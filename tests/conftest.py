@@ -1,4 +1,5 @@
-"""Shared test settings: the repository root on sys.path, Triton's interpreter when there is no GPU."""
+"""Shared test settings: the repository root on sys.path, Triton's interpreter when there is no GPU, and one
+share of the CPU cores per pytest-xdist worker."""
 
 import os
 import sys
@@ -13,3 +14,8 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Under pytest-xdist (``.ci/run`` passes ``-n 2``) each worker is a process with torch's default of one intra-op
+# thread per core: two workers on two cores would run four threads. Give each worker its share of the cores.
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))) > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
