@@ -108,14 +108,15 @@ def test_blend_layer_gives_the_same_output_and_records_on_both_backends():
 def test_a_warm_start_selects_the_blend_rules_cells_as_the_plain_stream(warm):
     """The blend rule's floors from the tiles around each query block (default 4 tiles; 1 leaves most tiles
     outside) change no selection and no output bit against the stream without them, on 16×16 tiles over a 13×11
-    map (195 padded cells, 13 tiles). Integer features give exact feature scores and many ties at the floor."""
+    map (195 padded cells, 13 tiles), on one sample (batches of the blend rule: the test against the reference
+    above). Integer features give exact feature scores and many ties at the floor."""
     from kernels.knn_triton import function
 
     gen = torch.Generator().manual_seed(warm)
     grid, K = (13, 11), 9
     N = grid[0] * grid[1]
-    q, k = (torch.randint(-2, 3, (2, 1, N, 4), generator=gen).float().to(DEVICE) for _ in range(2))
-    v = torch.randn(2, 1, N, 5, generator=gen).to(DEVICE)
+    q, k = (torch.randint(-2, 3, (1, 1, N, 4), generator=gen).float().to(DEVICE) for _ in range(2))
+    v = torch.randn(1, 1, N, 5, generator=gen).to(DEVICE)
     weight = torch.randn(6, 5, K, generator=gen).to(DEVICE)
     args = (q, k, v, weight, None, K, "cosine", "none", 1.0, 1, None, True, BlendGrid(*grid, 3, 0.5))
     tiles = dict(BLOCK_M=16, BLOCK_N=16)

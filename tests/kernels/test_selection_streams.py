@@ -4,9 +4,12 @@ lower index first), many +∞ (overflowing products rank as the largest finite s
 NaN keys (rank last, weigh 0), K = 1 and K = 128, N not a multiple of any block size (203, 139).
 
 Integer-valued features make every fp32 score exact, so the kernel must return the reference's sets exactly,
-in the same order. Tiles of 16 keys (config override) give many tiles at interpreter-friendly sizes. The same
-streams with a warm start (``WARM``: two tiles around each query block set the rows' floors first) test the floor
-against ties with it (all equal), −∞ floors (NaN keys) and ascending keys that beat the floor late.
+in the same order. Tiles of 16 keys (config override) give many tiles at interpreter-friendly sizes; the rows of
+a query block stream the same tiles independently, so the plain streams take the kernel's default 64-row query
+blocks (the interpreter's cost is per block and tile). The same streams with a warm start (``WARM``: two tiles
+around each query block set the rows' floors first) test the floor against ties with it (all equal), −∞ floors
+(NaN keys) and ascending keys that beat the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
+warmed by the tiles around its own middle query.
 """
 
 from __future__ import annotations
@@ -59,8 +62,11 @@ def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
 
 
 def _check_stream(stream, num_neighbors, candidates, warm):
-    # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample
-    batch, n, dim = (2, 203, 4) if num_neighbors < 128 else (1, 139, 4)
+    # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
+    # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
+    # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
+    # descending, equal: the queries' other features meet zeros) or just draw other small integers.
+    batch, n, dim = (2 if candidates == "random" else 1, 203, 4) if num_neighbors < 128 else (1, 139, 4)
     gen = torch.Generator().manual_seed(num_neighbors)
     k = _keys(stream, n, dim, gen)
     q = torch.zeros(batch, 1, n, dim)
@@ -80,7 +86,8 @@ def _check_stream(stream, num_neighbors, candidates, warm):
     options["candidates"] = cand
     with torch.no_grad():
         out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
-                                              config=dict(BLOCK_M=16, BLOCK_N=max(16, num_neighbors), WARM=warm))
+                                              config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
+                                                          WARM=warm))
     expected = knn_aggregate_reference(q, k, v, weight, None, **options)
     assert torch.equal(idx.long(), expected.topk_idx)
     torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
