@@ -24,7 +24,9 @@ __all__ = [
     "sample_candidates",
     "to_tokens",
     "window_indices",
+    "window_kernel",
     "window_size_for",
+    "window_taps",
 ]
 
 def to_tokens(x: Tensor) -> Tensor:
@@ -32,18 +34,26 @@ def to_tokens(x: Tensor) -> Tensor:
     return x.flatten(2).transpose(1, 2).unsqueeze(1)
 
 
+def window_taps(window_size: int, num_neighbors: int) -> tuple[int, ...]:
+    """The window rule's K taps as raster positions ``t = (dr + p)·R + (dc + p)`` of the R×R window, ascending.
+
+    The K offsets nearest the centre (Euclidean distance, ties to raster order), then back in raster order
+    (METHOD §2): rank slot ``k`` of the window rule is window position ``taps[k]``.
+    """
+    pad = window_size // 2
+    distance = [(t // window_size - pad) ** 2 + (t % window_size - pad) ** 2 for t in range(window_size**2)]
+    return tuple(sorted(sorted(range(window_size**2), key=lambda t: (distance[t], t))[:num_neighbors]))
+
+
 @functools.lru_cache(maxsize=64)
 def _window_indices_cpu(height: int, width: int, window_size: int, num_neighbors: int) -> Tensor:
     pad = window_size // 2
-    offsets = [(dr, dc) for dr in range(-pad, pad + 1) for dc in range(-pad, pad + 1)]  # raster order
-    # The K offsets nearest the centre (Euclidean, ties to raster order), then back in raster order (METHOD §2).
-    nearest = sorted(range(len(offsets)), key=lambda t: (offsets[t][0] ** 2 + offsets[t][1] ** 2, t))
-    taps = sorted(nearest[:num_neighbors])
+    taps = torch.tensor(window_taps(window_size, num_neighbors))
     padded_width = width + 2 * pad
     rows = torch.arange(height).view(height, 1, 1) + pad
     cols = torch.arange(width).view(1, width, 1) + pad
-    d_row = torch.tensor([offsets[t][0] for t in taps]).view(1, 1, -1)
-    d_col = torch.tensor([offsets[t][1] for t in taps]).view(1, 1, -1)
+    d_row = (taps // window_size - pad).view(1, 1, -1)
+    d_col = (taps % window_size - pad).view(1, 1, -1)
     return ((rows + d_row) * padded_width + cols + d_col).reshape(height * width, num_neighbors)
 
 
@@ -63,6 +73,26 @@ def window_indices(height: int, width: int, window_size: int, num_neighbors: int
         Tensor: (H·W, K) int64 indices into the padded grid ((H + 2p)·(W + 2p), p = R // 2).
     """
     return _window_indices_cpu(height, width, window_size, num_neighbors).to(device)
+
+
+def window_kernel(weight: Tensor, window_size: int) -> Tensor:
+    """The window rule's Conv1D weight as the R×R ``Conv2d`` kernel it is (METHOD §4.1).
+
+    With ρ = ``"none"`` the window rule (K ≤ R² taps, zero padding R // 2) computes ``F.conv2d(x, kernel,
+    padding=R // 2, groups=groups)``: rank slot ``k`` weighs window position :func:`window_taps` ``[k]``, and the
+    R² − K positions it leaves out weigh zero. Differentiable in ``weight``.
+
+    Args:
+        weight (Tensor): (C_out, C_in / groups, K) Conv1D weight, K ≤ R².
+        window_size (int): R, odd.
+
+    Returns:
+        Tensor: (C_out, C_in / groups, R, R), ``weight``'s dtype and device.
+    """
+    c_out, c_group, num_neighbors = weight.shape
+    taps = torch.tensor(window_taps(window_size, num_neighbors), device=weight.device)
+    kernel = weight.new_zeros(c_out, c_group, window_size**2).index_copy(2, taps, weight)
+    return kernel.view(c_out, c_group, window_size, window_size)
 
 
 def window_size_for(num_neighbors: int) -> int:

@@ -111,8 +111,9 @@ class SelectionRule:
             fused kernel on CUDA (its reference path is ``select``).
         exhaustive (bool): it scores every query against every key (N² scores per map on the reference path): the
             token budgets of checkpoints and of the explorer apply to it.
-        gathers (bool): with ρ = ``"none"`` every selected value counts once whatever its score, as in a
-            convolution (``"window"``: its neighbours are chosen by position, not by score).
+        gathers (bool): with ρ = ``"none"`` every selected value counts once whatever its score: the rule is a
+            convolution (``"window"``: its neighbours are chosen by position, not by score), and the layers run it
+            as one (``F.conv2d`` with :func:`convnn.functional.window_kernel`).
         kernel_options (Callable, optional): for a fused rule, ``kernel_options(grid, options) -> (kwargs,
             padding)``: the extra keyword arguments of :func:`kernels.knn_aggregate` (``"blend"``: its map) and the
             padding of the key indices it returns. None: no extra arguments, unpadded indices.

@@ -17,8 +17,8 @@ def record_backends() -> Iterator[set[str]]:
 
     Yields:
         set[str]: filled as calls run: ``"triton"`` for each aggregation on the fused kernel (dispatched or direct),
-        ``"reference"`` for each aggregation on the PyTorch reference (including window and blend selection, which
-        always aggregate there). Empty if the block ran no ConvNN aggregation (a plain CNN, MHSA). Blocks nest;
+        ``"reference"`` for each aggregation in PyTorch (the reference path, and window selection, which runs as
+        ``F.conv2d``). Empty if the block ran no ConvNN aggregation (a plain CNN, MHSA). Blocks nest;
         each sees the calls made while it is the innermost.
     """
     used: set[str] = set()

@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels import SIMILARITIES, WEIGHTINGS, knn_aggregate
 from kernels.autocast import autocast_aware
 from kernels.dispatch import BACKENDS
 from kernels.reference import aggregate_neighbors, neighbor_weights
+from kernels.usage import note_backend
 
 from ..candidates import CandidateSampler
-from ..functional import coordinate_channels, pad_map, to_tokens
+from ..functional import coordinate_channels, pad_map, to_tokens, window_indices, window_kernel
 from ..recording import Recordable
 from ..selection import SelectionOptions, check_window_neighbors, effective_selection, selection_rule
 from ..validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
@@ -232,14 +234,17 @@ class ConvNN2d(Recordable):
         """The rules the kernels do not run (window): select, weigh, gather, Conv1D; in the autocast dtype under
         autocast, like :func:`kernels.knn_aggregate`. Returns (out (B, C_out, N), idx, weights, padding)."""
         H, W = x.shape[2:]
+        if rule.gathers and self.weighting == "none":  # a convolution: every window cell counts once (METHOD §4.1)
+            R, pad = options.window_size, options.window_size // 2
+            idx = window_indices(H, W, R, self.num_neighbors, x.device).expand(x.shape[0], 1, H * W, -1)
+            note_backend("reference")  # PyTorch, not the fused kernel
+            out = F.conv2d(x, window_kernel(weight, R), bias, padding=pad, groups=self.groups).flatten(2)
+            return out, idx, torch.ones(idx.shape, dtype=x.dtype, device=x.device), pad
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.weighting == "softmax"):
             neighbors = rule.select(q, k, (H, W), options)
             weights = neighbor_weights(neighbors.topk_scores, self.weighting, self.temperature)
-        gather = rule.gathers and self.weighting == "none"  # a convolution: every window cell counts once
-        if gather:
-            weights = torch.ones_like(weights)
         values = to_tokens(pad_map(x, neighbors.padding))
-        out = aggregate_neighbors(values, neighbors.topk_idx, None if gather else weights, weight, bias, self.groups)
+        out = aggregate_neighbors(values, neighbors.topk_idx, weights, weight, bias, self.groups)
         return out, neighbors.topk_idx, weights, neighbors.padding
 
     def describe(self, name: str) -> dict:

@@ -45,6 +45,30 @@ def test_window_with_fewer_neighbors_takes_the_nearest_offsets_in_raster_order()
     assert idx[query].tolist() == [r * 6 + c for r, c in expected]
 
 
+@pytest.mark.parametrize(("window_size", "num_neighbors", "groups"), [(3, 5, 1), (3, 1, 1), (5, 13, 2), (5, 21, 4)])
+def test_window_selection_with_fewer_neighbors_is_the_gather_definition(window_size, num_neighbors, groups):
+    """K < R²: output and gradients equal the definition written out here — gather the K window cells of the
+    zero-padded map in raster order, then Conv1D over the rank slots (METHOD §2, §4.1)."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 4, 6, 7, requires_grad=True)
+    knn = ConvNN2d(4, 8, num_neighbors=num_neighbors, selection="window", window_size=window_size, groups=groups)
+    out = knn(x)
+    pad = window_size // 2
+    padded = F.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2p, W + 2p)
+    cells = [(r, c) for r in range(window_size) for c in range(window_size)]
+    taps = sorted(sorted(range(len(cells)), key=lambda t: ((cells[t][0] - pad) ** 2 + (cells[t][1] - pad) ** 2, t))
+                  [:num_neighbors])
+    shifted = torch.stack([padded[:, :, cells[t][0]:cells[t][0] + 6, cells[t][1]:cells[t][1] + 7] for t in taps], -1)
+    sequence = shifted.flatten(2, 4)  # (B, C, N·K): query-major, rank slot minor
+    expected = F.conv1d(sequence, knn.weight, knn.bias, stride=num_neighbors, groups=groups).view(2, 8, 6, 7)
+    torch.testing.assert_close(out, expected, **FP32_EXACT)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, knn.weight, knn.bias), grad)
+    want = torch.autograd.grad(expected, (x, knn.weight, knn.bias), grad)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, **FP32_EXACT)
+
+
 def test_all_selection_picks_the_most_cosine_similar_pixels_with_the_query_first():
     torch.manual_seed(2)
     x = torch.randn(2, 3, 5, 6)

@@ -66,8 +66,7 @@ def test_invalid_convnn_options_raise_even_without_a_convnn_branch():
                                                                (0.5, "blend", {"reference"}),
                                                                (0.5, "window", {"reference"})])
 def test_a_forward_records_the_aggregation_path_it_took(ratio, selection, expected):
-    """λ = 0 runs no ConvNN aggregation; on CPU every selection aggregates on the reference (window and blend
-    always do, also on CUDA)."""
+    """λ = 0 runs no ConvNN aggregation; on CPU every selection aggregates in PyTorch (window also on CUDA)."""
     from kernels import record_backends
 
     layer = HybridConvNN2d(4, 4, branch_ratio=ratio, num_neighbors=9, selection=selection)
