@@ -69,6 +69,8 @@ def verdict(sweep: dict[float, Runs]) -> str:
     if any(end is None or not end.accuracy for end in ends):
         return "not answered: a run of α = 0 or α = 1 is missing"
     middle = [alpha for alpha, runs in sweep.items() if 0 < alpha < 1 and runs.accuracy]
+    if not middle:
+        return "not answered: no run of 0 < α < 1 yet"
     winners = [alpha for alpha in middle if all(beats(sweep[alpha], end) for end in ends)]
     if winners:
         answer = f"yes: α = {', '.join(f'{a:g}' for a in winners)} beats both ends"

@@ -54,6 +54,8 @@ def test_the_verdict_needs_a_difference_above_the_sum_of_the_stds(tmp_path):
     _runs(tmp_path, "cnn3-l0.5-blend0.75", [90.9, 91.1, 91.0])
     sweep[0.75] = alpha_sweep.load_runs("cnn3-l0.5-blend0.75", tmp_path)
     assert alpha_sweep.verdict(sweep) == "no: none of α = 0.25, 0.5, 0.75 beats both α = 0 and α = 1"
+    ends_only = {alpha: sweep[alpha] for alpha in (0.0, 1.0)}
+    assert alpha_sweep.verdict(ends_only) == "not answered: no run of 0 < α < 1 yet"
     sweep[0.0] = alpha_sweep.Runs("cnn3-l0.5-blend0", {})
     assert alpha_sweep.verdict(sweep).startswith("not answered")
     assert "| 0 | `cnn3-l0.5-blend0` | — | — |" in alpha_sweep.table(sweep, sweep[1.0])
