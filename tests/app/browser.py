@@ -1,4 +1,5 @@
-"""A headless Chromium page on the served app, for the browser tests (Debian's /usr/bin/chromium, no download)."""
+"""A headless Chromium page on the served app, for the browser tests (Debian's /usr/bin/chromium, no download):
+one browser per test process (:func:`chromium`), a fresh context (cookies, storage, cache) for every page."""
 
 from __future__ import annotations
 
@@ -55,15 +56,9 @@ def joined(request) -> int | None:
     return json.loads(request.post_data)["fn_index"] if "/queue/join" in request.url else None
 
 
-@contextlib.contextmanager
-def browser_page(url: str, context: dict | None = None):
-    """A page on ``url`` once the explorer has drawn its first table and the page's first load is done (skips
-    without /usr/bin/chromium).
-
-    Args:
-        url (str): the app.
-        context (dict, optional): Playwright ``new_context`` arguments (viewport, touch…). Default: :data:`DESKTOP`
-    """
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium, started once per test process (skips without /usr/bin/chromium)."""
     if not CHROMIUM.exists():
         pytest.skip("needs /usr/bin/chromium (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
@@ -71,19 +66,36 @@ def browser_page(url: str, context: dict | None = None):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
         try:
-            page = browser.new_context(**(context or DESKTOP)).new_page()
-            page.convnn_pending = set()  # the queue's requests in flight (a chain streams its results on one)
-            page.convnn_joins = set()  # the dependencies whose queue/join has been answered
-            page.on("request", lambda r: "/queue/" in r.url and page.convnn_pending.add(r))
-            page.on("requestfinished", lambda r: (page.convnn_pending.discard(r), page.convnn_joins.add(joined(r))))
-            page.on("requestfailed", lambda r: page.convnn_pending.discard(r))
-            parts = urllib.parse.urlsplit(url)
-            page.convnn_config = page.request.get(urllib.parse.urlunsplit(
-                (*parts[:2], parts.path.rstrip("/") + "/config", "", ""))).json()
-            load = expect_chain(page, "load")
-            page.goto(url)
-            page.wait_for_selector(".cx[data-drawn]", timeout=60_000)
-            settle(page, load)  # the rest of the first load's views arrive too
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def browser_page(chromium, url: str, context: dict | None = None):
+    """A page on ``url``, in a new context of the :func:`chromium` browser, once the explorer has drawn its first
+    table and the page's first load is done.
+
+    Args:
+        chromium: the :func:`chromium` fixture.
+        url (str): the app.
+        context (dict, optional): Playwright ``new_context`` arguments (viewport, touch…). Default: :data:`DESKTOP`
+    """
+    browser_context = chromium.new_context(**(context or DESKTOP))
+    try:
+        page = browser_context.new_page()
+        page.convnn_pending = set()  # the queue's requests in flight (a chain streams its results on one)
+        page.convnn_joins = set()  # the dependencies whose queue/join has been answered
+        page.on("request", lambda r: "/queue/" in r.url and page.convnn_pending.add(r))
+        page.on("requestfinished", lambda r: (page.convnn_pending.discard(r), page.convnn_joins.add(joined(r))))
+        page.on("requestfailed", lambda r: page.convnn_pending.discard(r))
+        parts = urllib.parse.urlsplit(url)
+        page.convnn_config = page.request.get(urllib.parse.urlunsplit(
+            (*parts[:2], parts.path.rstrip("/") + "/config", "", ""))).json()
+        load = expect_chain(page, "load")
+        page.goto(url)
+        page.wait_for_selector(".cx[data-drawn]", timeout=60_000)
+        settle(page, load)  # the rest of the first load's views arrive too
+        yield page
+    finally:
+        browser_context.close()

@@ -11,9 +11,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app
 from tests import small_models
+from tests.app import browser
 
 checkpoint_dir = small_models.checkpoint_dir  # shared fixtures
 example_image = small_models.example_image
+chromium = browser.chromium
 
 
 @pytest.fixture(scope="session")

@@ -47,10 +47,10 @@ def api_cells(explorer, values: dict, rule: str) -> list:
     return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
 
 
-def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, explorer, checkpoint_dir):
+def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, explorer, checkpoint_dir, chromium):
     checkpoint = checkpoint_dir / "cnn-l0.5.json"
     table = explorer.on_table(**page(checkpoint, explorer.examples[0]))
-    with browser_page(app_url) as tab:
+    with browser_page(chromium, app_url) as tab:
         assert shown(tab)["query"] == "16,16" and shown(tab)["layer"] == CELL_LAYER
         requests = []
         tab.on("request", lambda request: requests.append(request.url))
@@ -98,9 +98,9 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "random")
 
 
-def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir):
+def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir, chromium):
     checkpoint = checkpoint_dir / "vit-convnn.json"
-    with browser_page(app_url) as tab:
+    with browser_page(chromium, app_url) as tab:
         tab.locator("#checkpoint input").click()
         tab.locator("#checkpoint input").fill("vit-convnn")
         model_chain = expect_chain(tab, "input", "checkpoint")
@@ -125,12 +125,12 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
 
 
 @pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
-def test_the_core_loop_fits_the_screen(app_url, context):
+def test_the_core_loop_fits_the_screen(app_url, context, chromium):
     """Image, click, focus panel and prediction: inside the viewport (at 1280×800 all on the first screen; at
     390×844 without sideways scrolling, the focus panel starting on the first screen, right after the model, the
     examples and the upload), none covering another. Screenshots go to tests/screenshots/."""
     width, height = context["viewport"]["width"], context["viewport"]["height"]
-    with browser_page(app_url, context) as tab:
+    with browser_page(chromium, app_url, context) as tab:
         SCREENSHOTS.mkdir(exist_ok=True)
         tab.screenshot(path=SCREENSHOTS / f"explorer-{width}x{height}.png")
         boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
@@ -151,9 +151,9 @@ def test_the_core_loop_fits_the_screen(app_url, context):
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def shipped_url():
-    """The app on the shipped checkpoints (the lessons name them), served in this process for one test."""
+    """The app on the shipped checkpoints (the lessons name them), served in this process for this module's tests."""
     explorer = app.Explorer(SHIPPED_DIR, device="cpu")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -173,10 +173,10 @@ def linked_values(explorer, link: str) -> dict:
                    if key in fields and key not in ("row", "col")})
 
 
-def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
+def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chromium):
     url, explorer = shipped_url
     link = "model=cnn-l1&image=cat_0&layer=stages.0.0.conv1&row=5&col=7&k=4&tab=spectrum&rule=window"
-    with browser_page(f"{url}?{link}") as tab:
+    with browser_page(chromium, f"{url}?{link}") as tab:
         assert shown(tab)["layer"] == "stages.0.0.conv1" and shown(tab)["query"] == "5,7"
         assert shown(tab)["rule"] == "window"  # the rule shown large
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
@@ -186,15 +186,15 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
         tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
         copied = tab.locator("#link textarea, #link input").first.input_value()
     assert copied.split("?", 1)[1] == link
-    with browser_page(copied) as again:  # a fresh page on the copied link: the same view
+    with browser_page(chromium, copied) as again:  # a fresh page on the copied link: the same view
         assert shown(again)["layer"] == "stages.0.0.conv1" and shown(again)["query"] == "5,7"
         assert shown(again)["rule"] == "window"
         assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
-    with browser_page(f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
+    with browser_page(chromium, f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
         assert "could not set everything" in bad.locator("#link_note").inner_text()
         assert shown(bad)["query"] == "16,16"
     compared = "tab=compare&compare=cnn-l0,vit-mhsa&depth=0.25"  # compare mode's models and depth
-    with browser_page(f"{url}?{compared}") as tab:
+    with browser_page(chromium, f"{url}?{compared}") as tab:
         tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
         columns = [tab.locator(f".cc-col:nth-child({i + 1})") for i in range(2)]
         assert [column.get_attribute("data-model") for column in columns] == ["cnn-l0", "vit-mhsa"]
@@ -205,12 +205,12 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url):
         assert tab.locator("#link textarea, #link input").first.input_value().endswith(f"{compared}&rule=layer")
 
 
-def test_each_lesson_runs_end_to_end(shipped_url):
+def test_each_lesson_runs_end_to_end(shipped_url, chromium):
     """Every lesson, chosen and then stepped through with Next: each step shows its text and the explorer shows
     the step's layer and pixel, with the neighbours the API gives, each numbered inside its cell on a desktop
     (lesson 1's 5 × 5 window on 12-pixel cells had dark rank chips over its cells, and only 11 of its 25 numbers)."""
     url, explorer = shipped_url
-    with browser_page(url) as tab:
+    with browser_page(chromium, url) as tab:
         tab.get_by_text("Lessons: convolution").click()
         for lesson in explorer.lessons:  # one after another in one page, as a class goes through them
             tab.locator("#lesson input").click()
@@ -236,12 +236,12 @@ def test_each_lesson_runs_end_to_end(shipped_url):
                 assert tab.locator(".cx").get_attribute("data-ranks") == ranks, step["link"]
 
 
-def test_compare_mode_answers_one_click_in_every_column(shipped_url):
+def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
     reaches the server; a hover previews a pixel in every column; the rule buttons switch every column."""
     url, explorer = shipped_url
-    with browser_page(url) as tab:
+    with browser_page(chromium, url) as tab:
         tab.get_by_role("tab", name="Compare models").click()
         tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
         settle(tab)
@@ -278,6 +278,7 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url):
         tab.wait_for_function("document.querySelector('.cc').dataset.columns === '0'", timeout=30_000)
         assert tab.locator(".cc-note").inner_text() == "Pick 2 to 4 models to compare."
         assert tab.locator(".toast-body").count() == 0
-    with browser_page(f"{url}?image=dog_0&row=3&col=30&tab=compare") as linked:  # a link opens compare mode drawn
+    # A link opens compare mode drawn.
+    with browser_page(chromium, f"{url}?image=dog_0&row=3&col=30&tab=compare") as linked:
         linked.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
         assert linked.locator(".cc-col:nth-child(1)").get_attribute("data-query") == "3,30"

@@ -97,11 +97,11 @@ def test_a_model_with_no_layer_to_open_is_refused_at_upload(explorer, tmp_path):
 
 @pytest.mark.browser
 def test_both_open_through_the_upload_and_answer_a_click_in_the_page(app_url, explorer, uploaded,
-                                                                     plain_checkpoint_dir):
+                                                                     plain_checkpoint_dir, chromium):
     """Uploaded in the page (its own copy of the same files), after a refused pair, each answers a click with the set
     computed by hand."""
     image_file = explorer.examples[0]  # what the page shows first
-    with browser_page(app_url) as tab:
+    with browser_page(chromium, app_url) as tab:
         tab.get_by_text("Model card, or open your own checkpoint").click()
         tab.locator("#checkpoint_files input[type=file]").set_input_files(  # a pair that does not fit: refused
             [plain_checkpoint_dir / "tv-vit.json", plain_checkpoint_dir / "tv-resnet18.safetensors"])

@@ -402,7 +402,7 @@ def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoi
 
 
 @pytest.mark.browser
-def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path):
+def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path, chromium):
     """The card's name broke out of its Markdown code block and its <img> and <a> tags rendered (the browser fetched
     the image); a class name became a link in the attribution title; error messages render HTML."""
     from playwright.sync_api import expect
@@ -410,7 +410,7 @@ def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path):
     classes = [f'<a id="evil-class" href="http://x">c{i}</a>' for i in range(10)]
     copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=HOSTILE, classes=classes)
     demo = app.build_demo(app.Explorer(tmp_path / "ckpt", device="cpu"))
-    with served(demo) as url, browser_page(url) as page:
+    with served(demo) as url, browser_page(chromium, url) as page:
         page.get_by_role("tab", name="Attribution").click()
         page.locator("#attribution_button").click()  # attribution runs when asked
         expect(page.locator("#attribution_plot .gtitle")).to_contain_text("evil-class", timeout=60_000)
