@@ -8,7 +8,7 @@ a layer against every other, and so is one whose forward pass overflows on a mid
 module's output: every view of it would show meaningless numbers).
 
 What the page names a checkpoint by is resolved by :func:`checkpoint_card` against what exists, never used as a path:
-a shipped checkpoint by its stem (or its card's path inside the checkpoint folder), an upload by the id
+a shipped checkpoint by its stem (the name the model list shows), an upload by the id
 :func:`store_upload` returned, inside the session's own :class:`~analysis.workspace.Workspace` folder. An upload is
 stored under fixed names and accepted only once it loads.
 """
@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import reprlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -324,24 +323,15 @@ def store_upload(files: Sequence[str | Path], workspace: Workspace, session: str
     return UPLOAD_PREFIX + entry.name
 
 
-def _in_folder(parent: PurePath, folder: Path) -> bool:
-    """Whether ``parent`` (typed, relative to the working directory or absolute) is ``folder``."""
-    if str(parent) == ".":
-        return True
-    try:
-        return Path(os.path.realpath(parent)) == folder.resolve()
-    except ValueError:  # a NUL byte: no folder
-        return False
-
-
 def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace, session: str | None) -> Path:
-    """The card file a checkpoint choice names, looked up among what exists (the text itself never opens a file).
+    """The card file a checkpoint choice names, looked up among what exists: the text is compared with the names of
+    the files that are there, never opened, resolved or joined into a path, so it reveals nothing about the server's
+    folders.
 
     Args:
-        choice (str or None): a shipped checkpoint's stem (``"cnn-l0.5"``), or its card's path inside ``folder``
-            (``"checkpoints/cnn-l0.5.json"``, absolute or relative to the working directory), or
-            :data:`UPLOAD_PREFIX` + the id :func:`store_upload` returned; anything else a request sends (a number,
-            a list) names no checkpoint.
+        choice (str or None): a shipped checkpoint's name as the model list offers it, its card's stem
+            (``"cnn-l0.5"``), or :data:`UPLOAD_PREFIX` + the id :func:`store_upload` returned; anything else a request
+            sends (a path, a number, a list) names no checkpoint.
         folder (str or Path): the shipped checkpoints.
         workspace (Workspace): the uploads.
         session (str or None): the asking session; it reaches its own uploads only.
@@ -350,7 +340,7 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
         Path: the card, for :func:`load_model`.
 
     Raises:
-        ValueError: no choice; a choice that is not text, or a name that is no ``*.json`` of ``folder`` (the message
+        ValueError: no choice; a choice that is not text, or not the stem of a ``*.json`` of ``folder`` (the message
             quotes it shortened); an upload that this session does not have (never had, or deleted after its age).
     """
     unknown = ValueError(f"unknown checkpoint {reprlib.repr(choice)}: choose one from the list or upload one")
@@ -360,8 +350,7 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
         raise ValueError("Choose a model first (or upload a .safetensors + .json checkpoint).")
     if choice.startswith(UPLOAD_PREFIX):
         return workspace.open(session, UPLOADS, choice.removeprefix(UPLOAD_PREFIX)) / _CARD_FILE
-    folder, typed = Path(folder), PurePath(choice)
-    name = typed.name if typed.suffix == ".json" else f"{typed.name}.json"
-    if name in {path.name for path in folder.glob("*.json")} and _in_folder(typed.parent, folder):
-        return folder / name
+    cards = {path.stem: path for path in Path(folder).glob("*.json")}
+    if choice in cards:
+        return cards[choice]
     raise unknown

@@ -48,11 +48,11 @@ def cells(payload: dict, rule: str, row: int) -> list[list[int] | None]:
 
 
 def test_the_explorer_gets_every_query_s_neighbours_and_the_prediction(explorer, checkpoint_dir, example_image):
-    checkpoint = checkpoint_dir / "cnn-l0.5.json"
+    checkpoint = "cnn-l0.5"
     payload = explorer.on_first_render(**page(checkpoint, example_image, row_px=10, col_px=20))
     assert payload["query_px"] == [10, 20] and not payload["keep_query"] and payload["queries"] is None
     assert cells(payload, "window", 5 * 16 + 10) == [[r, c] for r in (4, 5, 6) for c in (9, 10, 11)]
-    loaded = an.load_model(checkpoint)
+    loaded = an.load_model(checkpoint_dir / "cnn-l0.5.json")
     with torch.no_grad():
         probabilities = torch.softmax(loaded.model(an.model_input(an.load_image(example_image), loaded.card)), 1)[0]
     values, indices = probabilities.topk(5)
@@ -72,7 +72,7 @@ def test_the_explorer_gets_every_query_s_neighbours_and_the_prediction(explorer,
 def test_a_k_above_the_table_s_bound_is_answered_one_clicked_query_at_a_time(explorer, checkpoint_dir,
                                                                                example_image):
     """K = 1024 on a 32×32 map: random needs r = N, which is the all rule (METHOD §3), instead of an error."""
-    values = page(checkpoint_dir / "cnn-l0.5.json", example_image, "stages.0.0.conv1", num_neighbors=1024)
+    values = page("cnn-l0.5", example_image, "stages.0.0.conv1", num_neighbors=1024)
     payload = explorer.on_table(**values)
     assert payload["queries"] == [16 * 32 + 16] and payload["options"]["num_candidates"] == 1024
     assert any("the random rule draws every token, so it equals the all-tokens rule" in n for n in payload["notes"])
@@ -81,8 +81,8 @@ def test_a_k_above_the_table_s_bound_is_answered_one_clicked_query_at_a_time(exp
     assert row["queries"] == [3 * 32 + 30] and len(cells(row, "all", 0)) == 1024
 
 
-def test_bad_images_give_clear_messages(explorer, checkpoint_dir, tmp_path):
-    checkpoint = checkpoint_dir / "cnn-l0.5.json"
+def test_bad_images_give_clear_messages(explorer, tmp_path):
+    checkpoint = "cnn-l0.5"
     (tmp_path / "notes.png").write_text("this is text, not a picture")
     (tmp_path / "empty.png").write_bytes(b"")
     png_claiming_size(tmp_path / "huge.png", 20_000, 10_000)  # over Pillow's decompression-bomb limit
@@ -99,7 +99,7 @@ def test_bad_images_give_clear_messages(explorer, checkpoint_dir, tmp_path):
 def test_what_was_done_to_an_image_is_said_on_the_page(explorer, checkpoint_dir, tmp_path):
     """The image's note (transparency made white, the crop of a wide photo) reaches the explorer with the table."""
     Image.new("RGBA", (80, 40), (255, 0, 0, 0)).save(tmp_path / "clear.png")
-    payload = explorer.on_first_render(**page(checkpoint_dir / "cnn-l0.5.json", tmp_path / "clear.png"))
+    payload = explorer.on_first_render(**page("cnn-l0.5", tmp_path / "clear.png"))
     assert payload["image_note"] == ("transparent pixels were composited onto white (the model sees white there); "
                                      "the model sees the centre 40×40 px of the 80×40 px image (crop)")
 
@@ -112,14 +112,18 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
         explorer.on_checkpoint_upload([str(card), str(tmp_path / "mine.safetensors")], [])
     with pytest.raises(gr.Error, match="upload exactly two files"):
         explorer.on_checkpoint_upload([str(card)], [])
-    with pytest.raises(gr.Error, match="unknown checkpoint"):
-        explorer.on_model("/etc/some.json")
+    for typed in ("/etc/some.json", str(checkpoint_dir / "cnn-l0.json"), "checkpoints/cnn-l0.json", "./cnn-l0",
+                  "cnn-l0.json", "cnn-l0.safetensors", "../checkpoints/cnn-l0", "CNN-L0"):
+        with pytest.raises(gr.Error, match="unknown checkpoint") as refused:  # a name from the list, never a path
+            explorer.on_model(typed)
+        assert str(checkpoint_dir) not in refused.value.message
+    assert explorer.on_model("cnn-l0")["card"].startswith("cnn-l0: ResNet")
     with pytest.raises(gr.Error, match="Choose a model first"):
         explorer.on_model(None)
     with pytest.raises(gr.Error, match=r"K \(neighbours per query\) must be in \[1, 256\]"):
-        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image, num_neighbors=999))
+        explorer.on_table(**page("cnn-l0.5", example_image, num_neighbors=999))
     with pytest.raises(gr.Error, match=r"the fit must be one of \('crop', 'letterbox', 'stretch'\), got 'zoom'"):
-        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image, fit="zoom"))
+        explorer.on_table(**page("cnn-l0.5", example_image, fit="zoom"))
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -145,7 +149,7 @@ def test_impossible_numbers_are_messages_before_any_work(explorer, checkpoint_di
     """inf, fractions, a seed past 2⁶⁴ − 1 or a window wider than the map: each a message naming the field (they
     were an OverflowError, an RNG overflow, or allocations growing with R²: 1.5 GB at R = 301, 24 GB at 2001)."""
     with pytest.raises(gr.Error, match=message):
-        call(explorer, checkpoint_dir / "cnn-l0.5.json", example_image)
+        call(explorer, "cnn-l0.5", example_image)
 
 
 @pytest.mark.parametrize("error", [
@@ -158,7 +162,7 @@ def test_running_out_of_memory_is_a_message(explorer, checkpoint_dir, example_im
 
     monkeypatch.setattr(an, "neighbor_table", fail)
     with pytest.raises(gr.Error) as refused:
-        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image))
+        explorer.on_table(**page("cnn-l0.5", example_image))
     assert refused.value.message == ("Not enough memory for this request: choose a smaller K, window R or r, another "
                                      "layer, or a smaller image or model, and try again.")
 
@@ -169,7 +173,7 @@ def test_a_bug_is_not_disguised_as_a_user_error(explorer, checkpoint_dir, exampl
 
     monkeypatch.setattr(an, "neighbor_table", fail)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image))
+        explorer.on_table(**page("cnn-l0.5", example_image))
 
 
 def stored_files(work_dir: Path) -> list[Path]:
@@ -238,12 +242,12 @@ def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path
     demo = app.build_demo(explorer)
     dropdown = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "checkpoint")
     assert [choice[1] for choice in dropdown.choices] == ["good"]  # a stem: no server path in the page
-    shown = explorer.on_model(str(tmp_path / "good.json"))["card"]
+    shown = explorer.on_model("good")["card"]
     assert "test accuracy (top-1): n/a" in shown and "nan%" not in shown
 
 
 def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example_image):
-    checkpoint, image = checkpoint_dir / "vit-convnn.json", example_image
+    checkpoint, image = "vit-convnn", example_image
     message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
         explorer.on_hops(str(checkpoint), str(image), "crop", "blocks.0.attn", 2, 2)
@@ -252,7 +256,7 @@ def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example
 
 
 def test_vit_notes_explain_that_padding_cells_do_not_exist_there(explorer, checkpoint_dir, example_image):
-    payload = explorer.on_table(**page(checkpoint_dir / "vit-convnn.json", example_image, "blocks.0.attn", 0, 0))
+    payload = explorer.on_table(**page("vit-convnn", example_image, "blocks.0.attn", 0, 0))
     assert cells(payload, "window", 0)[0] == [-1, -1]  # the window at the corner reaches a padding cell
     assert any("A ViT has no zero padding" in note for note in payload["notes"])
     assert not any("exactly as in a zero-padded convolution" in note for note in payload["notes"])
@@ -375,7 +379,7 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     demo = app.build_demo(explorer)
     blocks = blocks_by_id(demo)
     values = {block._id: getattr(block, "value", None) for block in demo.blocks.values()}
-    old, new = (str(checkpoint_dir / f"{name}.json") for name in ("cnn-l0.5", "cnn-random"))
+    old, new = "cnn-l0.5", "cnn-random"
     values[blocks["checkpoint"]._id], values[blocks["image_file"]._id] = old, str(example_image)
     run_event(demo, values, blocks["checkpoint"], "input")
     layer, before = values[blocks["layer"]._id], values[blocks["explorer"]._id]
@@ -400,7 +404,7 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
 
 
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
-    checkpoint = str(checkpoint_dir / "vit-mhsa.json")
+    checkpoint = "vit-mhsa"
     weights = explorer.on_weights(checkpoint, "blocks.0.attn")
     assert weights["kernel_plot"] is None and "no rank-slot kernel" in weights["weights_note"]
     mix = explorer.on_mix(checkpoint, str(example_image), "crop", "blocks.0.attn")
@@ -412,7 +416,7 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     from gradio_client import Client, handle_file
 
     client = Client(app_url, verbose=False)
-    checkpoint, image = str(checkpoint_dir / "vit-convnn.json"), handle_file(str(example_image))
+    checkpoint, image = "vit-convnn", handle_file(str(example_image))
     info = client.view_api(return_format="dict")["named_endpoints"]
     for name in ("/layers", "/predict", "/neighbors", "/table", "/export", "/spectrum", "/multihop", "/attribution",
                  "/equivalence", "/weights", "/mix", "/pixels"):
@@ -424,7 +428,7 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     assert [layer["name"] for layer in layers] == ["blocks.0.attn", "blocks.1.attn"]
     assert layers[0]["height"] == 8 and layers[0]["num_heads"] == 2 and layers[0]["label"].startswith("blocks.0.attn")
     label = client.predict(checkpoint, image, api_name="/predict")
-    loaded = an.load_model(checkpoint)
+    loaded = an.load_model(checkpoint_dir / "vit-convnn.json")
     with torch.no_grad():
         probabilities = torch.softmax(loaded.model(an.model_input(an.load_image(example_image), loaded.card)), 1)[0]
     values, indices = probabilities.topk(5)
@@ -441,7 +445,7 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
     weights = client.predict(checkpoint, "blocks.0.attn", api_name="/weights")  # depthwise: one tap per channel
     np.testing.assert_allclose(weights["kernel"], loaded.model.get_submodule("blocks.0.attn").weight[:, 0].detach(),
                                rtol=1e-6)
-    hybrid = str(checkpoint_dir / "cnn-l0.5.json")
+    hybrid = "cnn-l0.5"
     mix = client.predict(hybrid, image, CELL_LAYER, api_name="/mix")
     assert mix["branch_ratio"] == 0.5 and np.asarray(mix["share"]).shape == (16, 16)
     pixels = client.predict(image, 3, 4, 9, api_name="/pixels")
@@ -502,7 +506,7 @@ def test_a_rule_registered_in_the_library_is_a_selection_of_the_layer_every_view
     loaded, image = an.load_model(checkpoint_dir / "cnn-l0.5.json"), an.load_image(example_image)
     result = an.query_neighbors(loaded, image, CELL_LAYER, (10, 20))
     assert list(result.sets) == ["window", "all", "random", "blend", "colour", "layer"]
-    payload = explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image, row_px=10, col_px=20))
+    payload = explorer.on_table(**page("cnn-l0.5", example_image, row_px=10, col_px=20))
     colour_entry = next(e for e in payload["rules"] if e["name"] == "colour")
     assert colour_entry["title"] == "nearest in colour only"
     assert cells(payload, "colour", 5 * 16 + 10) == result.sets["colour"].cells.tolist()

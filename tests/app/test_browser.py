@@ -47,8 +47,8 @@ def api_cells(explorer, values: dict, rule: str) -> list:
     return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
 
 
-def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, explorer, checkpoint_dir, chromium):
-    checkpoint = checkpoint_dir / "cnn-l0.5.json"
+def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, explorer, chromium):
+    checkpoint = "cnn-l0.5"
     table = explorer.on_table(**page(checkpoint, explorer.examples[0]))
     with browser_page(chromium, app_url) as tab:
         assert shown(tab)["query"] == "16,16" and shown(tab)["layer"] == CELL_LAYER
@@ -65,7 +65,7 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "window")
         first = api_cells(explorer, values, "window")[0]
         tab.locator("#explorer .cx-canvas").hover(position=pixel_position(tab, table, an.cell_rect_px(
-            explorer.model(str(checkpoint)).probe(CELL_LAYER), *first)[:2]))
+            explorer.model(checkpoint).probe(CELL_LAYER), *first)[:2]))
         assert tab.locator(".cx-tip").inner_text().startswith(f"rank 0 · cell ({first[0]}, {first[1]}) · similarity")
         tab.locator("#explorer .cx-canvas").press("ArrowUp")  # the keyboard moves the query by one cell
         assert shown(tab)["cell"] == "14,0"
@@ -98,8 +98,8 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "random")
 
 
-def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, checkpoint_dir, chromium):
-    checkpoint = checkpoint_dir / "vit-convnn.json"
+def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url, explorer, chromium):
+    checkpoint = "vit-convnn"
     with browser_page(chromium, app_url) as tab:
         tab.locator("#checkpoint input").click()
         tab.locator("#checkpoint input").fill("vit-convnn")
@@ -116,7 +116,7 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
         tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, (5, 27)))
         values = page(checkpoint, explorer.examples[0], "blocks.0.attn", 5, 27)
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "layer")
-        field = an.receptive_field(explorer.model(str(checkpoint)), explorer.image(explorer.examples[0]),
+        field = an.receptive_field(explorer.model(checkpoint), explorer.image(explorer.examples[0]),
                                    "blocks.0.attn", (5, 27), 2, 0)
         hops = tab.locator(".cx-hops")
         assert hops.get_attribute("data-query") == "5,27"

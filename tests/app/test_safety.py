@@ -75,7 +75,7 @@ def test_exports_are_named_by_the_server_whatever_the_card_name(checkpoint_dir, 
     outside = tmp_path / "outside"
     card_path = copy_checkpoint(checkpoint_dir, "cnn-l0.5", tmp_path / "ckpt", name=name.format(outside=outside))
     explorer = app.Explorer(card_path.parent, device="cpu")
-    files = explorer.on_export(**page(card_path, example_image, row_px=10, col_px=20))["exports"]
+    files = explorer.on_export(**page(card_path.stem, example_image, row_px=10, col_px=20))["exports"]
     assert not outside.exists()
     written = files_under(tmp_path)
     assert written == sorted([*files_under(tmp_path / "ckpt"), *map(Path, files)])  # nothing else anywhere
@@ -185,7 +185,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
         assert demo.state_session_capacity == app.MAX_SESSIONS  # Gradio keeps the state of so many sessions
         with open(example_image, "rb") as file:
             image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
-        data = [str(checkpoint_dir / "cnn-l0.5.json"), {"path": image, "meta": {"_type": "gradio.FileData"}},
+        data = ["cnn-l0.5", {"path": image, "meta": {"_type": "gradio.FileData"}},
                 CELL_LAYER, "crop"]
 
         def join(session: str) -> httpx.Response:
@@ -286,15 +286,15 @@ def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_
                 knobs = [0, 0, 0, 0, 0.5, 0, "crop"]  # K, R, r, seed, α, head, fit (a raw call sends every one)
                 for api_name, rest in (("predict", ["crop"]), ("table", [CELL_LAYER, 16, 16, *knobs]),
                                        ("export", [CELL_LAYER, 3, 3, *knobs]), ("spectrum", ["crop"])):
-                    answer = call(app_url, api_name, [str(checkpoint_dir / "cnn-l0.5.json"), image, *rest])
+                    answer = call(app_url, api_name, ["cnn-l0.5", image, *rest])
                     assert refused in answer and "200, 10, 10" not in answer, (api_name, path, answer)
     finally:
         link.unlink()
     from gradio_client import Client, handle_file
 
     client = Client(app_url, verbose=False)
-    assert client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(outside)), api_name="/predict")
-    answer = call(app_url, "attribution", [str(checkpoint_dir / "cnn-l0.5.json"), {"path": str(outside)}, "saliency",
+    assert client.predict("cnn-l0.5", handle_file(str(outside)), api_name="/predict")
+    answer = call(app_url, "attribution", ["cnn-l0.5", {"path": str(outside)}, "saliency",
                                            "", "crop"])
     assert refused in answer
 
@@ -344,7 +344,7 @@ def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
     update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
-    explorer.on_export(**page(checkpoint_dir / "cnn-l0.5.json", example_image, row_px=3, col_px=3),
+    explorer.on_export(**page("cnn-l0.5", example_image, row_px=3, col_px=3),
                        request=SESSION_A)
     assert len(files_under(work_dir)) == 4
     assert explorer.workspace.sweep() == 0  # nothing is old yet
@@ -379,7 +379,7 @@ def test_the_work_dir_is_not_served_and_exports_come_through_gradios_cache(app_u
     finally:
         planted.unlink()
     client = Client(app_url, verbose=False)
-    png, data = client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(example_image)), CELL_LAYER,
+    png, data = client.predict("cnn-l0.5", handle_file(str(example_image)), CELL_LAYER,
                                10, 20, api_name="/export")
     assert json.loads(Path(data).read_text())["query"]["row_px"] == 10 and Image.open(png).width > 1000
 
@@ -392,12 +392,12 @@ def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoi
     demo = app.build_demo(explorer)
     card_box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "card")
     assert isinstance(card_box, gr.Textbox) and not card_box.interactive
-    shown = explorer.on_model(str(card_path))["card"]
+    shown = explorer.on_model(card_path.stem)["card"]
     assert shown == an.card_summary(an.load_model(card_path).card) and shown.startswith(HOSTILE)
     with pytest.raises(gr.Error) as refused:  # the message names the card: its markup is escaped for the page
-        explorer.on_table(**page(card_path, example_image, "no-such-layer"))
+        explorer.on_table(**page(card_path.stem, example_image, "no-such-layer"))
     assert "<img" not in refused.value.message and '&lt;img id="evil-img"' in refused.value.message
-    figure = explorer.on_attribution(str(card_path), str(example_image), "crop", "saliency", "")["attribution_plot"]
+    figure = explorer.on_attribution(card_path.stem, str(example_image), "crop", "saliency", "")["attribution_plot"]
     assert "<a" not in figure.layout.title.text and "&lt;a href=" in figure.layout.title.text
 
 
@@ -459,7 +459,7 @@ def test_a_broken_shipped_checkpoint_is_named_relative_to_the_app(checkpoint_dir
     weights = card.with_suffix(".safetensors")
     weights.write_bytes(weights.read_bytes()[:-1] + b"\1")
     with pytest.raises(gr.Error) as refused:
-        app.Explorer(card.parent, device="cpu").on_model(str(card))
+        app.Explorer(card.parent, device="cpu").on_model(card.stem)
     assert refused.value.message.startswith("cnn-l0.safetensors: sha256 differs")
     assert server_paths_in(refused.value.message) == []
 
@@ -479,7 +479,7 @@ def test_the_page_gets_file_names_not_server_paths(text, shown):
 def test_a_huge_number_in_a_message_is_abbreviated(explorer, checkpoint_dir, example_image):
     """row = 1e308 came back quoted in 309 digits."""
     with pytest.raises(gr.Error) as refused:
-        explorer.on_table(**page(checkpoint_dir / "cnn-l0.5.json", example_image, row_px=1e308, col_px=3))
+        explorer.on_table(**page("cnn-l0.5", example_image, row_px=1e308, col_px=3))
     assert refused.value.message == "query pixel (row=1.00e+308, col=3) is outside the 32×32 model input"
     seeds = f"seed must be in [0, {an.MAX_SEED}], got {2**70}"  # 19 digits shown whole, 22 shortened
     assert an.user_error_message(ValueError(seeds)) == f"seed must be in [0, {an.MAX_SEED}], got 1.18e+21"
@@ -531,7 +531,7 @@ def test_a_bad_number_through_the_api_gets_a_message(app_url, checkpoint_dir):
 
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match=r"query row must be a whole number, got 'abc'"):
-        client.predict(str(checkpoint_dir / "cnn-l0.5.json"), handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
+        client.predict("cnn-l0.5", handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
                        CELL_LAYER, "abc", 3, api_name="/neighbors")
 
 
@@ -586,7 +586,7 @@ def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
 def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer, checkpoint_dir, example_image,
                                                                         index):
     event = gr.SelectData(None, {"index": index, "value": None})
-    values = page(checkpoint_dir / "cnn-l0.5.json", example_image, "stages.0.0.conv1", num_neighbors=100)
+    values = page("cnn-l0.5", example_image, "stages.0.0.conv1", num_neighbors=100)
     del values["row_px"], values["col_px"]
     with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside"):
         explorer.on_table_row(**values, evt=event)  # the page's request for a clicked query's row (K > 64)
