@@ -10,8 +10,9 @@ each change refreshes is :data:`REFRESH`, and the documented API (``gr.api``, pl
 methods of :class:`Explorer`.
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
-slow views (attribution, the equivalence demo) in a group of their own that runs SLOW_CONCURRENCY at a time and
-admits one request per session and MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
+slow views (attribution, the equivalence demo, every model's spectrum) in a group of their own that computes
+SLOW_CONCURRENCY at a time, cancelled runs included (:class:`SlowRuns`), and admits one request per session and
+MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
 the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB, uploads and exports in a per-session work dir of at
 most MAX_WORK_DIR_MB together with Gradio's own cache of uploads and downloads, which lives in it (all deleted
 FILE_MAX_AGE_S after their last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's
@@ -21,6 +22,9 @@ per-session state to MAX_SESSIONS sessions.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -29,6 +33,7 @@ import json
 import os
 import reprlib
 import tempfile
+import threading
 from pathlib import Path
 from unittest import mock
 from urllib.parse import parse_qsl
@@ -182,12 +187,74 @@ def names_a_web_address(data) -> bool:
     return False
 
 
+class SlowRuns:
+    """The slow views' computations: at most ``limit`` at a time over all sessions, cancelled ones included.
+
+    Gradio frees a cancelled event's place in its concurrency group at once, but the handler's thread computes on to
+    the end (a thread cannot be stopped): a client that asks, cancels (the Cancel button, or a change of model,
+    image or layer) and asks again stacked one computation per cancel on the cores and on Gradio's MAX_THREADS
+    handler threads (measured: four cancelled runs of a group of limit 1 computing at once, with the fifth). A
+    handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
+    thread of its own and gives the place back when that computation ends, whether its event was cancelled or not.
+    :class:`Admission` refuses a new slow request of a session whose computation is still running.
+
+    Args:
+        limit (int): computations at a time.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.computing: collections.Counter[str | None] = collections.Counter()  # session → computations running
+        self._lock = threading.Lock()
+        self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+
+    def wrap(self, handler):
+        """``handler`` (a blocking function taking a ``gr.Request`` among its arguments) as a coroutine function of
+        the same signature that computes through this limit."""
+        @functools.wraps(handler)
+        async def slow(*args, **kwargs):
+            session = next((value.session_hash for value in (*args, *kwargs.values())
+                            if isinstance(value, gr.Request)), None)
+            if self._places is None:
+                self._places = asyncio.Semaphore(self.limit)
+            places, loop = self._places, asyncio.get_running_loop()
+            await places.acquire()  # cancelled while waiting: nothing was taken
+            finished = loop.create_future()
+            with self._lock:
+                self.computing[session] += 1
+
+            def deliver(outcome: tuple) -> None:
+                places.release()
+                if not finished.done():  # a cancelled event no longer waits for it
+                    finished.set_result(outcome)
+
+            def compute() -> None:
+                try:
+                    outcome = (handler(*args, **kwargs), None)
+                except BaseException as err:  # handed to the event, raised there
+                    outcome = (None, err)
+                with self._lock:
+                    self.computing[session] -= 1
+                    if not self.computing[session]:
+                        del self.computing[session]
+                loop.call_soon_threadsafe(deliver, outcome)
+
+            threading.Thread(target=contextvars.copy_context().run, args=(compute,), daemon=True,
+                             name=f"slow-{handler.__name__}").start()  # Gradio's progress tracker reads the context
+            result, error = await finished
+            if error is not None:
+                raise error
+            return result
+        return slow
+
+
 class Admission:
     """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
-    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
-    or running per session (over all slow views) and at most MAX_SLOW_WAITING slow runs waiting over all sessions.
-    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
-    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
+    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting,
+    running or still computing after a cancel per session (over all slow views) and at most MAX_SLOW_WAITING slow
+    runs waiting over all sessions. A request past any of these is refused before it enters the queue, with a
+    message (the page shows it), so slow runs can neither pile up for one session nor fill the queue that clicks and
+    predictions need.
 
     Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
     inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
@@ -195,9 +262,11 @@ class Admission:
 
     Args:
         demo (gr.Blocks): the app, after ``demo.queue()``.
+        runs (SlowRuns): the slow views' computations.
     """
 
-    def __init__(self, demo: gr.Blocks) -> None:
+    def __init__(self, demo: gr.Blocks, runs: SlowRuns) -> None:
+        self.runs = runs
         self.queue = demo._queue
         self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == SLOW_GROUP}
         self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
@@ -211,8 +280,11 @@ class Admission:
         running = [event.session_hash for job in self.queue.active_jobs if job for event in job
                    if event.concurrency_id == SLOW_GROUP]
         if session is not None and session in (*waiting, *running, *self.joining):
-            return ("This session already has an attribution or equivalence demo waiting or running: its result "
-                    "comes first. Ask again once it is shown.")
+            return ("This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
+                    "waiting or running: its result comes first. Ask again once it is shown.")
+        if session is not None and session in self.runs.computing:
+            return ("This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
+                    "cancelled and is finishing the step it was in. Ask again in a few seconds.")
         if len(waiting) + len(self.joining) >= MAX_SLOW_WAITING:
             return (f"The slow views (attribution, equivalence demo) are busy: {MAX_SLOW_WAITING} requests are "
                     "waiting for them. Try again in a minute; everything else still answers.")
@@ -1182,17 +1254,22 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
         # one per session and a few in all (Admission); Cancel, or a change of what a slow view reads, drops its
-        # pending or running call.
+        # pending or running call, and a dropped call's computation still holds its place until it ends (SlowRuns).
+        runs = SlowRuns(SLOW_CONCURRENCY)
         slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
                     api_visibility="private")
-        attribution = ui["attribution_button"].click(**wire(ex, ui, "on_attribution", ["checkpoint", "image_file",
-                                                      "fit", "method", "target"],
-                                                      ["attribution_plot", "attribution_note"]), **slow)
-        spectrum_models = ui["spectrum_models_button"].click(**wire(ex, ui, "on_spectrum_models", ["image_file", "fit"],
-                                                              ["spectrum_models_plot"]), **slow)
-        equivalence = ui["equivalence_button"].click(**wire(ex, ui, "on_equivalence", ["checkpoint", "image_file",
-                                                      "fit", "layer"], ["equivalence_text", "equivalence_plot"]),
-                                                     **slow)
+
+        def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]):
+            event = wire(ex, ui, fn_name, inputs, outputs)
+            return ui[button].click(**{**event, "fn": runs.wrap(event["fn"])}, **slow)
+
+        attribution = slow_view("attribution_button", "on_attribution",
+                                ["checkpoint", "image_file", "fit", "method", "target"],
+                                ["attribution_plot", "attribution_note"])
+        spectrum_models = slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"],
+                                    ["spectrum_models_plot"])
+        equivalence = slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
+                                ["equivalence_text", "equivalence_plot"])
         ui["attribution_cancel"].click(None, cancels=[attribution], api_visibility="private")
         for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
                              (equivalence, ["checkpoint", "image_file", "fit", "layer"]),
@@ -1206,9 +1283,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                              (ex.api_pixels, "pixels"), (ex.api_compare, "compare")):
             gr.api(fn, api_name=api_name)
         for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
-            gr.api(fn, api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
+            gr.api(runs.wrap(fn), api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
-    Admission(demo)
+    Admission(demo, runs)
     return demo
 
 

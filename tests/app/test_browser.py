@@ -151,6 +151,23 @@ def test_the_core_loop_fits_the_screen(app_url, context, chromium):
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
 
 
+def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
+    """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
+    handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included."""
+    with browser_page(chromium, app_url) as tab:
+        errors = []
+        tab.on("pageerror", lambda error: errors.append(str(error)))
+        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.locator("#attribution_button").click()
+        tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=60_000)
+        tab.get_by_role("tab", name=app.TABS["equivalence"]).click()
+        tab.locator("#equivalence_button").click()
+        tab.wait_for_function("document.querySelector('#equivalence_text').innerText.includes('max |difference|')",
+                              timeout=60_000)
+        tab.wait_for_selector("#equivalence_plot .js-plotly-plot", timeout=60_000)
+        assert tab.locator(".toast-body.error").count() == 0 and errors == []
+
+
 @pytest.fixture(scope="module")
 def shipped_url():
     """The app on the shipped checkpoints (the lessons name them), served in this process for this module's tests."""

@@ -17,10 +17,12 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import gradio as gr
 import httpx
+import numpy as np
 import pytest
 import torch
 from gradio.utils import get_upload_folder
@@ -225,7 +227,8 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
             for api_name in ("equivalence", "attribution"):  # the session's second slow request, of either view
                 refused = join(api_name, "s0")
                 assert refused.status_code == 400 and refused.json()["detail"].startswith(
-                    "This session already has an attribution or equivalence demo waiting or running")
+                    "This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
+                    "waiting or running")
             assert join("attribution", "s1").status_code == 200  # waits for its turn
             assert join("attribution", "s1").status_code == 400  # s1 has one waiting
             call = httpx.post(f"{url}gradio_api/call/attribution", json={"data": inputs["attribution"]})
@@ -235,6 +238,55 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
                 "The slow views (attribution, equivalence demo) are busy: 2 requests are waiting for them. Try again "
                 "in a minute; everything else still answers.")
             assert join("predict", "s3").status_code == 200  # a prediction is queued
+        finally:
+            release.set()
+
+
+def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explorer, monkeypatch, example_image,
+                                                                          work_dir, blocked_equivalence):
+    """Gradio frees a cancelled event's place in its group at once, but its thread computed on: a client that asked,
+    cancelled and asked again had one computation per cancel running at once (four, with a group of limit 1). Now a
+    cancelled computation keeps the group's one place until it ends: the same session is refused meanwhile, and
+    another session's run waits, holding no handler thread, then computes."""
+    started, release = blocked_equivalence
+    attributions = []
+    monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args) or an.Attribution(
+        np.zeros((32, 32), np.float32), "cat", "saliency", "a note"))
+    demo = app.build_demo(explorer)
+    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
+    with served(demo) as url:
+        with open(example_image, "rb") as file:
+            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
+                     "meta": {"_type": "gradio.FileData"}}
+        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
+                  "attribution": ["cnn-l0.5", image, "saliency", "", "crop"]}
+
+        def join(api_name: str, session: str) -> httpx.Response:
+            return httpx.post(f"{url}gradio_api/queue/join", json={
+                "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
+        try:
+            joined = join("equivalence", "s0")
+            assert joined.status_code == 200 and started.wait(30)
+            cancelled = httpx.post(f"{url}gradio_api/cancel", json={
+                "session_hash": "s0", "fn_index": fn_index["equivalence"], "event_id": joined.json()["event_id"]})
+            assert cancelled.status_code == 200
+            for api_name in ("equivalence", "attribution"):
+                refused = join(api_name, "s0")
+                assert refused.status_code == 400 and refused.json()["detail"].startswith(
+                    "This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
+                    "cancelled and is finishing")
+            assert join("attribution", "s1").status_code == 200  # admitted: Gradio's place is free again
+            time.sleep(1.5)
+            assert attributions == []  # but it does not compute beside the cancelled computation
+            release.set()
+            deadline = time.monotonic() + 30
+            while not attributions and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(attributions) == 1  # the place came back when the cancelled computation ended
+            deadline = time.monotonic() + 30
+            while join("equivalence", "s0").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)  # and s0 may ask again (refused only while s1's attribution is still running)
+            assert time.monotonic() < deadline
         finally:
             release.set()
 
