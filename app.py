@@ -284,7 +284,7 @@ class Admission:
                     "waiting or running: its result comes first. Ask again once it is shown.")
         if session is not None and session in self.runs.computing:
             return ("This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
-                    "cancelled and is finishing the step it was in. Ask again in a few seconds.")
+                    "cancelled but is still computing. Ask again in a few seconds.")
         if len(waiting) + len(self.joining) >= MAX_SLOW_WAITING:
             return (f"The slow views (attribution, equivalence demo) are busy: {MAX_SLOW_WAITING} requests are "
                     "waiting for them. Try again in a minute; everything else still answers.")

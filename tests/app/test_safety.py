@@ -274,7 +274,7 @@ def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explore
                 refused = join(api_name, "s0")
                 assert refused.status_code == 400 and refused.json()["detail"].startswith(
                     "This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
-                    "cancelled and is finishing")
+                    "cancelled but is still computing")
             assert join("attribution", "s1").status_code == 200  # admitted: Gradio's place is free again
             time.sleep(1.5)
             assert attributions == []  # but it does not compute beside the cancelled computation
