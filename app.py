@@ -1065,6 +1065,22 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             with gr.Row(elem_id="query_boxes"):  # the clicked pixel (a phone taps instead: hidden there)
                 add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
                 add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
+            # The selection knobs beside the explorer they change (below it on a phone, after the layer).
+            with gr.Group(elem_id="knobs"):
+                with gr.Row():
+                    add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
+                                      min_width=130))
+                    add(CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)", elem_id="window_size",
+                                      min_width=130))
+                with gr.Row():
+                    add(CheckedNumber(0, precision=0, minimum=0, label="random r (0 = layer's / 32)",
+                                      elem_id="num_candidates", min_width=130))
+                    add(CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)", elem_id="seed",
+                                      min_width=130))
+                add(CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False, elem_id="head",
+                                  min_width=130))
+                add(CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
+                                  elem_id="blend_alpha", min_width=200))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
             with gr.Row(elem_id="link_row"):
@@ -1096,18 +1112,6 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         add(gr.File(file_count="multiple", file_types=[".safetensors", ".json"], elem_id="checkpoint_files",
                     label=f"Upload your checkpoint (.safetensors + .json, up to {upload_mb} MB)"))
     guided = add(gr.Checkbox(value=False, label="Guided mode (numbered steps)", elem_id="guided"))
-    with gr.Row():
-        add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
-                          min_width=90))
-        add(CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)", elem_id="window_size",
-                          min_width=90))
-        add(CheckedNumber(0, precision=0, minimum=0, label="random r (0 = layer's / 32)",
-                          elem_id="num_candidates", min_width=90))
-        add(CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)", elem_id="seed", min_width=90))
-        add(CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False, elem_id="head",
-                          min_width=90))
-        add(CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
-                          elem_id="blend_alpha", min_width=200))
     with gr.Accordion("Export (PNG overlay, JSON of indices)", open=False):
         add(gr.Button("Export this query", elem_id="export_button"))
         add(gr.File(file_count="multiple", label="Downloads", elem_id="exports"))
