@@ -1,5 +1,5 @@
 // Compare mode: 2–4 models in columns on the same image, one click, tap or hover (or the explorer's query) driving
-// them all.
+// them all; a click or tap also moves the explorer's query to that place of the image ("cc-query").
 //
 // Run by Gradio's gr.HTML after web/panel.js, in one js_on_load(element, trigger, props, server, upload, watch) body.
 // The server sends each column's neighbour table (analysis/rendering/page.py's value, one per model and layer:
@@ -27,10 +27,7 @@ let rule = "layer";
 let drawCount = 0;
 let clicked = null; // [px, input size] of the last click, which a hover previews over and returns to
 let hoverFrame = 0;
-
-function mapPixel(px, fromSize, toSize) { // the pixel holding the source pixel's centre (analysis.map_pixel)
-  return px.map((p) => Math.min(toSize - 1, Math.floor((p + 0.5) * toSize / fromSize)));
-}
+let echo = false; // true while the explorer follows a click of this view
 
 function layout() { // as many columns side by side as fit (two on a phone), each panel as wide as its column
   const available = root.clientWidth || COLUMN_MAX_PX * columns.length;
@@ -103,11 +100,14 @@ function pixelUnder(column, event) { // the model-input pixel of `column` under 
   return pixelAt(column.frame, event.clientX - box.left, event.clientY - box.top);
 }
 
-function onClick(column, event) {
+function onClick(column, event) { // every column, and the explorer (so that a copied link holds the pixel)
   const px = pixelUnder(column, event);
   if (px) {
     clicked = [px, column.table.input_size];
     setQuery(...clicked);
+    echo = true; // the explorer's answer (a "cx-query" of the same place) is not a new click
+    document.dispatchEvent(new CustomEvent("cc-query", {detail: {px: [...px], size: column.table.input_size}}));
+    echo = false;
   }
 }
 
@@ -147,7 +147,7 @@ function show() {
 }
 
 document.addEventListener("cx-query", (event) => {
-  if (!columns.length) return;
+  if (!columns.length || echo) return;
   clicked = [event.detail.px, event.detail.size];
   setQuery(...clicked);
 });

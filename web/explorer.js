@@ -478,6 +478,9 @@ function show() {
   draw();
 }
 
+document.addEventListener("cc-query", (event) => { // a click in compare mode: the same place of the image here
+  if (table) setQuery(mapPixel(event.detail.px, event.detail.size, table.input_size));
+});
 new ResizeObserver(() => draw()).observe(root);
 watch("value", show);
 show();

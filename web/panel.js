@@ -50,6 +50,10 @@ function decodeTable(value, onImage) { // the page's value, its arrays decoded; 
   return t;
 }
 
+function mapPixel(px, fromSize, toSize) { // the pixel holding the source pixel's centre (analysis.map_pixel)
+  return px.map((p) => Math.min(toSize - 1, Math.floor((p + 0.5) * toSize / fromSize)));
+}
+
 function format(value, digits = 2) { // a number as the page shows it, "—" for NaN (no neighbour on the grid)
   return Number.isFinite(value) ? value.toFixed(digits) : "—";
 }

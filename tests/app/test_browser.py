@@ -256,7 +256,8 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
 def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
-    reaches the server; a hover previews a pixel in every column; the rule buttons switch every column."""
+    reaches the server; the explorer's query follows it, so a copied link holds it; a hover previews a pixel in
+    every column; the rule buttons switch every column."""
     url, explorer = shipped_url
     with browser_page(chromium, url) as tab:
         tab.get_by_role("tab", name="Compare models").click()
@@ -289,7 +290,12 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
             cells = json.loads(tab.locator(f".cc-col:nth-child({index + 1})").get_attribute("data-neighbors"))
             assert cells == result.sets["window"].cells.tolist()
         assert requests == []  # two clicks, a hover and a rule switch: answered in the page
+        assert tab.locator(".cx").get_attribute("data-query") == "30,3"  # the explorer follows the click,
+        assert [tab.locator(f"#{box} input").input_value() for box in ("row_px", "col_px")] == ["30", "3"]
         tab.screenshot(path=str(SCREENSHOTS / "compare.png"), full_page=False)
+        tab.locator("#link_button").click()  # so that a copied link holds the pixel clicked in a column
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('compare=')")
+        assert "&row=30&col=3&" in tab.locator("#link textarea, #link input").first.input_value()
         for _ in range(2):  # down to one model: no stale columns, a note instead
             tab.locator("#compare_models .token-remove").first.click()
         tab.wait_for_function("document.querySelector('.cc').dataset.columns === '0'", timeout=30_000)
