@@ -202,6 +202,27 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
             release.set()
 
 
+@contextlib.contextmanager
+def slow_queue(explorer, example_image, attribution_method: str):
+    """The app served, the example image uploaded: yields (url, inputs, join); ``join(api_name, session)`` posts a
+    ``/queue/join`` of the endpoint ("equivalence", "attribution" by ``attribution_method``, "predict") for
+    ``session`` with ``inputs[api_name]``."""
+    demo = app.build_demo(explorer)
+    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
+    with served(demo) as url:
+        with open(example_image, "rb") as file:
+            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
+                     "meta": {"_type": "gradio.FileData"}}
+        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
+                  "attribution": ["cnn-l0.5", image, attribution_method, "", "crop"],
+                  "predict": ["cnn-l0.5", image, "crop"]}
+
+        def join(api_name: str, session: str) -> httpx.Response:
+            return httpx.post(f"{url}gradio_api/queue/join", json={
+                "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
+        yield url, inputs, join, fn_index
+
+
 def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, monkeypatch, checkpoint_dir,
                                                                      example_image, work_dir, blocked_equivalence):
     """Only the page's trigger_mode kept a session to one slow run: through the API one session queued 60
@@ -210,18 +231,7 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
     slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
     monkeypatch.setattr(app, "MAX_SLOW_WAITING", 2, raising=False)
     started, release = blocked_equivalence
-    demo = app.build_demo(explorer)
-    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
-    with served(demo) as url:
-        with open(example_image, "rb") as file:
-            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
-                     "meta": {"_type": "gradio.FileData"}}
-        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
-                  "attribution": ["cnn-l0.5", image, "occlusion", "", "crop"], "predict": ["cnn-l0.5", image, "crop"]}
-
-        def join(api_name: str, session: str) -> httpx.Response:
-            return httpx.post(f"{url}gradio_api/queue/join", json={
-                "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
+    with slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _):
         try:
             assert join("equivalence", "s0").status_code == 200 and started.wait(30)  # runs
             for api_name in ("equivalence", "attribution"):  # the session's second slow request, of either view
@@ -252,18 +262,7 @@ def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explore
     attributions = []
     monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args) or an.Attribution(
         np.zeros((32, 32), np.float32), "cat", "saliency", "a note"))
-    demo = app.build_demo(explorer)
-    fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
-    with served(demo) as url:
-        with open(example_image, "rb") as file:
-            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
-                     "meta": {"_type": "gradio.FileData"}}
-        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
-                  "attribution": ["cnn-l0.5", image, "saliency", "", "crop"]}
-
-        def join(api_name: str, session: str) -> httpx.Response:
-            return httpx.post(f"{url}gradio_api/queue/join", json={
-                "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
+    with slow_queue(explorer, example_image, "saliency") as (url, _, join, fn_index):
         try:
             joined = join("equivalence", "s0")
             assert joined.status_code == 200 and started.wait(30)
