@@ -155,7 +155,9 @@ function drawSide(row) {
   drawPrediction();
   const cell = cellOf(query);
   const share = table.branchShare && row >= 0 ? table.branchShare[row] : null;
-  $(".cx-caption").textContent = `${table.model} · ${table.label}`;
+  const heads = table.heads.length; // a layer of several heads: the rules above read this head's keys
+  $(".cx-caption").textContent = `${table.model} · ${table.label}` +
+    (heads > 1 ? ` · head ${table.options.head} of ${heads} (0–${heads - 1})` : "");
   $(".cx-query").innerHTML = "";
   const line = document.createElement("div");
   line.textContent = `query pixel (${query[0]}, ${query[1]}) → cell (${cell[0]}, ${cell[1]}) of ` +

@@ -109,6 +109,7 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
         settle(tab, model_chain)  # the model's other views too, before counting requests
         table = explorer.on_table(**page(checkpoint, explorer.examples[0], "blocks.0.attn"))
         assert tab.locator(".cx-multiples figure").count() == 4 + 2  # the other rules, and each head's selection
+        assert tab.locator(".cx-caption").inner_text().endswith("· head 0 of 2 (0–1)")  # whose keys the rules read
         tab.get_by_role("tab", name="Multi-hop").click()
         tab.wait_for_selector(".cx-hops[data-drawn]")
         requests = []
