@@ -865,11 +865,25 @@ class Explorer:
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
     @user_errors
-    def on_hops(self, checkpoint, image_file, fit, layer, hops, head, request=None):
+    def on_hops(self, checkpoint, image_file, fit, layer, row_px, col_px, hops, head, request=None):
+        """The multi-hop view's fields: of every query where they fit one table (:func:`an.fits_field_table`), so
+        that clicks are answered in the page; else of the query at (``row_px``, ``col_px``), and the page asks for
+        each new query's (:meth:`on_hops_row`)."""
         loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         probe = loaded.probe(layer)
-        fields = an.receptive_fields(loaded, image, layer, hops, head)
+        if an.fits_field_table(probe):
+            queries = None
+        else:
+            row, col = an.query_cell(probe, *self.pixel(row_px, col_px))
+            queries = (row * probe.width + col,)
+        fields = an.receptive_fields(loaded, image, layer, hops, head, queries)
         return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
+
+    @user_errors
+    def on_hops_row(self, checkpoint, image_file, fit, layer, hops, head, evt: gr.SelectData, request=None):
+        """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it)."""
+        index = evt.index if isinstance(evt.index, list | tuple) and len(evt.index) == 2 else (None, None)
+        return self.on_hops(checkpoint, image_file, fit, layer, *index, hops, head, request)
 
     @user_errors
     def on_spectrum(self, checkpoint, image_file, fit, request=None):
@@ -978,7 +992,8 @@ VIEWS = {
     "table": ("on_table", QUERY, ["explorer"]),
     "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
     "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
-    "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "hops", "head"], ["hop_view"]),
+    "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", "hops", "head"],
+             ["hop_view"]),
     "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
     "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
                                          "equivalence_plot", "spectrum_models_plot"]),
@@ -1242,6 +1257,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].select(**wire(ex, ui, "on_table_row", [*QUERY[:4], *KNOBS], ["explorer"]),
                               api_visibility="private")
         ui["explorer"].click(**wire(ex, ui, "on_sweep", QUERY, ["sweep"]), api_visibility="private")  # ▶ α
+        ui["hop_view"].select(**wire(ex, ui, "on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops",
+                                                             "head"], ["hop_view"]), api_visibility="private")
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", [*QUERY[:1], "image_file", *QUERY[3:],

@@ -87,9 +87,11 @@ from .views.equivalence import (
 from .views.neighbors import NeighborSet, QueryNeighbors, RuleTable, query_neighbors
 from .views.pixels import PixelNeighbors, pixel_neighbors, pixel_view
 from .views.spectrum import (
+    MAX_FIELD_TABLE,
     ReceptiveField,
     ReceptiveFields,
     SpectrumRow,
+    fits_field_table,
     receptive_field,
     receptive_fields,
     selection_spectrum,
@@ -122,6 +124,7 @@ __all__ = [
     "LETTERBOX_RGB",
     "LINK_FIELDS",
     "MAX_COMPARED",
+    "MAX_FIELD_TABLE",
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",
     "MAX_TABLE_NEIGHBORS",
@@ -174,6 +177,7 @@ __all__ = [
     "equivalences",
     "export_query",
     "fit_image",
+    "fits_field_table",
     "image_from_array",
     "is_out_of_memory",
     "jaccard",

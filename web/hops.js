@@ -3,7 +3,9 @@
 // Run by Gradio's gr.HTML as the body of js_on_load(element, trigger, props, server, upload, watch). The server
 // sends, per (model, image, layer, hops, head), the first hop reaching each model-input pixel for every query cell
 // of the layer (analysis/rendering/page.py: page_hops). The explorer announces each new query with a "cx-query"
-// event on the document (web/explorer.js); this view then only looks the query's row up and redraws.
+// event on the document (web/explorer.js); this view then only looks the query's row up and redraws. Where every
+// query's field would be too large a table (a large layer on a large input), the server sends the fields of the
+// queries listed in `queries`, and for a query not among them this view asks for its field (trigger("select")).
 
 const MAX_PX = 420; // the panel's largest CSS width
 
@@ -14,6 +16,7 @@ const canvas = root.querySelector("canvas");
 let field = null;
 let query = null;
 let drawCount = 0;
+let asked = null; // the query cell whose field was asked for and has not arrived yet
 
 function decode(text, Type) {
   const binary = atob(text);
@@ -31,7 +34,16 @@ function draw() {
   if (!field || !query || query[0] >= field.input_size || query[1] >= field.input_size) return;
   const size = field.input_size;
   const cell = [field.row_cell_of_px[query[0]], field.col_cell_of_px[query[1]]];
-  const row = cell[0] * field.grid[1] + cell[1];
+  const raster = cell[0] * field.grid[1] + cell[1];
+  const row = field.queries ? field.queries.indexOf(raster) : raster; // the query's row of the table
+  if (row < 0) { // not in the table: ask the server for this query's field, once
+    if (asked !== raster) {
+      asked = raster;
+      root.dataset.asked = String(raster);
+      trigger("select", {index: [...query], value: null});
+    }
+    return;
+  }
   const css = Math.max(160, Math.min(MAX_PX, root.clientWidth || MAX_PX));
   const ratio = window.devicePixelRatio || 1;
   canvas.style.width = canvas.style.height = `${css}px`;
@@ -79,6 +91,7 @@ function show() {
   if (!value || typeof value !== "object" || !value.hops) return;
   field = {...value, hops: decode(value.hops, Int8Array), pixel_counts: decode(value.pixel_counts, Int32Array),
            picture: new Image()};
+  asked = null;
   field.picture.onload = () => draw();
   field.picture.src = value.image;
   query = currentQuery() || query;

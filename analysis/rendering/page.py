@@ -175,18 +175,19 @@ def page_json(value: object) -> object:
 
 
 def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> dict:
-    """The multi-hop view's value: every query cell's receptive field (:func:`analysis.receptive_fields`).
+    """The multi-hop view's value: the receptive field of every query cell, or of the ones asked for where every
+    query's would be more than one table (:func:`analysis.receptive_fields`).
 
     Args:
         view (np.ndarray): (S, S, 3) uint8, what the model sees.
-        fields (ReceptiveFields): the fields of every query of ``probe``.
+        fields (ReceptiveFields): the fields of queries of ``probe``.
         probe (LayerInfo): the layer of hop 1.
 
     Returns:
         dict: JSON-ready. ``layer``, ``input_size`` S, ``grid`` [H, W], ``row_cell_of_px`` / ``col_cell_of_px``,
-        ``image`` (PNG data URL), ``layers`` (the layer of each hop ≥ 1), ``hops`` ((H·W, S, S) int8, −1 where no
-        hop reaches), ``pixel_counts`` ((H·W, hops + 1) int32, cumulative) and ``colors`` (one per hop, hop 0
-        first).
+        ``image`` (PNG data URL), ``layers`` (the layer of each hop ≥ 1), ``hops`` ((Q, S, S) int8, −1 where no
+        hop reaches), ``pixel_counts`` ((Q, hops + 1) int32, cumulative), ``queries`` (the raster cell of each of
+        the Q rows; None: every cell, in order) and ``colors`` (one per hop, hop 0 first).
     """
     return {
         "version": PAGE_TABLE_VERSION,
@@ -198,6 +199,7 @@ def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> di
         "layers": fields.layers,
         "hops": _packed(fields.hops, "int8"),
         "pixel_counts": _packed(fields.pixel_counts, "int32"),
+        "queries": None if fields.queries is None else list(fields.queries),
         "colors": rank_colors(len(fields.layers) + 1),
     }
 

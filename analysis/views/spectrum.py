@@ -30,9 +30,11 @@ from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_s
 from ..session.traces import LayerInfo, cell_rect_px, query_cell
 
 __all__ = [
+    "MAX_FIELD_TABLE",
     "ReceptiveField",
     "ReceptiveFields",
     "SpectrumRow",
+    "fits_field_table",
     "receptive_field",
     "receptive_fields",
     "selection_spectrum",
@@ -117,30 +119,37 @@ class ReceptiveField:
     pixel_counts: list[int]
 
 
+MAX_FIELD_TABLE = 2**22  # queries × model-input pixels of one receptive-field table (int8: 4 MB, what the page
+#                           gets): every query of a 32×32 layer on a 64 px input; a larger layer or input gets the
+#                           table of the queries asked for
+
+
 @dataclass(frozen=True, eq=False)
 class ReceptiveFields:
-    """:class:`ReceptiveField` of every query cell of a layer at once.
+    """:class:`ReceptiveField` of several query cells of a layer at once (all of them, or those asked for).
 
     Attributes:
-        hops (np.ndarray): (H·W, S, S) int8, row ``i`` the hop map of the query at raster cell ``i``.
+        hops (np.ndarray): (Q, S, S) int8, row ``i`` the hop map of the query at raster cell ``queries[i]``.
         layers (list[str]): as :attr:`ReceptiveField.layers`.
-        pixel_counts (np.ndarray): (H·W, len(layers) + 1) int32, as :attr:`ReceptiveField.pixel_counts` per query.
+        pixel_counts (np.ndarray): (Q, len(layers) + 1) int32, as :attr:`ReceptiveField.pixel_counts` per query.
+        queries (tuple[int, ...] or None): the raster cells of the rows; None: every cell of the layer, in order.
     """
 
     hops: np.ndarray
     layers: list[str]
     pixel_counts: np.ndarray
+    queries: tuple[int, ...] | None = None
 
 
-def _coverage(probe: LayerInfo) -> torch.Tensor:
-    """(H·W, S·S) float32: 1 where a cell (raster order) covers a model-input pixel (:func:`cell_rect_px`)."""
-    size = probe.input_size
-    pixels = torch.arange(size)
+def _covers(probe: LayerInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cells' cover of the model input, per axis (:func:`cell_rect_px`): ``rows`` (H, S) and ``cols`` (W, S)
+    float32, 1 where a row (column) of cells covers a row (column) of pixels; a cell covers the pixels of its row's
+    rows and its column's columns."""
+    pixels = torch.arange(probe.input_size)
     rows = [cell_rect_px(probe, r, 0) for r in range(probe.height)]
     cols = [cell_rect_px(probe, 0, c) for c in range(probe.width)]
-    row_cover = torch.stack([(pixels >= top) & (pixels < bottom) for top, _, bottom, _ in rows])  # (H, S)
-    col_cover = torch.stack([(pixels >= left) & (pixels < right) for _, left, _, right in cols])  # (W, S)
-    return (row_cover[:, None, :, None] & col_cover[None, :, None, :]).reshape(-1, size * size).float()
+    return (torch.stack([(pixels >= top) & (pixels < bottom) for top, _, bottom, _ in rows]).float(),
+            torch.stack([(pixels >= left) & (pixels < right) for _, left, _, right in cols]).float())
 
 
 def _adjacency(probe: LayerInfo, selection) -> torch.Tensor:
@@ -161,15 +170,20 @@ def _check_hops(num_hops) -> int:
     return num_hops
 
 
-@bounded_cache(8)
-def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0
-                     ) -> ReceptiveFields:
-    """The pixels reached from every query cell of ``layer`` by ``num_hops`` hops of selection (cached).
+def fits_field_table(probe: LayerInfo) -> bool:
+    """Whether every query of ``probe`` fits one receptive-field table (:data:`MAX_FIELD_TABLE`)."""
+    return probe.height * probe.width * probe.input_size ** 2 <= MAX_FIELD_TABLE
+
+
+def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0,
+                     queries: tuple[int, ...] | None = None) -> ReceptiveFields:
+    """The pixels reached from query cells of ``layer`` by ``num_hops`` hops of selection (cached).
 
     Hop 0 is the query's cell; hop h ≥ 1 takes every cell, of the h-th probe layer counting back from ``layer``,
     that covers a pixel of hop h − 1's frontier, and makes its neighbours (what that layer selected) the new
-    frontier. As boolean matrix products over all queries: frontier (Q × S²) · coverageᵀ → touched cells,
-    · adjacency → selected cells, · coverage → pixels.
+    frontier. As boolean matrix products over the queries, each cover taken per axis (a cell covers a rectangle of
+    pixels): frontier F (Q × S × S) → touched cells rows·F·colsᵀ, · adjacency → selected cells, rowsᵀ·sel·cols →
+    pixels; the largest intermediate is Q × S × S.
 
     Args:
         loaded (LoadedModel): the model.
@@ -178,37 +192,59 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
         num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
         head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
             Default: 0
+        queries (tuple[int, ...] or None): raster cells of ``layer`` to follow; None: all of them. Default: None
 
     Raises:
-        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer or a head out of range.
+        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range, a query cell
+            outside the layer, or more queries × pixels than :data:`MAX_FIELD_TABLE` (before any work).
     """
     num_hops = _check_hops(num_hops)
-    names = [p.name for p in loaded.probes]
-    start = names.index(loaded.probe(layer).name)
-    probe = loaded.probes[start]
+    probe = loaded.probe(layer)
     head = probe.check_head(head)
-    frontier = _coverage(probe) > 0  # (Q, S²): each query's own cell
+    size, cells = probe.input_size, probe.height * probe.width
+    if queries is not None:
+        queries = tuple(whole_number(q, "query cell") for q in queries)
+        if any(q < 0 or q >= cells for q in queries):
+            raise ValueError(f"query cells must be in [0, {cells - 1}] for {probe.name}, got {list(queries)}")
+    count = cells if queries is None else len(queries)
+    if count * size * size > MAX_FIELD_TABLE:
+        raise ValueError(f"the receptive fields of {count} queries on a {size}×{size} px input are more than the "
+                         f"multi-hop view's {MAX_FIELD_TABLE:,} query-pixels: ask for fewer queries")
+    return _receptive_fields(loaded, image, probe.name, num_hops, head, queries)
+
+
+@bounded_cache(8)
+def _receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int, head: int,
+                      queries: tuple[int, ...] | None) -> ReceptiveFields:
+    """:func:`receptive_fields` of checked arguments."""
+    names = [p.name for p in loaded.probes]
+    start = names.index(layer)
+    probe = loaded.probes[start]
+    cells = probe.height * probe.width
+    rows = torch.arange(cells) if queries is None else torch.tensor(queries, dtype=torch.long)
+    row_cover, col_cover = _covers(probe)
+    own = torch.zeros(rows.numel(), cells)
+    own[torch.arange(rows.numel()), rows] = 1.0
+    frontier = (row_cover.T @ own.view(-1, probe.height, probe.width) @ col_cover) > 0  # (Q, S, S): own cell
     hops = torch.where(frontier, 0, -1).to(torch.int8)
-    layers, counts = [], [frontier.sum(1)]
+    layers, counts = [], [frontier.flatten(1).sum(1)]
     for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
         probe = loaded.probes[index]
-        coverage = _coverage(probe)
+        row_cover, col_cover = _covers(probe)
         selection = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
-        touched = (frontier.float() @ coverage.T) > 0  # (Q, N_l)
-        selected = (touched.float() @ _adjacency(probe, selection)) > 0  # (Q, N_l)
-        frontier = (selected.float() @ coverage) > 0  # (Q, S²)
+        touched = (row_cover @ frontier.float() @ col_cover.T) > 0  # (Q, H_l, W_l)
+        selected = (touched.flatten(1).float() @ _adjacency(probe, selection)) > 0  # (Q, N_l)
+        frontier = (row_cover.T @ selected.view(-1, probe.height, probe.width).float() @ col_cover) > 0
         hops = torch.where((hops < 0) & frontier, hop, hops).to(torch.int8)
         layers.append(probe.name)
-        counts.append((hops >= 0).sum(1))
-    size = loaded.probes[start].input_size
-    return ReceptiveFields(hops.view(-1, size, size).numpy(), layers,
-                           torch.stack(counts, 1).to(torch.int32).numpy())
+        counts.append((hops >= 0).flatten(1).sum(1))
+    return ReceptiveFields(hops.numpy(), layers, torch.stack(counts, 1).to(torch.int32).numpy(), queries)
 
 
 def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
                     num_hops: int = 2, head: int = 0) -> ReceptiveField:
     """The pixels reached from ``query_px`` by ``num_hops`` hops of selection, starting at ``layer``: the query's
-    row of :func:`receptive_fields`.
+    row of :func:`receptive_fields` (of every query where they fit one table, else of this query alone).
 
     Args:
         loaded (LoadedModel): the model.
@@ -226,6 +262,8 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
     num_hops = _check_hops(num_hops)
     probe = loaded.probe(layer)
     row, col = query_cell(probe, *query_px)
-    fields = receptive_fields(loaded, image, probe.name, num_hops, head)
     index = row * probe.width + col
-    return ReceptiveField(fields.hops[index].astype(np.int64), fields.layers, fields.pixel_counts[index].tolist())
+    whole = fits_field_table(probe)  # the table of every query, which the page gets too, or this one's alone
+    fields = receptive_fields(loaded, image, probe.name, num_hops, head, None if whole else (index,))
+    at = index if whole else 0
+    return ReceptiveField(fields.hops[at].astype(np.int64), fields.layers, fields.pixel_counts[at].tolist())

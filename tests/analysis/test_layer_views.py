@@ -17,12 +17,14 @@ from analysis import (
     conv_equivalence,
     neighbor_contributions,
     receptive_field,
+    receptive_fields,
     rule_selection,
     selection_spectrum,
     top_classes,
     trace_image,
 )
 from analysis.rendering import figures
+from analysis.views import spectrum
 from tests.tolerances import FP32_EXACT
 
 EQUIVALENCE_TOL = FP32_EXACT["atol"]  # METHOD §4: fp32 ≤ 1e-5
@@ -105,7 +107,16 @@ def test_multihop_and_contributions_take_whole_floats_and_refuse_the_rest(load_s
         neighbor_contributions(loaded, image, "blocks.1.attn", (13, 7), math.nan)
 
 
-def test_multihop_follows_the_chosen_head(load_small, image):
+@pytest.fixture(params=["every query", "one query"])
+def field_table(request, monkeypatch):
+    """The receptive-field table bound as shipped (every query of a small layer in one table), or so small that
+    :func:`receptive_field` follows its query alone."""
+    if request.param == "one query":
+        monkeypatch.setattr(spectrum, "MAX_FIELD_TABLE", 1024)
+    return request.param
+
+
+def test_multihop_follows_the_chosen_head(load_small, image, field_table):
     loaded = load_small("vit-convnn")
     fields = [receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=1, head=h).hops for h in (0, 1)]
     for head, hops in enumerate(fields):
@@ -132,12 +143,32 @@ def test_spectrum_of_a_convolution_is_fully_local(load_small, image):
     assert all(r.window_share < 1.0 for r in knn_rows)
 
 
-def test_multihop_through_two_convolutions_grows_the_window(load_small, image):
-    """Two 3×3 hops at 8×8 (4 px cells) from cell (4, 4): 3×3 cells = 12×12 px, then 5×5 cells = 20×20 px."""
+def test_multihop_through_two_convolutions_grows_the_window(load_small, image, field_table):
+    """Two 3×3 hops at 8×8 (4 px cells) from cell (4, 4): 3×3 cells = 12×12 px, then 5×5 cells = 20×20 px; and
+    from the corner cell (0, 7) with zero padding: 2×2 cells, then 3×3 cells (the window's other cells are
+    padding)."""
     field = receptive_field(load_small("cnn-l0"), image, "stages.2.0.conv2", (16, 16), num_hops=2)
     assert field.layers == ["stages.2.0.conv2", "stages.2.0.conv1"]
     assert field.pixel_counts == [16, 144, 400]
     assert (field.hops[8:28, 8:28] >= 0).all() and (field.hops[16:20, 16:20] == 0).all()
+    corner = receptive_field(load_small("cnn-l0"), image, "stages.2.0.conv2", (1, 30), num_hops=2)
+    assert corner.pixel_counts == [16, 64, 144]
+    assert (corner.hops[0:12, 20:32] >= 0).all() and (corner.hops[0:4, 28:32] == 0).all()
+
+
+def test_the_fields_of_more_queries_than_one_table_holds_are_refused_before_any_work(load_small, image,
+                                                                                     monkeypatch):
+    """An uploaded 504 px ViT (3,969 queries × 254,016 pixels) took over 7 GB for one multi-hop request: the fields
+    of every query are now refused past MAX_FIELD_TABLE, before a selection is computed; one query's are not."""
+    loaded = load_small("cnn-l0")
+    monkeypatch.setattr(spectrum, "MAX_FIELD_TABLE", 2 * 32 * 32)
+    monkeypatch.setattr(spectrum, "rule_selection", None)  # any selection computed would fail
+    with pytest.raises(ValueError, match="the receptive fields of 64 queries on a 32×32 px input are more than the "
+                                         "multi-hop view's 2,048 query-pixels"):
+        receptive_fields(loaded, image, "stages.2.0.conv2", 2)
+    with pytest.raises(ValueError, match=r"query cells must be in \[0, 63\] for stages.2.0.conv2, got \[64\]"):
+        receptive_fields(loaded, image, "stages.2.0.conv2", 2, 0, (64,))
+    assert not spectrum.fits_field_table(loaded.probe("stages.2.0.conv2"))
 
 
 def test_equivalence_demo_differences_are_zero(load_small, image):

@@ -139,7 +139,7 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=101)),
      r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
-    (lambda ex, ck, im: ex.on_hops(str(ck), str(im), "crop", CELL_LAYER, float("inf"), 0),
+    (lambda ex, ck, im: ex.on_hops(str(ck), str(im), "crop", CELL_LAYER, 16, 16, float("inf"), 0),
      "num_hops must be a whole number, got inf"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
@@ -250,9 +250,28 @@ def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example
     checkpoint, image = "vit-convnn", example_image
     message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
-        explorer.on_hops(str(checkpoint), str(image), "crop", "blocks.0.attn", 2, 2)
+        explorer.on_hops(str(checkpoint), str(image), "crop", "blocks.0.attn", 16, 16, 2, 2)
     with pytest.raises(gr.Error, match=message):
         explorer.on_table(**page(checkpoint, image, "blocks.0.attn", head=2))
+
+
+def test_a_layer_whose_fields_fit_no_table_sends_the_clicked_query_s_field(explorer, example_image, monkeypatch):
+    """An uploaded 504 px ViT (3,969 queries × 254,016 pixels) took over 7 GB for the multi-hop view of every
+    query. Past the table's bound the view gets the explorer's query's field, and a new click's when the page asks:
+    the pixels two hops reach from it, as the API's /multihop gives them with the bound as shipped."""
+    image = an.fit_image(an.load_image(example_image), "crop")
+    loaded = explorer.model("cnn-l0.5")
+    whole = {px: an.receptive_field(loaded, image, CELL_LAYER, px, 2, 0) for px in ((10, 20), (3, 30))}
+    monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)
+    assert not an.fits_field_table(loaded.probe(CELL_LAYER))  # 256 queries × 1,024 pixels
+    shown = explorer.on_hops("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 10, 20, 2, 0)
+    clicked = explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+                                   evt=gr.SelectData(None, {"index": [3, 30], "value": None}))
+    for value, px in ((shown, (10, 20)), (clicked, (3, 30))):
+        assert value["queries"] == [(px[0] // 2) * 16 + px[1] // 2]  # the one query cell of the 16×16 layer
+        hops = np.frombuffer(base64.b64decode(value["hops"]), "<i1").reshape(1, 32, 32)
+        np.testing.assert_array_equal(hops[0], whole[px].hops)
+        assert np.frombuffer(base64.b64decode(value["pixel_counts"]), "<i4").tolist() == whole[px].pixel_counts
 
 
 def test_vit_notes_explain_that_padding_cells_do_not_exist_there(explorer, checkpoint_dir, example_image):
@@ -389,7 +408,8 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     assert values[blocks["layer"]._id] == layer == "stages.1.0.conv1"
     expected = explorer.on_first_render(**page(new, example_image, layer))
     assert values[blocks["explorer"]._id] == expected != before and expected["model"] == "cnn-random"
-    assert values[blocks["hop_view"]._id] == explorer.on_hops(new, str(example_image), "crop", layer, 2, 0)
+    hops = explorer.on_hops(new, str(example_image), "crop", layer, 16, 16, 2, 0)
+    assert values[blocks["hop_view"]._id] == hops
     assert values[blocks["equivalence_text"]._id] == app.EQUIVALENCE_PROMPT
     assert values[blocks["attribution_plot"]._id] is None
 

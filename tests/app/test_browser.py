@@ -125,6 +125,25 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
         assert requests == []
 
 
+def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_them_all(app_url, explorer, chromium,
+                                                                                     monkeypatch):
+    """Past the field table's bound (a large uploaded model) the page gets one query's field; a click elsewhere asks
+    the server for that query's, and the view draws it: the pixel counts the API gives."""
+    monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)  # the served app's, in this process
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app.TABS["hops"]).click()
+        tab.wait_for_selector(".cx-hops[data-drawn]")
+        assert tab.locator(".cx-hops").get_attribute("data-query") == "16,16"
+        table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
+        tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, (3, 30)))
+        tab.wait_for_function("document.querySelector('.cx-hops').dataset.query === '3,30'", timeout=30_000)
+        field = an.receptive_field(explorer.model("cnn-l0.5"), explorer.image(explorer.examples[0]), CELL_LAYER,
+                                   (3, 30), 2, 0)
+        assert tab.locator(".cx-hops").get_attribute("data-asked") == str(1 * 16 + 15)
+        assert tab.locator(".cx-hops").get_attribute("data-counts") == ",".join(map(str, field.pixel_counts))
+        assert tab.locator(".toast-body.error").count() == 0
+
+
 @pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
 def test_the_core_loop_fits_the_screen(app_url, context, chromium):
     """Image, click, focus panel and prediction: inside the viewport (at 1280×800 all on the first screen; at
