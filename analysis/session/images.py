@@ -8,8 +8,9 @@ resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then en
 (:func:`_accept`): 16-bit and float values reduced to 8 bits, transparency composited onto white, RGB, and a note
 saying what was done (which the app shows).
 
-Memory: a file whose decode is larger than :data:`LARGE_DECODE_PIXELS` (after JPEG draft mode: PNG, TIFF, WebP…
-near the pixel limit take up to 1.3 GB while they are read) is decoded one at a time in the process, with at most
+Memory: a file whose decode is larger than :data:`LARGE_DECODE_PIXELS` (after JPEG draft mode, except for a
+progressive JPEG, whose every coefficient libjpeg keeps: PNG, TIFF, WebP, progressive JPEG… near the pixel limit take
+up to 1.3 GB while they are read) is decoded one at a time in the process, with at most
 one more waiting for it (a third is refused with a message), and the heap is trimmed after each
 (:func:`analysis.session.memory.trim_heap`); smaller decodes run freely. A decode that still runs out of memory is
 refused with a message about the image.
@@ -294,16 +295,18 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
 
 
 @contextlib.contextmanager
-def _decoding(image: Image.Image, name: str) -> Iterator[None]:
+def _decoding(image: Image.Image, name: str, full_size: tuple[int, int]) -> Iterator[None]:
     """The block that decodes ``image`` (opened, its draft scale chosen) and reduces it: a large decode (more than
     :data:`LARGE_DECODE_PIXELS`) waits for the one before it; at the end of the block it closes ``image`` (its
-    full-size pixels freed) and trims the heap. A smaller decode is not held up.
+    full-size pixels freed) and trims the heap. A smaller decode is not held up. The decode's size is the draft's,
+    but a progressive JPEG's is its full size (``full_size``, width × height): libjpeg keeps every coefficient of
+    the whole image however small the draft (a 179 MP one took 0.5–1 GB at 1/8 scale).
 
     Raises:
         ValueError: a large decode while one runs and :data:`_LARGE_DECODES_WAITING` wait; the message names the
             file (``name``) and its size.
     """
-    width, height = image.size
+    width, height = full_size if image.format == "JPEG" and image.info.get("progressive") else image.size
     if width * height <= LARGE_DECODE_PIXELS:
         yield
         return
@@ -339,7 +342,7 @@ def _accept_file(image: Image.Image, name: str) -> InputImage:
         image.draft(None, (-(-width // factor), -(-height // factor)))
     notes = []
     try:
-        with _decoding(image, name):
+        with _decoding(image, name, (width, height)):
             # Whether there is a second frame costs one frame; counting them (n_frames) reads every one of a GIF
             # (2 million 1-pixel frames in 48 MB took 4 s a request)
             if getattr(image, "is_animated", False) and image.format not in _SIDE_IMAGE_FORMATS:

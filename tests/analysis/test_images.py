@@ -294,6 +294,29 @@ class _ContendedLock:
         self._lock.release()
 
 
+def test_a_progressive_jpeg_counts_its_full_size_as_its_decode(tmp_path, monkeypatch):
+    """Draft mode decodes a large JPEG at 1/2…1/8 scale, but libjpeg keeps every coefficient of a progressive one
+    at full size: six 179 MP progressive JPEGs (2 MB files) decoded side by side took 3 GB. A progressive JPEG is a
+    large decode by its full size (it waits its turn); a baseline one of the same size by its draft's."""
+    width, height = 8192, 4096  # drafted to 1/4 (2048 × 1024): the largest scale that keeps ≥ 2 × 1024 px
+    monkeypatch.setattr(images, "LARGE_DECODE_PIXELS", width * height // 4)  # the draft's size is not large
+    turns = []
+
+    class Turn:
+        def __enter__(self):
+            turns.append(True)
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(images, "_LARGE_DECODE", Turn())
+    for name, progressive in (("baseline.jpg", False), ("progressive.jpg", True)):
+        Image.new("RGB", (width, height), RED).save(tmp_path / name, progressive=progressive)
+        turns.clear()
+        assert load_image(tmp_path / name).pixels.shape[:2] == (512, 1024)
+        assert turns == ([True] if progressive else []), name
+
+
 def test_large_decodes_run_one_at_a_time_and_give_their_memory_back(tmp_path, monkeypatch):
     """Six 179 MP PNGs decoded at once took the server from 1.8 to 9.5 GB, and it stayed there. Now a decode of more
     than LARGE_DECODE_PIXELS (here 16 px) waits for the one running, a third is refused while one waits, a small
