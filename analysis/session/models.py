@@ -353,4 +353,7 @@ def checkpoint_card(choice: str | None, folder: str | Path, workspace: Workspace
     cards = {path.stem: path for path in Path(folder).glob("*.json")}
     if choice in cards:
         return cards[choice]
+    if "/" in choice or "\\" in choice:  # not echoed: the page shortens a path to its last part, a model's name
+        raise ValueError("unknown checkpoint: a model is named as the list names it (e.g. "
+                         f"{reprlib.repr(min(cards, default='cnn-l0.5'))}), never by a path")
     raise unknown
