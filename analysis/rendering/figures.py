@@ -70,7 +70,10 @@ def mask_panel(view: np.ndarray, masks: dict[str, np.ndarray], query_px: tuple[i
                                  marker=dict(symbol="x-thin", size=16, line=dict(width=3, color=OKABE_ITO[0]))),
                       row=1, col=i)
         _image_axes(fig, max(view.shape[:2]), 0.0, 1, i)
-    fig.update_layout(height=PANEL_HEIGHT, margin=dict(l=5, r=5, t=60, b=5), title=dict(text=title))
+    fig.update_annotations(font_size=12)  # the panel titles
+    title, top = wrapped_title(title)
+    fig.update_layout(height=PANEL_HEIGHT + top - 5, margin=dict(l=5, r=5, t=top + 55, b=5),
+                      title=_above_panel_titles(title))
     return fig
 
 
@@ -83,13 +86,14 @@ def pixel_figure(view: np.ndarray, pixels: PixelNeighbors, query_px: tuple[int, 
         query_px (tuple[int, int]): ``(row_px, col_px)`` of the click in ``view``.
     """
     size = pixels.window_size
-    masks = {f"pixels like this one ({pixels.like_distance:.1f} px away on average)": pixels.like,
-             f"pixels near this one ({size}×{size}, {pixels.near_distance:.1f} px away on average)": pixels.near}
-    title = f"K={int(pixels.like.sum())} of {pixels.like.size} pixels; overlap {pixels.overlap:.2f}"
+    masks = {f"like this one: {pixels.like_distance:.1f} px away": pixels.like,
+             f"near ({size}×{size}): {pixels.near_distance:.1f} px away": pixels.near}
+    title = (f"Pixels like this one vs near it: K={int(pixels.like.sum())} of {pixels.like.size} pixels, mean "
+             f"distance on each panel; overlap {pixels.overlap:.2f}")
     return mask_panel(view, masks, query_px, title)
 
 
-TITLE_CHARS = 44  # a chart title's longest line: what a phone's 390-px-wide chart shows whole
+TITLE_CHARS = 36  # a chart title's longest line: what a phone's 390-px-wide chart shows whole (44 ran off it)
 TITLE_LINE_PX = 20
 
 
@@ -98,6 +102,13 @@ def wrapped_title(text: str) -> tuple[str, int]:
     a long one ran off a phone's screen) and the top margin, px, that its lines need."""
     lines = textwrap.wrap(text, TITLE_CHARS, break_long_words=False, break_on_hyphens=False) or [""]
     return "<br>".join(lines), 30 + TITLE_LINE_PX * len(lines)
+
+
+def _above_panel_titles(title: str) -> dict:
+    """A figure title held near the top of the figure, below the page's label and tool bar over it (40 px), so
+    that its lines stay above the panels' titles (Plotly centres a title in the top margin, where a third line ran
+    into them); give the figure a top margin of :func:`wrapped_title`'s + 55 px."""
+    return dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=40))
 
 
 def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, colorbar_title: str,
@@ -241,7 +252,9 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
 
 def equivalence_figure(results: list[Equivalence]) -> go.Figure:
     """Each equivalence as a picture: the ConvNN side's output and the reference's (one channel, a shared colour
-    scale) and their difference (max over channels, its own scale: ≈ 0 where the equivalence holds), per cell.
+    scale) and their difference (max over channels, its own scale from 0: ≈ 0 where the equivalence holds), per
+    cell. Short panel titles and horizontal colour bars under each row, so that three panels fit a phone's width
+    (the description and the numbers are in the text beside the figure).
 
     Args:
         results (list[Equivalence]): :func:`analysis.equivalences`, one row each.
@@ -249,25 +262,32 @@ def equivalence_figure(results: list[Equivalence]) -> go.Figure:
     titles = []
     for r in results:
         reference = "conv2d" if "vs conv2d" in r.description else "SDPA"
-        titles += [f"ConvNN, channel {r.channel}", f"{reference}, channel {r.channel}",
-                   f"|difference|, max over channels (max {r.max_abs_diff:.1e})"]
-    fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.06, vertical_spacing=0.12)
+        titles += [f"ConvNN, ch. {r.channel}", f"{reference}, ch. {r.channel}", "|difference|"]
+    fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.04, vertical_spacing=0.22)
     for row, r in enumerate(results, start=1):
         low, high = float(min(r.convnn.min(), r.reference.min())), float(max(r.convnn.max(), r.reference.max()))
+        bottom = fig.get_subplot(row, 1).yaxis.domain[0]
+        left, middle, right = (fig.get_subplot(row, col).xaxis.domain for col in (1, 2, 3))
+
+        def bar(title: str, x0: float, x1: float, y: float = bottom - 0.03) -> dict:  # under panels x0…x1 (paper)
+            return dict(title=dict(text=title, side="right"), orientation="h", thickness=10, len=x1 - x0,
+                        x=(x0 + x1) / 2, xanchor="center", y=y, yanchor="top", tickfont=dict(size=10))
+
         for col, values in enumerate((r.convnn, r.reference), start=1):
             fig.add_trace(go.Heatmap(z=values, zmin=low, zmax=high, colorscale="Cividis", showscale=col == 2,
-                                     colorbar=dict(title="output", len=0.9 / len(results),
-                                                   y=1 - (row - 0.5) / len(results), x=0.62),
+                                     colorbar=bar("output", left[0], middle[1]),
                                      hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra></extra>"), row=row, col=col)
-        fig.add_trace(go.Heatmap(z=r.difference, zmin=0, colorscale="Viridis",
-                                 colorbar=dict(title="|diff|", len=0.9 / len(results),
-                                               y=1 - (row - 0.5) / len(results)),
+        fig.add_trace(go.Heatmap(z=r.difference, zmin=0, zmax=max(float(r.difference.max()), 1e-12),
+                                 colorscale="Viridis", colorbar=bar("|diff|", *right),
                                  hovertemplate="row %{y}, col %{x}: %{z:.2e}<extra></extra>"), row=row, col=3)
         for col in (1, 2, 3):
             axis = (row - 1) * 3 + col
-            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{axis if axis > 1 else ''}", row=row, col=col)
+            fig.update_xaxes(constrain="domain", tickfont=dict(size=9), row=row, col=col)
+            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{axis if axis > 1 else ''}", constrain="domain",
+                             tickfont=dict(size=9), row=row, col=col)
+    fig.update_annotations(font_size=12)  # the panel titles
     title, top = wrapped_title("The same output, computed as ConvNN and as the operation it equals (cells of the "
                                "layer)")
-    fig.update_layout(height=PANEL_HEIGHT * len(results) - 40 * (len(results) - 1) + top - 60,
-                      margin=dict(l=30, r=30, t=top, b=20), title=title)
+    fig.update_layout(height=PANEL_HEIGHT * len(results) + top - 5, margin=dict(l=30, r=10, t=top + 55, b=60),
+                      title=_above_panel_titles(title))
     return fig

@@ -40,7 +40,7 @@ def test_pixels_like_this_one_stay_in_the_same_colour_region():
     offsets = np.mgrid[-2:3, -2:3]
     assert result.near_distance == pytest.approx(np.hypot(*offsets).mean())  # the 5×5 window around the query
     titles = [a.text for a in pixel_figure(pixel_view(image_from_array(pixels)), result, (5, 3)).layout.annotations]
-    assert titles[1] == f"pixels near this one (5×5, {result.near_distance:.1f} px away on average)"
+    assert titles[1] == f"near (5×5): {result.near_distance:.1f} px away"
 
 
 def test_input_level_view_refuses_impossible_k():
