@@ -780,7 +780,11 @@ class Explorer:
     def on_link(self, checkpoint, request=None):
         """The page as the address's query string says (a plain address: the model's default view)."""
         params = dict(request.query_params) if request is not None and request.query_params else {}
-        return self.view(params, checkpoint, request)
+        out = self.view(params, checkpoint, request)
+        if out["link_note"]:  # said where the page opens too: the note is far below the first screen
+            gr.Warning("This link could not set everything it names: the note under “Copy a link to this view” says "
+                       "what. The rest of the view is open.")
+        return out
 
     def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
                      num_candidates, seed, blend_alpha, head, tab, compare_models=None, compare_depth=None,

@@ -229,6 +229,7 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chro
         assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
     with browser_page(chromium, f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
         assert "could not set everything" in bad.locator("#link_note").inner_text()
+        bad.wait_for_selector(".toast-body:has-text('could not set everything it names')", timeout=30_000)  # in sight
         assert shown(bad)["query"] == "16,16"
     compared = "tab=compare&compare=cnn-l0,vit-mhsa&depth=0.25"  # compare mode's models and depth
     with browser_page(chromium, f"{url}?{compared}") as tab:
