@@ -1253,6 +1253,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in KNOBS:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=RESTORE_KNOBS_JS, api_visibility="private")
+                # kept also when the table did not change (R = 5 where auto gives 5), else a later refusal of
+                # another knob put R back to 0
+                event.success(None, knobs, None, js=KEEP_KNOBS_JS, api_visibility="private")
         ui["explorer"].change(None, knobs, None, js=KEEP_KNOBS_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the

@@ -85,10 +85,14 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0, num_neighbors=4)
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "blend")
 
+        tab.locator("#window_size input").fill("3")  # the R that auto gives K = 4: the same table, no redraw
+        tab.locator("#window_size input").press("Enter")
+        settle(tab)
         tab.locator("#num_candidates input").fill("2")  # r < K: refused, and the box goes back to the table's r
         tab.locator("#num_candidates input").press("Enter")
         tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
         tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
+        assert tab.locator("#window_size input").input_value() == "3"  # R stays as typed (it went back to 0)
         drawn = tab.locator(".cx").get_attribute("data-drawn")
         tab.locator("#seed input").fill("7")  # so the next knob is not refused for it again
         tab.locator("#seed input").press("Enter")
