@@ -312,12 +312,12 @@ def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(checkpoint_dir,
 # -- the refresh policy -------------------------------------------------------------------------------------------
 def chain_steps(demo: gr.Blocks, component: gr.components.Component, event: str) -> list:
     """The handlers one event runs when each succeeds, in order: the one it triggers, then each ``.then`` after it
-    (not a ``.failure`` step)."""
+    (not a ``.failure`` or ``.success`` step: the knobs' keep and restore, run in the page)."""
     steps = list(demo.fns.values())
     step = next(f for f in steps if (component._id, event) in f.targets and f.fn is not None)
     chain = [step]
-    while (step := next((f for f in steps if f.trigger_after == step._id and not f.trigger_only_on_failure),
-                        None)) is not None:
+    while (step := next((f for f in steps if f.trigger_after == step._id and not f.trigger_only_on_failure
+                         and not f.trigger_only_on_success), None)) is not None:
         chain.append(step)
     return chain
 
