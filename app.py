@@ -877,8 +877,9 @@ class Explorer:
         probe = loaded.probe(layer)
         if an.fits_field_table(probe):
             queries = None
-        else:
-            row, col = an.query_cell(probe, *self.pixel(row_px, col_px))
+        else:  # the query kept across a change of model, moved inside this one's input as the explorer moves it
+            size = loaded.card.input_size
+            row, col = an.query_cell(probe, *an.clamp_px(self.pixel(row_px, col_px), size, size))
             queries = (row * probe.width + col,)
         fields = an.receptive_fields(loaded, image, layer, hops, head, queries)
         return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
