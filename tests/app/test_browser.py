@@ -75,6 +75,8 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         tab.wait_for_selector(".cx[data-sweep-done]", timeout=30_000)
         values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0)
         assert shown(tab)["rule"] == "blend" and tab.locator(".cx").get_attribute("data-alpha") == "1"
+        assert ("the large panel shows α = 1.00, the table beside it the knob's α = 0.50"  # the two αs named
+                in tab.locator(".cx-sweep-text").inner_text())
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "all")  # α = 1, K = R²: all
 
         tab.locator("#num_neighbors input").fill("4")  # a knob fetches a new table; the query stays
