@@ -850,13 +850,14 @@ class Explorer:
     def on_weights(self, checkpoint, layer, request=None):
         loaded = self.model(checkpoint, request)
         probe = loaded.probe(layer)
-        if probe.dense:
-            return {"kernel_plot": None, "slot_plot": None,
+        if probe.dense:  # no chart, not two empty boxes
+            return {"kernel_plot": gr.Plot(None, visible=False), "slot_plot": gr.Plot(None, visible=False),
                     "weights_note": f"{probe.name} is plain attention: no rank-slot kernel to show."}
         heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
         note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)." if probe.record_name is None
                 else "Each neighbour's contribution to the clicked cell is in the explorer above.")
-        return {"kernel_plot": heat, "slot_plot": bars, "weights_note": note}
+        return {"kernel_plot": gr.Plot(heat, visible=True), "slot_plot": gr.Plot(bars, visible=True),
+                "weights_note": note}
 
     @user_errors
     def on_mix(self, checkpoint, image_file, fit, layer, request=None):

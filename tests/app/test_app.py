@@ -429,7 +429,8 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
     checkpoint = "vit-mhsa"
     weights = explorer.on_weights(checkpoint, "blocks.0.attn")
-    assert weights["kernel_plot"] is None and "no rank-slot kernel" in weights["weights_note"]
+    assert "no rank-slot kernel" in weights["weights_note"]
+    assert [(weights[p].value, weights[p].visible) for p in ("kernel_plot", "slot_plot")] == [(None, False)] * 2
     mix = explorer.on_mix(checkpoint, str(example_image), "crop", "blocks.0.attn")
     assert mix["mix_plot"] is None and "not a hybrid layer" in mix["mix_note"]
 
