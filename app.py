@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextvars
 import dataclasses
 import functools
@@ -101,6 +100,7 @@ LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo 
 
 ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "
                       f"occlusion and integrated gradients) and is kept for this model and image. {an.GRADIENT_NOTE}")
+ATTRIBUTION_CANCELLED = "Cancelled. Press **Compute attribution** to run it again."
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
 
 
@@ -195,8 +195,9 @@ class SlowRuns:
     image or layer) and asks again stacked one computation per cancel on the cores and on Gradio's MAX_THREADS
     handler threads (measured: four cancelled runs of a group of limit 1 computing at once, with the fifth). A
     handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own and gives the place back when that computation ends, whether its event was cancelled or not.
-    :class:`Admission` refuses a new slow request of a session whose computation is still running.
+    thread of its own and gives the place back when that computation ends, whether its event was cancelled or not:
+    a run asked for after a cancel, by any session, waits for the cancelled computation. A run cancelled while it
+    waits takes nothing.
 
     Args:
         limit (int): computations at a time.
@@ -204,8 +205,6 @@ class SlowRuns:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.computing: collections.Counter[str | None] = collections.Counter()  # session → computations running
-        self._lock = threading.Lock()
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
 
     def wrap(self, handler):
@@ -213,15 +212,11 @@ class SlowRuns:
         the same signature that computes through this limit."""
         @functools.wraps(handler)
         async def slow(*args, **kwargs):
-            session = next((value.session_hash for value in (*args, *kwargs.values())
-                            if isinstance(value, gr.Request)), None)
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
             places, loop = self._places, asyncio.get_running_loop()
             await places.acquire()  # cancelled while waiting: nothing was taken
             finished = loop.create_future()
-            with self._lock:
-                self.computing[session] += 1
 
             def deliver(outcome: tuple) -> None:
                 places.release()
@@ -233,10 +228,6 @@ class SlowRuns:
                     outcome = (handler(*args, **kwargs), None)
                 except BaseException as err:  # handed to the event, raised there
                     outcome = (None, err)
-                with self._lock:
-                    self.computing[session] -= 1
-                    if not self.computing[session]:
-                        del self.computing[session]
                 loop.call_soon_threadsafe(deliver, outcome)
 
             threading.Thread(target=contextvars.copy_context().run, args=(compute,), daemon=True,
@@ -250,11 +241,10 @@ class SlowRuns:
 
 class Admission:
     """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
-    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting,
-    running or still computing after a cancel per session (over all slow views) and at most MAX_SLOW_WAITING slow
-    runs waiting over all sessions. A request past any of these is refused before it enters the queue, with a
-    message (the page shows it), so slow runs can neither pile up for one session nor fill the queue that clicks and
-    predictions need.
+    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
+    or running per session (over all slow views) and at most MAX_SLOW_WAITING slow runs waiting over all sessions.
+    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
+    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
 
     Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
     inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
@@ -262,11 +252,9 @@ class Admission:
 
     Args:
         demo (gr.Blocks): the app, after ``demo.queue()``.
-        runs (SlowRuns): the slow views' computations.
     """
 
-    def __init__(self, demo: gr.Blocks, runs: SlowRuns) -> None:
-        self.runs = runs
+    def __init__(self, demo: gr.Blocks) -> None:
         self.queue = demo._queue
         self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == SLOW_GROUP}
         self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
@@ -282,9 +270,6 @@ class Admission:
         if session is not None and session in (*waiting, *running, *self.joining):
             return ("This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
                     "waiting or running: its result comes first. Ask again once it is shown.")
-        if session is not None and session in self.runs.computing:
-            return ("This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
-                    "cancelled but is still computing. Ask again in a few seconds.")
         if len(waiting) + len(self.joining) >= MAX_SLOW_WAITING:
             return (f"The slow views (attribution, equivalence demo) are busy: {MAX_SLOW_WAITING} requests are "
                     "waiting for them. Try again in a minute; everything else still answers.")
@@ -932,6 +917,11 @@ class Explorer:
         return {"attribution_plot": None, "attribution_note": ATTRIBUTION_PROMPT,
                 "equivalence_text": EQUIVALENCE_PROMPT, "equivalence_plot": None, "spectrum_models_plot": None}
 
+    @staticmethod
+    def on_attribution_cancel(request=None):
+        """Cancel pressed: the run is dropped (its computation ends in the background), and the page says so."""
+        return {"attribution_plot": None, "attribution_note": ATTRIBUTION_CANCELLED}
+
     @user_errors
     def on_export(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
                   num_candidates, seed, blend_alpha, head, request=None):
@@ -1300,7 +1290,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                     ["spectrum_models_plot"])
         equivalence = slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
                                 ["equivalence_text", "equivalence_plot"])
-        ui["attribution_cancel"].click(None, cancels=[attribution], api_visibility="private")
+        ui["attribution_cancel"].click(**wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot",
+                                                                                 "attribution_note"]),
+                                       cancels=[attribution], api_visibility="private")
         for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
                              (equivalence, ["checkpoint", "image_file", "fit", "layer"]),
                              (spectrum_models, ["image_file", "fit"])):
@@ -1315,7 +1307,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
             gr.api(runs.wrap(fn), api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
-    Admission(demo, runs)
+    Admission(demo)
     return demo
 
 

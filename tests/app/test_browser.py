@@ -179,7 +179,8 @@ def test_the_core_loop_fits_the_screen(app_url, context, chromium):
 
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
-    handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included."""
+    handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included; a
+    cancelled attribution clears its chart and says it was cancelled."""
     with browser_page(chromium, app_url) as tab:
         errors = []
         tab.on("pageerror", lambda error: errors.append(str(error)))
@@ -192,6 +193,14 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
                               timeout=60_000)
         tab.wait_for_selector("#equivalence_plot .js-plotly-plot", timeout=60_000)
         assert tab.locator(".toast-body.error").count() == 0 and errors == []
+        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.locator("#method input").click()  # occlusion takes seconds: Cancel drops it, and the page says so
+        tab.get_by_role("option", name="occlusion").click()
+        tab.locator("#attribution_button").click()
+        tab.locator("#attribution_cancel").click()
+        tab.wait_for_function("document.querySelector('#attribution_note').innerText.startsWith('Cancelled.')",
+                              timeout=30_000)
+        assert tab.locator("#attribution_plot .js-plotly-plot").count() == 0
 
 
 @pytest.fixture(scope="module")

@@ -256,8 +256,8 @@ def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explore
                                                                           work_dir, blocked_equivalence):
     """Gradio frees a cancelled event's place in its group at once, but its thread computed on: a client that asked,
     cancelled and asked again had one computation per cancel running at once (four, with a group of limit 1). Now a
-    cancelled computation keeps the group's one place until it ends: the same session is refused meanwhile, and
-    another session's run waits, holding no handler thread, then computes."""
+    cancelled computation keeps the group's one place until it ends: a run asked for meanwhile, by the same session
+    or another, waits for it, holding no handler thread, then computes; one at a time."""
     started, release = blocked_equivalence
     attributions = []
     monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args) or an.Attribution(
@@ -269,23 +269,15 @@ def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explore
             cancelled = httpx.post(f"{url}gradio_api/cancel", json={
                 "session_hash": "s0", "fn_index": fn_index["equivalence"], "event_id": joined.json()["event_id"]})
             assert cancelled.status_code == 200
-            for api_name in ("equivalence", "attribution"):
-                refused = join(api_name, "s0")
-                assert refused.status_code == 400 and refused.json()["detail"].startswith(
-                    "This session's last slow run (attribution, equivalence demo or every model's spectrum) was "
-                    "cancelled but is still computing")
-            assert join("attribution", "s1").status_code == 200  # admitted: Gradio's place is free again
+            assert join("attribution", "s0").status_code == 200  # admitted: Gradio's place is free again
+            assert join("attribution", "s1").status_code == 200  # and queued behind it
             time.sleep(1.5)
-            assert attributions == []  # but it does not compute beside the cancelled computation
+            assert attributions == []  # but neither computes beside the cancelled computation
             release.set()
             deadline = time.monotonic() + 30
-            while not attributions and time.monotonic() < deadline:
+            while len(attributions) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert len(attributions) == 1  # the place came back when the cancelled computation ended
-            deadline = time.monotonic() + 30
-            while join("equivalence", "s0").status_code != 200 and time.monotonic() < deadline:
-                time.sleep(0.05)  # and s0 may ask again (refused only while s1's attribution is still running)
-            assert time.monotonic() < deadline
+            assert len(attributions) == 2  # the place came back when the cancelled computation ended: both ran
         finally:
             release.set()
 
