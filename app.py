@@ -208,8 +208,8 @@ class SlowRuns:
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
 
     def wrap(self, handler):
-        """``handler`` (a blocking function taking a ``gr.Request`` among its arguments) as a coroutine function of
-        the same signature that computes through this limit."""
+        """``handler`` (a blocking function) as a coroutine function of the same signature that computes through
+        this limit."""
         @functools.wraps(handler)
         async def slow(*args, **kwargs):
             if self._places is None:
