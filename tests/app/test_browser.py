@@ -332,9 +332,10 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
         tab.locator("#link_button").click()  # so that a copied link holds the pixel clicked in a column
         tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('compare=')")
         assert "&row=30&col=3&" in tab.locator("#link textarea, #link input").first.input_value()
-        for _ in range(2):  # down to one model: no stale columns, a note instead
+        settle(tab)  # the link's request answered
+        for columns in ("2", "0"):  # down to one model: no stale columns, a note instead
             tab.locator("#compare_models .token-remove").first.click()
-        tab.wait_for_function("document.querySelector('.cc').dataset.columns === '0'", timeout=30_000)
+            tab.wait_for_function(f"document.querySelector('.cc').dataset.columns === '{columns}'", timeout=30_000)
         assert tab.locator(".cc-note").inner_text() == "Pick 2 to 4 models to compare."
         assert tab.locator(".toast-body").count() == 0
     # A link opens compare mode drawn.
