@@ -8,9 +8,9 @@ resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then en
 (:func:`_accept`): 16-bit and float values reduced to 8 bits, transparency composited onto white, RGB, and a note
 saying what was done (which the app shows).
 
-Memory: a file whose decode is larger than :data:`LARGE_DECODE_PIXELS` (after JPEG draft mode, except for a
-progressive JPEG, whose every coefficient libjpeg keeps: PNG, TIFF, WebP, progressive JPEG… near the pixel limit take
-up to 1.3 GB while they are read) is decoded one at a time in the process, with at most
+Memory: a file whose decode is larger than :data:`LARGE_DECODE_PIXELS` (after JPEG draft mode, except for a JPEG of
+several scans, progressive or not, whose every coefficient libjpeg keeps: PNG, TIFF, WebP, such JPEGs… near the pixel
+limit take up to 1.3 GB while they are read) is decoded one at a time in the process, with at most
 one more waiting for it (a third is refused with a message), and the heap is trimmed after each
 (:func:`analysis.session.memory.trim_heap`); smaller decodes run freely. A decode that still runs out of memory is
 refused with a message about the image.
@@ -294,19 +294,62 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
     return InputImage(pixels, digest, "; ".join(filter(None, [*notes, depth_note, alpha_note])))
 
 
+_JPEG_SEGMENTS_READ = 10_000  # marker segments walked before a JPEG's first scan; past it, counted as many scans
+_JPEG_PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})  # SOF markers of progressive frames
+
+
+def _jpeg_scans_keep_coefficients(path: str) -> bool:
+    """Whether libjpeg must keep every coefficient of the JPEG at ``path`` while it decodes it, whatever the draft
+    scale: a progressive frame, or a first scan holding fewer components than the frame (each component, or
+    group, then comes in a scan of its own; Pillow marks only the progressive case). Reads the marker segments up to
+    the first start of scan, skipping the others (an EXIF thumbnail's scans included) by their lengths."""
+    components = None
+    with open(path, "rb") as file:
+        if file.read(2) != b"\xff\xd8":
+            return False
+        for _ in range(_JPEG_SEGMENTS_READ):
+            byte = file.read(1)
+            while byte == b"\xff":  # fill bytes before a marker
+                byte = file.read(1)
+            if not byte:
+                return False  # truncated: Pillow's message says so
+            marker = byte[0]
+            if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+                continue  # markers without a segment
+            header = file.read(2)
+            if len(header) < 2:
+                return False
+            length = struct.unpack(">H", header)[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a start of frame
+                if marker in _JPEG_PROGRESSIVE_FRAMES:
+                    return True
+                frame = file.read(6)
+                components = frame[5] if len(frame) == 6 else None
+                file.seek(length - 2 - len(frame), 1)
+            elif marker == 0xDA:  # the first start of scan: its component count
+                scan = file.read(1)
+                return bool(scan) and components is not None and scan[0] < components
+            else:
+                file.seek(length - 2, 1)
+    return True
+
+
 @contextlib.contextmanager
 def _decoding(image: Image.Image, name: str, full_size: tuple[int, int]) -> Iterator[None]:
     """The block that decodes ``image`` (opened, its draft scale chosen) and reduces it: a large decode (more than
     :data:`LARGE_DECODE_PIXELS`) waits for the one before it; at the end of the block it closes ``image`` (its
     full-size pixels freed) and trims the heap. A smaller decode is not held up. The decode's size is the draft's,
-    but a progressive JPEG's is its full size (``full_size``, width × height): libjpeg keeps every coefficient of
-    the whole image however small the draft (a 179 MP one took 0.5–1 GB at 1/8 scale).
+    but that of a JPEG (or MPO) of several scans is its full size (``full_size``, width × height): libjpeg keeps
+    every coefficient of the whole image however small the draft (a 179 MP progressive one took 0.5–1 GB at 1/8
+    scale, a non-interleaved baseline one 1.1 GB).
 
     Raises:
         ValueError: a large decode while one runs and :data:`_LARGE_DECODES_WAITING` wait; the message names the
             file (``name``) and its size.
     """
-    width, height = full_size if image.format == "JPEG" and image.info.get("progressive") else image.size
+    several_scans = (image.format in ("JPEG", "MPO") and isinstance(getattr(image, "filename", None), str)
+                     and _jpeg_scans_keep_coefficients(image.filename))
+    width, height = full_size if several_scans else image.size
     if width * height <= LARGE_DECODE_PIXELS:
         yield
         return

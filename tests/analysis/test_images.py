@@ -23,7 +23,7 @@ from PIL import GifImagePlugin, Image, ImageFile
 from analysis import OUT_OF_MEMORY_MESSAGE, image_from_array, load_image, user_error_message
 from analysis.session import images
 from analysis.session.images import MAX_IMAGE_PIXELS
-from tests.image_files import png_claiming_size
+from tests.image_files import grey_jpeg_one_scan_per_component, png_claiming_size
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 TRANSPARENT_NOTE = "transparent pixels were composited onto white (the model sees white there)"
@@ -294,10 +294,12 @@ class _ContendedLock:
         self._lock.release()
 
 
-def test_a_progressive_jpeg_counts_its_full_size_as_its_decode(tmp_path, monkeypatch):
-    """Draft mode decodes a large JPEG at 1/2…1/8 scale, but libjpeg keeps every coefficient of a progressive one
-    at full size: six 179 MP progressive JPEGs (2 MB files) decoded side by side took 3 GB. A progressive JPEG is a
-    large decode by its full size (it waits its turn); a baseline one of the same size by its draft's."""
+def test_a_jpeg_of_several_scans_counts_its_full_size_as_its_decode(tmp_path, monkeypatch):
+    """Draft mode decodes a large JPEG at 1/2…1/8 scale, but libjpeg keeps every coefficient of a JPEG of several
+    scans at full size: six 179 MP progressive JPEGs (2 MB files) decoded side by side took 3 GB, a non-interleaved
+    baseline one 1.1 GB, a progressive one saved as MPO passed as one. Such a JPEG is a large decode by its full
+    size (it waits its turn); a baseline, interleaved one of the same size (camera photos, with their EXIF
+    thumbnail) by its draft's."""
     width, height = 8192, 4096  # drafted to 1/4 (2048 × 1024): the largest scale that keeps ≥ 2 × 1024 px
     monkeypatch.setattr(images, "LARGE_DECODE_PIXELS", width * height // 4)  # the draft's size is not large
     turns = []
@@ -310,11 +312,22 @@ def test_a_progressive_jpeg_counts_its_full_size_as_its_decode(tmp_path, monkeyp
             return None
 
     monkeypatch.setattr(images, "_LARGE_DECODE", Turn())
-    for name, progressive in (("baseline.jpg", False), ("progressive.jpg", True)):
-        Image.new("RGB", (width, height), RED).save(tmp_path / name, progressive=progressive)
+    picture = Image.new("RGB", (width, height), RED)
+    picture.save(tmp_path / "baseline.jpg")
+    thumbnail = io.BytesIO()  # a thumbnail of several scans inside an application segment, as cameras embed one
+    Image.new("RGB", (160, 120), RED).save(thumbnail, "JPEG", progressive=True)
+    baseline = (tmp_path / "baseline.jpg").read_bytes()
+    (tmp_path / "baseline.jpg").write_bytes(baseline[:2] + struct.pack(">HH", 0xFFE9, len(thumbnail.getvalue()) + 2)
+                                            + thumbnail.getvalue() + baseline[2:])
+    picture.save(tmp_path / "progressive.jpg", progressive=True)
+    picture.save(tmp_path / "progressive.mpo", format="MPO", progressive=True, save_all=True,
+                 append_images=[Image.new("RGB", (8, 8))])
+    grey_jpeg_one_scan_per_component(tmp_path / "non-interleaved.jpg", width, height)
+    for name, several_scans in (("baseline.jpg", False), ("progressive.jpg", True), ("progressive.mpo", True),
+                                ("non-interleaved.jpg", True)):
         turns.clear()
         assert load_image(tmp_path / name).pixels.shape[:2] == (512, 1024)
-        assert turns == ([True] if progressive else []), name
+        assert turns == ([True] if several_scans else []), name
 
 
 def test_large_decodes_run_one_at_a_time_and_give_their_memory_back(tmp_path, monkeypatch):
