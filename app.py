@@ -365,6 +365,17 @@ class Explorer:
         return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
 
     @staticmethod
+    def clicked(evt: gr.SelectData) -> tuple[int, int]:
+        """The pixel ``[row_px, col_px]`` a page's "select" event names (a click the page asks the server about).
+
+        Raises:
+            ValueError: not a pair of whole numbers; the message quotes what was sent.
+        """
+        if not (isinstance(evt.index, list | tuple) and len(evt.index) == 2):
+            raise ValueError(f"a clicked pixel is [row, col], got {reprlib.repr(evt.index)}")
+        return Explorer.pixel(*evt.index)
+
+    @staticmethod
     def options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head) -> an.RuleOptions:
         return an.RuleOptions.from_ui(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
 
@@ -646,8 +657,7 @@ class Explorer:
     def on_table_row(self, checkpoint, image_file, fit, layer, num_neighbors, window_size, num_candidates, seed,
                      blend_alpha, head, evt: gr.SelectData, request=None):
         """A click's row when K is above the table's bound (the page asks for it, :data:`an.MAX_TABLE_NEIGHBORS`)."""
-        index = evt.index if isinstance(evt.index, list | tuple) and len(evt.index) == 2 else (None, None)
-        row_px, col_px = self.pixel(*index)
+        row_px, col_px = self.clicked(evt)
         return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
                           num_candidates, seed, blend_alpha, head, request)
 
@@ -854,27 +864,33 @@ class Explorer:
         mix = an.branch_mix(loaded, self.image(image_file, fit), layer)
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
-    @user_errors
-    def on_hops(self, checkpoint, image_file, fit, layer, row_px, col_px, hops, head, request=None):
-        """The multi-hop view's fields: of every query where they fit one table (:func:`an.fits_field_table`), so
-        that clicks are answered in the page; else of the query at (``row_px``, ``col_px``), and the page asks for
-        each new query's (:meth:`on_hops_row`)."""
+    def hop_fields(self, checkpoint, image_file, fit, layer, query_px, hops, head, request=None) -> dict:
+        """The multi-hop view's value: the fields of every query where they fit one table
+        (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query at ``query_px``."""
         loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         probe = loaded.probe(layer)
-        if an.fits_field_table(probe):
-            queries = None
-        else:  # the query kept across a change of model, moved inside this one's input as the explorer moves it
-            size = loaded.card.input_size
-            row, col = an.query_cell(probe, *an.clamp_px(self.pixel(row_px, col_px), size, size))
+        queries = None
+        if not an.fits_field_table(probe):
+            row, col = an.query_cell(probe, *query_px)
             queries = (row * probe.width + col,)
         fields = an.receptive_fields(loaded, image, layer, hops, head, queries)
         return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
 
     @user_errors
+    def on_hops(self, checkpoint, image_file, fit, layer, row_px, col_px, hops, head, request=None):
+        """:meth:`hop_fields` at the query of the boxes, moved inside the model's input as the explorer moves a
+        query kept across a change of model."""
+        size = self.model(checkpoint, request).card.input_size
+        query_px = an.clamp_px(self.pixel(row_px, col_px), size, size)
+        return self.hop_fields(checkpoint, image_file, fit, layer, query_px, hops, head, request)
+
+    @user_errors
     def on_hops_row(self, checkpoint, image_file, fit, layer, hops, head, evt: gr.SelectData, request=None):
-        """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it)."""
-        index = evt.index if isinstance(evt.index, list | tuple) and len(evt.index) == 2 else (None, None)
-        return self.on_hops(checkpoint, image_file, fit, layer, *index, hops, head, request)
+        """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it); where
+        the table holds every query, nothing is sent again."""
+        if an.fits_field_table(self.model(checkpoint, request).probe(layer)):
+            return gr.skip()
+        return self.hop_fields(checkpoint, image_file, fit, layer, self.clicked(evt), hops, head, request)
 
     @user_errors
     def on_spectrum(self, checkpoint, image_file, fit, request=None):

@@ -8,6 +8,7 @@
 // queries listed in `queries`, and for a query not among them this view asks for its field (trigger("select")).
 
 const MAX_PX = 420; // the panel's largest CSS width
+const ASK_AGAIN_MS = 100; // after an answer for another query than the one asked for last, ask again this late
 
 const root = element.querySelector(".cx-hops");
 root.innerHTML = `<canvas class="cx-hop-canvas" aria-label="receptive field of the query"></canvas>
@@ -91,7 +92,13 @@ function show() {
   if (!value || typeof value !== "object" || !value.hops) return;
   field = {...value, hops: decode(value.hops, Int8Array), pixel_counts: decode(value.pixel_counts, Int32Array),
            picture: new Image()};
-  asked = null;
+  if (asked !== null && field.queries && !field.queries.includes(asked)) {
+    // the answer to an earlier click, while a later one's was asked for: Gradio dropped that trigger (it came while
+    // this event was on its way), so ask again once this one has finished (`asked` holds the draw below back)
+    setTimeout(() => { asked = null; draw(); }, ASK_AGAIN_MS);
+  } else {
+    asked = null;
+  }
   field.picture.onload = () => draw();
   field.picture.src = value.image;
   query = currentQuery() || query;

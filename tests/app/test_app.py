@@ -275,6 +275,16 @@ def test_a_layer_whose_fields_fit_no_table_sends_the_clicked_query_s_field(explo
         hops = np.frombuffer(base64.b64decode(value["hops"]), "<i1").reshape(1, 32, 32)
         np.testing.assert_array_equal(hops[0], whole[px].hops)
         assert np.frombuffer(base64.b64decode(value["pixel_counts"]), "<i4").tolist() == whole[px].pixel_counts
+    for index, message in (("ab", r"a clicked pixel is \[row, col\], got 'ab'"), ([1, 2, 3], r"got \[1, 2, 3\]"),
+                           ([40, 3], r"query pixel \(row=40, col=3\) is outside the 32×32 model input"),
+                           ([1.5, 3], "query row must be a whole number, got 1.5")):
+        with pytest.raises(gr.Error, match=message) as refused:  # one message, not a message quoted in another
+            explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+                                 evt=gr.SelectData(None, {"index": index, "value": None}))
+        assert not refused.value.message.startswith(("'", '"'))
+    monkeypatch.undo()  # the table holds every query again: a click's field is not sent a second time
+    assert explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+                                evt=gr.SelectData(None, {"index": [3, 30], "value": None})) == gr.skip()
 
 
 def test_vit_notes_explain_that_padding_cells_do_not_exist_there(explorer, checkpoint_dir, example_image):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import time
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -147,6 +148,11 @@ def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_the
                                    (3, 30), 2, 0)
         assert tab.locator(".cx-hops").get_attribute("data-asked") == str(1 * 16 + 15)
         assert tab.locator(".cx-hops").get_attribute("data-counts") == ",".join(map(str, field.pixel_counts))
+        fields = an.receptive_fields  # a field that takes 0.5 s, as a large model's can
+        monkeypatch.setattr(an, "receptive_fields", lambda *args: time.sleep(0.5) or fields(*args))
+        for px in ((20, 4), (28, 12)):  # two clicks in quick succession: the view ends on the second one's field
+            tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, px))
+        tab.wait_for_function("document.querySelector('.cx-hops').dataset.query === '28,12'", timeout=30_000)
         assert tab.locator(".toast-body.error").count() == 0
 
 
