@@ -767,8 +767,9 @@ class Explorer:
             problems.append(f"the link's rule {an.echo(rule)} is not one of: {', '.join(rules)}")
             rule = rules[-1]
         out["focus_rule"] = f"{rule}@{an.link_query(values)}"
-        out["link_note"] = ("**This link could not set everything:** " + "; ".join(problems[:6])
-                            + ("; …" if len(problems) > 6 else "") + ".") if problems else ""
+        # every problem (at most one per link field, each value echoed shortened), none ending the sentence early
+        out["link_note"] = ("**This link could not set everything:** "
+                            + "; ".join(problem.rstrip(".") for problem in problems) + ".") if problems else ""
         return out
 
     @user_errors
@@ -1342,7 +1343,8 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
     return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
                        allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
                        max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
-                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"], mcp_server=mcp)
+                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
+                       js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp)
 
 
 def main() -> None:

@@ -347,7 +347,7 @@ function drawSweep(row) {
   ctx.fillText("α = 1 (features)", w - 4, h - 1);
   const a = sweepFrame === null ? count - 1 : sweepFrame;
   const shown = sweepFrame === null ? "" : ` · the large panel shows α = ${sweep.alphas[a].toFixed(2)}, the ` +
-    `table beside it the knob's α = ${format(table.options.blend_alpha)} (a rule button goes back to the knob's)`;
+    `statistics table the knob's α = ${format(table.options.blend_alpha)} (a rule button goes back to the knob's)`;
   $(".cx-sweep-text").textContent = `α = ${sweep.alphas[a].toFixed(2)}: ${Math.round(100 * shares[a])}% of the K ` +
     `inside the R×R window (dark line), mean distance ${format(distances[a])} cells (orange, up to ${format(far)})` +
     shown;

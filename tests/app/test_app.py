@@ -601,6 +601,11 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     ruled = shipped.view({"rule": "window"}, "cnn-l0.5")  # the rule shown large goes to the page's hidden box
     assert ruled["focus_rule"].startswith("window@") and ruled["link_note"] == ""
     assert "rule `nope`" in shipped.view({"rule": "nope"}, "cnn-l0.5")["link_note"]
+    many = shipped.view({"model": "cnn-l1", "image": "cat_9", "layer": "bogus", "row": "abc", "col": "40",
+                         "k": "100000", "tab": "multihop", "rule": "foo", "depth": "7", "compare": "cnn-l0"},
+                        "cnn-l0.5")["link_note"]  # every value it could not set is named (it stopped at six)
+    assert all(name in many for name in ("`bogus`", "row", "col", "`multihop`", "`foo`", "depth", "compare"))
+    assert ".;" not in many and "…" not in many and many.endswith(".")
     plain = shipped.view({}, "cnn-l0.5")  # a plain address: the model's default view, no note
     assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
     assert plain["compare_models"] == gr.update() and plain["compare_depth"] == gr.update()  # compare stays as is

@@ -76,7 +76,7 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         tab.wait_for_selector(".cx[data-sweep-done]", timeout=30_000)
         values = page(checkpoint, explorer.examples[0], row_px=28, col_px=0)
         assert shown(tab)["rule"] == "blend" and tab.locator(".cx").get_attribute("data-alpha") == "1"
-        assert ("the large panel shows α = 1.00, the table beside it the knob's α = 0.50"  # the two αs named
+        assert ("the large panel shows α = 1.00, the statistics table the knob's α = 0.50"  # the two αs named
                 in tab.locator(".cx-sweep-text").inner_text())
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "all")  # α = 1, K = R²: all
 
@@ -181,6 +181,17 @@ def test_the_core_loop_fits_the_screen(app_url, context, chromium):
                      or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
             assert apart, (a, b)
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
+
+
+def test_enter_in_a_slider_s_box_applies_the_value(app_url, chromium):
+    """A slider's number box applied a typed value only when it lost focus: hops 3 and Enter still drew 2 hops."""
+    with browser_page(chromium, app_url) as tab:
+        chain = expect_chain(tab, "release", "blend_alpha")
+        box = tab.locator("#blend_alpha input[type=number]")
+        box.fill("0.9")
+        box.press("Enter")
+        settle(tab, chain, timeout_s=30)  # the slider's event was sent and answered
+        assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app.KEEP_KNOBS_JS)
 
 
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):

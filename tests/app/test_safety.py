@@ -631,7 +631,8 @@ def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer
     event = gr.SelectData(None, {"index": index, "value": None})
     values = page("cnn-l0.5", example_image, "stages.0.0.conv1", num_neighbors=100)
     del values["row_px"], values["col_px"]
-    with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside"):
+    with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside|a clicked "
+                                       r"pixel is \[row, col\], got"):
         explorer.on_table_row(**values, evt=event)  # the page's request for a clicked query's row (K > 64)
     with pytest.raises(gr.Error, match=r"the click .* is outside the 384×384 image"):  # 32×32 px shown at 12×
         explorer.on_pixel_click(str(example_image), event)
