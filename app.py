@@ -865,10 +865,11 @@ class Explorer:
         mix = an.branch_mix(loaded, self.image(image_file, fit), layer)
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
-    def hop_fields(self, checkpoint, image_file, fit, layer, query_px, hops, head, request=None) -> dict:
+    @staticmethod
+    def hop_fields(loaded: an.LoadedModel, image: an.InputImage, layer: str, query_px: tuple[int, int], hops,
+                   head) -> dict:
         """The multi-hop view's value: the fields of every query where they fit one table
         (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query at ``query_px``."""
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         probe = loaded.probe(layer)
         queries = None
         if not an.fits_field_table(probe):
@@ -881,17 +882,18 @@ class Explorer:
     def on_hops(self, checkpoint, image_file, fit, layer, row_px, col_px, hops, head, request=None):
         """:meth:`hop_fields` at the query of the boxes, moved inside the model's input as the explorer moves a
         query kept across a change of model."""
-        size = self.model(checkpoint, request).card.input_size
-        query_px = an.clamp_px(self.pixel(row_px, col_px), size, size)
-        return self.hop_fields(checkpoint, image_file, fit, layer, query_px, hops, head, request)
+        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+        size = loaded.card.input_size
+        return self.hop_fields(loaded, image, layer, an.clamp_px(self.pixel(row_px, col_px), size, size), hops, head)
 
     @user_errors
     def on_hops_row(self, checkpoint, image_file, fit, layer, hops, head, evt: gr.SelectData, request=None):
         """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it); where
         the table holds every query, nothing is sent again."""
-        if an.fits_field_table(self.model(checkpoint, request).probe(layer)):
+        loaded = self.model(checkpoint, request)
+        if an.fits_field_table(loaded.probe(layer)):
             return gr.skip()
-        return self.hop_fields(checkpoint, image_file, fit, layer, self.clicked(evt), hops, head, request)
+        return self.hop_fields(loaded, self.image(image_file, fit), layer, self.clicked(evt), hops, head)
 
     @user_errors
     def on_spectrum(self, checkpoint, image_file, fit, request=None):
