@@ -170,9 +170,11 @@ def _check_hops(num_hops) -> int:
     return num_hops
 
 
-def fits_field_table(probe: LayerInfo) -> bool:
-    """Whether every query of ``probe`` fits one receptive-field table (:data:`MAX_FIELD_TABLE`)."""
-    return probe.height * probe.width * probe.input_size ** 2 <= MAX_FIELD_TABLE
+def fits_field_table(probe: LayerInfo, queries: int | None = None) -> bool:
+    """Whether the fields of ``queries`` query cells of ``probe`` (None: all of them) fit one receptive-field
+    table (:data:`MAX_FIELD_TABLE` query-pixels)."""
+    count = probe.height * probe.width if queries is None else queries
+    return count * probe.input_size ** 2 <= MAX_FIELD_TABLE
 
 
 def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0,
@@ -207,7 +209,7 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
         if any(q < 0 or q >= cells for q in queries):
             raise ValueError(f"query cells must be in [0, {cells - 1}] for {probe.name}, got {list(queries)}")
     count = cells if queries is None else len(queries)
-    if count * size * size > MAX_FIELD_TABLE:
+    if not fits_field_table(probe, count):
         raise ValueError(f"the receptive fields of {count} queries on a {size}×{size} px input are more than the "
                          f"multi-hop view's {MAX_FIELD_TABLE:,} query-pixels: ask for fewer queries")
     return _receptive_fields(loaded, image, probe.name, num_hops, head, queries)
@@ -259,7 +261,6 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
         ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range or a pixel outside
             the image.
     """
-    num_hops = _check_hops(num_hops)
     probe = loaded.probe(layer)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
