@@ -250,6 +250,12 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
     return fig
 
 
+def _colorbar_under(title: str, x0: float, x1: float, y: float) -> dict:
+    """A horizontal colour bar from ``x0`` to ``x1`` with its top at ``y`` (paper coordinates)."""
+    return dict(title=dict(text=title, side="right"), orientation="h", thickness=10, len=x1 - x0, x=(x0 + x1) / 2,
+                xanchor="center", y=y, yanchor="top", tickfont=dict(size=10))
+
+
 def equivalence_figure(results: list[Equivalence]) -> go.Figure:
     """Each equivalence as a picture: the ConvNN side's output and the reference's (one channel, a shared colour
     scale) and their difference (max over channels, its own scale from 0: ≈ 0 where the equivalence holds), per
@@ -266,19 +272,14 @@ def equivalence_figure(results: list[Equivalence]) -> go.Figure:
     fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.04, vertical_spacing=0.22)
     for row, r in enumerate(results, start=1):
         low, high = float(min(r.convnn.min(), r.reference.min())), float(max(r.convnn.max(), r.reference.max()))
-        bottom = fig.get_subplot(row, 1).yaxis.domain[0]
+        below = fig.get_subplot(row, 1).yaxis.domain[0] - 0.03
         left, middle, right = (fig.get_subplot(row, col).xaxis.domain for col in (1, 2, 3))
-
-        def bar(title: str, x0: float, x1: float, y: float = bottom - 0.03) -> dict:  # under panels x0…x1 (paper)
-            return dict(title=dict(text=title, side="right"), orientation="h", thickness=10, len=x1 - x0,
-                        x=(x0 + x1) / 2, xanchor="center", y=y, yanchor="top", tickfont=dict(size=10))
-
         for col, values in enumerate((r.convnn, r.reference), start=1):
             fig.add_trace(go.Heatmap(z=values, zmin=low, zmax=high, colorscale="Cividis", showscale=col == 2,
-                                     colorbar=bar("output", left[0], middle[1]),
+                                     colorbar=_colorbar_under("output", left[0], middle[1], below),
                                      hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra></extra>"), row=row, col=col)
         fig.add_trace(go.Heatmap(z=r.difference, zmin=0, zmax=max(float(r.difference.max()), 1e-12),
-                                 colorscale="Viridis", colorbar=bar("|diff|", *right),
+                                 colorscale="Viridis", colorbar=_colorbar_under("|diff|", *right, below),
                                  hovertemplate="row %{y}, col %{x}: %{z:.2e}<extra></extra>"), row=row, col=3)
         for col in (1, 2, 3):
             axis = (row - 1) * 3 + col
