@@ -33,6 +33,6 @@ Backward reuses the forward's ``idx`` and ``a``; the scatters into dV/dK use fp3
 the gradients autograd asks for are computed.
 """
 
-from .function import knn_aggregate_triton
+from .function import knn_aggregate_triton, use_selection
 
-__all__ = ["knn_aggregate_triton"]
+__all__ = ["knn_aggregate_triton", "use_selection"]

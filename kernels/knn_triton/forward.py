@@ -22,8 +22,13 @@ from .select import (
     column,
     dot,
     inv_norm,
+    lane_columns,
+    lane_empty,
+    lane_insert,
+    lane_merge,
     merge_tile,
     pack,
+    repair_tile,
     unpack_column,
     unpack_score,
 )
@@ -226,20 +231,63 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
     return acc, self_col, s_self
 
 
+@triton.jit
+def _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m,
+                 row_lo, self_col, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
+                 CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+    """The canonical scores [BLOCK_M, BLOCK_N] of the key tile whose columns are ``cols`` (some order of
+    ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞)."""
+    Nq, D, stride_cb, width, pad = sizes[1], sizes[6], sizes[9], sizes[10], sizes[11]
+    mask_n = cols < col_hi
+    if CANDIDATES:
+        key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
+    elif BLEND:
+        key_rows = padded_cells(cols, width, pad, Nq // width)
+    else:
+        key_rows = cols
+    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE, IEEE,
+                    D_PAD)
+    if BLEND:
+        s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
+    # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc already)
+    # appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced self.
+    needs_mask = start + BLOCK_N > col_hi
+    if CANDIDATES or BLEND:
+        needs_mask = start >= 0
+    elif SELF_FIRST:
+        needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
+    valid = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+    if needs_mask:
+        valid = valid & mask_n[None, :]
+        if CANDIDATES:  # a sampled key equal to the query scores −∞ (the reference's mask), still a candidate
+            s = tl.where(valid & (key_rows[None, :] != offs_m[:, None]), s, NEG_INF)
+        else:
+            if SELF_FIRST:  # the query's own key is in acc already
+                valid = valid & (cols[None, :] != self_col[:, None])
+            s = tl.where(valid, s, NEG_INF)
+    return s, valid
+
+
 @triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
 def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
             blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
             CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
-            SPLIT: tl.constexpr, WARM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
-    """Grid (query blocks, B·H, splits): scores + streaming top-K over one split of the candidates; without a
-    split also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part. ``WARM``
-    (not with sampled candidates): how many key tiles around the block's middle query set each row's floor
-    first (:func:`select.merge_tile`)."""
+            SPLIT: tl.constexpr, LANES: tl.constexpr, WARM: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+            BLOCK_O: tl.constexpr):
+    """Grid (query blocks, B·H, splits): scores + exact top-K over one split of the candidates; without a split
+    also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part.
+
+    ``LANES``: the lane selection (:func:`select.lane_insert`), then the insertion rounds of
+    :func:`select.merge_tile` again only if some row of the block could not be certified (a repair, from that
+    row's K-th score as its floor). Otherwise the insertion rounds alone, ``WARM`` (not with sampled candidates):
+    how many key tiles around the block's middle query set each row's floor first."""
     tl.static_assert(BLOCK_N >= K_PAD)
     Q, K, Cand, KInv, Spatial = inputs[0], inputs[1], inputs[5], inputs[6], inputs[7]
-    H, Nq, Nk, num_cols, cols_per_split = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
-    num_neighbors, D, stride_cb, width, pad = sizes[5], sizes[6], sizes[9], sizes[10], sizes[11]
+    H, Nq, num_cols, cols_per_split = sizes[0], sizes[1], sizes[3], sizes[4]
+    num_neighbors, D, width, pad = sizes[5], sizes[6], sizes[10], sizes[11]
+    Nk = sizes[2]
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = pid_bh // H
     h = pid_bh % H
@@ -265,65 +313,65 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low,
                                        spread, sizes, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M, D_PAD,
                                        K_PAD)
-    everything = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     slots = tl.arange(0, K_PAD)
     num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
-    # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
-    # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).
-    num_warm = tl.minimum(num_tiles, WARM)
-    centre = row_lo + BLOCK_M // 2
-    if BLEND:
-        centre = (centre // width + pad) * (width + 2 * pad) + centre % width + pad
-    first_warm = tl.maximum(tl.minimum((centre - col_lo) // BLOCK_N - WARM // 2, num_tiles - num_warm), 0)
-    wanted = num_neighbors  # the keys the tiles must supply: all but a forced self
-    if SELF_FIRST:
-        wanted = num_neighbors - 1
-    bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
-    floor = tl.full([BLOCK_M], NEG_INF, tl.float32)
-    for t in range(-num_warm, num_tiles):
-        tile = t
-        if WARM > 0:
-            tile = tl.where(t < 0, first_warm + num_warm + t, t)
-        start = col_lo + tile * BLOCK_N
-        cols = start + tl.arange(0, BLOCK_N)
-        mask_n = cols < col_hi
-        if CANDIDATES:
-            key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
-        elif BLEND:
-            key_rows = padded_cells(cols, width, pad, Nq // width)
-        else:
-            key_rows = cols
-        s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE,
-                        IEEE, D_PAD)
+    if LANES:
+        # Tile t of this range is tile first_tile + t of the whole range: the same rotation, split or not, and the
+        # repair reads each tile as the lanes did (the same bits for every score).
+        first_tile = pid_s * (cols_per_split // BLOCK_N)
+        a1, a2, a3, c1, c2, c3, over = lane_empty(BLOCK_M, BLOCK_N)
+        for t in range(num_tiles):
+            start = col_lo + t * BLOCK_N
+            cols = lane_columns(start, first_tile + t, BLOCK_N)
+            s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
+                                    spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
+                                    CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+            a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
+        first = acc
+        acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over)
+        certified = certified | (mask_m == 0)  # rows past the map are never read
+        if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
+            acc = tl.where(certified[:, None], acc, first)
+            for t in range(num_tiles):
+                start = col_lo + t * BLOCK_N
+                cols = lane_columns(start, first_tile + t, BLOCK_N)
+                s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
+                                        spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
+                                        CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+                keys = tl.where(valid & (certified == 0)[:, None], pack(s, cols[None, :]), EMPTY_KEY)
+                acc = repair_tile(acc, keys, live, floor, num_neighbors)
+    else:
+        # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
+        # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).
+        num_warm = tl.minimum(num_tiles, WARM)
+        centre = row_lo + BLOCK_M // 2
         if BLEND:
-            s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
-        # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc
-        # already) appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced self.
-        needs_mask = start + BLOCK_N > col_hi
-        if CANDIDATES or BLEND:
-            needs_mask = start >= 0
-        elif SELF_FIRST:
-            needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
-        if needs_mask:
-            valid = mask_n[None, :] & (everything != 0)
-            if CANDIDATES:  # a sampled key equal to the query scores −∞ (the reference's mask), still a candidate
-                s = tl.where(valid & (key_rows[None, :] != offs_m[:, None]), s, NEG_INF)
+            centre = (centre // width + pad) * (width + 2 * pad) + centre % width + pad
+        first_warm = tl.maximum(tl.minimum((centre - col_lo) // BLOCK_N - WARM // 2, num_tiles - num_warm), 0)
+        wanted = num_neighbors  # the keys the tiles must supply: all but a forced self
+        if SELF_FIRST:
+            wanted = num_neighbors - 1
+        bound = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+        floor = tl.full([BLOCK_M], NEG_INF, tl.float32)
+        for t in range(-num_warm, num_tiles):
+            tile = t
+            if WARM > 0:
+                tile = tl.where(t < 0, first_warm + num_warm + t, t)
+            start = col_lo + tile * BLOCK_N
+            cols = start + tl.arange(0, BLOCK_N)
+            s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
+                                    spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
+                                    CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+            warm = False
+            if WARM > 0:
+                warm = t < 0
+            if warm:  # the elementwise max holds BLOCK_N distinct candidates: its wanted-th largest is a floor
+                bound = tl.maximum(bound, s)
+                if t == -1:
+                    if wanted > 0:
+                        floor = column(tl.topk(bound, K_PAD), slots, wanted - 1)
             else:
-                if SELF_FIRST:  # the query's own key is in acc already
-                    valid = valid & (cols[None, :] != self_col[:, None])
-                s = tl.where(valid, s, NEG_INF)
-        else:
-            valid = everything
-        warm = False
-        if WARM > 0:
-            warm = t < 0
-        if warm:  # the elementwise max holds BLOCK_N distinct candidates: its wanted-th largest is a floor
-            bound = tl.maximum(bound, s)
-            if t == -1:
-                if wanted > 0:
-                    floor = column(tl.topk(bound, K_PAD), slots, wanted - 1)
-        else:
-            acc = merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM > 0, K_PAD, BLOCK_N)
+                acc = merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM > 0, K_PAD, BLOCK_N)
     acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
     if SPLIT:
         part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m

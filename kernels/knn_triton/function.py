@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import triton
@@ -22,20 +25,50 @@ _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer k
 _MAX_SPLITS = 16
 
 
+SELECTIONS = ("auto", "lanes", "rounds")
+LANES_FROM_K_PAD = 32  # "auto": the lane selection from K = 17 on, the insertion rounds up to K = 16 (bench/RESULTS.md §1f)
+_SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
+
+
+@contextmanager
+def use_selection(selection: str) -> Iterator[None]:
+    """Inside the block the forward selects with ``selection``: ``"lanes"`` (per-lane lists, a certificate and a
+    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (lanes from
+    K = 17 on, where they measured 1.5× faster; rounds up to K = 16, where the lanes measured 3–12 % slower). Both
+    are exact; the switch exists to measure one beside the other (bench/kernel.py). Blocks nest; each thread and task
+    sees its own.
+
+    Raises:
+        ValueError: an unknown selection.
+    """
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    token = _SELECTION.set(selection)
+    try:
+        yield
+    finally:
+        _SELECTION.reset(token)
+
+
 def _next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
 def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, blend: bool = False) -> dict:
-    """Block sizes of the forward: 64×64 query×key blocks, 4 warps up to K = 16, 8 warps for larger K (the H200
+    """Block sizes of the forward: 64×64 query×key blocks; ``LANES``, the selection (:func:`use_selection`), with
+    8 warps (its lane state is 7 values per score of the tile: 205 registers a thread at 8 warps, 412 bytes of
+    spills at 4; ``bench/compile_sm90.py``); the insertion rounds with 4 warps up to K = 16, 8 above (the H200
     sweeps in bench/RESULTS.md §1), and ``WARM``: the key tiles around each query block that set its rows' floors
-    before the stream (:func:`select.merge_tile`): 4 for the blend rule, whose best cells are the query's
-    neighbourhood by construction, none otherwise (every key, or sampled candidates). Entries can be overridden
-    through :func:`launch_forward`'s ``config``."""
+    before the rounds (:func:`select.merge_tile`): 4 for the blend rule, whose best cells are the query's
+    neighbourhood by construction, none otherwise. Entries can be overridden through :func:`launch_forward`'s
+    ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
+    chosen = _SELECTION.get()
+    lanes = k_pad >= LANES_FROM_K_PAD if chosen == "auto" else chosen == "lanes"
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=4 if k_pad <= 16 else 8, num_stages=2, WARM=4 if blend else 0)
+                num_warps=8 if lanes or k_pad > 16 else 4, num_stages=2, LANES=lanes,
+                WARM=4 if blend and not lanes else 0)
 
 
 @functools.cache
@@ -128,7 +161,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
         BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     warm = cfg["WARM"] if candidates is None else 0  # sampled candidates have no neighbourhood
     forward.knn_fwd[(grid_m, B * H, num_splits)](**args, blend=mix, BLEND=blend is not None, SPLIT=split,
-                                                 WARM=warm, BLOCK_N=block_n)
+                                                 LANES=cfg["LANES"], WARM=warm, BLOCK_N=block_n)
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a

@@ -142,3 +142,92 @@ def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.conste
             s = tl.where(enter[:, None] & (offs[None, :] == at[:, None]), NEG_INF, s)
             thr, full = threshold(acc, live)
     return acc
+
+
+# Lane selection (docs/kernel.md, "Lane selection"): the tile's column j is lane j. Each (row, lane) keeps its
+# three best candidates of the stream — scores a1 ≥ a2 ≥ a3 with their columns c1, c2, c3 (−1: empty) — and
+# ``over``, the largest score it dropped. Every step is elementwise (three compares and a fixed chain of min/max and
+# selects): no reduction, no data-dependent round, so no row waits for the busiest one of its block.
+LANE_ROTATION = tl.constexpr(13)  # tile t puts column start + (j + 13·t) mod BLOCK_N in lane j
+
+
+@triton.jit
+def lane_columns(start, t, BLOCK_N: tl.constexpr):
+    """The columns of tile ``t`` (first column ``start``; ``t`` counted from the first tile of the whole candidate
+    range, so a split range puts every column where the unsplit one does) in lane order: rotated by 13·t, so that a
+    map's cells BLOCK_N apart (vertical neighbours, in raster order) fall into different lanes. Within a lane the
+    columns still increase from tile to tile, so a later candidate of a lane loses a tie, as the reference's rule
+    says."""
+    return start + (tl.arange(0, BLOCK_N) + t * LANE_ROTATION) % BLOCK_N
+
+
+@triton.jit
+def lane_empty(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The lane state of no candidate: (a1, a2, a3, c1, c2, c3, over), each [BLOCK_M, BLOCK_N]."""
+    a = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+    c = tl.full([BLOCK_M, BLOCK_N], -1, tl.int32)
+    return a, a, a, c, c, c, a
+
+
+@triton.jit
+def lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols):
+    """Enter the canonical scores ``s`` [rows, BLOCK_N] of columns ``cols`` [BLOCK_N] (lane j ← column cols[j]):
+    each lane keeps its three best (strict tests: an equal later score ranks below) and ``over`` takes the largest
+    score that leaves the lane. −∞ never enters (an empty slot is −∞ too): such candidates only raise ``over``.
+    Returns the new state."""
+    col = cols[None, :]
+    g1 = s > a1
+    g2 = s > a2
+    g3 = s > a3
+    over = tl.maximum(over, tl.minimum(a3, s))
+    c3 = tl.where(g2, c2, tl.where(g3, col, c3))
+    c2 = tl.where(g1, c1, tl.where(g2, col, c2))
+    c1 = tl.where(g1, col, c1)
+    a3 = tl.maximum(a3, tl.minimum(a2, s))
+    a2 = tl.maximum(a2, tl.minimum(a1, s))
+    a1 = tl.maximum(a1, s)
+    return a1, a2, a3, c1, c2, c3, over
+
+
+@triton.jit
+def _lane_level(a, c, K_PAD: tl.constexpr):
+    """The K_PAD best packed keys of one lane level (descending); empty slots are EMPTY_KEY."""
+    return tl.topk(tl.where(c >= 0, pack(a, c), EMPTY_KEY), K_PAD)
+
+
+@triton.jit
+def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over):
+    """Merge the lanes' candidates into ``acc`` (ascending, [rows, K_PAD], as :func:`merge_tile` keeps it) and
+    certify each row: exact when the row holds K keys and every score a lane dropped is below its K-th score (a
+    dropped candidate ranks below the K-th then, whatever its column). Returns (acc, certified [rows] bool, the
+    row's K-th key [rows] int64: EMPTY_KEY where the row is not full)."""
+    K_PAD: tl.constexpr = acc.shape[1]
+    acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), _lane_level(a1, c1, K_PAD)))
+    acc = tl.bitonic_merge(tl.maximum(acc, _lane_level(a2, c2, K_PAD)))
+    acc = tl.bitonic_merge(tl.maximum(acc, _lane_level(a3, c3, K_PAD)))
+    acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
+    kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    full = kth != EMPTY_KEY
+    certified = full & (tl.max(over, axis=1) < unpack_score(kth))
+    return acc, certified, kth
+
+
+@triton.jit
+def repair_tile(acc, keys, live, floor, num_neighbors):
+    """Enter a tile's packed keys [rows, BLOCK_N] (EMPTY_KEY: not a candidate) into ``acc`` (ascending, [rows,
+    K_PAD]), in any column order: a row not yet full takes the keys ≥ its ``floor`` key [rows] one row maximum at a
+    time, a full row those above its K-th key. Keys compare whole (score, then the lower column), so ties need no
+    order of the stream. The lanes' repair: their K-th key is each failed row's floor (K candidates reach it, so
+    every key of the row's true top K does). Returns acc."""
+    slots = tl.arange(0, acc.shape[1])
+    keys = tl.where(keys >= floor[:, None], keys, EMPTY_KEY)
+    kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    entries = tl.minimum(tl.max(tl.sum((keys > kth[:, None]).to(tl.int32), axis=1), axis=0), num_neighbors)
+    for _ in range(entries):
+        best = tl.max(keys, axis=1)
+        smallest = tl.argmin(tl.where(live[None, :], acc, _TOP_KEY), axis=1)  # a row not full: an empty slot
+        enter = best > kth
+        acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]), best[:, None], acc)
+        keys = tl.where(keys == best[:, None], EMPTY_KEY, keys)
+        kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    return acc

@@ -120,7 +120,7 @@ def test_a_warm_start_selects_the_blend_rules_cells_as_the_plain_stream(warm):
     weight = torch.randn(6, 5, K, generator=gen).to(DEVICE)
     args = (q, k, v, weight, None, K, "cosine", "none", 1.0, 1, None, True, BlendGrid(*grid, 3, 0.5))
     tiles = dict(BLOCK_M=16, BLOCK_N=16)
-    plain = function.launch_forward(*args, config=dict(tiles, WARM=0))
-    warmed = function.launch_forward(*args, config=dict(tiles, WARM=warm))
+    plain = function.launch_forward(*args, config=dict(tiles, LANES=False, WARM=0))
+    warmed = function.launch_forward(*args, config=dict(tiles, LANES=False, WARM=warm))
     for got, expected in zip(warmed, plain, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -668,7 +668,7 @@ def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule, warm, batc
     blend = BlendGrid(32, 32, 3, 0.5) if rule == "blend" else None
     weighting = "none" if rule == "blend" else "softmax"
     args = (q, k, v, weight, None, 9, "cosine", weighting, 1.0, 1, None, True, blend)
-    plain = function.launch_forward(*args, config=dict(WARM=0))
-    warmed = function.launch_forward(*args, config=dict(WARM=warm))
+    plain = function.launch_forward(*args, config=dict(LANES=False, WARM=0))
+    warmed = function.launch_forward(*args, config=dict(LANES=False, WARM=warm))
     for got, expected in zip(warmed, plain, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -10,6 +10,11 @@ blocks (the interpreter's cost is per block and tile). The same streams with a w
 around each query block set the rows' floors first) test the floor against ties with it (all equal), −∞ floors
 (NaN keys) and ascending keys that beat the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
 warmed by the tiles around its own middle query.
+
+Both selection loops run every stream (``LANES``: the lane selection, its certificate and repair; the insertion
+rounds alone); the lanes with K = 1, 9, 16, 64 and 128. Further streams aimed at the lanes: one that puts a row's
+best keys into a single lane, so that the certificate fails and the repair must find them (split and unsplit), and
+spatially smooth features in raster order (a map's neighbours a tile apart share a lane without the rotation).
 """
 
 from __future__ import annotations
@@ -52,16 +57,23 @@ STREAMS = ["ascending", "descending", "equal", "inf", "nan"]
 @pytest.mark.parametrize("num_neighbors", [1, 9, 128])
 @pytest.mark.parametrize("candidates", ["all", "random"])
 def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neighbors, candidates):
-    _check_stream(stream, num_neighbors, candidates, warm=0)
+    _check_stream(stream, num_neighbors, candidates, warm=0, lanes=False)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("num_neighbors, candidates", [(1, "all"), (9, "all"), (16, "all"), (64, "all"),
+                                                       (128, "all"), (9, "random")])
+def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neighbors, candidates):
+    _check_stream(stream, num_neighbors, candidates, warm=0, lanes=True)
 
 
 @pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
                                                    ("equal", 128), ("nan", 128)])
 def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
-    _check_stream(stream, num_neighbors, "all", warm=2)
+    _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
 
-def _check_stream(stream, num_neighbors, candidates, warm):
+def _check_stream(stream, num_neighbors, candidates, warm, lanes):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
     # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
     # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
@@ -87,8 +99,72 @@ def _check_stream(stream, num_neighbors, candidates, warm):
     with torch.no_grad():
         out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
                                               config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                          WARM=warm))
+                                                          LANES=lanes, WARM=warm))
     expected = knn_aggregate_reference(q, k, v, weight, None, **options)
     assert torch.equal(idx.long(), expected.topk_idx)
     torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+
+
+def _one_lane_keys(n: int, block_n: int, wanted: int) -> torch.Tensor:
+    """Keys whose ``wanted`` highest dot scores with q = e₀ all fall into lane 0 of the lane selection's tiles of
+    ``block_n`` columns (tile t puts column t·block_n + (13·t mod block_n) there): 3 of them stay in the lane, so
+    the row's other best keys come from elsewhere and the dropped score beats its K-th: the certificate fails."""
+    k = torch.zeros(n, 4)
+    k[:, 0] = torch.arange(n) % 7 - 3.0  # everything else scores −3 … 3
+    tiles = torch.arange(wanted)
+    lane0 = tiles * block_n + (13 * tiles) % block_n
+    assert lane0.max() < n
+    k[lane0, 0] = 100.0 - tiles.float()  # the best keys, distinct scores
+    return k
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits):
+    """Every query's 8 best keys sit in one lane (:func:`_one_lane_keys`): the lanes keep 3 of them, the row is not
+    certified, and the repair streams the tiles again in column order from the lanes' K-th score as the floor.
+    Rows of other blocks (keys of their own) are certified and must come through the repair untouched. Exact
+    integer scores: the reference's sets, ties included, with and without a split candidate range."""
+    n, block_n, K = 203, 16, 9
+    k = _one_lane_keys(n, block_n, K - 1).expand(2, 1, n, 4).contiguous()
+    q = torch.zeros(2, 1, n, 4)
+    q[..., 0] = 1.0
+    q[1, :, :100, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream
+    gen = torch.Generator().manual_seed(3)
+    v = torch.randint(-3, 4, (2, 1, n, 3), generator=gen).float()
+    weight = torch.randint(-2, 3, (5, 3, K), generator=gen).float()
+    options = dict(num_neighbors=K, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=None, self_first=False)
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    with torch.no_grad():
+        out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=num_splits,
+                                              config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True))
+    expected = knn_aggregate_reference(q, k, v, weight, None, **options)
+    assert torch.equal(idx.long(), expected.topk_idx)
+    torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_neighbors", [9, 16])
+def test_spatially_smooth_features_in_raster_order_select_the_reference_sets(num_neighbors):
+    """Features that vary slowly over a 20×20 map, streamed in raster order: a query's best keys are its
+    neighbourhood, and cells a tile (16 columns here) apart are vertical neighbours. Integer features (rounded
+    from a smooth field) and dot scores keep every score exact, so both loops must return the reference's sets."""
+    gen = torch.Generator().manual_seed(num_neighbors)
+    side, dim = 20, 4
+    field = torch.nn.functional.interpolate(torch.randn(1, dim, 4, 4, generator=gen) * 6, size=(side, side),
+                                            mode="bilinear", align_corners=True)
+    x = field.round().flatten(2).transpose(1, 2)[:, None].contiguous()  # (1, 1, 400, 4)
+    v = torch.randint(-3, 4, (1, 1, side * side, 3), generator=gen).float()
+    weight = torch.randint(-2, 3, (5, 3, num_neighbors), generator=gen).float()
+    options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=None, self_first=True)
+    x, v, weight = (t.to(DEVICE) for t in (x, v, weight))
+    expected = knn_aggregate_reference(x, x, v, weight, None, **options)
+    for lanes in (True, False):
+        with torch.no_grad():
+            out, idx, a = function.launch_forward(x, x, v, weight, None, *options.values(),
+                                                  config=dict(BLOCK_N=16, LANES=lanes))
+        assert torch.equal(idx.long(), expected.topk_idx), f"LANES={lanes}"
+        torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
