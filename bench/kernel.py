@@ -17,8 +17,12 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   ``cifar_*`` (B = 128, N = 1024), ``n16k_bh16_*`` (B = 16, N = 16384), ``by_n_fused_fwd`` (B = 1, N = 1024 … 32768).
 - **Selection floor** (``*_floor_fwd``): a bench-only kernel with the fused forward's tiling that keeps only a
   running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
-- **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts and warm starts
-  (``WARM`` tiles, also for the blend rule's kernel at the CIFAR layer).
+- **By K** (``by_k``): the fused forward at the CIFAR kernel configuration for K = 9, 16, 32, 64, under the default
+  selection (``by_k_fused_fwd``) and under each selection loop beside it (``by_k_lanes_fwd``, ``by_k_rounds_fwd``:
+  :func:`kernels.knn_triton.use_selection`), in the same call.
+- **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts, warm starts (``WARM``
+  tiles, also for the blend rule's kernel at the CIFAR layer) and selection loops.
+- ``--selection`` runs every part under one selection loop (default ``auto``).
 - **Where the time goes** (``profile``): each layer's forward + backward under ``torch.profiler``
   (:func:`gpu_breakdown`): per call the wall time, the time the GPU is busy (the union of its kernels' intervals)
   and each kernel's total, so a layer that waits on the host (wall ≫ busy) tells itself apart from one whose
@@ -48,20 +52,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from convnn import ConvNN2d, HybridConvNN2d
-from kernels.knn_triton import function, knn_aggregate_triton
+from kernels.knn_triton import function, knn_aggregate_triton, use_selection
 from kernels.reference import BlendGrid
 
 DEVICE = "cuda"
 CIFAR = dict(batch=128, channels=64, size=32, num_neighbors=9)
 KERNEL_DIM, KERNEL_K = 64, 9
 BY_N = [1024, 2048, 4096, 8192, 16384, 32768]
-SWEEP = [  # (BLOCK_M, BLOCK_N, num_warps, WARM); the default (64, 64, 4, 0) is timed first. WARM ≥ the tiles of
-    # a query block's range (16 at N = 1024, 256 at N = 16384) makes the floor the bound of every tile's elementwise max
-    (64, 64, 4, 0), (64, 128, 4, 0), (128, 64, 4, 0), (128, 128, 8, 0),
-    (64, 64, 4, 1), (64, 64, 4, 2), (64, 64, 4, 4), (64, 64, 4, 16), (64, 64, 4, 256), (64, 128, 4, 128),
-    (128, 64, 4, 256),
+BY_K = [9, 16, 32, 64]
+SWEEP = [  # (LANES, BLOCK_M, BLOCK_N, num_warps, WARM); each loop's default is timed first. WARM ≥ the tiles of a
+    # query block's range (16 at N = 1024, 256 at N = 16384) makes the floor the bound of every tile's elementwise max
+    (True, 64, 64, 8, 0), (True, 64, 64, 16, 0), (True, 32, 64, 4, 0), (True, 32, 64, 8, 0), (True, 64, 64, 4, 0),
+    (True, 128, 64, 16, 0), (True, 64, 32, 4, 0), (True, 64, 32, 8, 0),
+    (False, 64, 64, 4, 0), (False, 64, 128, 4, 0), (False, 128, 64, 4, 0), (False, 64, 64, 4, 1),
 ]
-BLEND_WARM = [0, 1, 2, 4]  # the blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): warm tiles (default 4)
+# The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM); the rounds' default is 4 warm
+# tiles.
+BLEND_SWEEP = [(True, 8, 0), (True, 16, 0), (True, 4, 0), (False, 4, 0), (False, 4, 4)]
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
@@ -274,29 +281,49 @@ def bench_kernel(results: dict, warmup_ms: float, rep_ms: float) -> None:
             results["by_n_fused_fwd"][str(tokens)] = local["n_fwd"]
 
 
+def bench_by_k(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    q, k, v, _ = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
+    for selection in ("fused", "lanes", "rounds"):
+        results[f"by_k_{selection}_fwd"] = {}
+        for num_neighbors in BY_K:
+            weight = torch.randn(KERNEL_DIM, KERNEL_DIM, num_neighbors, device=DEVICE, dtype=torch.bfloat16) / 24
+
+            def forward(num_neighbors=num_neighbors, weight=weight, selection=selection):
+                with use_selection("auto" if selection == "fused" else selection):
+                    return knn_aggregate_triton(q, k, v, weight, num_neighbors=num_neighbors, similarity="cosine",
+                                                weighting="softmax").out
+
+            local: dict = {}
+            _measure(local, f"{selection} K={num_neighbors}", {"fwd": forward}, warmup_ms, rep_ms)
+            if local:
+                results[f"by_k_{selection}_fwd"][str(num_neighbors)] = next(iter(local.values()))
+
+
 def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
     results["sweep"] = {}
     for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
         q, k, v, weight = (x.detach() for x in _kernel_inputs(batch, tokens))
-        for block_m, block_n, warps, warm in SWEEP:
-            config = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, WARM=warm)
+        for lanes, block_m, block_n, warps, warm in SWEEP:
+            config = dict(LANES=lanes, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, WARM=warm)
 
             def forward(config=config, q=q, k=k, v=v, weight=weight):
                 return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "softmax", 1.0, 1, None,
                                                False, config=config)
 
             local: dict = {}
-            _measure(local, f"{prefix} {block_m}x{block_n} w{warps} warm{warm}", {"fwd": forward}, warmup_ms, rep_ms)
+            name = f"{prefix} {'lanes' if lanes else 'rounds'} {block_m}x{block_n} w{warps} warm{warm}"
+            _measure(local, name, {"fwd": forward}, warmup_ms, rep_ms)
             results["sweep"].update(local)
     q, k, v, weight = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
     grid = BlendGrid(CIFAR["size"], CIFAR["size"], 3, 0.5)
-    for warm in BLEND_WARM:
-        def blend_forward(warm=warm):
+    for lanes, warps, warm in BLEND_SWEEP:
+        def blend_forward(lanes=lanes, warps=warps, warm=warm):
             return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "none", 1.0, 1, None, True,
-                                           grid, config=dict(WARM=warm))
+                                           grid, config=dict(LANES=lanes, num_warps=warps, WARM=warm))
 
         local = {}
-        _measure(local, f"cifar blend warm{warm}", {"fwd": blend_forward}, warmup_ms, rep_ms)
+        _measure(local, f"cifar blend {'lanes' if lanes else 'rounds'} w{warps} warm{warm}", {"fwd": blend_forward},
+                 warmup_ms, rep_ms)
         results["sweep"].update(local)
 
 
@@ -316,6 +343,9 @@ TARGETS = [  # (what, value from results, bound, "≤")
     ("fused fwd+bwd / SDPA-flash fwd+bwd, N=16384 B·H=16",
      lambda r: _ratio(r.get("n16k_bh16_fused_fwdbwd"), r.get("n16k_bh16_sdpa_flash_fwdbwd")), 1.0),
     ("blend fwd+bwd / all fwd+bwd", lambda r: _ratio(r.get("layer_blend_fwdbwd"), r.get("layer_all_fwdbwd")), 1.5),
+    ("slowest K: default fwd / insertion rounds fwd (by_k)", lambda r: max(
+        (_ratio(v, r.get("by_k_rounds_fwd", {}).get(k)) or 0 for k, v in r.get("by_k_fused_fwd", {}).items()),
+        default=None), 1.0),
 ]
 
 
@@ -330,6 +360,9 @@ def report(results: dict) -> str:
     for key, value in results.items():
         if isinstance(value, float):
             lines.append(f"| `{key}` | {value:.3f} |")
+    for key in ("by_k_fused_fwd", "by_k_lanes_fwd", "by_k_rounds_fwd"):
+        if results.get(key):
+            lines.append(f"| `{key}` K = " + ", ".join(f"{k}: {v:.3f}" for k, v in results[key].items()) + " |")
     by_n = results.get("by_n_fused_fwd", {})
     if by_n:
         lines += ["", "| N (B = 1) | " + " | ".join(by_n) + " |", "|---" * (len(by_n) + 1) + "|",
@@ -353,7 +386,8 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-PARTS = {"layers": bench_layers, "kernel": bench_kernel, "sweep": bench_sweep, "profile": bench_profile}
+PARTS = {"layers": bench_layers, "kernel": bench_kernel, "by_k": bench_by_k, "sweep": bench_sweep,
+         "profile": bench_profile}
 
 
 def main() -> None:
@@ -363,15 +397,19 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=200, help="timed runs per measurement, in ms (median)")
     parser.add_argument("--warmup-ms", type=float, default=25, help="untimed runs before each measurement, in ms")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure: the layers, the kernel alone, the block-size variants, where each "
-                        "layer's time goes (default: all)")
+                        help="what to measure: the layers, the kernel alone, the forward by K, the block-size "
+                        "variants, where each layer's time goes (default: all)")
+    parser.add_argument("--selection", choices=function.SELECTIONS, default="auto",
+                        help="the selection loop of every part (kernels.knn_triton.use_selection; default: auto)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel.py needs a CUDA GPU")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    for part in args.parts:
-        PARTS[part](results, args.warmup_ms, args.rep_ms)
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "selection": args.selection}
+    with use_selection(args.selection):
+        for part in args.parts:
+            PARTS[part](results, args.warmup_ms, args.rep_ms)
     text = report(results)
     print(text)
     if args.out is not None:
