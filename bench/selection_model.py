@@ -1,22 +1,24 @@
-"""A CPU model of the fused forward's selection work per score: the insertion rounds against the lane selection,
-simulated on the same streams the kernel sees, on random and on real layer features (no GPU needed).
+"""A CPU model of the fused forward's selection work, the insertion rounds against the lane selection, simulated on
+the streams the kernel sees, with per-unit costs fitted to one GPU's measurements (no GPU needed to run it).
 
     python bench/selection_model.py --json bench/results/selection_model.json
 
-For each case (random q, k at the CIFAR kernel configuration; the features entering the ConvNN layers of shipped
-checkpoints on test images, `all` and `blend` rules) and K, it replays the stream of one query block (64 rows,
-64-column tiles, the query forced first):
+It replays the stream of query blocks (64 rows, 64-column tiles) of each case — random q, k at the CIFAR kernel
+configuration (N = 1024) and at N = 16384, as ``bench/kernel.py`` times them; the features entering the ConvNN layers
+of shipped checkpoints on example images (``all`` and ``blend`` rules, the query forced first) — and counts:
 
-- **rounds** (:func:`kernels.knn_triton.select.merge_tile`): the first tile is merged whole; every later tile costs
-  one row-max test, plus as many insertion rounds as its busiest row has entries (at most K);
-- **lanes** (:func:`kernels.knn_triton.select.lane_insert`): three candidates per (row, lane), tiles rotated by 13
-  columns per tile; a row is certified when every score its lanes dropped is below its K-th; a block with a row
-  that is not certified streams again with the rounds, from each such row's K-th score as its floor (the repair).
+- **rounds** (:func:`kernels.knn_triton.select.merge_tile`): tiles, and insertion rounds per block (the first tile
+  merged whole; each later tile as many rounds as its busiest row has entries, at most K);
+- **lanes** (:func:`kernels.knn_triton.select.lane_insert`): three candidates per (row, lane), tile t rotated by 13·t
+  columns; whether each row is certified, and for a block with a row that is not, the rounds its repair takes (the
+  rows not certified, each from its K-th score as the floor).
 
-Each tile pass is counted in *operations per score* with fixed weights (``WEIGHTS``: a score, a row-max test, an
-insertion round, a lane insertion, the final merge of the lanes), the instruction counts of their Triton spelling
-read from the compiled sm_90 kernels (``bench/compile_sm90.py``) to within a factor, so the model ranks designs;
-the GPU times them (bench/kernel.py, bench/RESULTS.md §1f).
+Time per block is then ``a·tiles + rounds·(b + c·K_PAD)`` for the rounds and ``d·tiles + (repaired: a·tiles +
+repair rounds·(b + c·K_PAD))`` for the lanes; ``a``, ``b``, ``c`` are fitted to the rounds' times and ``d`` to the
+lanes' time at K = 9 (no repair) on the H100 of bench/RESULTS.md §1f (``MEASURED``). The model then predicts the
+lanes at K = 16, 32, 64 and at N = 16384 from the simulated repairs alone, and the table says whether it orders the
+two loops as the GPU did. The simulation counts work; the fit turns it into time on one GPU (its occupancy and MMA
+waits are in the fitted units, not modelled).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BLOCK_M, BLOCK_N, ROTATION, DEPTH = 64, 64, 13, 3
-WEIGHTS = {"score": 8.0, "test": 3.0, "round": 10.0, "lane": 15.0, "final": 6.0}  # operations per score of a tile
+# bench/kernel.py on one H100 (2026-12-05, logs/h100_2026-12-05_lanes): fused forward ms, random q, k, cosine,
+# softmax, d = 64, bf16; (N, number of query blocks, K) → (rounds, lanes).
+MEASURED = {(1024, 2048, 9): (0.972, 1.004), (1024, 2048, 16): (1.621, 1.810), (1024, 2048, 32): (6.981, 4.391),
+            (1024, 2048, 64): (12.900, 8.755), (16384, 4096, 9): (11.07, 10.98)}
 
 
 def _topk_sorted(x: np.ndarray, k: int) -> np.ndarray:
@@ -41,30 +46,22 @@ def _topk_sorted(x: np.ndarray, k: int) -> np.ndarray:
     return -np.sort(-part, axis=1)
 
 
-def rounds_cost(scores: np.ndarray, wanted: int, floor: np.ndarray | None = None) -> tuple[float, int]:
-    """Operations of the insertion rounds over one block's stream ``scores`` [rows, N] (−∞: not a candidate), the
-    rows finding ``wanted`` keys each; with ``floor`` [rows] the rows take only scores ≥ it (the repair). Returns
-    (operations, rounds)."""
+def rounds_count(scores: np.ndarray, wanted: int, floor: np.ndarray | None = None) -> int:
+    """Insertion rounds of one block's stream ``scores`` [rows, N] (−∞: not a candidate), each row finding
+    ``wanted`` keys; with ``floor`` [rows] the rows take only scores ≥ it and start empty (the lanes' repair)."""
     rows, n = scores.shape
     acc = np.full((rows, wanted), -np.inf)
-    ops, rounds = 0.0, 0
-    tile_size = rows * BLOCK_N
+    rounds = 0
     for t, start in enumerate(range(0, n, BLOCK_N)):
         tile = scores[:, start:start + BLOCK_N]
         if floor is not None:
             tile = np.where(tile >= floor[:, None], tile, -np.inf)
-        ops += tile_size * (WEIGHTS["score"] + WEIGHTS["test"])
         merged = _topk_sorted(np.concatenate([acc, tile], axis=1), wanted)
-        if t == 0 and floor is None:  # rows not yet full take the tile whole
-            ops += tile_size * WEIGHTS["round"]
-        else:
-            entries = (tile[:, :, None] >= merged[:, None, -1:]).sum(axis=(1, 2)) * np.isfinite(merged[:, -1])
-            entries = np.minimum(entries, (tile > acc[:, -1:]).sum(axis=1))
-            busiest = int(min(wanted, entries.max()))
-            rounds += busiest
-            ops += tile_size * WEIGHTS["round"] * busiest
+        if t > 0 or floor is not None:  # the first tile of the plain stream is merged whole
+            entries = np.minimum((tile >= merged[:, -1:]).sum(axis=1), (tile > acc[:, -1:]).sum(axis=1))
+            rounds += int(min(wanted, entries.max()))
         acc = merged
-    return ops, rounds
+    return rounds
 
 
 def lanes_certified(scores: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,27 +78,68 @@ def lanes_certified(scores: np.ndarray, wanted: int) -> tuple[np.ndarray, np.nda
     return dropped < kth, kth
 
 
-def lanes_cost(scores: np.ndarray, wanted: int) -> tuple[float, bool]:
-    """Operations of the lane selection over one block's stream, and whether the block needed its repair."""
-    rows, n = scores.shape
-    certified, kth = lanes_certified(scores, wanted)
-    ops = rows * n * (WEIGHTS["score"] + WEIGHTS["lane"]) + rows * BLOCK_N * DEPTH * WEIGHTS["final"]
-    if certified.all():
-        return ops, False
-    failing = scores[~certified]
-    repair, _ = rounds_cost(failing, wanted, floor=kth[~certified])
-    return ops + repair * rows / len(failing), True  # the whole block streams the repair
+def simulate(blocks: list[np.ndarray], wanted: int) -> dict:
+    """Per block on average: tiles, rounds, the share of blocks the lanes repair and their repair's rounds."""
+    repaired, repair_rounds = [], []
+    for block in blocks:
+        certified, kth = lanes_certified(block, wanted)
+        repaired.append(not certified.all())
+        repair_rounds.append(0 if certified.all() else rounds_count(block[~certified], wanted, kth[~certified]))
+    return {"tiles": -(-blocks[0].shape[1] // BLOCK_N),
+            "rounds": float(np.mean([rounds_count(block, wanted) for block in blocks])),
+            "repaired": float(np.mean(repaired)), "repair_rounds": float(np.mean(repair_rounds))}
 
 
-def _random_case(n: int = 1024, dim: int = 64, samples: int = 2) -> list[np.ndarray]:
+def fit(features: dict) -> dict:
+    """Per-unit costs (ms per block) from :data:`MEASURED` and the simulated features of its cases."""
+    rows, times = [], []
+    for (n, _, k), (rounds_ms, _) in MEASURED.items():
+        f, blocks = features[(n, k)], MEASURED_BLOCKS[(n, k)]
+        k_pad = max(2, 1 << (k - 1).bit_length())
+        rows.append([f["tiles"], f["rounds"], f["rounds"] * k_pad])
+        times.append(rounds_ms / blocks)
+    a, b, c = _nonnegative_lstsq(np.array(rows), np.array(times))
+    f = features[(1024, 9)]
+    d = MEASURED[(1024, 2048, 9)][1] / 2048 / f["tiles"]  # no repair at K = 9 (the simulation says so)
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+MEASURED_BLOCKS = {(n, k): blocks for n, blocks, k in MEASURED}
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares over the columns of ``x`` with every coefficient ≥ 0: the best fit of each subset of columns
+    whose unconstrained solution is non-negative (a cost per unit of work is never negative)."""
+    best, best_error = np.zeros(x.shape[1]), np.inf
+    for mask in range(1, 2 ** x.shape[1]):
+        cols = [i for i in range(x.shape[1]) if mask >> i & 1]
+        coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+        error = float(np.sum((x[:, cols] @ coef - y) ** 2))
+        if (coef >= 0).all() and error < best_error:
+            best, best_error = np.zeros(x.shape[1]), error
+            best[cols] = coef
+    return best
+
+
+def predict(units: dict, f: dict, k: int, blocks: int) -> tuple[float, float]:
+    """(rounds ms, lanes ms) for ``blocks`` query blocks with features ``f`` at K = ``k``."""
+    k_pad = max(2, 1 << (k - 1).bit_length())
+    per_round = units["b"] + units["c"] * k_pad
+    rounds = units["a"] * f["tiles"] + f["rounds"] * per_round
+    lanes = units["d"] * f["tiles"] + f["repaired"] * units["a"] * f["tiles"] + f["repair_rounds"] * per_round
+    return rounds * blocks, lanes * blocks
+
+
+def _random_blocks(n: int, count: int, dim: int = 64) -> list[np.ndarray]:
+    """``count`` query blocks of cosine scores of random q, k (the kernel benchmark's inputs), [64, n] each."""
     gen = np.random.default_rng(0)
-    out = []
-    for _ in range(samples):
-        q, k = gen.standard_normal((n, dim)), gen.standard_normal((n, dim))
+    blocks = []
+    for _ in range(count):
+        q, k = gen.standard_normal((BLOCK_M, dim)), gen.standard_normal((n, dim))
         q /= np.linalg.norm(q, axis=1, keepdims=True)
         k /= np.linalg.norm(k, axis=1, keepdims=True)
-        out.append(q @ k.T)
-    return out
+        blocks.append(q @ k.T)
+    return blocks
 
 
 def _layer_streams(name: str, rule: str, images: int = 2) -> dict[str, list[np.ndarray]]:
@@ -143,42 +181,48 @@ def _layer_streams(name: str, rule: str, images: int = 2) -> dict[str, list[np.n
     return streams
 
 
-def model_table(ks: list[int]) -> dict:
-    """Operations per score of both loops, rounds per block and the share of blocks repaired, per case and K."""
-    cases = {"random 1024": _random_case()}
-    for name, rule in (("cnn-l0.5", "all"), ("cnn-l0.5-blend0.5", "blend")):
-        for size, streams in _layer_streams(name, rule).items():
-            cases[f"{rule} {size}"] = streams
+def model_table(images: int = 2) -> dict:
+    """Simulated work, fitted units, and per case and K the predicted times of both loops (and the measured ones
+    where :data:`MEASURED` has them)."""
+    features = {(1024, k): simulate(_random_blocks(1024, 24), k) for k in (9, 16, 32, 64)}
+    features[(16384, 9)] = simulate(_random_blocks(16384, 3), 9)
+    units = fit(features)
     table = {}
-    for case, blocks in cases.items():
-        for k in ks:
-            wanted = k - 1  # the query is forced first
-            rounds = [rounds_cost(block, wanted) for block in blocks]
-            lanes = [lanes_cost(block, wanted) for block in blocks]
-            scores = sum(block.size for block in blocks)
-            table[f"{case} K={k}"] = {
-                "rounds_ops_per_score": sum(ops for ops, _ in rounds) / scores,
-                "rounds_per_block": float(np.mean([r for _, r in rounds])),
-                "lanes_ops_per_score": sum(ops for ops, _ in lanes) / scores,
-                "blocks_repaired": float(np.mean([repaired for _, repaired in lanes])),
-            }
-    return table
+    for (n, k), f in features.items():
+        blocks = MEASURED_BLOCKS[(n, k)]
+        rounds_ms, lanes_ms = predict(units, f, k, blocks)
+        measured = MEASURED[(n, blocks, k)]
+        table[f"random N={n} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms,
+                                        "measured_rounds_ms": measured[0], "measured_lanes_ms": measured[1],
+                                        "same_order": (lanes_ms < rounds_ms) == (measured[1] < measured[0])}
+    for name, rule in (("cnn-l0.5", "all"), ("cnn-l0.5-blend0.5", "blend")):
+        for size, streams in _layer_streams(name, rule, images).items():
+            for k in (9, 16, 32):
+                f = simulate(streams, k - 1)  # the query is forced first
+                rounds_ms, lanes_ms = predict(units, f, k, 1)
+                table[f"{rule} {size} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms}
+    return {"units_ms_per_block": units, "cases": table}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, nargs="+", default=[9, 16, 32, 64])
+    parser.add_argument("--images", type=int, default=2, help="example images for the layer features")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    table = model_table(args.k)
-    print("| case | rounds ops/score | rounds per block | lanes ops/score | blocks repaired | lanes/rounds |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for case, row in table.items():
-        print(f"| {case} | {row['rounds_ops_per_score']:.1f} | {row['rounds_per_block']:.1f} | "
-              f"{row['lanes_ops_per_score']:.1f} | {100 * row['blocks_repaired']:.0f} % | "
-              f"{row['lanes_ops_per_score'] / row['rounds_ops_per_score']:.2f} |")
+    result = model_table(args.images)
+    print("| case | rounds per block | blocks repaired | repair rounds | lanes / rounds (model) "
+          "| measured, rounds / lanes |")
+    print("|---|---:|---:|---:|---:|---|")
+    for case, row in result["cases"].items():
+        measured = ""
+        if "measured_rounds_ms" in row:
+            measured = (f"{row['measured_rounds_ms']:.3f} / {row['measured_lanes_ms']:.3f} ms, "
+                        f"{'same order' if row['same_order'] else 'OTHER ORDER'}")
+        ratio = f"{row['lanes_ms'] / row['rounds_ms']:.2f}" if row["rounds_ms"] > 0 else "—"
+        print(f"| {case} | {row['rounds']:.1f} | {100 * row['repaired']:.0f} % | {row['repair_rounds']:.1f} | "
+              f"{ratio} | {measured} |")
     if args.json:
-        args.json.write_text(json.dumps({"weights": WEIGHTS, "cases": table}, indent=1) + "\n")
+        args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
 
 
 if __name__ == "__main__":
