@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -12,6 +15,24 @@ FUSED_SIMILARITIES = ("cosine", "dot")  # what the fused kernel scores with
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what it loads; it accumulates in fp32
 FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 top-K accumulator in registers
 FUSED_MAX_ELEMENTS = 2**31  # its offsets within one tensor are int32
+
+
+@contextmanager
+def chosen(var: ContextVar[str], value: str, choices: tuple[str, ...], name: str) -> Iterator[None]:
+    """Set ``var`` to ``value`` inside the block (blocks nest; each thread and task sees its own), after checking
+    it is one of ``choices``: the one spelling of :func:`kernels.use_backend` and
+    :func:`kernels.knn_triton.use_selection`.
+
+    Raises:
+        ValueError: ``value`` not in ``choices`` (the message names ``name``).
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 def interpreting() -> bool:

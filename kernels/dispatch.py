@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .autocast import autocast_aware
-from .checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
+from .checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
 from .reference import BlendGrid, KnnResult, knn_aggregate_reference
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
@@ -41,13 +41,8 @@ def use_backend(backend: str) -> Iterator[None]:
     Raises:
         ValueError: an unknown backend.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    token = _CHOSEN.set(backend)
-    try:
+    with chosen(_CHOSEN, backend, BACKENDS, "backend"):
         yield
-    finally:
-        _CHOSEN.reset(token)
 
 
 @functools.cache

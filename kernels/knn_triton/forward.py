@@ -232,12 +232,14 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
 
 
 @triton.jit
-def _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m,
-                 row_lo, self_col, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
+def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
                  CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
     """The canonical scores [BLOCK_M, BLOCK_N] of the key tile whose columns are ``cols`` (some order of
-    ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞)."""
+    ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞). ``block``: what
+    the query block scores with, as :func:`knn_fwd` packs it."""
+    q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo, self_col = (
+        block)
     Nq, D, stride_cb, width, pad = sizes[1], sizes[6], sizes[9], sizes[10], sizes[11]
     mask_n = cols < col_hi
     if CANDIDATES:
@@ -315,6 +317,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                                        K_PAD)
     slots = tl.arange(0, K_PAD)
     num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
+    block = (q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo,
+             self_col)
     if LANES:
         # Tile t of this range is tile first_tile + t of the whole range: the same rotation, split or not, and the
         # repair reads each tile as the lanes did (the same bits for every score).
@@ -323,9 +327,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
         for t in range(num_tiles):
             start = col_lo + t * BLOCK_N
             cols = lane_columns(start, first_tile + t, BLOCK_N)
-            s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
-                                    spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
-                                    CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+            s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                                    BLOCK_M, BLOCK_N, D_PAD)
             a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
         first = acc
         acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over)
@@ -335,9 +338,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             for t in range(num_tiles):
                 start = col_lo + t * BLOCK_N
                 cols = lane_columns(start, first_tile + t, BLOCK_N)
-                s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
-                                        spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
-                                        CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+                s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                                        BLOCK_M, BLOCK_N, D_PAD)
                 keys = tl.where(valid & (certified == 0)[:, None], pack(s, cols[None, :]), EMPTY_KEY)
                 acc = repair_tile(acc, keys, live, floor, num_neighbors)
     else:
@@ -359,9 +361,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                 tile = tl.where(t < 0, first_warm + num_warm + t, t)
             start = col_lo + tile * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
-            s, valid = _stream_tile(q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low,
-                                    spread, b, offs_m, row_lo, self_col, cols, start, col_hi, SELF_FIRST, COSINE,
-                                    CANDIDATES, BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD)
+            s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                                    BLOCK_M, BLOCK_N, D_PAD)
             warm = False
             if WARM > 0:
                 warm = t < 0

@@ -13,7 +13,7 @@ import torch
 import triton
 from torch import Tensor
 
-from ..checks import check_knn_arguments, fused_unsupported_reason, triton_runs_on
+from ..checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
 from ..reference import BlendGrid, KnnResult, candidates_on, spatial_profile
 from ..usage import note_backend
 from . import backward, forward
@@ -42,13 +42,8 @@ def use_selection(selection: str) -> Iterator[None]:
     Raises:
         ValueError: an unknown selection.
     """
-    if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-    token = _SELECTION.set(selection)
-    try:
+    with chosen(_SELECTION, selection, SELECTIONS, "selection"):
         yield
-    finally:
-        _SELECTION.reset(token)
 
 
 def _next_pow2(n: int, floor: int = 1) -> int:
