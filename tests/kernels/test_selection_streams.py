@@ -4,11 +4,12 @@ lower index first), many +∞ (overflowing products rank as the largest finite s
 NaN keys (rank last, weigh 0), K = 1 and K = 128, N not a multiple of any block size (203, 139).
 
 Integer-valued features make every fp32 score exact, so the kernel must return the reference's sets exactly,
-in the same order. Tiles of 16 keys (config override) give many tiles at interpreter-friendly sizes; the rows of
-a query block stream the same tiles independently, so the plain streams take the kernel's default 64-row query
-blocks (the interpreter's cost is per block and tile). The same streams with a warm start (``WARM``: two tiles
-around each query block set the rows' floors first) test the floor against ties with it (all equal), −∞ floors
-(NaN keys) and ascending keys that beat the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
+in the same order, on every row (``every_row.check_every_row`` with no near-tie allowed). Tiles of 16 keys
+(config override) give many tiles at interpreter-friendly sizes; the rows of a query block stream the same tiles
+independently, so the plain streams take the kernel's default 64-row query blocks (the interpreter's cost is per
+block and tile). The same streams with a warm start (``WARM``: two tiles around each query block set the rows'
+floors first) test the floor against ties with it (all equal), −∞ floors (NaN keys) and ascending keys that beat
+the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
 warmed by the tiles around its own middle query.
 """
 
@@ -20,9 +21,7 @@ import pytest
 import torch
 
 from kernels.knn_triton import function
-from kernels.reference import knn_aggregate_reference
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from tests.kernels.every_row import DEVICE, check_every_row
 
 
 def _keys(stream: str, n: int, dim: int, gen: torch.Generator) -> torch.Tensor:
@@ -84,11 +83,6 @@ def _check_stream(stream, num_neighbors, candidates, warm):
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
     cand = None if cand is None else cand.to(DEVICE)
     options["candidates"] = cand
-    with torch.no_grad():
-        out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
-                                              config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                          WARM=warm))
-    expected = knn_aggregate_reference(q, k, v, weight, None, **options)
-    assert torch.equal(idx.long(), expected.topk_idx)
-    torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+    result = function.launch_forward(q, k, v, weight, None, *options.values(),
+                                     config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors), WARM=warm))
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
