@@ -7,7 +7,6 @@ Every kernel test hands :func:`check_every_row` what the kernel returned and the
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -43,19 +42,12 @@ _INPUTS = ("q", "k", "v", "weight", "bias")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class RowCheck(NamedTuple):
-    """What :func:`check_every_row` saw: the share of rows that differ from the reference by a legal near-tie
-    swap, and the kernel's gradients it compared (input name → gradient, or None where the kernel gave none)."""
-
-    tie_share: float
-    grads: dict[str, Tensor | None]
-
-
 def check_every_row(result, q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                     num_neighbors: int, similarity: str = "cosine", weighting: str = "none",
                     temperature: float = 1.0, groups: int = 1, candidates: Tensor | None = None,
                     self_first: bool = False, blend=None, max_tie_share: float = MAX_TIE_SHARE,
-                    out_tol: dict | None = None, grad_tol: dict | None = None, seed: int = 0) -> RowCheck:
+                    out_tol: dict | None = None, grad_tol: dict | None = None,
+                    seed: int = 0) -> dict[str, Tensor | None]:
     """Assert that the kernel's ``result`` is the reference's on every row, up to the rounding of its scores.
 
     ``result`` is ``(out, topk_idx, topk_weights)`` — a :class:`kernels.reference.KnnResult` or what
@@ -84,7 +76,7 @@ def check_every_row(result, q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bia
     (``GRAD_REL_NORM``) in bf16 and fp16. A gradient the reference does not have must be absent or zero.
 
     Returns:
-        RowCheck: the near-tie share and the kernel's gradients.
+        dict[str, Tensor | None]: the kernel's gradients it compared, by input name (None where it gave none).
     """
     out, idx, weights = result
     dtype = q.dtype
@@ -114,7 +106,7 @@ def check_every_row(result, q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bia
         torch.testing.assert_close(out.double(), out64.detach(), equal_nan=True, **tol, msg=lambda m: f"out: {m}")
         torch.testing.assert_close(weights.double(), weights64.detach(), **tol, msg=lambda m: f"weights: {m}")
         grads = _check_gradients(out, weights, out64, weights64, inputs, inputs64, grad_tol, seed)
-    return RowCheck(tie_share, grads)
+    return grads
 
 
 def _in_fp32_range(scores: Tensor) -> Tensor:
