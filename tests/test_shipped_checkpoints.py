@@ -1,11 +1,10 @@
-"""The checkpoints shipped in checkpoints/: they load, their cards are complete, and the weights score what the
-cards say on a fixed 500-image subset of the CIFAR-10 test split (tests/data/)."""
+"""The checkpoints shipped in checkpoints/: they load, their cards are complete, the weights answer the recorded
+number of a fixed 500-image subset of the CIFAR-10 test split right (tests/data/), and each card states what its
+weights measure on the full split (bench/cards.py, bench/results/cards.json)."""
 
-import fcntl
 import functools
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -35,10 +34,19 @@ def test_checkpoints_are_shipped_and_small():
 
 
 TEST_SUBSET = ROOT / "tests" / "data" / "cifar10-test-every20th"  # .png mosaic + .json labels (500 images)
-# |accuracy on the subset − the card's on the 10,000|, ≈ 3 std of a binomial at 85 %: 250 images (every other one of
-# the 500) for every card, std 2.3 points (measured offsets −0.7 … +4.8); all 500 for the hybrid pair, std 1.6.
-CARD_SUBSET, CARD_TOLERANCE = 250, 6.5
-PAIR_SUBSET, PAIR_TOLERANCE = 500, 4.5
+# What each shipped model answers right of those 500, in eval mode in fp32 on the CPU (this file's pipeline,
+# 2026-12-05). The same weights give the same answers here; another CPU's vector units may round a near-tie of two
+# logits the other way: ±2. cnn-l0 (91.59 % on the card) and cnn-l0.75 (89.74 %) are 7 apart.
+CORRECT_OF_500 = {"cnn-l0": 465, "cnn-l0.25": 459, "cnn-l0.5": 463, "cnn-l0.75": 458, "cnn-l1": 390,
+                  "cnn-l0.5-random32": 460, "cnn-l0.5-blend0.5": 463, "vit-mhsa": 422, "vit-kvt16": 437,
+                  "vit-convnn16": 427, "vit-convnn16-random32": 408, "vit-mhsa-e180": 443, "vit-convnn16-e180": 438}
+NEAR_TIES = 2
+# Every shipped model re-measured on the full test split (bench/cards.py, outside CI: the split stays out of the
+# repository) in fp32 on a CPU. Some cards were measured under bf16 autocast on a GPU at the end of training (and a
+# random-candidate model keys its eval draws on the bytes of its normalised input): vit-convnn16-random32 measures
+# 0.48 points above its card, cnn-l0.5-random32 0.17, vit-convnn16-e180 0.14 below; the others as their cards say.
+FULL_SPLIT = ROOT / "bench" / "results" / "cards.json"
+CARD_VS_FULL_SPLIT = 0.5  # points
 
 
 @functools.cache
@@ -52,67 +60,46 @@ def _subset() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.ascontiguousarray(images)), torch.tensor(meta["labels"])
 
 
-PAIR = ("cnn-l0", "cnn-l0.5")  # the hybrid pair: scored on all 500 images
 # Images per forward pass: the dense (N, N) scores of a 32×32 map (4 MB a sample) stay in the CPU's caches for a
 # couple of samples; 100 at a time ran 2.5× slower. Eval-mode predictions do not depend on the batch.
 BATCH = 2
 
 
-@pytest.fixture(scope="session")
-def predictions_dir(tmp_path_factory) -> Path:
-    """Where the predictions of this run are kept: one folder for all pytest-xdist workers."""
-    root = tmp_path_factory.getbasetemp()
-    folder = (root.parent if "PYTEST_XDIST_WORKER" in os.environ else root) / "shipped-predictions"
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
-def _half_predictions(folder: Path, card_path: Path, half: int) -> tuple[torch.Tensor, set[str]]:
-    """The checkpoint's predictions on every other image of the 500 (half 0 the even ones, half 1 the odd ones),
-    and the aggregation paths it ran: computed once per run, by the first test to ask (the other pytest-xdist
-    worker waits on the file lock, then reads them)."""
-    saved = folder / f"{card_path.stem}-{half}.json"
-    with open(saved.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not saved.exists():
-            model, card = load_checkpoint(card_path)
-            x = normalize(_subset()[0][half::2], tuple(card.mean), tuple(card.std))
-            with torch.no_grad(), record_backends() as used:
-                predicted = torch.cat([model(batch).argmax(1) for batch in x.split(BATCH)])
-            saved.write_text(json.dumps({"predicted": predicted.tolist(), "used": sorted(used)}))
-    result = json.loads(saved.read_text())
-    return torch.tensor(result["predicted"]), set(result["used"])
-
-
-def _measured(folder: Path, card_path: Path, count: int) -> tuple[float, set[str]]:
-    """Top-1 accuracy (percent) on ``count`` of the 500 images: the CARD_SUBSET (every other one) or all of them,
-    and the aggregation paths run."""
-    # All 500: the odd half first, since the card's test (the even half) may be running on the other worker.
-    halves = (0,) if count == CARD_SUBSET else (1, 0)
-    predicted, used = zip(*(_half_predictions(folder, card_path, half) for half in halves), strict=True)
-    labels = torch.cat([_subset()[1][half::2] for half in halves])
-    assert len(labels) == count
-    return 100 * (torch.cat(predicted) == labels).float().mean().item(), set().union(*used)
-
-
 @pytest.mark.parametrize("card_path", CARDS, ids=[c.stem for c in CARDS])
-def test_shipped_checkpoint_scores_its_cards_accuracy_on_250_test_images(card_path: Path, predictions_dir: Path):
-    """The weights, not the card: their accuracy on a fixed 250-image test subset agrees with the card's."""
-    card = load_checkpoint(card_path)[1]
+def test_shipped_checkpoint_answers_its_recorded_count_of_the_500_test_images(card_path: Path):
+    """The weights, not the card: how many of the 500 test images they classify correctly is the count recorded
+    for them; the card names the aggregation path training took: "none (...)" exactly for models that run none."""
+    model, card = load_checkpoint(card_path)
     assert CARD_FIELDS <= card.training.keys() and card.data["train_sha256"] and card.data["test"] == 10_000
-    accuracy, used = _measured(predictions_dir, card_path, CARD_SUBSET)
-    assert accuracy == pytest.approx(card.metrics["test_top1"], abs=CARD_TOLERANCE)
-    # The card names the aggregation path training took: "none (...)" exactly for models that run no aggregation.
+    images, labels = _subset()
+    x = normalize(images, tuple(card.mean), tuple(card.std))
+    with torch.no_grad(), record_backends() as used:
+        predicted = torch.cat([model(batch).argmax(1) for batch in x.split(BATCH)])
+    correct = (predicted == labels).sum().item()
+    assert abs(correct - CORRECT_OF_500[card.name]) <= NEAR_TIES, f"{card.name}: {correct} of 500 correct"
     assert card.training["backend"].startswith("none") == (not used)
 
 
-@pytest.mark.parametrize("name", PAIR)
-def test_the_hybrid_pair_reaches_90_percent_on_cifar10_test(name, predictions_dir: Path):
-    """The card says ≥ 90 % on the 10,000 test images, and the weights agree on all 500 images of the subset."""
-    card_path = ROOT / "checkpoints" / f"{name}.json"
-    accuracy, _ = _measured(predictions_dir, card_path, PAIR_SUBSET)
-    claimed = json.loads(card_path.read_text())["metrics"]["test_top1"]
-    assert claimed >= 90.0 and accuracy == pytest.approx(claimed, abs=PAIR_TOLERANCE)
+MEASURED = sorted(json.loads(FULL_SPLIT.read_text()))  # the checkpoints bench/cards.py has measured so far
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_each_card_states_the_accuracy_its_weights_measure_on_the_full_test_split(name: str):
+    """The card's test top-1 is what bench/cards.py measured for these weights on the 10,000 test images."""
+    card = json.loads((ROOT / "checkpoints" / f"{name}.json").read_text())
+    measured = json.loads(FULL_SPLIT.read_text())[name]
+    assert measured["weights_sha256"] == card["weights_sha256"] and measured["images"] == 10_000
+    assert measured["test_top1"] == pytest.approx(100 * measured["correct"] / 10_000, abs=0.005)
+    assert card["metrics"]["test_top1"] == pytest.approx(measured["test_top1"], abs=CARD_VS_FULL_SPLIT)
+
+
+def test_the_hybrid_pair_reaches_90_percent_on_cifar10_test():
+    """Both models of the hybrid pair classify at least 9,000 of the 10,000 test images correctly, as measured for
+    the weights they ship."""
+    measured = json.loads(FULL_SPLIT.read_text())
+    for name in ("cnn-l0", "cnn-l0.5"):
+        card = json.loads((ROOT / "checkpoints" / f"{name}.json").read_text())
+        assert measured[name]["weights_sha256"] == card["weights_sha256"] and measured[name]["correct"] >= 9_000
 
 
 SEED_CARDS = sorted((ROOT / "checkpoints" / "logs").glob("*.card.json"))

@@ -31,6 +31,7 @@ from analysis import (
 )
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS
+from convnn.data import normalize
 from tests.image_files import png_claiming_size
 from tests.small_models import REPO_ROOT
 
@@ -269,10 +270,19 @@ def test_display_mapping_round_trips_every_pixel_centre():
 
 
 @pytest.mark.parametrize("card_path", sorted((REPO_ROOT / "checkpoints").glob("*.json")), ids=lambda p: p.stem)
-def test_shipped_checkpoints_open_and_answer_a_click(card_path, image):
-    """Every shipped checkpoint (if any) loads, predicts and shows a window around a click in every layer."""
+def test_shipped_checkpoints_open_and_answer_a_click(card_path, image, example_image):
+    """Every shipped checkpoint (if any) loads, predicts what its model answers on the example (computed here: the
+    checkpoint's model on the PNG's pixels normalised with its card's mean and std, softmax) and shows a window
+    around a click in every layer."""
     loaded = load_model(card_path)
-    assert abs(sum(top_classes(loaded, image, count=len(loaded.card.classes)).values()) - 1) < 1e-4
+    model, card = load_checkpoint(card_path)
+    pixels = torch.from_numpy(np.asarray(Image.open(example_image).convert("RGB")).copy())[None]  # (1, 32, 32, 3)
+    with torch.no_grad():
+        probabilities = torch.softmax(model(normalize(pixels, tuple(card.mean), tuple(card.std)))[0], 0)
+    expected = dict(zip(card.classes, probabilities.tolist(), strict=True))
+    answered = top_classes(loaded, image, count=len(card.classes))
+    assert next(iter(answered)) == card.classes[probabilities.argmax()]
+    assert answered == pytest.approx(expected, abs=1e-5)
     for probe in loaded.probes:
         result = query_neighbors(loaded, image, probe.name, (16, 16))
         assert result.sets["window"].window_share == 1.0 and "layer" in result.sets

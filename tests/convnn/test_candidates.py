@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from convnn import candidates as candidates_module
 from convnn import create_model, record_neighbors
 from convnn.candidates import keyed_candidates, sample_keys
 from convnn.functional import sample_candidates
@@ -63,9 +64,11 @@ def test_a_vit_with_r_32_of_65_tokens_over_6_blocks_sees_the_tokens_the_draws_pr
     assert covered.float().mean().item() == pytest.approx(expected, abs=0.01)
 
 
-def test_a_random_vit_is_not_blind_to_any_patch():
-    """Replacing any one patch by noise moves the eval logits (with one candidate set shared by every block and
-    image, half of the patches never reached the CLS token)."""
+def test_a_random_vit_is_not_blind_to_any_patch(monkeypatch):
+    """Replacing one patch by noise moves the eval logits for nearly every patch, with the draws pinned to the clean
+    image's (every image keyed as the clean one: a changed image's own key redraws every block, which moves the
+    logits whatever the draws). A patch reaches the CLS token unless all 6 blocks miss it, (33/65)^6 ≈ 1.7 %: 62 of
+    the 64 here; with one candidate set shared by every block, 31 of them."""
     torch.manual_seed(2)
     model = create_model("convnn_vit_cifar", **VIT_RANDOM).eval()
     image = torch.randn(1, 3, 32, 32)
@@ -73,9 +76,11 @@ def test_a_random_vit_is_not_blind_to_any_patch():
     for patch in range(64):
         row, col = divmod(patch, 8)
         changed[patch, :, 4 * row:4 * row + 4, 4 * col:4 * col + 4] = torch.randn(3, 4, 4)
+    clean_key = sample_keys(image)
+    monkeypatch.setattr(candidates_module, "sample_keys", lambda x: np.repeat(clean_key, x.shape[0]))
     with torch.no_grad():
         moved = (model(changed) - model(image)).abs().amax(1)
-    assert (moved > 1e-4).all()
+    assert (moved > 1e-4).sum() >= 60
 
 
 def test_the_candidate_seed_is_a_model_argument_that_sets_every_layers_draws():

@@ -9,15 +9,18 @@ from torch import nn
 
 from convnn import ConvNN2d, record_neighbors
 from convnn.functional import window_indices
+from convnn.selection import SelectionOptions, selection_rule
+from kernels import knn_aggregate
 from kernels.reference import aggregate_neighbors
-from tests.tolerances import FP32_EXACT
+from tests.tolerances import FP32_EXACT, FP64_EXACT
 
 
 @pytest.mark.parametrize("window_size", [1, 3, 5])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("size", [(7, 9), (5, 5), (1, 11), (6, 1)])
 def test_window_selection_with_k_equal_r_squared_is_conv2d(window_size, bias, size):
-    """METHOD §4.1: window selection, K = R², zero padding R//2, raster order, weights copied ⇒ F.conv2d (fp32)."""
+    """METHOD §4.1: window selection, K = R², zero padding R//2, raster order, weights copied ⇒ F.conv2d (fp32).
+    With ρ = "none" the layer runs F.conv2d itself (the shortcut); its gather path: the test below."""
     torch.manual_seed(0)
     x = torch.randn(2, 4, *size)
     conv = nn.Conv2d(4, 6, window_size, padding=window_size // 2, bias=bias)
@@ -35,6 +38,32 @@ def test_depthwise_window_selection_is_depthwise_conv2d(window_size):
     knn = ConvNN2d(5, 5, num_neighbors=window_size**2, selection="window", window_size=window_size, groups=5)
     knn.load_conv2d_weight(conv)
     torch.testing.assert_close(knn(x), conv(x), **FP32_EXACT)
+
+
+@pytest.mark.parametrize("window_size, groups", [(3, 1), (5, 2), (1, 1)])
+def test_the_window_rules_gather_path_with_k_equal_r_squared_is_conv2d(window_size, groups):
+    """METHOD §4.1 without the F.conv2d shortcut, in fp64: the window rule's K = R² cells (its own selection),
+    gathered from the zero-padded map and aggregated by a Conv1D over rank slots written out here, equal F.conv2d
+    with the same weights; so does the layer's own gather path, which it takes for any ρ but "none" (uniform
+    weights, 1/K each, with its weights scaled by K)."""
+    torch.manual_seed(8)
+    x = torch.randn(2, 4, 6, 7, dtype=torch.float64)
+    K, pad = window_size**2, window_size // 2
+    conv = nn.Conv2d(4, 6, window_size, padding=pad, groups=groups).double()
+    expected = F.conv2d(x, conv.weight, conv.bias, padding=pad, groups=groups)
+    tokens = x.flatten(2).transpose(1, 2).unsqueeze(1)  # (B, 1, N, C)
+    neighbors = selection_rule("window").select(tokens, tokens, (6, 7), SelectionOptions(K, window_size=window_size))
+    assert neighbors.padding == pad
+    cells = F.pad(x, (pad, pad, pad, pad)).flatten(2)  # (B, C, M)
+    sequence = torch.stack([cells[b][:, neighbors.topk_idx[b, 0].flatten()] for b in range(2)])  # (B, C, N·K)
+    gathered = F.conv1d(sequence, conv.weight.flatten(2), conv.bias, stride=K, groups=groups).view_as(expected)
+    torch.testing.assert_close(gathered, expected, **FP64_EXACT)
+    layer = ConvNN2d(4, 6, num_neighbors=K, selection="window", window_size=window_size, weighting="uniform",
+                     groups=groups).double()
+    layer.load_conv2d_weight(conv)
+    with torch.no_grad():
+        layer.weight.mul_(K)
+    torch.testing.assert_close(layer(x), expected, **FP64_EXACT)
 
 
 def test_window_with_fewer_neighbors_takes_the_nearest_offsets_in_raster_order():
@@ -127,12 +156,31 @@ def test_random_selection_indices_are_the_query_or_its_candidates():
 
 
 def test_random_with_r_at_least_n_falls_back_to_all():
+    """The shortcut: with r ≥ N the layer draws nothing and runs the all rule (the test below: the candidate path)."""
     torch.manual_seed(4)
     x = torch.randn(2, 3, 4, 4)
     exhaustive = ConvNN2d(3, 5, num_neighbors=9, selection="all")
     sampled = ConvNN2d(3, 5, num_neighbors=9, selection="random", num_candidates=16)
     sampled.load_state_dict(exhaustive.state_dict())
     torch.testing.assert_close(sampled(x), exhaustive(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("weighting", ["none", "softmax"])
+def test_the_candidate_path_with_every_token_sampled_is_the_all_rule(weighting):
+    """METHOD §3 without the r ≥ N shortcut, in fp64: all N tokens passed as sampled candidates, in a shuffled order
+    and per sample (the query is then a candidate twice: itself and its sampled copy, which is masked), select the
+    all rule's neighbours in its order and aggregate to its output."""
+    torch.manual_seed(9)
+    B, N, C, K = 2, 30, 5, 7
+    x = torch.randn(B, 1, N, C, dtype=torch.float64)
+    weight = torch.randn(4, C, K, dtype=torch.float64)
+    every = torch.stack([torch.randperm(N) for _ in range(B)])  # (B, r = N)
+    options = dict(num_neighbors=K, weighting=weighting, self_first=True, backend="reference")
+    sampled = knn_aggregate(x, x, x, weight, candidates=every, **options)
+    exhaustive = knn_aggregate(x, x, x, weight, **options)
+    assert torch.equal(sampled.topk_idx, exhaustive.topk_idx)
+    torch.testing.assert_close(sampled.out, exhaustive.out, **FP64_EXACT)
+    torch.testing.assert_close(sampled.topk_weights, exhaustive.topk_weights, **FP64_EXACT)
 
 
 def test_recorder_returns_the_indices_the_layer_used():

@@ -1,11 +1,10 @@
 """The fused Triton kernel equals the PyTorch reference (METHOD §2–3): selections, outputs and every gradient.
 
 On CPU the kernels run in Triton's interpreter (``conftest.py``) at small N in fp32; on a CUDA machine the same tests
-run on the GPU, plus bf16 and larger-N tests. Random scores are compared near-tie-aware: a row's selection is checked
-only where the fp64 scores of its top K + 1 candidates are separated by more than ``SELECT_GAP`` (fp32 rounding may
-legitimately swap closer ones). Exact ties are tested separately with integer-valued features, where the kernel
-must reproduce the reference's stable lower-index tie-break exactly. Gradients are compared with fp64 autograd of the
-reference evaluated at the kernel's own indices.
+run on the GPU, plus bf16 and larger-N tests. Every result is checked by ``every_row.check_every_row`` against the
+fp64 reference, on every row: a selection may differ from the reference's only by near-ties within the rounding of
+the kernel's scores, on a bounded share of the rows, and with integer-valued features (exact scores) on none, where
+the kernel must reproduce the reference's stable lower-index tie-break exactly.
 """
 
 from __future__ import annotations
@@ -20,19 +19,11 @@ import torch
 
 from kernels import dispatch, knn_aggregate, resolve_backend
 from kernels.checks import fused_unsupported_reason
-from kernels.knn_triton import backward, function, knn_aggregate_triton
-from kernels.reference import aggregate_neighbors, knn_aggregate_reference, neighbor_weights, similarity_scores
+from kernels.knn_triton import backward, function, knn_aggregate_triton, use_selection
+from kernels.reference import similarity_scores
+from tests.kernels.every_row import DEVICE, OUT_TOL, check_every_row, random_candidates, random_inputs
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA_ONLY = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
-
-SELECT_GAP = 1e-5  # fp32 kernel scores vs fp64: closer neighbours may swap ranks
-MIN_SAFE_ROWS = 0.8  # the gap test must leave most rows to compare
-OUT_TOL = dict(atol=1e-4, rtol=1e-4)  # fp32 kernel vs fp64 reference, sums of ≤ K·Dv products
-GRAD_TOL = dict(atol=2e-4, rtol=1e-3)
-BF16_SELECT_GAP = 2e-5  # bf16 products are exact in fp32: only the fp32 sum rounds (vs fp64, same inputs)
-BF16_OUT_TOL = dict(atol=3e-2, rtol=3e-2)  # outputs are rounded to bf16
-BF16_GRAD_REL_NORM = 2e-2  # gradients: grad_out enters the bf16 GEMMs rounded (2^-8 relative per element)
 TEMPERATURE = 0.5
 LEAVES = ("q", "k", "v", "weight", "bias")
 
@@ -40,63 +31,6 @@ LEAVES = ("q", "k", "v", "weight", "bias")
 # ---------------------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------------------
-def _inputs(*, batch, heads, tokens, dim, value_dim, out_channels, num_neighbors, depthwise, seed,
-            dtype=torch.float32):
-    """q, k, v, weight, bias, groups on DEVICE, leaves requiring grad."""
-    gen = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(batch, heads, tokens, dim, generator=gen) for _ in range(2))
-    v = torch.randn(batch, heads, tokens, value_dim, generator=gen)
-    if depthwise:
-        groups, c_out = heads * value_dim, heads * value_dim
-        weight = torch.randn(c_out, 1, num_neighbors, generator=gen)
-    else:
-        groups, c_out = 1, out_channels
-        weight = torch.randn(c_out, value_dim, num_neighbors, generator=gen) / math.sqrt(value_dim)
-    bias = torch.randn(c_out, generator=gen)
-    leaves = [x.to(DEVICE, dtype).requires_grad_() for x in (q, k, v, weight, bias)]
-    return (*leaves, groups)
-
-
-def _random_candidates(batch, tokens, num_candidates, shared, seed):
-    """(B, r) or (1, r) int64 keys drawn without replacement (METHOD §3), unsorted."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = 1 if shared else batch
-    return torch.stack([torch.randperm(tokens, generator=gen)[:num_candidates] for _ in range(rows)]).to(DEVICE)
-
-
-def _ranking_scores(q, k, similarity, candidates, self_first):
-    """fp64 (B, H, Nq, Nk) scores as the selection sees them: non-candidates −∞, forced self +∞."""
-    scores = similarity_scores(q.detach().double(), k.detach().double(), similarity)
-    B, H, Nq, Nk = scores.shape
-    own = torch.eye(Nq, Nk, dtype=torch.bool, device=scores.device).expand(B, H, Nq, Nk)
-    if candidates is not None:
-        allowed = torch.zeros(B, Nk, dtype=torch.bool, device=scores.device)
-        allowed.scatter_(1, candidates.expand(B, -1), True)
-        scores = scores.masked_fill(~(allowed[:, None, None, :] | own), -math.inf)
-    if self_first:
-        scores = scores.masked_fill(own, math.inf)
-    return scores
-
-
-def _separated_rows(scores, num_neighbors, gap):
-    """(B, H, Nq) bool: the top K + 1 scores of the row differ pairwise by more than ``gap``."""
-    top = scores.topk(num_neighbors + 1, dim=-1).values
-    diffs = top[..., :-1] - top[..., 1:]
-    return (diffs > gap).all(-1)
-
-
-def _reference_at(q, k, v, weight, bias, topk_idx, similarity, weighting, temperature, groups):
-    """Reference output and weights at given indices (differentiable w.r.t. q, k for softmax)."""
-    topk_scores = similarity_scores(q, k, similarity).gather(-1, topk_idx)
-    weights = neighbor_weights(topk_scores, weighting, temperature)
-    out = aggregate_neighbors(v, topk_idx, None if weighting == "none" else weights, weight, bias, groups)
-    return out, weights
-
-
-def _fp64_leaves(*tensors):
-    return [x.detach().double().requires_grad_() for x in tensors]
-
-
 @contextlib.contextmanager
 def _deterministic(enabled):
     previous = torch.are_deterministic_algorithms_enabled()
@@ -105,44 +39,6 @@ def _deterministic(enabled):
         yield
     finally:
         torch.use_deterministic_algorithms(previous)
-
-
-def _check_against_reference(q, k, v, weight, bias, groups, *, num_neighbors, similarity, weighting, candidates,
-                             self_first, select_gap=SELECT_GAP, out_tol=OUT_TOL, grad_tol=GRAD_TOL, seed=0,
-                             aggregate=knn_aggregate_triton):
-    """Selection (near-tie-aware), output, weights and all gradients of the kernel (called through ``aggregate``)
-    vs the fp64 reference."""
-    options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=TEMPERATURE,
-                   groups=groups, candidates=candidates, self_first=self_first)
-    result = aggregate(q, k, v, weight, bias, **options)
-    assert result.out.dtype == q.dtype and result.out.shape == (q.shape[0], weight.shape[0], q.shape[2])
-    assert result.topk_idx.dtype == torch.int64 and result.topk_weights.dtype == torch.float32
-
-    # Selection: exactly the reference's ranking wherever fp32 rounding cannot matter.
-    leaves64 = _fp64_leaves(q, k, v, weight, bias)
-    expected = knn_aggregate_reference(*leaves64, **options)
-    safe = _separated_rows(_ranking_scores(q, k, similarity, candidates, self_first), num_neighbors, select_gap)
-    assert safe.float().mean() >= MIN_SAFE_ROWS
-    torch.testing.assert_close(result.topk_idx[safe], expected.topk_idx[safe], rtol=0, atol=0)
-
-    # Output, weights and gradients, with the kernel's indices plugged into the reference.
-    grad_out = torch.randn(result.out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
-    (result.out.float() * grad_out).sum().backward()
-    out64, weights64 = _reference_at(*leaves64, result.topk_idx, similarity, weighting, TEMPERATURE, groups)
-    (out64 * grad_out.double()).sum().backward()
-    torch.testing.assert_close(result.out.double(), out64.detach(), **out_tol)
-    torch.testing.assert_close(result.topk_weights.double(), weights64.detach(), **out_tol)
-    for name, leaf, leaf64 in zip(LEAVES, (q, k, v, weight, bias), leaves64, strict=True):
-        if leaf64.grad is None:
-            assert leaf.grad is None or not leaf.grad.any(), f"unexpected gradient for {name}"
-        else:
-            assert leaf.grad is not None, f"missing gradient for {name}"
-            if grad_tol is None:  # bf16: a sum over B·N rounded products, compared by relative norm
-                error = (leaf.grad.double() - leaf64.grad).norm() / leaf64.grad.norm()
-                assert error <= BF16_GRAD_REL_NORM, f"{name}: relative error {error:.3g}"
-            else:
-                torch.testing.assert_close(leaf.grad.double(), leaf64.grad, **grad_tol,
-                                           msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,24 +67,27 @@ def test_kernel_matches_reference(similarity, weighting, aggregation, candidates
     """METHOD §2–3: dense scores → stable top-K → ρ → gather → Conv1D, and its gradients, fused."""
     depthwise = aggregation == "depthwise"
     seed = tokens * 31 + num_neighbors
-    q, k, v, weight, bias, groups = _inputs(
+    q, k, v, weight, bias, groups = random_inputs(
         batch=2, heads=2 if depthwise else 1, tokens=tokens, dim=20 if depthwise else 24,
         value_dim=6 if depthwise else 20, out_channels=12, num_neighbors=num_neighbors, depthwise=depthwise,
         seed=seed)
     cand = None
     if candidates == "random":
-        cand = _random_candidates(2, tokens, max(num_neighbors + 8, tokens // 3), shared=self_first, seed=seed)
-    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity=similarity,
-                             weighting=weighting, candidates=cand, self_first=self_first, seed=seed)
+        cand = random_candidates(2, tokens, max(num_neighbors + 8, tokens // 3), shared=self_first, seed=seed)
+    options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=TEMPERATURE,
+                   groups=groups, candidates=cand, self_first=self_first)
+    result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    check_every_row(result, q, k, v, weight, bias, **options, seed=seed)
 
 
 @pytest.mark.parametrize("num_neighbors", [1, 2, 64])
 def test_extreme_neighbor_counts(num_neighbors):
     """K = 1, 2 and 64 (K_PAD = the key tile): same selection, output and gradients as the reference."""
-    q, k, v, weight, bias, groups = _inputs(batch=1, heads=2, tokens=90, dim=16, value_dim=5, out_channels=0,
-                                            num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
-    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity="dot",
-                             weighting="softmax", candidates=None, self_first=False)
+    q, k, v, weight, bias, groups = random_inputs(batch=1, heads=2, tokens=90, dim=16, value_dim=5, out_channels=0,
+                                                  num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
+    options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=TEMPERATURE,
+                   groups=groups)
+    check_every_row(knn_aggregate_triton(q, k, v, weight, bias, **options), q, k, v, weight, bias, **options)
 
 
 def _forward_variants(q, k, v, weight, bias, options, **overrides):
@@ -200,13 +99,15 @@ def _forward_variants(q, k, v, weight, bias, options, **overrides):
 
 @pytest.mark.parametrize("candidates", ["all", "random"])
 def test_split_candidate_range_merges_to_the_same_result(candidates):
-    """Splitting the candidates across programs (partial top-K lists, then a merge) changes nothing."""
-    q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20, out_channels=12,
-                                            num_neighbors=16, depthwise=False, seed=5)
-    cand = _random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
+    """Splitting the candidates across programs (partial top-K lists, then a merge) gives the reference's result,
+    bit for bit the unsplit one's."""
+    q, k, v, weight, bias, groups = random_inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20,
+                                                  out_channels=12, num_neighbors=16, depthwise=False, seed=5)
+    cand = random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
     options = dict(num_neighbors=16, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=True)
     single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3)
+    check_every_row(split, q, k, v, weight, bias, **options)
     for got, expected in zip(split, single, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
@@ -214,19 +115,21 @@ def test_split_candidate_range_merges_to_the_same_result(candidates):
 @pytest.mark.parametrize("num_neighbors, candidates, self_first", [
     (2, "all", False), (9, "all", True), (16, "random", False), (5, "random", True)])
 def test_small_tiles_take_every_merge_path(num_neighbors, candidates, self_first):
-    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped; same result."""
-    q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=160, dim=12, value_dim=4, out_channels=0,
-                                            num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
-    cand = _random_candidates(1, 160, 120, shared=True, seed=1) if candidates == "random" else None
+    """16×16 tiles over 160 keys: tiles are merged by top-K, by row-maximum insertion or skipped; the reference's
+    result, the same keys as the default tiles."""
+    q, k, v, weight, bias, groups = random_inputs(batch=1, heads=1, tokens=160, dim=12, value_dim=4, out_channels=0,
+                                                  num_neighbors=num_neighbors, depthwise=True, seed=num_neighbors)
+    cand = random_candidates(1, 160, 120, shared=True, seed=1) if candidates == "random" else None
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=TEMPERATURE,
                    groups=groups, candidates=cand, self_first=self_first)
     default, tiled = _forward_variants(q, k, v, weight, bias, options, config=dict(BLOCK_M=16, BLOCK_N=16))
+    check_every_row(tiled, q, k, v, weight, bias, **options)
     torch.testing.assert_close(tiled[1], default[1], rtol=0, atol=0)  # indices
-    torch.testing.assert_close(tiled[0], default[0], **OUT_TOL)
 
 
 def test_strided_inputs_give_the_contiguous_result():
-    """q, k, v as transposed (B, N, H, D) views, a permuted weight and an expanded grad_out: same values."""
+    """q, k, v as transposed (B, N, H, D) views, a permuted weight and an expanded grad_out: the reference's
+    values, and the contiguous inputs' to 1e-6."""
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(3, 2, 120, 2, 16, generator=gen).to(DEVICE)  # (3, B, N, H, D)
     q, k, v = (x.transpose(1, 2) for x in qkv.unbind(0))  # (B, H, N, D) views
@@ -237,27 +140,11 @@ def test_strided_inputs_give_the_contiguous_result():
         leaves = [x.detach().clone().requires_grad_() for x in args]
         views = [leaf.transpose(1, 2).transpose(1, 2) if leaf.dim() == 4 else leaf for leaf in leaves]
         result = knn_aggregate_triton(*views, **options)
+        check_every_row(result, *views, **options)
         result.out.sum().backward()  # expanded, stride-0 grad_out
         results.append((result.out, result.topk_idx, *(leaf.grad for leaf in leaves)))
     for strided, contiguous in zip(*results, strict=True):
         torch.testing.assert_close(strided, contiguous, atol=1e-6, rtol=1e-6)
-
-
-def test_gradient_through_returned_weights():
-    """A loss on topk_weights (softmax) reaches q and k as in the reference."""
-    q, k, v, weight, bias, groups = _inputs(batch=1, heads=2, tokens=100, dim=16, value_dim=4, out_channels=0,
-                                            num_neighbors=9, depthwise=True, seed=11)
-    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
-                   groups=groups)
-    result = knn_aggregate_triton(q, k, v, weight, bias, **options)
-    gen = torch.Generator().manual_seed(12)
-    grad_out, grad_w = (torch.randn(x.shape, generator=gen).to(DEVICE) for x in (result.out, result.topk_weights))
-    ((result.out * grad_out).sum() + (result.topk_weights * grad_w).sum()).backward()
-    leaves64 = _fp64_leaves(q, k, v, weight, bias)
-    out64, weights64 = _reference_at(*leaves64, result.topk_idx, "cosine", "softmax", TEMPERATURE, groups)
-    ((out64 * grad_out.double()).sum() + (weights64 * grad_w.double()).sum()).backward()
-    for leaf, leaf64 in zip((q, k, v), leaves64[:3], strict=True):
-        torch.testing.assert_close(leaf.grad.double(), leaf64.grad, **GRAD_TOL)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -271,14 +158,12 @@ def test_dot_ties_break_to_the_lower_index(candidates, self_first):
     q, k = (torch.randint(-1, 2, (2, 1, 140, 4), generator=gen).float().to(DEVICE) for _ in range(2))
     v = torch.randn(2, 1, 140, 8, generator=gen).to(DEVICE)
     weight = torch.randn(6, 8, 16, generator=gen).to(DEVICE)
-    cand = _random_candidates(2, 140, 90, shared=False, seed=21) if candidates == "random" else None
+    cand = random_candidates(2, 140, 90, shared=False, seed=21) if candidates == "random" else None
     options = dict(num_neighbors=16, similarity="dot", candidates=cand, self_first=self_first)
     result = knn_aggregate_triton(q, k, v, weight, **options)
-    expected = knn_aggregate_reference(q, k, v, weight, **options)
-    ties = (similarity_scores(q, k, "dot").gather(-1, expected.topk_idx).diff(dim=-1) == 0).float().mean()
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)  # exact scores: every row exactly
+    ties = (similarity_scores(q, k, "dot").gather(-1, result.topk_idx).diff(dim=-1) == 0).float().mean()
     assert ties > 0.3  # the test is about ties: most rows must have some
-    torch.testing.assert_close(result.topk_idx, expected.topk_idx, rtol=0, atol=0)
-    torch.testing.assert_close(result.out, expected.out, **OUT_TOL)
 
 
 def test_cosine_ties_between_duplicate_keys_break_to_the_lower_index():
@@ -298,10 +183,7 @@ def test_cosine_ties_between_duplicate_keys_break_to_the_lower_index():
     gaps = (per_base[:, :, None] - per_base[:, None, :]).abs() + torch.eye(7, device=DEVICE)
     assert gaps.min() > 1e-4
     options = dict(num_neighbors=9, similarity="cosine", weighting="softmax")
-    expected = knn_aggregate_reference(q, k, v, weight, **options)
-    result = knn_aggregate_triton(q, k, v, weight, **options)
-    torch.testing.assert_close(result.topk_idx, expected.topk_idx, rtol=0, atol=0)
-    torch.testing.assert_close(result.out, expected.out, **OUT_TOL)
+    check_every_row(knn_aggregate_triton(q, k, v, weight, **options), q, k, v, weight, **options, max_tie_share=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,25 +191,23 @@ def test_cosine_ties_between_duplicate_keys_break_to_the_lower_index():
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("similarity, aggregation", [("cosine", "standard"), ("dot", "depthwise")])
 def test_deterministic_backward_equals_atomic_backward(similarity, aggregation):
-    """torch.use_deterministic_algorithms(True): key-owned sums, bit-reproducible, equal to the atomic scatter."""
+    """torch.use_deterministic_algorithms(True): key-owned sums, bit-reproducible, the reference's gradients and
+    the atomic scatter's."""
     depthwise = aggregation == "depthwise"
-    tensors = _inputs(batch=2, heads=2 if depthwise else 1, tokens=110, dim=16, value_dim=6, out_channels=10,
-                      num_neighbors=9, depthwise=depthwise, seed=4)
-    *leaves, groups = tensors
-    cand = _random_candidates(2, 110, 60, shared=True, seed=4) if not depthwise else None
+    *leaves, groups = random_inputs(batch=2, heads=2 if depthwise else 1, tokens=110, dim=16, value_dim=6,
+                                    out_channels=10, num_neighbors=9, depthwise=depthwise, seed=4)
+    cand = random_candidates(2, 110, 60, shared=True, seed=4) if not depthwise else None
     options = dict(num_neighbors=9, similarity=similarity, weighting="softmax", groups=groups, candidates=cand)
 
     def grads(deterministic):
         fresh = [x.detach().clone().requires_grad_() for x in leaves]
         with _deterministic(deterministic):
-            result = knn_aggregate_triton(*fresh, **options)
-            result.out.square().sum().backward()
-        return [x.grad for x in fresh]
+            return check_every_row(knn_aggregate_triton(*fresh, **options), *fresh, **options)
 
     atomic, first, second = grads(False), grads(True), grads(True)
-    for a, b, c in zip(atomic, first, second, strict=True):
-        torch.testing.assert_close(b, c, rtol=0, atol=0)
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for name in LEAVES:
+        torch.testing.assert_close(first[name], second[name], rtol=0, atol=0)
+        torch.testing.assert_close(first[name], atomic[name], atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,42 +235,34 @@ def _record_launches(monkeypatch, kernel_names):
     ("weight", False), ("weight bias", True), ("q k", False), ("q k v", True), ("k", True), ("v", False)])
 def test_frozen_inputs_get_no_gradient_and_the_others_are_unchanged(aggregation, frozen, deterministic,
                                                                     monkeypatch):
-    """Frozen leaves (requires_grad=False) get None; the others equal the run where every leaf trains and the fp64
-    reference. Only the needed backward launches run: the standard dW kernel for a trainable weight, the
-    query-owned kernel for q, k, v or a depthwise weight, the deterministic key sums for v and k."""
+    """Gradients of the leaves that train equal the fp64 reference's and the run where every leaf trains; only the
+    backward launches they need run, none for the frozen leaves (requires_grad=False): the standard dW kernel for a
+    trainable weight, the query-owned kernel for q, k, v or a depthwise weight, the deterministic key sums for v
+    and k."""
     depthwise = aggregation == "depthwise"
-    *leaves, groups = _inputs(batch=2, heads=2 if depthwise else 1, tokens=70, dim=12, value_dim=6,
-                              out_channels=10, num_neighbors=9, depthwise=depthwise, seed=8)
+    *leaves, groups = random_inputs(batch=2, heads=2 if depthwise else 1, tokens=70, dim=12, value_dim=6,
+                                    out_channels=10, num_neighbors=9, depthwise=depthwise, seed=8)
     options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", temperature=TEMPERATURE, groups=groups)
-    grad_out = torch.randn(2, leaves[3].shape[0], 70, generator=torch.Generator().manual_seed(9)).to(DEVICE)
 
     def run(trains):
+        """The kernel's gradients of the leaves that train (check_every_row: against the fp64 reference)."""
         fresh = [x.detach().clone().requires_grad_(trains[name]) for name, x in zip(LEAVES, leaves, strict=True)]
         with _deterministic(deterministic):
-            result = knn_aggregate_triton(*fresh, **options)
-            (result.out * grad_out).sum().backward()
-        return result, [x.grad for x in fresh]
+            return check_every_row(knn_aggregate_triton(*fresh, **options), *fresh, **options)
 
-    _, every_grad = run(dict.fromkeys(LEAVES, True))
+    every_grad = run(dict.fromkeys(LEAVES, True))
     launched = _record_launches(monkeypatch, ["knn_bwd_query", "knn_bwd_weight", "knn_bwd_key_sum"])
     trains = {name: name not in frozen.split() for name in LEAVES}
-    result, grads = run(trains)
+    grads = run(trains)
 
     query_owned = trains["q"] or trains["k"] or trains["v"] or (trains["weight"] and depthwise)
     key_sums = (trains["v"] + trains["k"]) if deterministic else 0
     standard_dw = trains["weight"] and not depthwise
     assert launched == (["knn_bwd_query"] * query_owned + ["knn_bwd_key_sum"] * key_sums
                         + ["knn_bwd_weight"] * standard_dw)
-    leaves64 = [x.detach().double().requires_grad_(trains[name]) for name, x in zip(LEAVES, leaves, strict=True)]
-    out64, _ = _reference_at(*leaves64, result.topk_idx, "cosine", "softmax", TEMPERATURE, groups)
-    (out64 * grad_out.double()).sum().backward()
     same = dict(rtol=0, atol=0) if deterministic else dict(atol=1e-5, rtol=1e-5)  # atomics may reorder on a GPU
-    for name, grad, expected, leaf64 in zip(LEAVES, grads, every_grad, leaves64, strict=True):
-        if not trains[name]:
-            assert grad is None, f"{name} is frozen but got a gradient"
-            continue
-        torch.testing.assert_close(grad, expected, **same, msg=lambda m, name=name: f"{name}: {m}")
-        torch.testing.assert_close(grad.double(), leaf64.grad, **GRAD_TOL, msg=lambda m, name=name: f"{name}: {m}")
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, every_grad[name], **same, msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -412,18 +284,18 @@ def test_each_entry_checks_its_arguments_once_and_matches_the_reference(entry, m
     for module in (dispatch, function):
         for name in ("check_knn_arguments", "fused_unsupported_reason"):
             monkeypatch.setattr(module, name, _counted(getattr(module, name), calls))
-    q, k, v, weight, bias, groups = _inputs(batch=2, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
-                                            num_neighbors=9, depthwise=False, seed=2)
-    cand = _random_candidates(2, 70, 40, shared=False, seed=2)
+    q, k, v, weight, bias, groups = random_inputs(batch=2, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
+                                                  num_neighbors=9, depthwise=False, seed=2)
+    cand = random_candidates(2, 70, 40, shared=False, seed=2)
     aggregate = functools.partial(knn_aggregate, backend="triton") if entry == "dispatch" else knn_aggregate_triton
-    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=9, similarity="cosine", weighting="softmax",
-                             candidates=cand, self_first=False, seed=2, aggregate=aggregate)
+    options = dict(num_neighbors=9, similarity="cosine", weighting="softmax", groups=groups, candidates=cand)
+    check_every_row(aggregate(q, k, v, weight, bias, **options), q, k, v, weight, bias, **options, seed=2)
     assert sorted(calls) == ["check_knn_arguments", "fused_unsupported_reason"]
 
 
 def test_dispatch_backend_triton_calls_the_kernel():
-    q, k, v, weight, bias, _ = _inputs(batch=1, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
-                                            num_neighbors=9, depthwise=False, seed=2)
+    q, k, v, weight, bias, _ = random_inputs(batch=1, heads=1, tokens=70, dim=8, value_dim=8, out_channels=8,
+                                             num_neighbors=9, depthwise=False, seed=2)
     with torch.no_grad():
         routed = knn_aggregate(q, k, v, weight, bias, num_neighbors=9, backend="triton")
         direct = knn_aggregate_triton(q, k, v, weight, bias, num_neighbors=9)
@@ -532,7 +404,7 @@ def test_bf16_is_refused_in_the_interpreter_whose_bf16_arithmetic_is_wrong(monke
 def test_a_nan_key_ranks_last_weighs_zero_and_both_backends_agree(similarity, weighting, candidates):
     """The rule for non-finite scores (kernels.reference): a NaN key scores −∞ for every query, so it is never
     picked while K others exist; the query itself stays rank 0 (self_first) and weighs 0 when its own score is NaN;
-    the weights reported are the weights applied, on the reference and on the kernel."""
+    the weights reported are the weights applied, on the reference; the kernel's result is the reference's."""
     gen = torch.Generator().manual_seed(3)
     N, D, C, K, nan_key = 24, 4, 3, 5, 7
     q = torch.randn(1, 1, N, D, generator=gen)
@@ -545,25 +417,22 @@ def test_a_nan_key_ranks_last_weighs_zero_and_both_backends_agree(similarity, we
     options = dict(num_neighbors=K, similarity=similarity, weighting=weighting, self_first=True,
                    candidates=None if cand is None else cand.to(DEVICE))
     ref = knn_aggregate(q, k, v, weight, **options, backend="reference")
-    fused = knn_aggregate(q, k, v, weight, **options, backend="triton")
-    torch.testing.assert_close(fused.topk_idx, ref.topk_idx, rtol=0, atol=0)
-    torch.testing.assert_close(fused.topk_weights, ref.topk_weights, **OUT_TOL)
-    torch.testing.assert_close(fused.out, ref.out, **OUT_TOL)
+    check_every_row(knn_aggregate(q, k, v, weight, **options, backend="triton"), q, k, v, weight, **options)
     idx, weights = ref.topk_idx[0, 0].cpu(), ref.topk_weights[0, 0].cpu()
     assert torch.equal(idx[:, 0], torch.arange(N))
     others = torch.arange(N) != nan_key
     assert not (idx[others] == nan_key).any() and weights[nan_key, 0] == 0
     gathered = v[0, 0].cpu()[idx] * weights[..., None]  # (N, K, C): each neighbour times the weight reported
     expected = torch.nn.functional.conv1d(gathered.permute(2, 0, 1).reshape(1, C, N * K), weight.cpu(), stride=K)
-    torch.testing.assert_close(ref.out.cpu(), expected, **OUT_TOL)
-    torch.testing.assert_close(fused.out.cpu(), expected, **OUT_TOL)
+    torch.testing.assert_close(ref.out.cpu(), expected, **OUT_TOL[torch.float32])
 
 
 @pytest.mark.parametrize("weighting", ["none", "softmax"])
 def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
     """The plain layer's q = k = v = x with one NaN token: that query ranks itself first, every score it has is
     NaN (→ −∞, ties to the lower index), so all its weights are 0 (its own NaN value still makes its output NaN:
-    0·NaN = NaN); no other query picks it, so every other output stays finite. Reference and kernel agree."""
+    0·NaN = NaN); no other query picks it, so every other output stays finite; on both backends, and the kernel's
+    result is the fp64 reference's."""
     gen = torch.Generator().manual_seed(4)
     N, K, nan_token = 20, 4, 11
     x = torch.randn(1, 1, N, 3, generator=gen)
@@ -579,40 +448,49 @@ def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
         assert not result.topk_weights[0, 0, nan_token].any()
         finite = torch.isfinite(result.out[0]).all(0).cpu()
         assert finite.tolist() == [i != nan_token for i in range(N)]
-    torch.testing.assert_close(results[1].out, results[0].out, **OUT_TOL, equal_nan=True)
+    check_every_row(results[1], x, x, x, weight, bias, **options)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # GPU only: bf16 and sizes the interpreter is too slow for
 # ---------------------------------------------------------------------------------------------------------------
 @CUDA_ONLY
+@pytest.mark.parametrize("selection", ["lanes", "rounds"])
 @pytest.mark.parametrize("similarity, weighting, aggregation, candidates", [
     ("cosine", "none", "standard", "all"),
     ("dot", "softmax", "depthwise", "all"),
     ("dot", "softmax", "depthwise", "random"),
     ("cosine", "uniform", "standard", "random"),
 ])
-def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candidates):
-    """bf16 in, fp32 accumulate: selections near-tie-aware, outputs and gradients to bf16 rounding."""
+def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candidates, selection):
+    """bf16 in, fp32 accumulate: every row's selection, outputs and gradients to bf16 rounding, under both
+    selection loops (:func:`kernels.knn_triton.use_selection`)."""
     depthwise = aggregation == "depthwise"
-    q, k, v, weight, bias, groups = _inputs(
+    q, k, v, weight, bias, groups = random_inputs(
         batch=2, heads=2 if depthwise else 1, tokens=1500, dim=64, value_dim=32 if depthwise else 64,
         out_channels=48, num_neighbors=16, depthwise=depthwise, seed=7, dtype=torch.bfloat16)
-    cand = _random_candidates(2, 1500, 256, shared=False, seed=7) if candidates == "random" else None
-    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=16, similarity=similarity,
-                             weighting=weighting, candidates=cand, self_first=False, select_gap=BF16_SELECT_GAP,
-                             out_tol=BF16_OUT_TOL, grad_tol=None)
+    cand = random_candidates(2, 1500, 256, shared=False, seed=7) if candidates == "random" else None
+    options = dict(num_neighbors=16, similarity=similarity, weighting=weighting, temperature=TEMPERATURE,
+                   groups=groups, candidates=cand)
+    with use_selection(selection):
+        result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    check_every_row(result, q, k, v, weight, bias, **options)
 
 
 @CUDA_ONLY
+@pytest.mark.parametrize("selection", ["lanes", "rounds"])
 @pytest.mark.parametrize("num_neighbors", [9, 32])
-def test_large_n_fp32_matches_reference_on_gpu(num_neighbors):
-    """N = 4096, one head: the candidate range is split across programs and merged (fp32, exact IEEE scores)."""
-    q, k, v, weight, bias, groups = _inputs(batch=1, heads=1, tokens=4096, dim=64, value_dim=64, out_channels=64,
-                                            num_neighbors=num_neighbors, depthwise=False, seed=num_neighbors)
-    _check_against_reference(q, k, v, weight, bias, groups, num_neighbors=num_neighbors, similarity="cosine",
-                             weighting="softmax", candidates=None, self_first=True,
-                             grad_tol=dict(atol=1e-3, rtol=1e-3))
+def test_large_n_fp32_matches_reference_on_gpu(num_neighbors, selection):
+    """N = 4096, one head: the candidate range is split across programs and merged (fp32, exact IEEE scores),
+    under both selection loops."""
+    q, k, v, weight, bias, groups = random_inputs(batch=1, heads=1, tokens=4096, dim=64, value_dim=64,
+                                                  out_channels=64, num_neighbors=num_neighbors, depthwise=False,
+                                                  seed=num_neighbors)
+    options = dict(num_neighbors=num_neighbors, similarity="cosine", weighting="softmax", temperature=TEMPERATURE,
+                   groups=groups, self_first=True)
+    with use_selection(selection):
+        result = knn_aggregate_triton(q, k, v, weight, bias, **options)
+    check_every_row(result, q, k, v, weight, bias, **options, grad_tol=dict(atol=1e-3, rtol=1e-3))
 
 
 @CUDA_ONLY
@@ -641,20 +519,20 @@ def test_a_random_layer_trains_without_a_device_sync():
     layer.backend = "reference"
     with torch.autocast("cuda", torch.bfloat16):
         expected = layer(x)
-    torch.testing.assert_close(out.float(), expected.float(), **BF16_OUT_TOL)
+    torch.testing.assert_close(out.float(), expected.float(), **OUT_TOL[torch.bfloat16])
 
 
 @CUDA_ONLY
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rule, warm, batch", [("blend", 4, 8), ("all", 1, 8), ("all", 16, 8), ("all", 1, 40),
                                                ("all", 16, 40)])
-def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule, warm, batch):
-    """The floors a warm start sets (fwd_config ``WARM``: the blend rule's default 4; for every key 1 tile, or 16:
-    all of them, the floor then the bound of every tile's elementwise max) change no index and no output bit
-    against the stream without them, on the GPU at the CIFAR layer's size (32×32 map, K = 9, 64×64 tiles): the
-    floor is one of the stream's own scores, computed by the same loop. Batch 8 leaves the GPU half empty, so the
-    keys are split over programs (each split's floor from its own tiles); clustered keys give many near-equal
-    scores at the floor."""
+def test_a_warm_start_selects_the_reference_sets_on_gpu(dtype, rule, warm, batch):
+    """With the floors a warm start sets (fwd_config ``WARM``: the blend rule's default 4; for every key 1 tile, or
+    16: all of them, the floor then the bound of every tile's elementwise max) the kernel gives the reference's
+    result on every row, on the GPU at the CIFAR layer's size (32×32 map, K = 9, 64×64 tiles). Batch 8 leaves the
+    GPU half empty, so the keys are split over programs (each split's floor from its own tiles); clustered keys give
+    many near-equal scores at the floor: in fp32 on the CPU about 1.5 % of their rows round to another near-tie
+    than fp64, so up to 5 % may differ by legal near-ties."""
     from kernels.reference import BlendGrid
 
     gen = torch.Generator().manual_seed(9)
@@ -667,8 +545,7 @@ def test_a_warm_start_selects_as_the_plain_stream_on_gpu(dtype, rule, warm, batc
     weight = torch.randn(48, 32, 9, generator=gen).to(DEVICE, dtype)
     blend = BlendGrid(32, 32, 3, 0.5) if rule == "blend" else None
     weighting = "none" if rule == "blend" else "softmax"
-    args = (q, k, v, weight, None, 9, "cosine", weighting, 1.0, 1, None, True, blend)
-    plain = function.launch_forward(*args, config=dict(LANES=False, WARM=0))
-    warmed = function.launch_forward(*args, config=dict(LANES=False, WARM=warm))
-    for got, expected in zip(warmed, plain, strict=True):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    options = dict(num_neighbors=9, similarity="cosine", weighting=weighting, temperature=1.0, groups=1,
+                   candidates=None, self_first=True, blend=blend)
+    warmed = function.launch_forward(q, k, v, weight, None, *options.values(), config=dict(LANES=False, WARM=warm))
+    check_every_row(warmed, q, k, v, weight, **options, max_tie_share=0.05)

@@ -2,7 +2,8 @@
 
 On the GPU: CUDA autocast to bf16. On CPU through Triton's interpreter: CPU autocast to fp16 (the interpreter's
 bf16 arithmetic is wrong; its fp16 is right). Each layer runs once on the kernel and once on the reference under
-the same autocast; the dtype the kernel received is read from its entry.
+the same autocast; the dtype the kernel received is read from its entry, and each kernel call is checked against
+the fp64 reference on every row (``every_row.check_every_row``, the half-precision tolerances).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 from convnn import ConvNN2d, HybridConvNN2d
 from convnn.layers.attention import ConvNNAttention, KVTAttention
 from kernels.knn_triton import function
+from tests.kernels.every_row import DEVICE, check_every_row
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
 TOL = dict(rtol=3e-2, atol=3e-2)
 
@@ -45,18 +46,21 @@ def test_layers_under_autocast_run_the_kernel_in_the_autocast_dtype(name, monkey
     _set_backend(reference, "reference")
     x = torch.randn(2, 8, 5, 6, device=DEVICE) if "attention" not in name and name != "kvt" else torch.randn(
         2, 30, 8, device=DEVICE)
-    seen = []
+    seen, calls = [], []
     entry = function.aggregate_prechecked
 
     def spy(q, k, v, weight, bias, **options):
         seen.append({t.dtype for t in (q, k, v, weight) + ((bias,) if bias is not None else ())})
-        return entry(q, k, v, weight, bias, **options)
+        calls.append((entry(q, k, v, weight, bias, **options), (q, k, v, weight, bias), options))
+        return calls[-1][0]
 
     monkeypatch.setattr(function, "aggregate_prechecked", spy)
     with torch.autocast(DEVICE, DTYPE):
         out = layer(x)
         expected = reference(x)
     assert seen and all(dtypes == {DTYPE} for dtypes in seen)
+    for result, args, options in calls:
+        check_every_row(result, *args, **options)
     assert out.dtype == expected.dtype == DTYPE
     torch.testing.assert_close(out.float(), expected.float(), **TOL)
     out.float().square().sum().backward()

@@ -4,11 +4,12 @@ lower index first), many +∞ (overflowing products rank as the largest finite s
 NaN keys (rank last, weigh 0), K = 1 and K = 128, N not a multiple of any block size (203, 139).
 
 Integer-valued features make every fp32 score exact, so the kernel must return the reference's sets exactly,
-in the same order. Tiles of 16 keys (config override) give many tiles at interpreter-friendly sizes; the rows of
-a query block stream the same tiles independently, so the plain streams take the kernel's default 64-row query
-blocks (the interpreter's cost is per block and tile). The same streams with a warm start (``WARM``: two tiles
-around each query block set the rows' floors first) test the floor against ties with it (all equal), −∞ floors
-(NaN keys) and ascending keys that beat the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
+in the same order, on every row (``every_row.check_every_row`` with no near-tie allowed). Tiles of 16 keys
+(config override) give many tiles at interpreter-friendly sizes; the rows of a query block stream the same tiles
+independently, so the plain streams take the kernel's default 64-row query blocks (the interpreter's cost is per
+block and tile). The same streams with a warm start (``WARM``: two tiles around each query block set the rows'
+floors first) test the floor against ties with it (all equal), −∞ floors (NaN keys) and ascending keys that beat
+the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
 warmed by the tiles around its own middle query.
 
 Both selection loops run every stream (``LANES``: the lane selection, its certificate and repair; the insertion
@@ -25,9 +26,7 @@ import pytest
 import torch
 
 from kernels.knn_triton import function
-from kernels.reference import knn_aggregate_reference
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from tests.kernels.every_row import DEVICE, check_every_row
 
 
 def _keys(stream: str, n: int, dim: int, gen: torch.Generator) -> torch.Tensor:
@@ -96,14 +95,10 @@ def _check_stream(stream, num_neighbors, candidates, warm, lanes):
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
     cand = None if cand is None else cand.to(DEVICE)
     options["candidates"] = cand
-    with torch.no_grad():
-        out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(),
-                                              config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                          LANES=lanes, WARM=warm))
-    expected = knn_aggregate_reference(q, k, v, weight, None, **options)
-    assert torch.equal(idx.long(), expected.topk_idx)
-    torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+    result = function.launch_forward(q, k, v, weight, None, *options.values(),
+                                     config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
+                                                 LANES=lanes, WARM=warm))
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
 def _one_lane_keys(n: int, block_n: int, wanted: int) -> torch.Tensor:
@@ -122,7 +117,8 @@ def _one_lane_keys(n: int, block_n: int, wanted: int) -> torch.Tensor:
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits):
     """Every query's 8 best keys sit in one lane (:func:`_one_lane_keys`): the lanes keep 3 of them, the row is not
-    certified, and the repair streams the tiles again in column order from the lanes' K-th score as the floor.
+    certified, and the repair streams the tiles again (packed keys compared whole) from the lanes' K-th key as the
+    floor.
     Rows of other blocks (keys of their own) are certified and must come through the repair untouched. Exact
     integer scores: the reference's sets, ties included, with and without a split candidate range."""
     n, block_n, K = 203, 16, 9
@@ -136,13 +132,9 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits):
     options = dict(num_neighbors=K, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=None, self_first=False)
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
-    with torch.no_grad():
-        out, idx, a = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=num_splits,
-                                              config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True))
-    expected = knn_aggregate_reference(q, k, v, weight, None, **options)
-    assert torch.equal(idx.long(), expected.topk_idx)
-    torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+    result = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=num_splits,
+                                     config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True))
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
 @pytest.mark.parametrize("num_neighbors", [9, 16])
@@ -160,11 +152,7 @@ def test_spatially_smooth_features_in_raster_order_select_the_reference_sets(num
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=None, self_first=True)
     x, v, weight = (t.to(DEVICE) for t in (x, v, weight))
-    expected = knn_aggregate_reference(x, x, v, weight, None, **options)
     for lanes in (True, False):
-        with torch.no_grad():
-            out, idx, a = function.launch_forward(x, x, v, weight, None, *options.values(),
-                                                  config=dict(BLOCK_N=16, LANES=lanes))
-        assert torch.equal(idx.long(), expected.topk_idx), f"LANES={lanes}"
-        torch.testing.assert_close(a, expected.topk_weights, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(out, expected.out, rtol=1e-4, atol=1e-4)
+        result = function.launch_forward(x, x, v, weight, None, *options.values(),
+                                         config=dict(BLOCK_N=16, LANES=lanes))
+        check_every_row(result, x, x, v, weight, **options, max_tie_share=0)
