@@ -26,7 +26,8 @@ _MAX_SPLITS = 16
 
 
 SELECTIONS = ("auto", "lanes", "rounds")
-LANES_FROM_K_PAD = 32  # "auto": the lane selection from K = 17 on, the insertion rounds up to K = 16 (bench/RESULTS.md §1f)
+# "auto": the lane selection from K = 17 on, the insertion rounds up to K = 16 (bench/RESULTS.md §1f)
+LANES_FROM_K_PAD = 32
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
 
