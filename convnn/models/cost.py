@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..functional import window_geometry
 from ..selection import selection_rule
 from ..validation import check_int, check_nonnegative, check_positive, check_ratio
 
@@ -100,42 +101,67 @@ def _selection_scores(selection: str, tokens: int, keys: int, num_candidates: in
     return 0
 
 
-def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: int = 9, selection: str = "all",
-              num_candidates: int | None = None, window_size: int = 3, qk_dim: int | None = None,
-              coord_channels: bool = False, groups: int = 1, bias: bool = True, **_) -> ModelCost:
-    """A ConvNN2d on an H×W map: its Conv1D, learned q/k projections, the scores its rule computes."""
+def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: int | None = None,
+              selection: str = "all", num_candidates: int | None = None, window_size: int | None = None,
+              kernel_size=None, stride=1, padding="same", dilation=1, padding_mode: str = "zeros",
+              candidate_padding: bool = False, qk_dim: int | None = None, coord_channels: bool = False,
+              groups: int = 1, bias: bool = True, **_) -> ModelCost:
+    """A ConvNN2d on an H×W map: its Conv1D, learned q/k projections, the scores its rule computes (a fused rule
+    selects for every cell of its candidate map, the window rule for the queries only: METHOD §3a).
+
+    Raises:
+        ValueError: a size that is not a positive integer, or a geometry :func:`~convnn.functional.window_geometry`
+            refuses or that leaves no output.
+    """
+    if window_size is not None:
+        check_int("window_size", window_size, 1)
+    geometry = window_geometry(kernel_size if kernel_size is not None else window_size or 3, stride, padding,
+                               dilation, padding_mode)
+    num_neighbors = geometry.window_size**2 if num_neighbors is None else num_neighbors
     check_int("num_neighbors", num_neighbors, 1)
-    check_int("window_size", window_size, 1)
     check_int("groups", groups, 1)
     if qk_dim is not None:
         check_int("qk_dim", qk_dim, 1)
     if num_candidates is not None:
         check_int("num_candidates", num_candidates, 1)
     height, width = side
-    tokens = height * width
+    out_height, out_width = geometry.output_size(height, width)
+    rule = selection_rule(selection)
+    extra = geometry.padding if candidate_padding else 0
+    selecting = out_height * out_width if rule.gathers else (height + 2 * extra) * (width + 2 * extra)
     features = qk_dim or c_in + (2 if coord_channels else 0)
-    padded = (height + window_size - 1) * (width + window_size - 1)
-    keys = padded if selection_rule(selection).needs_grid else tokens
-    scores = _selection_scores(selection, tokens, keys, num_candidates)
+    blend_pad = geometry.window_size // 2
+    keys = (height + 2 * blend_pad) * (width + 2 * blend_pad) if rule.needs_grid else selecting
+    scores = _selection_scores(selection, selecting, keys, num_candidates)
     weight = c_out * (c_in // groups) * num_neighbors
     projections = 2 * (c_in + (2 if coord_channels else 0)) * qk_dim if qk_dim else 0
     return ModelCost(weight + (c_out if bias else 0) + projections, 1 + (2 if qk_dim else 0),
-                     weight * tokens + scores * features + projections * tokens,
-                     c_out * tokens + tokens * num_neighbors * (c_in + 2) + scores * (2 if selection == "blend" else 1))
+                     weight * selecting + scores * features + projections * height * width,
+                     c_out * selecting + selecting * num_neighbors * (c_in + 2)
+                     + scores * (2 if selection == "blend" else 1))
 
 
 def _hybrid(c_in: int, c_out: int, side: tuple[int, int], branch_ratio: float, bias: bool,
-            options: dict) -> ModelCost:
-    """HybridConvNN2d (3×3 conv branch, ConvNN branch, 1×1 mix) on an H×W map."""
+            options: dict) -> tuple[ModelCost, tuple[int, int]]:
+    """HybridConvNN2d (conv branch, ConvNN branch, 1×1 mix) on an H×W map, ``options`` its keyword arguments
+    (geometry and ConvNN options); returns its cost and its output (H_out, W_out)."""
     check_ratio("branch_ratio", branch_ratio)
-    pixels = side[0] * side[1]
+    options = dict(options)
+    kernel_size, window = options.pop("kernel_size", 3), options.pop("window_size", None)
+    geometry_args = {name: options.pop(name) for name in ("stride", "padding", "dilation", "padding_mode")
+                     if name in options}
+    geometry = window_geometry(kernel_size, **geometry_args)
+    out = geometry.output_size(*side)
+    pixels = out[0] * out[1]
     knn_channels = round(branch_ratio * c_out)
     cost = _simple() + _conv(c_out, c_out, 1, pixels, bias=True)  # itself, the mix
     if knn_channels:
-        cost = cost + _convnn2d(c_in, knn_channels, side, bias=bias, **options)
+        padding = "same" if geometry_args.get("padding", "same") == "same" else geometry.padding
+        cost = cost + _convnn2d(c_in, knn_channels, side, bias=bias, kernel_size=window or geometry.window_size,
+                                stride=geometry.stride, padding=padding, dilation=geometry.dilation, **options)
     if c_out - knn_channels:
-        cost = cost + _conv(c_in, c_out - knn_channels, 3, pixels, bias=bias)
-    return cost
+        cost = cost + _conv(c_in, c_out - knn_channels, geometry.window_size, pixels, bias=bias)
+    return cost, out
 
 
 def _check_sizes(name: str, values, low: int) -> list[int]:
@@ -165,12 +191,12 @@ def resnet_cifar_cost(input_size: int, *, widths=(64, 128, 256), depths=(1, 1, 1
     cost = _simple(3) + _conv(in_chans, widths[0], 3, side * side) + _batch_norm(widths[0], side * side)  # root, stem
     for stage, (width, depth) in enumerate(zip(widths, depths, strict=True)):
         pixels = side * side
-        hybrid = _hybrid(width, width, (side, side), branch_ratio, False, convnn_options)
+        hybrid, _ = _hybrid(width, width, (side, side), branch_ratio, False, convnn_options)
         # ResidualBlock, its act1 Sequential and two GELUs; two hybrid layers; two BatchNorms
         block = _sum([_simple(4), hybrid, hybrid, _batch_norm(width, pixels), _batch_norm(width, pixels)])
         cost = cost + _simple() + _times(block, depth)  # the stage's Sequential
         if stage + 1 < len(widths):
-            down = _hybrid(width, widths[stage + 1], (side, side), branch_ratio, False, convnn_options)
+            down, _ = _hybrid(width, widths[stage + 1], (side, side), branch_ratio, False, convnn_options)
             side //= 2
             cost = cost + down + _simple(3) + _batch_norm(widths[stage + 1], side * side)  # Sequential, pool, GELU
     return cost + _simple() + _linear(widths[-1], num_classes)  # stages' Sequential, head
@@ -196,7 +222,7 @@ def resnet50_cost(input_size: int, *, branch_ratio: float = 0.5, num_classes: in
             pixels, out_side = side * side, side // 2 if strided else side
             out_pixels, wide = out_side * out_side, planes * _BOTTLENECK_EXPANSION
             cost = cost + _sum([_simple(2), _conv(inplanes, planes, 1, pixels), _batch_norm(planes, pixels),
-                                _hybrid(planes, planes, (side, side), branch_ratio, False, options),
+                                _hybrid(planes, planes, (side, side), branch_ratio, False, options)[0],
                                 _batch_norm(planes, out_pixels), _conv(planes, wide, 1, out_pixels),
                                 _batch_norm(wide, out_pixels)])  # block, ReLU
             if strided:
