@@ -226,7 +226,7 @@ def resnet50_cost(input_size: int, *, branch_ratio: float = 0.5, num_classes: in
                                 _batch_norm(planes, out_pixels), _conv(planes, wide, 1, out_pixels),
                                 _batch_norm(wide, out_pixels)])  # block, ReLU
             if strided:
-                cost = cost + _simple(2)  # _HybridDownsample's Sequential and its average pooling
+                cost = cost + _simple(2)  # HybridDownsample (a Sequential) and its average pooling
             if block == 0:
                 cost = cost + _simple() + _conv(inplanes, wide, 1, out_pixels) + _batch_norm(wide, out_pixels)
             inplanes, side = wide, out_side
