@@ -29,7 +29,7 @@ from .selection import effective_selection
 from .validation import check_choice
 
 __all__ = ["ATTENTION_KINDS", "STRIDE_FORMS", "ConvNNMultiheadAttention", "HybridDownsample",
-           "KVTMultiheadAttention", "convert"]
+           "KVTMultiheadAttention", "conversion_options", "convert"]
 
 STRIDE_FORMS = ("query", "pool")  # a strided 3×3: queries on the strided grid, or stride 1 then average pooling
 ATTENTION_KINDS = ("convnn", "kvt")
@@ -76,11 +76,12 @@ _ATTENTIONS = {("convnn", False): ConvNNAttention, ("kvt", False): KVTAttention,
                ("convnn", True): ConvNNMultiheadAttention, ("kvt", True): KVTMultiheadAttention}
 
 
-def _split_options(options: dict) -> tuple[dict, dict]:
-    """``options`` → (those :class:`ConvNN2d` takes, those :class:`ConvNNAttention` takes).
+def conversion_options(options: dict) -> tuple[dict, dict]:
+    """:func:`convert`'s ``**options`` → (those :class:`~convnn.ConvNN2d` takes, those
+    :class:`~convnn.ConvNNAttention` takes); what ``convert`` sets itself is none of them.
 
     Raises:
-        TypeError: an option neither takes.
+        TypeError: an option neither takes, or one ``convert`` sets (the message names it).
     """
     takes = [set(inspect.signature(cls.__init__).parameters) - _SET_BY_CONVERT for cls in (ConvNN2d, ConvNNAttention)]
     unknown = sorted(set(options) - takes[0] - takes[1])
@@ -183,7 +184,7 @@ def convert(model: nn.Module, *, rule: str = "all", branch_ratio: float = 0.5, n
     """
     check_choice("attention", attention, ATTENTION_KINDS)
     check_choice("stride_form", stride_form, STRIDE_FORMS)
-    conv_options, attention_options = _split_options(options)
+    conv_options, attention_options = conversion_options(options)
     conv_options.update(num_neighbors=num_neighbors, selection=rule)
     attention_options.update(num_neighbors=num_neighbors, selection=rule)
     replaced = []

@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..conversion import STRIDE_FORMS, conversion_options
 from ..functional import window_geometry
 from ..selection import selection_rule
-from ..validation import check_int, check_nonnegative, check_positive, check_ratio
+from ..validation import check_choice, check_int, check_nonnegative, check_positive, check_ratio
 
-__all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "torchvision_resnet18_cost", "torchvision_vit_cost",
-           "vit_cost"]
+__all__ = ["ModelCost", "converted_resnet18_cost", "resnet50_cost", "resnet_cifar_cost", "torchvision_resnet18_cost",
+           "torchvision_vit_cost", "vit_cost"]
 
 _TORCHVISION_RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride) per stage
 _BOTTLENECK_EXPANSION = 4
@@ -269,13 +270,15 @@ _TORCHVISION_RESNET18 = ((64, 1), (128, 2), (256, 2), (512, 2))  # (planes, stri
 _MAX_SIDE = 100_000  # pixels a torchvision ViT's image_size (and patch) may name: bounds the arithmetic below
 
 
-def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> ModelCost:
-    """The cost of ``torchvision.models.resnet18(num_classes=…)`` (random weights) at ``input_size``² pixels.
+def _plain_3x3(c_in: int, c_out: int, side: int, stride: int) -> tuple[ModelCost, int]:
+    """A torchvision 3×3 convolution (padding 1, no bias) on a side² map: its cost and output side."""
+    out_side = (side - 1) // stride + 1
+    return _conv(c_in, c_out, 3, out_side * out_side), out_side
 
-    Raises:
-        ValueError: ``num_classes`` not a positive integer.
-        TypeError: any other argument (``weights`` would download: no argument but ``num_classes`` is taken).
-    """
+
+def _resnet18(input_size: int, num_classes: int, conv3x3) -> ModelCost:
+    """torchvision's ResNet-18 at ``input_size``² pixels with each 3×3 convolution costed by
+    ``conv3x3(c_in, c_out, side, stride) -> (cost, output side)``."""
     check_int("num_classes", num_classes, 1)
     side = (input_size + 1) // 2  # conv1: 7×7, stride 2, padding 3
     cost = _simple(3) + _conv(3, 64, 7, side * side) + _batch_norm(64, side * side)  # root, ReLU, max-pool
@@ -285,14 +288,51 @@ def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> Mo
         cost = cost + _simple()  # the layer's Sequential
         for block in range(2):
             strided = stride == 2 and block == 0
-            out_side = (side + 1) // 2 if strided else side
+            first, out_side = conv3x3(inplanes, planes, side, 2 if strided else 1)
+            second, _ = conv3x3(planes, planes, out_side, 1)
             pixels = out_side * out_side
-            cost = cost + _sum([_simple(2), _conv(inplanes, planes, 3, pixels), _batch_norm(planes, pixels),
-                                _conv(planes, planes, 3, pixels), _batch_norm(planes, pixels)])  # block, ReLU
+            cost = cost + _sum([_simple(2), first, _batch_norm(planes, pixels), second,
+                                _batch_norm(planes, pixels)])  # block, ReLU
             if strided:  # downsample: Sequential(1×1 conv, BatchNorm)
-                cost = cost + _simple() + _conv(inplanes, planes, 1, pixels) + _batch_norm(planes, pixels)
+                down_side = (side + 1) // 2
+                cost = (cost + _simple() + _conv(inplanes, planes, 1, down_side * down_side)
+                        + _batch_norm(planes, down_side * down_side))
             inplanes, side = planes, out_side
     return cost + _simple() + _linear(inplanes, num_classes)  # average pool, fc
+
+
+def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> ModelCost:
+    """The cost of ``torchvision.models.resnet18(num_classes=…)`` (random weights) at ``input_size``² pixels.
+
+    Raises:
+        ValueError: ``num_classes`` not a positive integer.
+        TypeError: any other argument (``weights`` would download: no argument but ``num_classes`` is taken).
+    """
+    return _resnet18(input_size, num_classes, _plain_3x3)
+
+
+def converted_resnet18_cost(input_size: int, *, num_classes: int = 1000, rule: str = "all",
+                            branch_ratio: float = 0.5, num_neighbors: int = 9, stride_form: str = "query",
+                            candidate_seed: int = 0, **options) -> ModelCost:
+    """The cost of :func:`convnn.convert` of torchvision's ResNet-18 at ``input_size``² pixels: each 3×3 a hybrid
+    layer with the convolution's stride (``stride_form="query"``) or at stride 1 with 2×2 average pooling
+    (``"pool"``), ``options`` its ConvNN options.
+
+    Raises:
+        ValueError: a size that is not a positive integer, an unknown ``stride_form`` or rule, a λ outside [0, 1],
+            or a geometry the layers refuse (e.g. a 3×3 of a map too small for it).
+        TypeError: an option :func:`convnn.convert` refuses (:func:`convnn.conversion.conversion_options`).
+    """
+    check_choice("stride_form", stride_form, STRIDE_FORMS)
+    knn = dict(conversion_options(options)[0], num_neighbors=num_neighbors, selection=rule)
+
+    def hybrid(c_in: int, c_out: int, side: int, stride: int) -> tuple[ModelCost, int]:
+        pooled = stride_form == "pool" and stride > 1
+        cost, (out_side, _) = _hybrid(c_in, c_out, (side, side), branch_ratio, False,
+                                      dict(knn, stride=1 if pooled else stride, padding=1))
+        return (cost + _simple(2), out_side // stride) if pooled else (cost, out_side)  # HybridDownsample, pool
+
+    return _resnet18(input_size, num_classes, hybrid)
 
 
 def torchvision_vit_cost(input_size: int, *, image_size: int = 224, patch_size: int = 16, num_layers: int = 12,
