@@ -14,6 +14,7 @@ from analysis import (
     RuleOptions,
     branch_mix,
     cell_rect_px,
+    conv_equivalence,
     layer_label,
     load_model,
     model_input,
@@ -150,3 +151,16 @@ def test_the_page_draws_as_much_padding_as_a_dilated_window_reaches(tmp_path, im
     assert cells[0].tolist() == [[r, c] for r in (-2, 0, 2) for c in (-2, 0, 2)]  # cell (0, 0)'s dilated window
     table = page_table(model_view(image, 32), neighbor_table(loaded, image, layer), (0, 0), card, {})
     assert table["padding"] == 2 and len(table["row_edges_px"]) == 32 + 2 * 2 + 1
+
+
+def test_the_equivalence_demo_of_a_strided_layer_is_its_own_strided_convolution(loaded, image):
+    """Window selection with the conv branch's weights and geometry (stride 2, padding 1) against that branch, on the
+    layer's input: an 8×8 picture, F.conv2d computed here, a difference of rounding only."""
+    _, x = recorded(loaded, image)
+    branch = loaded.model.get_submodule(STRIDED).conv
+    result = conv_equivalence(loaded, image, STRIDED)
+    assert "own 3×3, stride 2 convolution" in result.description
+    with torch.no_grad():
+        expected = F.conv2d(x, branch.weight, None, stride=2, padding=1)[0]
+    np.testing.assert_allclose(result.reference, expected[result.channel].numpy(), rtol=1e-5, atol=1e-6)
+    assert result.convnn.shape == (8, 8) and result.max_abs_diff < 1e-5
