@@ -49,6 +49,7 @@ class HybridConvNN2d(nn.Module):
         knn (ConvNN2d or None): the ConvNN branch, None when λ·C_out rounds to 0.
         conv (nn.Conv2d or None): the convolution branch, None when λ·C_out rounds to C_out.
         mix (nn.Conv2d): the 1×1 mix, weight (C_out, C_out, 1, 1).
+        geometry (WindowGeometry): the kernel size, stride, padding (cells) and dilation of the conv branch.
 
     Raises:
         ValueError: λ outside [0, 1], an even ``kernel_size``, a geometry value outside its range, a
@@ -87,6 +88,7 @@ class HybridConvNN2d(nn.Module):
                              "outputs agree in size only with padding='same'")
         factory = {"device": device, "dtype": dtype}
         self.in_channels, self.out_channels, self.branch_ratio = in_channels, out_channels, branch_ratio
+        self.geometry = geometry  # the conv branch's (METHOD §3a)
         self.knn_channels = round(branch_ratio * out_channels)
         self.conv_channels = out_channels - self.knn_channels
         # Built even at λ = 0 (then with one channel, discarded) so that invalid options raise either way.
@@ -118,4 +120,8 @@ class HybridConvNN2d(nn.Module):
         return {**self.knn.describe(f"{name}.knn"), "kind": "hybrid", "branch_ratio": self.branch_ratio}
 
     def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, branch_ratio={self.branch_ratio}"
+        geometry = self.geometry
+        extra = f", kernel_size={geometry.window_size}" if geometry.window_size != 3 else ""
+        if not geometry.every_cell or geometry.dilation != 1:
+            extra += f", stride={geometry.stride}, padding={geometry.padding}, dilation={geometry.dilation}"
+        return f"{self.in_channels}, {self.out_channels}, branch_ratio={self.branch_ratio}{extra}"

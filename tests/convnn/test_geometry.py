@@ -151,6 +151,8 @@ def test_hybrid_with_a_stride_is_both_branches_on_the_strided_grid():
     expected = F.conv2d(torch.cat([knn_part, conv_part], 1), layer.mix.weight, layer.mix.bias)
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     assert layer(x).shape == (2, 6, 5, 5)
+    assert layer.extra_repr() == "3, 6, branch_ratio=0.5, stride=2, padding=1, dilation=1"
+    assert layer.knn.extra_repr() == "3, 3, selection='window', stride=2, padding=1"
 
 
 @pytest.mark.parametrize("selection", ["all", "random", "blend"])
