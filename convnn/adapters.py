@@ -103,7 +103,7 @@ def layer_input(module: nn.Module, args: tuple, kwargs: dict) -> Tensor:
 def attention_weights(module: nn.Module) -> tuple[int, tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
     """The heads and weights of a self-attention layer these views read: ``(num_heads, (qkv weight, bias), (output
     projection weight, bias))``, the fused q, k, v projection (3·dim, dim) in the order q, k, v, each head a
-    contiguous slice of dim / h (the layout of :meth:`~convnn.MultiheadSelfAttention.project_qkv`).
+    contiguous slice of dim / h (the layout of :meth:`~convnn.MultiheadSelfAttention.project_qkv`; METHOD §8).
 
     Args:
         module (nn.Module): an ``nn.MultiheadAttention`` (packed in-projection, q, k, v of one width) or a
@@ -123,7 +123,8 @@ def attention_weights(module: nn.Module) -> tuple[int, tuple[Tensor, Tensor | No
 
 @torch.no_grad()
 def load_attention_weights(target: MultiheadSelfAttention, module: nn.Module) -> None:
-    """Copy ``module``'s q, k, v and output projections (:func:`attention_weights`) into ``target``.
+    """Copy ``module``'s q, k, v and output projections (:func:`attention_weights`) into ``target`` (METHOD §4.3: with
+    them, ConvNN-attention with K = N computes ``module``).
 
     Raises:
         ValueError: ``module`` is not read (:func:`attention_weights`), or its width, heads or biases differ from

@@ -55,7 +55,8 @@ def converted_resnet18(*, num_classes: int = 1000, rule: str = "all", branch_rat
                        **options) -> nn.Module:
     """``convnn.convert(torchvision.models.resnet18(weights=None, num_classes=…), rule=…, branch_ratio=…,
     num_neighbors=…, stride_form=…, candidate_seed=…, **options)``: the model a converted ResNet-18's card builds
-    before its weights are loaded (its cost is checked first, :func:`convnn.models.cost.converted_resnet18_cost`).
+    before its weights are loaded (its cost is checked first, :func:`convnn.models.cost.converted_resnet18_cost`;
+    METHOD §5, §8).
 
     Raises:
         ValueError: an argument :func:`convnn.convert` or the layers refuse.
