@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from .layers import MultiheadSelfAttention
 
-__all__ = ["as_self_attention", "conv_window", "describe_plain", "layer_input", "prefix_tokens"]
+__all__ = ["as_self_attention", "attention_weights", "conv_window", "describe_plain", "layer_input",
+           "load_attention_weights", "prefix_tokens"]
 
 
 def _square(value: int | tuple[int, ...]) -> int | None:
@@ -99,6 +100,48 @@ def layer_input(module: nn.Module, args: tuple, kwargs: dict) -> Tensor:
     return x
 
 
+def attention_weights(module: nn.Module) -> tuple[int, tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+    """The heads and weights of a self-attention layer these views read: ``(num_heads, (qkv weight, bias), (output
+    projection weight, bias))``, the fused q, k, v projection (3·dim, dim) in the order q, k, v, each head a
+    contiguous slice of dim / h (the layout of :meth:`~convnn.MultiheadSelfAttention.project_qkv`; METHOD §8).
+
+    Args:
+        module (nn.Module): an ``nn.MultiheadAttention`` (packed in-projection, q, k, v of one width) or a
+            timm-style attention (fused ``qkv``, ``proj``; :func:`describe_plain`).
+
+    Raises:
+        ValueError: another module.
+    """
+    if isinstance(module, nn.MultiheadAttention) and module._qkv_same_embed_dim:
+        return (module.num_heads, (module.in_proj_weight, module.in_proj_bias),
+                (module.out_proj.weight, module.out_proj.bias))
+    if _timm_style(module):
+        return module.num_heads, (module.qkv.weight, module.qkv.bias), (module.proj.weight, module.proj.bias)
+    raise ValueError(f"{type(module).__name__} is not an attention layer these views read (nn.MultiheadAttention "
+                     "or a timm-style attention with a fused qkv linear)")
+
+
+@torch.no_grad()
+def load_attention_weights(target: MultiheadSelfAttention, module: nn.Module) -> None:
+    """Copy ``module``'s q, k, v and output projections (:func:`attention_weights`) into ``target`` (METHOD §4.3: with
+    them, ConvNN-attention with K = N computes ``module``).
+
+    Raises:
+        ValueError: ``module`` is not read (:func:`attention_weights`), or its width, heads or biases differ from
+            ``target``'s.
+    """
+    heads, qkv, proj = attention_weights(module)
+    shape = (target.num_heads, target.dim, target.qkv.bias is not None, target.proj.bias is not None)
+    if (heads, qkv[0].shape[1], qkv[1] is not None, proj[1] is not None) != shape:
+        raise ValueError(f"{type(module).__name__} has {heads} heads of width {qkv[0].shape[1]}, qkv bias "
+                         f"{qkv[1] is not None}, proj bias {proj[1] is not None}; the target has (heads, dim, qkv "
+                         f"bias, proj bias) = {shape}")
+    for layer, (w, b) in ((target.qkv, qkv), (target.proj, proj)):
+        layer.weight.copy_(w)
+        if b is not None:
+            layer.bias.copy_(b)
+
+
 def as_self_attention(module: nn.Module) -> MultiheadSelfAttention:
     """The :class:`~convnn.MultiheadSelfAttention` that computes what ``module`` computes, with its weights copied
     (on ``module``'s device): this library's MHSA itself, an ``nn.MultiheadAttention`` (packed in-projection, q, k, v
@@ -110,22 +153,10 @@ def as_self_attention(module: nn.Module) -> MultiheadSelfAttention:
     if isinstance(module, MultiheadSelfAttention):
         return module
     weight = next(module.parameters())
-    if isinstance(module, nn.MultiheadAttention) and module._qkv_same_embed_dim:
-        qkv = (module.in_proj_weight, module.in_proj_bias)
-        proj = (module.out_proj.weight, module.out_proj.bias)
-    elif _timm_style(module):
-        qkv, proj = (module.qkv.weight, module.qkv.bias), (module.proj.weight, module.proj.bias)
-    else:
-        raise ValueError(f"{type(module).__name__} is not an attention layer these views read (nn.MultiheadAttention "
-                         "or a timm-style attention with a fused qkv linear)")
-    dim = qkv[0].shape[1]
-    mhsa = MultiheadSelfAttention(dim, module.num_heads, qkv_bias=qkv[1] is not None, proj_bias=proj[1] is not None,
-                                  device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        for layer, (w, b) in ((mhsa.qkv, qkv), (mhsa.proj, proj)):
-            layer.weight.copy_(w)
-            if b is not None:
-                layer.bias.copy_(b)
+    heads, qkv, proj = attention_weights(module)
+    mhsa = MultiheadSelfAttention(qkv[0].shape[1], heads, qkv_bias=qkv[1] is not None,
+                                  proj_bias=proj[1] is not None, device=weight.device, dtype=weight.dtype)
+    load_attention_weights(mhsa, module)
     return mhsa.eval()
 
 

@@ -110,9 +110,10 @@ def check_model(card: ModelCard, source: str) -> None:
 
     def shape_only(name: str, layer: nn.Module) -> Callable[..., torch.Tensor]:
         def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-            if isinstance(layer, ConvNN2d):  # (B, C_in, H, W) → (B, C_out, H, W)
-                tokens[name] = x.shape[2] * x.shape[3]
-                return x.new_empty(x.shape[0], layer.out_channels, *x.shape[2:])
+            if isinstance(layer, ConvNN2d):  # (B, C_in, H, W) → (B, C_out, H_out, W_out); selects on its candidates
+                height, width = layer.candidate_grid(x.shape[2], x.shape[3])
+                tokens[name] = height * width
+                return x.new_empty(x.shape[0], layer.out_channels, *layer.geometry.output_size(*x.shape[2:]))
             tokens[name] = x.shape[1]  # attention: (B, N, dim) → (B, N, dim)
             return x.new_empty(x.shape)
         return forward

@@ -23,6 +23,7 @@ from kernels import resolve_backend
 
 from .adapters import describe_plain, layer_input, prefix_tokens
 from .budget import MAX_EXHAUSTIVE_TOKENS
+from .functional import WindowGeometry
 from .layers import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention
 
 __all__ = ["LayerInfo", "compute_path", "convnn_layers", "layer_facts", "model_family"]
@@ -55,8 +56,8 @@ class LayerInfo:
         branch_ratio (float or None): λ of a hybrid layer.
         seed (int or None): its candidate seed (:mod:`convnn.candidates`), None for layers that select nothing.
         blend_alpha (float or None): α of blend selection (None for other layers).
-        stride, dilation (int): a convolution's stride s and dilation d (1 for every other layer).
-        padding (int or None): a convolution's zero padding p, cells (None for layers that are not convolutions).
+        stride, dilation (int): a map layer's stride s and dilation d (METHOD §3a; 1 for attention).
+        padding (int or None): a map layer's zero padding p, cells (None for attention).
     """
 
     name: str
@@ -110,6 +111,21 @@ class LayerInfo:
             raise ValueError(f"head must be in [0, {self.num_heads - 1}] for {self.name} ({self.num_heads} "
                              f"head{'s' if self.num_heads > 1 else ''}), got {head}")
         return head
+
+    def cell_outputs(self) -> torch.Tensor:
+        """(H·W,) int64: for each cell of the grid (raster order), the output (raster order of the layer's H_out×W_out
+        output) a view shows it with: the output whose query is the last at or before the cell on each axis (METHOD
+        §3a, :meth:`~convnn.functional.WindowGeometry.covering_query`); the cell's own when every cell is a query
+        (stride 1, "same" padding; attention).
+
+        Raises:
+            ValueError: a window that does not fit the grid.
+        """
+        if self.is_attention or self.padding is None:
+            return torch.arange(self.height * self.width)
+        geometry = WindowGeometry(self.window_size, self.stride, self.padding, self.dilation)
+        rows, cols = geometry.covering_query(self.height), geometry.covering_query(self.width)
+        return (rows[:, None] * geometry.output_size(self.height, self.width)[1] + cols[None, :]).flatten()
 
     @property
     def conv_only(self) -> bool:

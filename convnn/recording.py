@@ -18,13 +18,17 @@ class NeighborRecord:
     """The neighbours one ConvNN layer used in one forward call.
 
     Attributes:
-        topk_idx (Tensor): (B, h, N, K) int64 key indices, rank 0 first; for ``window``/``blend`` selection they
+        topk_idx (Tensor): (B, h, N_out, K) int64 key indices, rank 0 first; for ``window``/``blend`` selection they
             address the map zero-padded by ``padding`` cells, otherwise the map itself.
         topk_weights (Tensor): (B, h, N, K) the weights ρ the layer applied (ones for ``weighting="none"``).
         height (int): H of the layer's (unpadded) map; queries are its N = H·W tokens in raster order.
         width (int): W of the layer's map.
-        padding (int): zero padding of the key grid (0 for ``all``/``random``).
+        padding (int): zero padding of the key grid (0 for ``all``/``random`` unless their candidates include the
+            padding).
         candidates (Tensor, optional): (B or 1, r) int64 sampled candidate keys for ``random`` selection.
+        queries (Tensor, optional): (N_out, 2) int64 ``(row, col)`` of each query in the map (padding cells fall
+            outside), raster order of the output, when the queries are not every cell of the map (a stride, or a
+            padding other than "same": METHOD §3a); None: query ``i`` is cell ``i``.
     """
 
     topk_idx: Tensor
@@ -33,6 +37,7 @@ class NeighborRecord:
     width: int
     padding: int = 0
     candidates: Tensor | None = None
+    queries: Tensor | None = None
 
     def cells(self) -> Tensor:
         """(B, h, N, K, 2) int64 ``(row, col)`` of each neighbour in the layer's map; padding cells fall outside."""
@@ -45,10 +50,10 @@ class Recordable(nn.Module):
     _records: list[NeighborRecord] | None = None
 
     def _record(self, topk_idx: Tensor, topk_weights: Tensor, height: int, width: int, padding: int = 0,
-                candidates: Tensor | None = None) -> None:
+                candidates: Tensor | None = None, queries: Tensor | None = None) -> None:
         if self._records is not None:
             self._records.append(NeighborRecord(topk_idx.detach(), topk_weights.detach(), height, width, padding,
-                                                candidates))
+                                                candidates, queries))
 
 
 @contextlib.contextmanager

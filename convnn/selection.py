@@ -33,7 +33,7 @@ from kernels.reference import (
     similarity_scores,
 )
 
-from .functional import window_indices
+from .functional import WindowGeometry, window_indices
 
 __all__ = [
     "SELECTION_RULES",
@@ -66,6 +66,9 @@ class SelectionOptions:
         blend_alpha (float): α ∈ [0, 1]. Default: 0.5
         candidates (Tensor, optional): (B or 1, r) int64 sampled keys for ``"random"``. Default: None
         self_first (bool): the query is rank 0 whatever its score (the 2-D layer). Default: True
+        geometry (WindowGeometry, optional): where ``"window"``'s queries and windows sit on the map (a layer's
+            stride, padding and dilation, METHOD §3a); its ``window_size`` is R. Default: None (every cell a query,
+            padding R // 2)
     """
 
     num_neighbors: int
@@ -74,6 +77,7 @@ class SelectionOptions:
     blend_alpha: float = 0.5
     candidates: Tensor | None = None
     self_first: bool = True
+    geometry: WindowGeometry | None = None
 
 
 @dataclass(frozen=True)
@@ -204,14 +208,20 @@ def neighbor_similarity(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str 
 
 
 def select_window(q: Tensor, k: Tensor, grid: tuple[int, int] | None, options: SelectionOptions) -> Neighbors:
-    """``"window"``: the K offsets nearest each query in its R×R window, raster order, keys zero-padded by R // 2.
+    """``"window"``: the K offsets nearest each query in its R×R window, raster order, keys zero-padded by R // 2, or
+    as ``options.geometry`` places queries and windows (stride, padding, dilation: METHOD §3a).
 
-    The scores are the feature similarities of the window cells (for ρ), computed for those pairs only.
+    The scores are the feature similarities of the query cells to their window cells (for ρ), computed for those
+    pairs only; ``topk_idx`` is (B, h, H_out·W_out, K).
     """
     check_window_neighbors("window", options.num_neighbors, options.window_size)
-    B, h, N, _ = q.shape
-    pad = options.window_size // 2
-    idx = window_indices(*grid, options.window_size, options.num_neighbors, q.device).expand(B, h, N, -1)
+    B, h = q.shape[:2]
+    geometry = options.geometry or WindowGeometry(options.window_size, padding=options.window_size // 2)
+    pad = geometry.padding
+    idx = window_indices(*grid, options.window_size, options.num_neighbors, q.device, geometry)
+    if not geometry.every_cell:  # the queries: the windows' centre cells, maybe zero padding cells
+        q = padded_tokens(q, grid, pad)[:, :, geometry.query_indices(*grid, pad, q.device)]
+    idx = idx.expand(B, h, -1, -1)
     return Neighbors(idx, neighbor_scores(q, padded_tokens(k, grid, pad), idx, options.similarity), pad)
 
 

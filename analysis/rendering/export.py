@@ -98,7 +98,8 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
 def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
     """What a reader of the neighbours of ``probe`` under resolved ``options`` should know, one sentence each: that
     r ≥ N made the random rule the all rule, that MHSA selects nothing, that a strided or dilated convolution's window
-    is not centred on the query, and what cells outside the grid are (zero padding of a map, or, for a ViT, padding
+    is not centred on the query, that a strided ConvNN layer's cells show their outputs' queries' selections, and
+    what cells outside the grid are (zero padding of a map, or, for a ViT, padding
     the layer itself cannot select)."""
     notes = []
     if options.num_candidates >= probe.num_tokens:
@@ -113,6 +114,11 @@ def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
                      f"output per {probe.stride}×{probe.stride} cells of this {probe.height}×{probe.width} input, so "
                      "\"what the layer used\" is the window of the output covering the query (METHOD §8), not a "
                      "window centred on it as the window rule's.")
+    elif not probe.is_attention and (probe.stride > 1 or probe.padding != probe.dilation * (probe.window_size // 2)):
+        notes.append(f"A ConvNN layer with stride {probe.stride} and padding {probe.padding}: its queries are the "
+                     f"centres of the windows a convolution would read, one per {probe.stride}×{probe.stride} cells "
+                     f"of this {probe.height}×{probe.width} input, so \"what the layer used\" at a cell is the "
+                     "selection of the last query at or before it on each axis (its rank 0, METHOD §3a).")
     if probe.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "

@@ -50,6 +50,14 @@ def _selection(selection: Selection) -> dict:
     return entry
 
 
+def _outside(selection: Selection, probe: LayerInfo) -> int:
+    """How many cells beyond the grid the selection reaches (a dilated window, a layer's own padding: METHOD §3a)."""
+    cells = selection.cells[~selection.is_prefix]
+    if not cells.size:
+        return 0
+    return int(max(0, -cells.min(), cells[:, 0].max() - probe.height + 1, cells[:, 1].max() - probe.width + 1))
+
+
 def _edges(probe: LayerInfo, padding: int) -> tuple[list[int], list[int]]:
     """Pixel edges of the rows and columns ``−padding … H + padding`` (``W``): cell ``r`` spans
     ``[edges[r + padding], edges[r + padding + 1])`` (:func:`analysis.cell_rect_px`)."""
@@ -102,7 +110,7 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
     """
     probe, options = table.layer, table.options
     size = probe.input_size
-    padding = options.window_size // 2
+    padding = max(options.window_size // 2, *(_outside(rule.selection, probe) for rule in table.rules.values()))
     row_edges, col_edges = _edges(probe, padding)
     rules = []
     for name, rule in table.rules.items():

@@ -216,13 +216,16 @@ def _rule_selection(probe: LayerInfo, q: Tensor, k: Tensor, rule_name: str, opti
 
 
 def _recorded(probe: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Selection:
-    """What the layer selected in the forward pass (:func:`convnn.record_neighbors`), with feature similarities."""
+    """What the layer selected in the forward pass (:func:`convnn.record_neighbors`), with feature similarities; a
+    map layer's cell shows its output's selection (:meth:`~convnn.introspect.LayerInfo.cell_outputs`), whose
+    scores are the cell's own similarities to those neighbours."""
     idx = record.topk_idx[0, head]  # (Nq, K), Nq = tokens of the layer
     if probe.is_attention:
         idx = idx[probe.num_prefix_tokens:]
         cells, is_prefix = _tokens_to_cells(idx, probe)
         scores = neighbor_similarity(q[:, :, probe.num_prefix_tokens:], k, idx[None, None], probe.similarity)
-    else:
+    else:  # each cell shows the selection of its output (a strided layer's queries are some of its cells)
+        idx = idx[probe.cell_outputs().to(idx.device)]
         cells = padded_to_cells(idx, record.width, record.padding).cpu().numpy()
         is_prefix = np.zeros(cells.shape[:2], dtype=bool)
         scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width),

@@ -45,18 +45,20 @@ __all__ = [
 
 
 def layer_label(probe: LayerInfo) -> str:
-    """Human label of a layer, e.g. ``"stages.0.0.conv1 · hybrid λ=0.5 K=9 · all · 32×32"``."""
+    """Human label of a layer, e.g. ``"stages.0.0.conv1 · hybrid λ=0.5 K=9 · all · 32×32"`` (a map layer's stride and
+    dilation when > 1: ``"… K=9 stride 2 · …"``)."""
     if probe.is_attention:
         what = {"mhsa": "MHSA", "kvt": f"KVT K={probe.num_neighbors}",
                 "convnn": f"ConvNN-attention K={probe.num_neighbors}"}.get(probe.mixer, probe.mixer)
-    elif probe.is_hybrid:
-        what = f"hybrid λ={probe.branch_ratio}" + ("" if probe.conv_only else f" K={probe.num_neighbors}")
-    elif probe.conv_only:
-        what = f"conv {probe.window_size}×{probe.window_size}" + "".join(
-            f" {name} {value}" for name, value in (("stride", probe.stride), ("dilation", probe.dilation))
-            if value > 1)
     else:
-        what = f"ConvNN2d K={probe.num_neighbors}"
+        if probe.is_hybrid:
+            what = f"hybrid λ={probe.branch_ratio}" + ("" if probe.conv_only else f" K={probe.num_neighbors}")
+        elif probe.conv_only:
+            what = f"conv {probe.window_size}×{probe.window_size}"
+        else:
+            what = f"ConvNN2d K={probe.num_neighbors}"
+        what += "".join(f" {name} {value}" for name, value in (("stride", probe.stride), ("dilation", probe.dilation))
+                        if value > 1)
     grid = f"{probe.height}×{probe.width}" + (" patches + CLS" if probe.num_prefix_tokens else "")
     return f"{probe.name} · {what} · {probe.selection} · {grid}"
 

@@ -1,8 +1,9 @@
 """The equivalence demo on this image's own features (METHOD §4.1 and §4.3), with the live max |difference|.
 
 * **Convolution**: ``ConvNN2d(selection="window", K = R²)`` with its rank-slot kernel copied from a ``Conv2d``
-  (``W1[o, c, t] = W2[o, c, t // R, t % R]``) against that ``Conv2d`` on the layer's input feature map. The hybrid
-  layer's own 3×3 branch is used when it has one, else a seeded random convolution.
+  (``W1[o, c, t] = W2[o, c, t // R, t % R]``) and its geometry (stride, padding, dilation: METHOD §3a) against that
+  ``Conv2d`` on the layer's input feature map. The layer's own convolution is used when it has one (a hybrid's
+  branch, a plain convolution), else a seeded random convolution.
 * **Attention**: ``ConvNNAttention`` with K = N, softmax weighting and an all-ones depthwise kernel against
   multi-head attention through ``F.scaled_dot_product_attention``, with the same q, k, v and output projections,
   on the layer's input tokens (a ViT layer's own projections; a seeded random one-head attention on a map's pixels).
@@ -81,15 +82,16 @@ def _seeded_(module: nn.Module) -> nn.Module:
 
 
 def _window_shaped(conv: nn.Conv2d | None) -> bool:
-    """Whether ``conv`` computes what window selection with K = k² does: an odd k×k kernel, stride 1, dilation 1,
-    one group, zero padding k // 2 (a hybrid's branch; a plain convolution may be otherwise)."""
+    """Whether ``conv`` computes what window selection with K = k² does on its geometry (METHOD §3a): an odd k×k
+    kernel (any stride, dilation and zero padding) and one group (a hybrid's branch; a plain convolution may be
+    otherwise)."""
     facts = None if conv is None else describe_plain(conv)  # square kernel > 1, zero padding, or None
-    return facts is not None and conv.groups == 1 and (facts["stride"], facts["dilation"], facts["padding"]) == (
-        1, 1, facts["window_size"] // 2) and facts["window_size"] % 2 == 1
+    return facts is not None and conv.groups == 1 and facts["window_size"] % 2 == 1
 
 
 def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
-    """Window-selection ConvNN2d (K = R²) vs ``Conv2d`` on ``layer``'s input map (METHOD §4.1).
+    """Window-selection ConvNN2d (K = R², the convolution's stride, padding and dilation) vs ``Conv2d`` on
+    ``layer``'s input map (METHOD §4.1, §3a).
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
@@ -102,16 +104,18 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
     conv = layer_conv(module, probe)
     if _window_shaped(conv):
         conv = copy.deepcopy(conv).cpu()
-        source = f"the layer's own {conv.kernel_size[0]}×{conv.kernel_size[0]} convolution"
-    else:  # none, or one whose output is not the window selection's (stride, dilation, groups, other padding)
+        stride = f", stride {conv.stride[0]}" if conv.stride[0] > 1 else ""
+        source = f"the layer's own {conv.kernel_size[0]}×{conv.kernel_size[0]}{stride} convolution"
+    else:  # none, or one whose output is not the window selection's (groups, an even kernel)
         conv = _seeded_(nn.Conv2d(x.shape[1], _DEMO_CHANNELS, 3, padding=1))
         source = f"a seeded random 3×3 conv ({_DEMO_CHANNELS} channels)"
     size = conv.kernel_size[0]
-    knn = ConvNN2d(conv.in_channels, conv.out_channels, num_neighbors=size**2, selection="window", window_size=size,
-                   bias=conv.bias is not None, backend="reference")
+    knn = ConvNN2d(conv.in_channels, conv.out_channels, num_neighbors=size**2, selection="window", kernel_size=size,
+                   stride=conv.stride, padding=conv.padding, dilation=conv.dilation, bias=conv.bias is not None,
+                   backend="reference")
     knn.load_conv2d_weight(conv)
     with torch.no_grad():
-        expected, got = conv(x)[0], knn(x)[0]  # (C_out, H, W)
+        expected, got = conv(x)[0], knn(x)[0]  # (C_out, H_out, W_out)
     return _pictured(f"ConvNN2d(window, K={size**2}) with {source}'s weights vs conv2d, on the {tuple(x.shape[1:])} "
                      f"input of {probe.name}", got, expected)
 

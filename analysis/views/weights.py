@@ -138,7 +138,7 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tu
     """What ``layer`` gathers and what it outputs on ``image``: one layer call per (model, image, layer).
 
     Attention: values (1, h, N, d) and the output before the projection (1, N, dim). Maps: the zero-padded input
-    tokens (1, 1, N_padded, C_in) and the ConvNN branch's output (1, C_out, H, W).
+    tokens (1, 1, N_padded, C_in) and the ConvNN branch's output (1, C_out, H_out, W_out).
     """
     probe = loaded.probe(layer)
     trace = trace_image(loaded, image)
@@ -156,7 +156,8 @@ _CONTRIBUTION_CHUNK = 256  # queries whose K contribution vectors are held at on
 def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerInfo, head: int, queries: np.ndarray
                           ) -> tuple[Tensor, Tensor, Tensor]:
     """``W[:, :, t] · ρ_t · v[idx_t]`` for each of ``queries`` (raster indices of the grid) and each of its K
-    recorded neighbours: (Q, K, C) float32, with the bias (C,) and the layer's own output at the queries (Q, C)."""
+    recorded neighbours: (Q, K, C) float32, with the bias (C,) and the layer's own output at the queries (Q, C); a
+    map layer's cell has its output's (:meth:`~convnn.introspect.LayerInfo.cell_outputs`)."""
     record = trace_image(loaded, image).records[probe.name]
     values, layer_output = _values_and_output(loaded, image, probe.name)
     module = probe_module(loaded.model, probe)
@@ -169,14 +170,14 @@ def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerIn
             vectors = taps * rho[..., None] * values[0, head, idx]  # (Q, K, d)
             return vectors.float(), torch.zeros(d), layer_output[0, tokens, head * d:(head + 1) * d].float()
         knn = knn_branch(module, probe)
-        idx, rho = record.topk_idx[0, 0, queries], record.topk_weights[0, 0, queries]  # (Q, K)
+        outputs = probe.cell_outputs()[queries].to(record.topk_idx.device)  # the queries' outputs
+        idx, rho = record.topk_idx[0, 0, outputs], record.topk_weights[0, 0, outputs]  # (Q, K)
         groups, (c_out, c_in_group, k) = knn.groups, knn.weight.shape
         neighbors = (rho[..., None] * values[0, 0, idx]).unflatten(-1, (groups, c_in_group))  # (Q, K, G, C_in/G)
         weight = knn.weight.view(groups, c_out // groups, c_in_group, k)  # (G, C_out/G, C_in/G, K)
         vectors = torch.einsum("qkgc,gock->qkgo", neighbors, weight).flatten(2)  # (Q, K, C_out)
         bias = knn.bias if knn.bias is not None else torch.zeros(c_out)
-        rows, cols = np.divmod(queries, probe.width)
-        return vectors.float(), bias.float(), layer_output[0, :, rows, cols].T.float()
+        return vectors.float(), bias.float(), layer_output[0].flatten(1)[:, outputs].T.float()
 
 
 def _check_selects(probe: LayerInfo) -> None:
@@ -244,8 +245,9 @@ class BranchMix:
         branch_ratio (float): λ.
         knn_channels (int): channels of the ConvNN branch (``round(λ·C_out)``).
         conv_channels (int): channels of the convolution branch.
-        knn_norm (np.ndarray): (H, W) float32 ``‖M_knn z_knn‖`` per pixel.
-        conv_norm (np.ndarray): (H, W) float32 ``‖M_conv z_conv‖`` per pixel.
+        knn_norm (np.ndarray): (H, W) float32 ``‖M_knn z_knn‖`` per cell of the layer's input grid (a strided
+            layer's cell: its output's, :meth:`~convnn.introspect.LayerInfo.cell_outputs`).
+        conv_norm (np.ndarray): (H, W) float32 ``‖M_conv z_conv‖`` per cell.
         share (np.ndarray): (H, W) float32 ConvNN share in [0, 1] (0.5 where both norms are 0).
     """
 
@@ -278,8 +280,10 @@ def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
         knn_norm, conv_norm = knn_part.norm(dim=1)[0], conv_part.norm(dim=1)[0]
         total = knn_norm + conv_norm
         share = torch.where(total > 0, knn_norm / total.clamp_min(torch.finfo(total.dtype).tiny), 0.5)
-    return BranchMix(module.branch_ratio, module.knn_channels, module.conv_channels, knn_norm.cpu().numpy(),
-                     conv_norm.cpu().numpy(), share.cpu().numpy())
+        outputs = probe.cell_outputs().to(share.device)
+        knn_norm, conv_norm, share = (t.flatten()[outputs].view(probe.height, probe.width).cpu().numpy()
+                                      for t in (knn_norm, conv_norm, share))
+    return BranchMix(module.branch_ratio, module.knn_channels, module.conv_channels, knn_norm, conv_norm, share)
 
 
 def mix_summary(mix: BranchMix) -> str:

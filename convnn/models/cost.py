@@ -20,11 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..conversion import STRIDE_FORMS, conversion_options
+from ..functional import window_geometry
 from ..selection import selection_rule
-from ..validation import check_int, check_nonnegative, check_positive, check_ratio
+from ..validation import check_choice, check_int, check_nonnegative, check_positive, check_ratio
 
-__all__ = ["ModelCost", "resnet50_cost", "resnet_cifar_cost", "torchvision_resnet18_cost", "torchvision_vit_cost",
-           "vit_cost"]
+__all__ = ["ModelCost", "converted_resnet18_cost", "resnet50_cost", "resnet_cifar_cost", "torchvision_resnet18_cost",
+           "torchvision_vit_cost", "vit_cost"]
 
 _TORCHVISION_RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride) per stage
 _BOTTLENECK_EXPANSION = 4
@@ -100,42 +102,67 @@ def _selection_scores(selection: str, tokens: int, keys: int, num_candidates: in
     return 0
 
 
-def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: int = 9, selection: str = "all",
-              num_candidates: int | None = None, window_size: int = 3, qk_dim: int | None = None,
-              coord_channels: bool = False, groups: int = 1, bias: bool = True, **_) -> ModelCost:
-    """A ConvNN2d on an H×W map: its Conv1D, learned q/k projections, the scores its rule computes."""
+def _convnn2d(c_in: int, c_out: int, side: tuple[int, int], *, num_neighbors: int | None = None,
+              selection: str = "all", num_candidates: int | None = None, window_size: int | None = None,
+              kernel_size=None, stride=1, padding="same", dilation=1, padding_mode: str = "zeros",
+              candidate_padding: bool = False, qk_dim: int | None = None, coord_channels: bool = False,
+              groups: int = 1, bias: bool = True, **_) -> ModelCost:
+    """A ConvNN2d on an H×W map: its Conv1D, learned q/k projections, the scores its rule computes (a fused rule
+    selects for every cell of its candidate map, the window rule for the queries only: METHOD §3a).
+
+    Raises:
+        ValueError: a size that is not a positive integer, or a geometry :func:`~convnn.functional.window_geometry`
+            refuses or that leaves no output.
+    """
+    if window_size is not None:
+        check_int("window_size", window_size, 1)
+    geometry = window_geometry(kernel_size if kernel_size is not None else window_size or 3, stride, padding,
+                               dilation, padding_mode)
+    num_neighbors = geometry.window_size**2 if num_neighbors is None else num_neighbors
     check_int("num_neighbors", num_neighbors, 1)
-    check_int("window_size", window_size, 1)
     check_int("groups", groups, 1)
     if qk_dim is not None:
         check_int("qk_dim", qk_dim, 1)
     if num_candidates is not None:
         check_int("num_candidates", num_candidates, 1)
     height, width = side
-    tokens = height * width
+    out_height, out_width = geometry.output_size(height, width)
+    rule = selection_rule(selection)
+    extra = geometry.padding if candidate_padding else 0
+    selecting = out_height * out_width if rule.gathers else (height + 2 * extra) * (width + 2 * extra)
     features = qk_dim or c_in + (2 if coord_channels else 0)
-    padded = (height + window_size - 1) * (width + window_size - 1)
-    keys = padded if selection_rule(selection).needs_grid else tokens
-    scores = _selection_scores(selection, tokens, keys, num_candidates)
+    blend_pad = geometry.window_size // 2
+    keys = (height + 2 * blend_pad) * (width + 2 * blend_pad) if rule.needs_grid else selecting
+    scores = _selection_scores(selection, selecting, keys, num_candidates)
     weight = c_out * (c_in // groups) * num_neighbors
     projections = 2 * (c_in + (2 if coord_channels else 0)) * qk_dim if qk_dim else 0
     return ModelCost(weight + (c_out if bias else 0) + projections, 1 + (2 if qk_dim else 0),
-                     weight * tokens + scores * features + projections * tokens,
-                     c_out * tokens + tokens * num_neighbors * (c_in + 2) + scores * (2 if selection == "blend" else 1))
+                     weight * selecting + scores * features + projections * height * width,
+                     c_out * selecting + selecting * num_neighbors * (c_in + 2)
+                     + scores * (2 if selection == "blend" else 1))
 
 
 def _hybrid(c_in: int, c_out: int, side: tuple[int, int], branch_ratio: float, bias: bool,
-            options: dict) -> ModelCost:
-    """HybridConvNN2d (3×3 conv branch, ConvNN branch, 1×1 mix) on an H×W map."""
+            options: dict) -> tuple[ModelCost, tuple[int, int]]:
+    """HybridConvNN2d (conv branch, ConvNN branch, 1×1 mix) on an H×W map, ``options`` its keyword arguments
+    (geometry and ConvNN options); returns its cost and its output (H_out, W_out)."""
     check_ratio("branch_ratio", branch_ratio)
-    pixels = side[0] * side[1]
+    options = dict(options)
+    kernel_size, window = options.pop("kernel_size", 3), options.pop("window_size", None)
+    geometry_args = {name: options.pop(name) for name in ("stride", "padding", "dilation", "padding_mode")
+                     if name in options}
+    geometry = window_geometry(kernel_size, **geometry_args)
+    out = geometry.output_size(*side)
+    pixels = out[0] * out[1]
     knn_channels = round(branch_ratio * c_out)
     cost = _simple() + _conv(c_out, c_out, 1, pixels, bias=True)  # itself, the mix
     if knn_channels:
-        cost = cost + _convnn2d(c_in, knn_channels, side, bias=bias, **options)
+        padding = "same" if geometry_args.get("padding", "same") == "same" else geometry.padding
+        cost = cost + _convnn2d(c_in, knn_channels, side, bias=bias, kernel_size=window or geometry.window_size,
+                                stride=geometry.stride, padding=padding, dilation=geometry.dilation, **options)
     if c_out - knn_channels:
-        cost = cost + _conv(c_in, c_out - knn_channels, 3, pixels, bias=bias)
-    return cost
+        cost = cost + _conv(c_in, c_out - knn_channels, geometry.window_size, pixels, bias=bias)
+    return cost, out
 
 
 def _check_sizes(name: str, values, low: int) -> list[int]:
@@ -165,12 +192,12 @@ def resnet_cifar_cost(input_size: int, *, widths=(64, 128, 256), depths=(1, 1, 1
     cost = _simple(3) + _conv(in_chans, widths[0], 3, side * side) + _batch_norm(widths[0], side * side)  # root, stem
     for stage, (width, depth) in enumerate(zip(widths, depths, strict=True)):
         pixels = side * side
-        hybrid = _hybrid(width, width, (side, side), branch_ratio, False, convnn_options)
+        hybrid, _ = _hybrid(width, width, (side, side), branch_ratio, False, convnn_options)
         # ResidualBlock, its act1 Sequential and two GELUs; two hybrid layers; two BatchNorms
         block = _sum([_simple(4), hybrid, hybrid, _batch_norm(width, pixels), _batch_norm(width, pixels)])
         cost = cost + _simple() + _times(block, depth)  # the stage's Sequential
         if stage + 1 < len(widths):
-            down = _hybrid(width, widths[stage + 1], (side, side), branch_ratio, False, convnn_options)
+            down, _ = _hybrid(width, widths[stage + 1], (side, side), branch_ratio, False, convnn_options)
             side //= 2
             cost = cost + down + _simple(3) + _batch_norm(widths[stage + 1], side * side)  # Sequential, pool, GELU
     return cost + _simple() + _linear(widths[-1], num_classes)  # stages' Sequential, head
@@ -196,11 +223,11 @@ def resnet50_cost(input_size: int, *, branch_ratio: float = 0.5, num_classes: in
             pixels, out_side = side * side, side // 2 if strided else side
             out_pixels, wide = out_side * out_side, planes * _BOTTLENECK_EXPANSION
             cost = cost + _sum([_simple(2), _conv(inplanes, planes, 1, pixels), _batch_norm(planes, pixels),
-                                _hybrid(planes, planes, (side, side), branch_ratio, False, options),
+                                _hybrid(planes, planes, (side, side), branch_ratio, False, options)[0],
                                 _batch_norm(planes, out_pixels), _conv(planes, wide, 1, out_pixels),
                                 _batch_norm(wide, out_pixels)])  # block, ReLU
             if strided:
-                cost = cost + _simple(2)  # _HybridDownsample's Sequential and its average pooling
+                cost = cost + _simple(2)  # HybridDownsample (a Sequential) and its average pooling
             if block == 0:
                 cost = cost + _simple() + _conv(inplanes, wide, 1, out_pixels) + _batch_norm(wide, out_pixels)
             inplanes, side = wide, out_side
@@ -243,13 +270,15 @@ _TORCHVISION_RESNET18 = ((64, 1), (128, 2), (256, 2), (512, 2))  # (planes, stri
 _MAX_SIDE = 100_000  # pixels a torchvision ViT's image_size (and patch) may name: bounds the arithmetic below
 
 
-def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> ModelCost:
-    """The cost of ``torchvision.models.resnet18(num_classes=…)`` (random weights) at ``input_size``² pixels.
+def _plain_3x3(c_in: int, c_out: int, side: int, stride: int) -> tuple[ModelCost, int]:
+    """A torchvision 3×3 convolution (padding 1, no bias) on a side² map: its cost and output side."""
+    out_side = (side - 1) // stride + 1
+    return _conv(c_in, c_out, 3, out_side * out_side), out_side
 
-    Raises:
-        ValueError: ``num_classes`` not a positive integer.
-        TypeError: any other argument (``weights`` would download: no argument but ``num_classes`` is taken).
-    """
+
+def _resnet18(input_size: int, num_classes: int, conv3x3) -> ModelCost:
+    """torchvision's ResNet-18 at ``input_size``² pixels with each 3×3 convolution costed by
+    ``conv3x3(c_in, c_out, side, stride) -> (cost, output side)``."""
     check_int("num_classes", num_classes, 1)
     side = (input_size + 1) // 2  # conv1: 7×7, stride 2, padding 3
     cost = _simple(3) + _conv(3, 64, 7, side * side) + _batch_norm(64, side * side)  # root, ReLU, max-pool
@@ -259,14 +288,51 @@ def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> Mo
         cost = cost + _simple()  # the layer's Sequential
         for block in range(2):
             strided = stride == 2 and block == 0
-            out_side = (side + 1) // 2 if strided else side
+            first, out_side = conv3x3(inplanes, planes, side, 2 if strided else 1)
+            second, _ = conv3x3(planes, planes, out_side, 1)
             pixels = out_side * out_side
-            cost = cost + _sum([_simple(2), _conv(inplanes, planes, 3, pixels), _batch_norm(planes, pixels),
-                                _conv(planes, planes, 3, pixels), _batch_norm(planes, pixels)])  # block, ReLU
+            cost = cost + _sum([_simple(2), first, _batch_norm(planes, pixels), second,
+                                _batch_norm(planes, pixels)])  # block, ReLU
             if strided:  # downsample: Sequential(1×1 conv, BatchNorm)
-                cost = cost + _simple() + _conv(inplanes, planes, 1, pixels) + _batch_norm(planes, pixels)
+                down_side = (side + 1) // 2
+                cost = (cost + _simple() + _conv(inplanes, planes, 1, down_side * down_side)
+                        + _batch_norm(planes, down_side * down_side))
             inplanes, side = planes, out_side
     return cost + _simple() + _linear(inplanes, num_classes)  # average pool, fc
+
+
+def torchvision_resnet18_cost(input_size: int, *, num_classes: int = 1000) -> ModelCost:
+    """The cost of ``torchvision.models.resnet18(num_classes=…)`` (random weights) at ``input_size``² pixels.
+
+    Raises:
+        ValueError: ``num_classes`` not a positive integer.
+        TypeError: any other argument (``weights`` would download: no argument but ``num_classes`` is taken).
+    """
+    return _resnet18(input_size, num_classes, _plain_3x3)
+
+
+def converted_resnet18_cost(input_size: int, *, num_classes: int = 1000, rule: str = "all",
+                            branch_ratio: float = 0.5, num_neighbors: int = 9, stride_form: str = "query",
+                            candidate_seed: int = 0, **options) -> ModelCost:
+    """The cost of :func:`convnn.convert` of torchvision's ResNet-18 at ``input_size``² pixels: each 3×3 a hybrid
+    layer with the convolution's stride (``stride_form="query"``) or at stride 1 with 2×2 average pooling
+    (``"pool"``), ``options`` its ConvNN options.
+
+    Raises:
+        ValueError: a size that is not a positive integer, an unknown ``stride_form`` or rule, a λ outside [0, 1],
+            or a geometry the layers refuse (e.g. a 3×3 of a map too small for it).
+        TypeError: an option :func:`convnn.convert` refuses (:func:`convnn.conversion.conversion_options`).
+    """
+    check_choice("stride_form", stride_form, STRIDE_FORMS)
+    knn = dict(conversion_options(options)[0], num_neighbors=num_neighbors, selection=rule)
+
+    def hybrid(c_in: int, c_out: int, side: int, stride: int) -> tuple[ModelCost, int]:
+        pooled = stride_form == "pool" and stride > 1
+        cost, (out_side, _) = _hybrid(c_in, c_out, (side, side), branch_ratio, False,
+                                      dict(knn, stride=1 if pooled else stride, padding=1))
+        return (cost + _simple(2), out_side // stride) if pooled else (cost, out_side)  # HybridDownsample, pool
+
+    return _resnet18(input_size, num_classes, hybrid)
 
 
 def torchvision_vit_cost(input_size: int, *, image_size: int = 224, patch_size: int = 16, num_layers: int = 12,

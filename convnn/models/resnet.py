@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
 from ..candidates import assign_candidate_seeds
+from ..conversion import convert
 from ..layers import HybridConvNN2d
 from .cost import resnet50_cost, resnet_cifar_cost
 from .registry import register_model
@@ -114,31 +115,20 @@ def convnn_resnet_cifar(**kwargs) -> ResNetCifar:
     return ResNetCifar(**kwargs)
 
 
-class _HybridDownsample(nn.Sequential):
-    """A hybrid layer at stride 1, then 2×2 average pooling: ConvNN has no stride (ResNet-50's strided 3×3s)."""
-
-    def __init__(self, channels: int, branch_ratio: float, **convnn_options) -> None:
-        super().__init__(HybridConvNN2d(channels, channels, branch_ratio, bias=False, **convnn_options),
-                         nn.AvgPool2d(2))
-
-
 @register_model(cost=resnet50_cost)
 def convnn_resnet50(*, branch_ratio: float = 0.5, num_classes: int = 1000, num_neighbors: int = 16,
                     candidate_seed: int = 0, **convnn_options) -> ResNet:
-    """torchvision's ResNet-50 with each bottleneck's 3×3 convolution replaced by a hybrid layer (paper, §7).
+    """torchvision's ResNet-50 with each bottleneck's 3×3 convolution replaced by a hybrid layer (paper, §7):
+    :func:`convnn.convert` in the paper's stride form.
 
-    Strided 3×3 convolutions become a stride-1 hybrid layer followed by 2×2 average pooling. Defaults follow the
-    paper's best ImageNet model: λ = 0.5, K = 16, exhaustive selection. ``candidate_seed`` as in
-    :class:`ResNetCifar`.
+    Strided 3×3 convolutions become a stride-1 hybrid layer followed by 2×2 average pooling
+    (``stride_form="pool"``); the hybrids keep their own initialisation (``carry_weights=False``: the ResNet is
+    random). Defaults follow the paper's best ImageNet model: λ = 0.5, K = 16, exhaustive selection.
+    ``candidate_seed`` as in :class:`ResNetCifar`.
     """
     _refuse_layer_seed(convnn_options)
     model = ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
-    for block in model.modules():
-        if isinstance(block, Bottleneck):
-            channels = block.conv2.in_channels
-            options = dict(num_neighbors=num_neighbors, **convnn_options)
-            block.conv2 = (_HybridDownsample(channels, branch_ratio, **options) if block.conv2.stride == (2, 2)
-                           else HybridConvNN2d(channels, channels, branch_ratio, bias=False, **options))
     model.family = "ResNet"  # convnn.introspect.model_family
-    return assign_candidate_seeds(model, candidate_seed)
-
+    return convert(model, rule=convnn_options.pop("selection", "all"), branch_ratio=branch_ratio,
+                   num_neighbors=num_neighbors, stride_form="pool", carry_weights=False,
+                   candidate_seed=candidate_seed, **convnn_options)

@@ -24,6 +24,12 @@ CASES = [
     ("convnn_vit_b16", 224, dict()),
     ("torchvision.models.resnet18", 224, dict()),
     ("torchvision.models.resnet18", 17, dict(num_classes=3)),  # odd sides through every stride
+    ("convnn.convert:torchvision.models.resnet18", 224, dict()),
+    ("convnn.convert:torchvision.models.resnet18", 65, dict(num_classes=3, branch_ratio=0.0)),
+    ("convnn.convert:torchvision.models.resnet18", 64, dict(num_classes=10, rule="random", num_candidates=12,
+                                                            branch_ratio=0.25, stride_form="pool")),
+    ("convnn.convert:torchvision.models.resnet18", 64, dict(rule="window", qk_dim=4, weighting="softmax",
+                                                            candidate_padding=False, num_neighbors=5)),
     ("torchvision.models.VisionTransformer", 224, dict()),  # ViT-B/16
     ("torchvision.models.VisionTransformer", 32, dict(image_size=32, patch_size=4, num_layers=2, num_heads=4,
                                                       hidden_dim=64, mlp_dim=128, num_classes=10)),
