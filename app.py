@@ -11,7 +11,7 @@ methods of :class:`Explorer`.
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo, every model's spectrum) in a group of their own that computes
-SLOW_CONCURRENCY at a time, cancelled runs included (:class:`SlowRuns`), and admits one request per session and
+SLOW_CONCURRENCY at a time, dropped runs included (:class:`SlowRuns`), and admits one request per session and
 MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
 the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB, uploads and exports in a per-session work dir of at
 most MAX_WORK_DIR_MB together with Gradio's own cache of uploads and downloads, which lives in it (all deleted
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -33,6 +34,8 @@ import os
 import reprlib
 import tempfile
 import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 from urllib.parse import parse_qsl
@@ -187,56 +190,138 @@ def names_a_web_address(data) -> bool:
     return False
 
 
-class SlowRuns:
-    """The slow views' computations: at most ``limit`` at a time over all sessions, cancelled ones included.
+_DROPPED = object()  # how a dropped run ends (SlowRuns)
 
-    Gradio frees a cancelled event's place in its concurrency group at once, but the handler's thread computes on to
-    the end (a thread cannot be stopped): a client that asks, cancels (the Cancel button, or a change of model,
-    image or layer) and asks again stacked one computation per cancel on the cores and on Gradio's MAX_THREADS
-    handler threads (measured: four cancelled runs of a group of limit 1 computing at once, with the fifth). A
-    handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own and gives the place back when that computation ends, whether its event was cancelled or not:
-    a run asked for after a cancel, by any session, waits for the cancelled computation. A run cancelled while it
-    waits takes nothing.
+
+def waiting_slow_events(queue) -> list:
+    """The slow group's events waiting in Gradio's queue (not started yet), oldest first.
+
+    Reads Gradio's private queue attributes ``event_queue_per_concurrency_id`` and ``EventQueue.queue``."""
+    group = queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
+    return list(group.queue) if group else []
+
+
+class SlowRuns:
+    """The slow views' computations: at most ``limit`` at a time over all sessions, dropped ones included; a
+    session's run of a view can be dropped (the Cancel button, or a change of what the view reads).
+
+    A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
+    thread of its own and gives the place back when that computation ends, whether its run was dropped or not: a
+    thread cannot be stopped, so a run asked for after a drop, by any session, waits for the dropped computation
+    (Gradio frees a cancelled event's place in its group at once: a client that asked, cancelled and asked again
+    stacked one computation per cancel on the cores). Its threads are not daemons: the interpreter waits for a
+    computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the process,
+    "terminate called without an active exception").
+
+    :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
+    completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
+    button's server step had answered, and the server's message that ends a cancelled event, arriving after the
+    page had cleaned up that event, made the page mark its outputs "Error" with no message.
 
     Args:
         limit (int): computations at a time.
+        waiting (Callable[[], list]): the slow group's events waiting in Gradio's queue (:func:`waiting_slow_events`),
+            so that a run dropped before it started ends when it starts.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, waiting: Callable[[], list]) -> None:
         self.limit = limit
+        self.waiting = waiting
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+        self._runs: dict[tuple[str | None, str], set[asyncio.Future]] = {}  # (session, view) → started runs' ends
+        self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
 
-    def wrap(self, handler):
-        """``handler`` (a blocking function) as a coroutine function of the same signature that computes through
-        this limit."""
+    def wrap(self, handler, dropped=None):
+        """``handler`` (a blocking function with a ``request`` parameter) as a coroutine function of the same
+        signature that computes through this limit and, dropped, returns ``dropped``."""
+        view, signature = handler.__name__, inspect.signature(handler)
+
         @functools.wraps(handler)
         async def slow(*args, **kwargs):
+            request = signature.bind(*args, **kwargs).arguments.get("request")
+            if getattr(request, "request", None) in self._dropped_joins:
+                return dropped  # dropped while it waited in Gradio's queue
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
-            places, loop = self._places, asyncio.get_running_loop()
-            await places.acquire()  # cancelled while waiting: nothing was taken
-            finished = loop.create_future()
-
-            def deliver(outcome: tuple) -> None:
-                places.release()
-                if not finished.done():  # a cancelled event no longer waits for it
-                    finished.set_result(outcome)
-
-            def compute() -> None:
-                try:
-                    outcome = (handler(*args, **kwargs), None)
-                except BaseException as err:  # handed to the event, raised there
-                    outcome = (None, err)
-                loop.call_soon_threadsafe(deliver, outcome)
-
-            threading.Thread(target=contextvars.copy_context().run, args=(compute,), daemon=True,
-                             name=f"slow-{handler.__name__}").start()  # Gradio's progress tracker reads the context
-            result, error = await finished
+            end = asyncio.get_running_loop().create_future()  # (result, error), or _DROPPED
+            key = (getattr(request, "session_hash", None), view)
+            self._runs.setdefault(key, set()).add(end)
+            try:
+                if await self._take_place(end):
+                    self._compute(functools.partial(handler, *args, **kwargs), end, view)
+                ended = await end
+            finally:
+                self._runs[key].discard(end)
+                if not self._runs[key]:
+                    del self._runs[key]
+            if ended is _DROPPED:
+                return dropped
+            result, error = ended
             if error is not None:
                 raise error
             return result
         return slow
+
+    async def _take_place(self, end: asyncio.Future) -> bool:
+        """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
+        cancelled through Gradio's ``/cancel``, while it waits takes nothing."""
+        place = asyncio.ensure_future(self._places.acquire())
+        try:
+            await asyncio.wait([place, end], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._give_back(place)
+            raise
+        if end.done():
+            self._give_back(place)
+            return False
+        return True
+
+    def _give_back(self, place: asyncio.Future) -> None:
+        """The place a run that will not compute asked for: released if it was taken, else no longer asked for."""
+        if not place.cancel():
+            self._places.release()
+
+    def _compute(self, work, end: asyncio.Future, view: str) -> None:
+        """``work()`` in a thread of its own (Gradio's progress tracker reads the context; not a daemon, as the
+        server's thread may be one); when it ends, its place is given back and ``end`` gets ``(result, error)``
+        unless the run was dropped or cancelled meanwhile."""
+        loop = end.get_loop()
+
+        def deliver(outcome: tuple) -> None:
+            self._places.release()
+            if not end.done():
+                end.set_result(outcome)
+
+        def compute() -> None:
+            try:
+                outcome = (work(), None)
+            except BaseException as err:  # handed to the event, raised there
+                outcome = (None, err)
+            with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
+                         daemon=False).start()
+
+    def drop(self, session: str | None, view: str) -> None:
+        """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
+        returns its ``dropped`` value at once, one still in Gradio's queue when it starts. Runs in the server's
+        event loop."""
+        for end in self._runs.get((session, view), ()):
+            if not end.done():
+                end.set_result(_DROPPED)
+        for event in self.waiting():
+            if event.session_hash == session and event.fn.name == view:
+                self._dropped_joins.add(event.request)
+
+    def dropping(self, view: str, handler=None):
+        """An event handler (a coroutine taking the ``request``) that drops the session's runs of ``view``
+        (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
+        async def drop(request: gr.Request):
+            self.drop(getattr(request, "session_hash", None), view)
+            return None if handler is None else handler(request)
+        drop.__name__ = handler.__name__ if handler else f"drop_{view}"
+        return drop
 
 
 class Admission:
@@ -263,8 +348,7 @@ class Admission:
 
     def refusal(self, session: str | None) -> str | None:
         """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
-        group = self.queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
-        waiting = [event.session_hash for event in group.queue] if group else []
+        waiting = [event.session_hash for event in waiting_slow_events(self.queue)]
         running = [event.session_hash for job in self.queue.active_jobs if job for event in job
                    if event.concurrency_id == SLOW_GROUP]
         if session is not None and session in (*waiting, *running, *self.joining):
@@ -1292,30 +1376,27 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
-        # one per session and a few in all (Admission); Cancel, or a change of what a slow view reads, drops its
-        # pending or running call, and a dropped call's computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(SLOW_CONCURRENCY)
+        # one per session and a few in all (Admission). Cancel, or a change of what a slow view reads, drops the
+        # session's run of it on the server: the run's event ends with no change to the page (Cancel says so), and
+        # a dropped run's computation still holds its place until it ends (SlowRuns).
+        runs = SlowRuns(SLOW_CONCURRENCY, lambda: waiting_slow_events(demo._queue))
         slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
                     api_visibility="private")
 
-        def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]):
+        def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]) -> None:
             event = wire(ex, ui, fn_name, inputs, outputs)
-            return ui[button].click(**{**event, "fn": runs.wrap(event["fn"])}, **slow)
+            unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
+            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
+            gr.on([ui[name].change for name in inputs], runs.dropping(fn_name), None, api_visibility="private")
 
-        attribution = slow_view("attribution_button", "on_attribution",
-                                ["checkpoint", "image_file", "fit", "method", "target"],
-                                ["attribution_plot", "attribution_note"])
-        spectrum_models = slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"],
-                                    ["spectrum_models_plot"])
-        equivalence = slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
-                                ["equivalence_text", "equivalence_plot"])
-        ui["attribution_cancel"].click(**wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot",
-                                                                                 "attribution_note"]),
-                                       cancels=[attribution], api_visibility="private")
-        for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
-                             (equivalence, ["checkpoint", "image_file", "fit", "layer"]),
-                             (spectrum_models, ["image_file", "fit"])):
-            gr.on([ui[name].change for name in reads], None, cancels=[event])
+        slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target"],
+                  ["attribution_plot", "attribution_note"])
+        slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"], ["spectrum_models_plot"])
+        slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
+                  ["equivalence_text", "equivalence_plot"])
+        cancel = wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
+        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping("on_attribution", cancel["fn"])},
+                                       api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.
         for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
