@@ -1103,10 +1103,14 @@ VIEWS = {
 # The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
 # the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
 # the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
-# run when asked. Model, layer, head and the number knobs answer the user only (.input), and the image is set by the
-# example, upload, link and lesson events, each of which runs its own chain: a link or a lesson's step sets model,
-# layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old and
-# new values (the model's .change reset its layer; a knob's asked for the old layer of the new model).
+# run when asked. Model, layer, head and the number knobs answer the user only (.input, .blur), and the image is set
+# by the example, upload, link and lesson events, each of which runs its own chain: a link or a lesson's step sets
+# model, layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old
+# and new values (the model's .change reset its layer; a knob's asked for the old layer of the new model). A number
+# box applies its value when the user leaves it (Enter leaves it, web/page.js), not at each key: a number being
+# typed passes through values the other knobs refuse (r = 3 on the way to 32, below K = 9), and a refusal put the
+# box back under the user's fingers. Each event runs its chain for the last of quick changes (always_last, set in
+# build_demo): Gradio's default dropped a change made while the one before was answered (K typed "30", view K = 3).
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
@@ -1127,13 +1131,13 @@ REFRESH = {
     ("compare_depth", "release"): ["compare_layers", "compare"],
     **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
-    ("head", "input"): ["table", "hops"],
-    **{(knob, "input"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
+    ("head", "blur"): ["table", "hops"],
+    **{(knob, "blur"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
     ("blend_alpha", "release"): ["table"],
     ("hops", "release"): ["hops"],
     ("pixel_k", "release"): ["pixels"],
     ("position_weight", "release"): ["pixels"],
-    **{(box, trigger): ["pixels"] for box in ("pixel_row", "pixel_col") for trigger in ("submit", "blur")},
+    **{(box, "blur"): ["pixels"] for box in ("pixel_row", "pixel_col")},
 }
 
 
@@ -1342,7 +1346,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         knobs = [ui[name] for name in KNOBS]
         for (source, trigger), views in REFRESH.items():
             first, *rest = views
-            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private")
+            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), trigger_mode="always_last",
+                                                 api_visibility="private")
             run(rest, event)
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")

@@ -194,6 +194,52 @@ def test_enter_in_a_slider_s_box_applies_the_value(app_url, chromium):
         assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app.KEEP_KNOBS_JS)
 
 
+TYPED = {"num_neighbors": ("12", "30"), "window_size": ("7", "9"), "num_candidates": ("64", "120"),
+         "seed": ("99", "4321"), "blend_alpha": ("0.2", "0.35")}  # each knob's two values, typed one after the other
+
+
+def type_value(tab, elem_id: str, value: str) -> None:
+    """``value`` typed into a number box as a person types it, 20–30 ms per key (the box emptied first), and Enter."""
+    box = tab.locator(f"#{elem_id} input[type=number]")
+    box.click()
+    box.press("Control+a")
+    for key in value:
+        box.press(key)
+        tab.wait_for_timeout(20 + 10 * (ord(key) % 2))
+    box.press("Enter")
+
+
+def test_what_a_typed_knob_shows_is_what_the_view_shows(app_url, explorer, chromium, monkeypatch):
+    """Typing K at 30–60 ms per key left the view on the first digit (box "30", view "K = 3"): each key sent the
+    box's value (.input), and a change made while the one before was answered was dropped (Gradio's trigger_mode
+    "once"). A number box now applies its value when the user leaves it (Enter), and the last of quick changes runs
+    (always_last): two values typed one after the other into each knob, the α box and a ViT's head box, the second
+    while the first one's table is on its way, and the view is drawn with what every box shows."""
+    table = explorer.table
+    monkeypatch.setattr(explorer, "table", lambda *args, **kwargs: time.sleep(0.4) or table(*args, **kwargs))
+    with browser_page(chromium, app_url) as tab:
+        typed = []
+        for elem_id, values in TYPED.items():
+            for value in values:
+                type_value(tab, elem_id, value)
+            typed.append(elem_id)
+            settle(tab)
+            options = json.loads(tab.locator(".cx").get_attribute("data-options"))  # the table drawn (0: resolved)
+            boxes = {knob: tab.input_value(f"#{knob} input[type=number]") for knob in typed}
+            assert boxes == {knob: TYPED[knob][-1] for knob in typed}  # the boxes show what was typed last
+            assert {knob: str(options[knob]) for knob in typed} == boxes, elem_id  # and so does the view
+        tab.locator("#checkpoint input").click()
+        tab.locator("#checkpoint input").fill("vit-convnn")
+        model_chain = expect_chain(tab, "input", "checkpoint")
+        tab.get_by_role("option").filter(has_text="vit-convnn").first.click()
+        settle(tab, model_chain)
+        for value in ("1", "0"):
+            type_value(tab, "head", value)
+        settle(tab)
+        assert json.loads(tab.locator(".cx").get_attribute("data-options"))["head"] == 0
+        assert tab.locator(".toast-body.error").count() == 0
+
+
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
     handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included; a
