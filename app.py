@@ -30,6 +30,7 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 import os
 import reprlib
 import tempfile
@@ -465,12 +466,28 @@ class Explorer:
 
     def shipped(self) -> list[str]:
         """The shipped checkpoints' names (stems), as the model list offers them."""
-        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir)]
+        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir).found]
+
+    def left_out(self) -> list[str]:
+        """The checkpoint folder's files the model list leaves out, each ``"name: why it cannot be opened"``."""
+        return [f"{name}: {why}" for name, why in an.list_checkpoints(self.checkpoint_dir).refused]
 
     def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
-        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir)]
+        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir).found]
         return shipped + [tuple(upload) for upload in uploads]
+
+    def default_checkpoint(self) -> str | None:
+        """The model a page opens with: :data:`DEFAULT_CHECKPOINT` if it is listed, else the first listed, skipping
+        one that does not load (weights that do not fit their card pass the listing's checks), so that one bad
+        checkpoint never leaves a page with no model; None when none loads."""
+        for name in sorted(self.shipped(), key=lambda name: name != DEFAULT_CHECKPOINT):
+            try:
+                self.model(name)
+            except CheckpointError:
+                continue
+            return name
+        return None
 
     def table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size, num_candidates,
               seed, blend_alpha, head, request=None, keep_query: bool = True) -> dict:
@@ -989,7 +1006,7 @@ class Explorer:
         """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
         image = self.image(image_file, fit)
         spectra, refused = {}, []
-        for _, path in an.list_checkpoints(self.checkpoint_dir):
+        for _, path in an.list_checkpoints(self.checkpoint_dir).found:
             try:
                 spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
             except CheckpointError:  # one broken card in a --checkpoints folder leaves out only itself
@@ -1162,17 +1179,18 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         ui[component.elem_id] = component
         return component
 
-    choices = ex.choices([])
-    default = next((choice for _, choice in choices if choice == DEFAULT_CHECKPOINT),
-                   choices[0][1] if choices else None)
-    upload_mb = ex.max_upload_mb
+    upload_mb, left_out = ex.max_upload_mb, ex.left_out()
     ui["uploads"] = gr.State([])  # this session's uploaded checkpoints (a State has no elem_id)
     gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation · compute "
                 f"path: **{an.compute_path(ex.device)}**", elem_id="title")
     with gr.Row(equal_height=False, elem_id="main_row"):
         with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
             guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
-            add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
+            add(gr.Dropdown(ex.choices([]), value=ex.default_checkpoint(), label="Model", allow_custom_value=True,
+                            elem_id="checkpoint"))
+            add(gr.Textbox("\n".join(left_out), label="Left out of the model list: they cannot be opened",
+                           lines=min(len(left_out), 4), max_lines=8, interactive=False, visible=bool(left_out),
+                           elem_id="left_out"))  # plain text: a card's text is never markup
             add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
                            show_label=False, object_fit="cover", buttons=[],
                            elem_id="examples"))  # 32 px images: 2 rows, no icons over them
@@ -1454,6 +1472,8 @@ def main() -> None:
         parser.error("--max-upload-mb must be at least 1")
     an.set_cache_budget(args.cache_mb * 2**20)
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
+    for line in explorer.left_out():  # the page says so too, under the model list
+        logging.warning("left out of the model list: %s", line)
     launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb,
            mcp=args.mcp)
 

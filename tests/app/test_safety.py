@@ -116,6 +116,41 @@ def test_an_oversized_card_upload_is_refused_with_a_message_naming_no_server_pat
     assert str(tmp_path) not in refused.value.message and str(work_dir) not in refused.value.message
 
 
+def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says_what_it_left_out(
+        checkpoint_dir, tmp_path, work_dir, deadline):
+    """One bad card in --checkpoints blanked the page (every view "Error"), a card name with a lone surrogate
+    stopped the app starting (and killed an upload's reply), a FIFO named x.json hung the start. Now what cannot
+    be opened is left out of the model list and named under it with why (no server path), the page opens on the
+    first model that loads (DEFAULT_CHECKPOINT's name given to one whose weights do not fit its card: it is
+    skipped), and the app starts and serves."""
+    folder = tmp_path / "runs"
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder)
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app.DEFAULT_CHECKPOINT, weights_sha256="")
+    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app.DEFAULT_CHECKPOINT}.safetensors")
+    surrogate = copy_checkpoint(checkpoint_dir, "cnn-l0", folder, "surrogate", name="\ud800")
+    os.mkfifo(folder / "x.json")
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", folder / "x.safetensors")
+    deadline(60)
+    explorer = app.Explorer(folder, device="cpu")
+    demo = app.build_demo(explorer)
+    blocks = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
+    assert blocks["checkpoint"].value == "cnn-l0"  # the default's weights do not fit its card: skipped
+    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app.DEFAULT_CHECKPOINT]
+    left_out = blocks["left_out"].value
+    assert blocks["left_out"].visible and left_out.splitlines() == [
+        "surrogate.json: the model card holds text that is not valid Unicode (a lone surrogate, such as \\ud800 in "
+        "its JSON)", "x.json: not a regular file"]
+    assert str(tmp_path) not in left_out
+    with served(demo, explorer.workspace) as url:
+        assert httpx.get(f"{url}config").status_code == 200  # the page's config carries every name
+    with pytest.raises(gr.Error) as refused:  # and an upload of the surrogate card is refused with a message
+        explorer.on_checkpoint_upload([str(surrogate), str(surrogate.with_suffix(".safetensors"))], [],
+                                      request=SESSION_A)
+    assert "the model card holds text that is not valid Unicode" in refused.value.message
+    assert str(tmp_path) not in refused.value.message
+    assert app.Explorer(checkpoint_dir, device="cpu").left_out() == []  # a folder of good ones: no note
+
+
 # -- 3 · the queue is bounded, slow views have their own group ----------------------------------------------------
 def dependency(demo: gr.Blocks, name: str) -> list:
     return [fn for fn in demo.fns.values() if fn.name == name]
