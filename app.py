@@ -674,6 +674,15 @@ class Explorer:
         """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
         return isinstance(compare_models, list) and len(compare_models) < 2
 
+    @staticmethod
+    def on_compare_pick(compare_models, request=None):
+        """Compare mode's list as the user picked it, to :data:`analysis.MAX_COMPARED` models: a model picked past
+        them is not added, and the page says so (the list's own limit dropped it silently)."""
+        if not isinstance(compare_models, list) or len(compare_models) <= an.MAX_COMPARED:
+            return gr.skip()
+        gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
+        return compare_models[:an.MAX_COMPARED]
+
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
         """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
@@ -1020,7 +1029,7 @@ class Explorer:
     def on_attribution(self, checkpoint, image_file, fit, method, target, request=None, progress=None):
         loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
-            progress(0, desc=f"{method.replace('_', ' ')}…")
+            progress(0, desc=f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…")
         result = an.attribution_map(loaded, image, method, target or None)
         return {"attribution_plot": figures.attribution_figure(an.model_view(image, loaded.card.input_size), result),
                 "attribution_note": result.note}
@@ -1097,6 +1106,7 @@ VIEWS = {
                     [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
     "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
                           ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
+    "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
     "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
     "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
     "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
@@ -1144,7 +1154,7 @@ REFRESH = {
     ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
     ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
     ("compare_tab", "select"): ["compare_layers", "compare"],
-    ("compare_models", "input"): ["compare_layers", "compare"],
+    ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
     ("compare_depth", "release"): ["compare_layers", "compare"],
     **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
@@ -1264,7 +1274,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))
         with gr.Tab(TABS["attribution"], id="attribution"):
             with gr.Row():
-                add(gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method", elem_id="method"))
+                add(gr.Dropdown([(label, method) for method, label in an.ATTRIBUTION_METHODS.items()],
+                                value="saliency", label="method", elem_id="method"))
                 add(gr.Textbox("", label="class (empty = predicted)", elem_id="target"))
                 add(gr.Button("Compute attribution", variant="primary", elem_id="attribution_button"))
                 add(gr.Button("Cancel", elem_id="attribution_cancel"))
@@ -1277,8 +1288,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with add(gr.Tab(TABS["compare"], id="compare", elem_id="compare_tab")):
             with gr.Row():
                 compare_choices = ex.choices([])
-                add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,
-                                max_choices=an.MAX_COMPARED, label=f"models, one column each (2–{an.MAX_COMPARED})",
+                add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,  # past the limit:
+                                label=f"models, one column each (2–{an.MAX_COMPARED})",  # on_compare_pick
                                 elem_id="compare_models", scale=3))
                 add(CheckedSlider(0, 1, value=0.5, step=0.05, label="depth: how far through each model",
                                   elem_id="compare_depth", scale=2, min_width=200))

@@ -446,6 +446,15 @@ def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_d
     assert mix["mix_plot"] is None and "not a hybrid layer" in mix["mix_note"]
 
 
+def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
+    """The method list and the chart's title showed the identifier "integrated_gradients"."""
+    blocks = blocks_by_id(app.build_demo(explorer))
+    assert blocks["method"].choices == [("Saliency", "saliency"), ("Integrated Gradients", "integrated_gradients"),
+                                        ("Occlusion", "occlusion")]
+    figure = explorer.on_attribution("cnn-l0.5", str(example_image), "crop", "integrated_gradients", "cat")
+    assert figure["attribution_plot"].layout.title.text.startswith("Integrated Gradients, class 'cat'")
+
+
 # -- the API --------------------------------------------------------------------------------------------------------
 def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, example_image):
     from gradio_client import Client, handle_file

@@ -260,7 +260,7 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
         assert tab.locator(".toast-body.error").count() == 0 and errors == []
         tab.get_by_role("tab", name=app.TABS["attribution"]).click()
         tab.locator("#method input").click()  # occlusion takes seconds: Cancel drops it, and the page says so
-        tab.get_by_role("option", name="occlusion").click()
+        tab.get_by_role("option", name="Occlusion").click()
         requests = []
         tab.on("request", lambda request: requests.append(request.url))
         chain = expect_chain(tab, "click", "attribution_cancel")
@@ -271,6 +271,27 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
         assert tab.locator("#attribution_plot .js-plotly-plot").count() == 0
         assert tab.locator(".error").count() == 0 and errors == []
         assert not [url for url in requests if url.endswith("/cancel")]
+
+
+def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url, chromium):
+    """Compare mode's list dropped a 5th model silently (its max_choices); it is not added now, with a message."""
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        settle(tab)
+        for name in ("cnn-random", "vit-convnn", "vit-mhsa"):
+            chain = expect_chain(tab, "input", "compare_models")
+            tab.locator("#compare_models input").click()
+            tab.get_by_role("option").filter(has_text=name).first.click()
+            settle(tab, chain)
+        tab.wait_for_selector(".toast-body:has-text('Compare mode shows 4 models at most: remove one to add "
+                              "another.')", timeout=30_000)
+        chips = tab.evaluate("[...document.querySelectorAll('#compare_models .token-remove')]"
+                             ".map(button => button.parentElement.innerText).filter(Boolean)")  # not "clear all"
+        assert [chip.split(":")[0] for chip in chips] == ["cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
+        assert tab.locator(".cc").get_attribute("data-columns") == "4"
+        assert [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-model") for i in range(4)] == [
+            "cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
 
 
 @pytest.fixture(scope="module")
