@@ -51,6 +51,7 @@ from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
 import analysis as an
+import app_mcp
 from analysis.rendering import figures
 from convnn import CheckpointError
 
@@ -476,6 +477,20 @@ class Explorer:
         """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
         shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir).found]
         return shipped + [tuple(upload) for upload in uploads]
+
+    def tool_schema(self) -> dict[str, dict]:
+        """What the MCP tools' schemas say of these parameters besides their types (:mod:`app_mcp`): the shipped
+        models, the default first, the default model's layers, the fits and the attribution methods, so that a
+        call can be built from a tool's schema alone."""
+        default = self.default_checkpoint()
+        models = sorted(self.shipped(), key=lambda name: name != default)
+        layers = [probe.name for probe in self.model(default).probes] if default else []
+        return {"checkpoint": {"enum": models, "default": default},
+                "checkpoints": {"items": {"enum": models}, "minItems": 2, "maxItems": an.MAX_COMPARED,
+                                "default": self.compare_default()},
+                "layer": {"examples": layers, "description": "a layer of the model, by name: the layers tool lists "
+                                                             f"them (examples: {default}'s)"},
+                "fit": {"enum": list(an.FITS)}, "method": {"enum": list(an.ATTRIBUTION_METHODS)}}
 
     def default_checkpoint(self) -> str | None:
         """The model a page opens with: :data:`DEFAULT_CHECKPOINT` if it is listed, else the first listed, skipping
@@ -1446,22 +1461,24 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = MAX_UPLOAD_MB, mcp: bool = False):
+           max_upload_mb: int = MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
     page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
     uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
-    while the server runs. With ``mcp``, Gradio's MCP server also offers the documented API (the ``gr.api``
-    endpoints) as MCP tools at ``/gradio_api/mcp/``; their calls go through the same queue and admission."""
+    while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the
+    documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
+    URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission."""
     workspace = workspace or default_workspace()
     size_limit = Middleware(an.RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
     app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(FILE_SWEEP_S)}
-    return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
-                       allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
-                       max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
-                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
-                       js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp)
+    with app_mcp.serving(mcp_schema or {}):
+        return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
+                           allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
+                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
+                           max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
+                           js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp_schema is not None)
 
 
 def main() -> None:
@@ -1486,7 +1503,7 @@ def main() -> None:
     for line in explorer.left_out():  # the page says so too, under the model list
         logging.warning("left out of the model list: %s", line)
     launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb,
-           mcp=args.mcp)
+           mcp_schema=explorer.tool_schema() if args.mcp else None)
 
 
 if __name__ == "__main__":

@@ -701,7 +701,7 @@ def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_di
 # -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
 def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp: launched.append(port))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema: launched.append(port))
     monkeypatch.setattr(app, "build_demo", lambda explorer: None)
     before = an.cache_budget()
     monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])
