@@ -11,7 +11,7 @@ methods of :class:`Explorer`.
 
 What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
 slow views (attribution, the equivalence demo, every model's spectrum) in a group of their own that computes
-SLOW_CONCURRENCY at a time, cancelled runs included (:class:`SlowRuns`), and admits one request per session and
+SLOW_CONCURRENCY at a time, dropped runs included (:class:`SlowRuns`), and admits one request per session and
 MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
 the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB, uploads and exports in a per-session work dir of at
 most MAX_WORK_DIR_MB together with Gradio's own cache of uploads and downloads, which lives in it (all deleted
@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import hashlib
 import inspect
 import json
+import logging
 import os
 import reprlib
 import tempfile
 import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 from urllib.parse import parse_qsl
@@ -47,6 +51,7 @@ from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
 import analysis as an
+import app_mcp
 from analysis.rendering import figures
 from convnn import CheckpointError
 
@@ -187,56 +192,138 @@ def names_a_web_address(data) -> bool:
     return False
 
 
-class SlowRuns:
-    """The slow views' computations: at most ``limit`` at a time over all sessions, cancelled ones included.
+_DROPPED = object()  # how a dropped run ends (SlowRuns)
 
-    Gradio frees a cancelled event's place in its concurrency group at once, but the handler's thread computes on to
-    the end (a thread cannot be stopped): a client that asks, cancels (the Cancel button, or a change of model,
-    image or layer) and asks again stacked one computation per cancel on the cores and on Gradio's MAX_THREADS
-    handler threads (measured: four cancelled runs of a group of limit 1 computing at once, with the fifth). A
-    handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own and gives the place back when that computation ends, whether its event was cancelled or not:
-    a run asked for after a cancel, by any session, waits for the cancelled computation. A run cancelled while it
-    waits takes nothing.
+
+def waiting_slow_events(queue) -> list:
+    """The slow group's events waiting in Gradio's queue (not started yet), oldest first.
+
+    Reads Gradio's private queue attributes ``event_queue_per_concurrency_id`` and ``EventQueue.queue``."""
+    group = queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
+    return list(group.queue) if group else []
+
+
+class SlowRuns:
+    """The slow views' computations: at most ``limit`` at a time over all sessions, dropped ones included; a
+    session's run of a view can be dropped (the Cancel button, or a change of what the view reads).
+
+    A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
+    thread of its own and gives the place back when that computation ends, whether its run was dropped or not: a
+    thread cannot be stopped, so a run asked for after a drop, by any session, waits for the dropped computation
+    (Gradio frees a cancelled event's place in its group at once: a client that asked, cancelled and asked again
+    stacked one computation per cancel on the cores). Its threads are not daemons: the interpreter waits for a
+    computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the process,
+    "terminate called without an active exception").
+
+    :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
+    completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
+    button's server step had answered, and the server's message that ends a cancelled event, arriving after the
+    page had cleaned up that event, made the page mark its outputs "Error" with no message.
 
     Args:
         limit (int): computations at a time.
+        waiting (Callable[[], list]): the slow group's events waiting in Gradio's queue (:func:`waiting_slow_events`),
+            so that a run dropped before it started ends when it starts.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, waiting: Callable[[], list]) -> None:
         self.limit = limit
+        self.waiting = waiting
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+        self._runs: dict[tuple[str | None, str], set[asyncio.Future]] = {}  # (session, view) → started runs' ends
+        self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
 
-    def wrap(self, handler):
-        """``handler`` (a blocking function) as a coroutine function of the same signature that computes through
-        this limit."""
+    def wrap(self, handler, dropped=None):
+        """``handler`` (a blocking function with a ``request`` parameter) as a coroutine function of the same
+        signature that computes through this limit and, dropped, returns ``dropped``."""
+        view, signature = handler.__name__, inspect.signature(handler)
+
         @functools.wraps(handler)
         async def slow(*args, **kwargs):
+            request = signature.bind(*args, **kwargs).arguments.get("request")
+            if getattr(request, "request", None) in self._dropped_joins:
+                return dropped  # dropped while it waited in Gradio's queue
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
-            places, loop = self._places, asyncio.get_running_loop()
-            await places.acquire()  # cancelled while waiting: nothing was taken
-            finished = loop.create_future()
-
-            def deliver(outcome: tuple) -> None:
-                places.release()
-                if not finished.done():  # a cancelled event no longer waits for it
-                    finished.set_result(outcome)
-
-            def compute() -> None:
-                try:
-                    outcome = (handler(*args, **kwargs), None)
-                except BaseException as err:  # handed to the event, raised there
-                    outcome = (None, err)
-                loop.call_soon_threadsafe(deliver, outcome)
-
-            threading.Thread(target=contextvars.copy_context().run, args=(compute,), daemon=True,
-                             name=f"slow-{handler.__name__}").start()  # Gradio's progress tracker reads the context
-            result, error = await finished
+            end = asyncio.get_running_loop().create_future()  # (result, error), or _DROPPED
+            key = (getattr(request, "session_hash", None), view)
+            self._runs.setdefault(key, set()).add(end)
+            try:
+                if await self._take_place(end):
+                    self._compute(functools.partial(handler, *args, **kwargs), end, view)
+                ended = await end
+            finally:
+                self._runs[key].discard(end)
+                if not self._runs[key]:
+                    del self._runs[key]
+            if ended is _DROPPED:
+                return dropped
+            result, error = ended
             if error is not None:
                 raise error
             return result
         return slow
+
+    async def _take_place(self, end: asyncio.Future) -> bool:
+        """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
+        cancelled through Gradio's ``/cancel``, while it waits takes nothing."""
+        place = asyncio.ensure_future(self._places.acquire())
+        try:
+            await asyncio.wait([place, end], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._give_back(place)
+            raise
+        if end.done():
+            self._give_back(place)
+            return False
+        return True
+
+    def _give_back(self, place: asyncio.Future) -> None:
+        """The place a run that will not compute asked for: released if it was taken, else no longer asked for."""
+        if not place.cancel():
+            self._places.release()
+
+    def _compute(self, work, end: asyncio.Future, view: str) -> None:
+        """``work()`` in a thread of its own (Gradio's progress tracker reads the context; not a daemon, as the
+        server's thread may be one); when it ends, its place is given back and ``end`` gets ``(result, error)``
+        unless the run was dropped or cancelled meanwhile."""
+        loop = end.get_loop()
+
+        def deliver(outcome: tuple) -> None:
+            self._places.release()
+            if not end.done():
+                end.set_result(outcome)
+
+        def compute() -> None:
+            try:
+                outcome = (work(), None)
+            except BaseException as err:  # handed to the event, raised there
+                outcome = (None, err)
+            with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
+                         daemon=False).start()
+
+    def drop(self, session: str | None, view: str) -> None:
+        """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
+        returns its ``dropped`` value at once, one still in Gradio's queue when it starts. Runs in the server's
+        event loop."""
+        for end in self._runs.get((session, view), ()):
+            if not end.done():
+                end.set_result(_DROPPED)
+        for event in self.waiting():
+            if event.session_hash == session and event.fn.name == view:
+                self._dropped_joins.add(event.request)
+
+    def dropping(self, view: str, handler=None):
+        """An event handler (a coroutine taking the ``request``) that drops the session's runs of ``view``
+        (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
+        async def drop(request: gr.Request):
+            self.drop(getattr(request, "session_hash", None), view)
+            return None if handler is None else handler(request)
+        drop.__name__ = handler.__name__ if handler else f"drop_{view}"
+        return drop
 
 
 class Admission:
@@ -263,8 +350,7 @@ class Admission:
 
     def refusal(self, session: str | None) -> str | None:
         """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
-        group = self.queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
-        waiting = [event.session_hash for event in group.queue] if group else []
+        waiting = [event.session_hash for event in waiting_slow_events(self.queue)]
         running = [event.session_hash for job in self.queue.active_jobs if job for event in job
                    if event.concurrency_id == SLOW_GROUP]
         if session is not None and session in (*waiting, *running, *self.joining):
@@ -381,12 +467,42 @@ class Explorer:
 
     def shipped(self) -> list[str]:
         """The shipped checkpoints' names (stems), as the model list offers them."""
-        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir)]
+        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir).found]
+
+    def left_out(self) -> list[str]:
+        """The checkpoint folder's files the model list leaves out, each ``"name: why it cannot be opened"``."""
+        return [f"{name}: {why}" for name, why in an.list_checkpoints(self.checkpoint_dir).refused]
 
     def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
-        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir)]
+        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir).found]
         return shipped + [tuple(upload) for upload in uploads]
+
+    def tool_schema(self) -> dict[str, dict]:
+        """What the MCP tools' schemas say of these parameters besides their types (:mod:`app_mcp`): the shipped
+        models, the default first, the default model's layers, the fits and the attribution methods, so that a
+        call can be built from a tool's schema alone."""
+        default = self.default_checkpoint()
+        models = sorted(self.shipped(), key=lambda name: name != default)
+        layers = [probe.name for probe in self.model(default).probes] if default else []
+        return {"checkpoint": {"enum": models, "default": default},
+                "checkpoints": {"items": {"enum": models}, "minItems": 2, "maxItems": an.MAX_COMPARED,
+                                "default": self.compare_default()},
+                "layer": {"examples": layers, "description": "a layer of the model, by name: the layers tool lists "
+                                                             f"them (examples: {default}'s)"},
+                "fit": {"enum": list(an.FITS)}, "method": {"enum": list(an.ATTRIBUTION_METHODS)}}
+
+    def default_checkpoint(self) -> str | None:
+        """The model a page opens with: :data:`DEFAULT_CHECKPOINT` if it is listed, else the first listed, skipping
+        one that does not load (weights that do not fit their card pass the listing's checks), so that one bad
+        checkpoint never leaves a page with no model; None when none loads."""
+        for name in sorted(self.shipped(), key=lambda name: name != DEFAULT_CHECKPOINT):
+            try:
+                self.model(name)
+            except CheckpointError:
+                continue
+            return name
+        return None
 
     def table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size, num_candidates,
               seed, blend_alpha, head, request=None, keep_query: bool = True) -> dict:
@@ -572,6 +688,15 @@ class Explorer:
     def too_few(compare_models) -> bool:
         """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
         return isinstance(compare_models, list) and len(compare_models) < 2
+
+    @staticmethod
+    def on_compare_pick(compare_models, request=None):
+        """Compare mode's list as the user picked it, to :data:`analysis.MAX_COMPARED` models: a model picked past
+        them is not added, and the page says so (the list's own limit dropped it silently)."""
+        if not isinstance(compare_models, list) or len(compare_models) <= an.MAX_COMPARED:
+            return gr.skip()
+        gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
+        return compare_models[:an.MAX_COMPARED]
 
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
@@ -905,7 +1030,7 @@ class Explorer:
         """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
         image = self.image(image_file, fit)
         spectra, refused = {}, []
-        for _, path in an.list_checkpoints(self.checkpoint_dir):
+        for _, path in an.list_checkpoints(self.checkpoint_dir).found:
             try:
                 spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
             except CheckpointError:  # one broken card in a --checkpoints folder leaves out only itself
@@ -919,7 +1044,7 @@ class Explorer:
     def on_attribution(self, checkpoint, image_file, fit, method, target, request=None, progress=None):
         loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
         if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
-            progress(0, desc=f"{method.replace('_', ' ')}…")
+            progress(0, desc=f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…")
         result = an.attribution_map(loaded, image, method, target or None)
         return {"attribution_plot": figures.attribution_figure(an.model_view(image, loaded.card.input_size), result),
                 "attribution_note": result.note}
@@ -996,6 +1121,7 @@ VIEWS = {
                     [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
     "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
                           ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
+    "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
     "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
     "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
     "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
@@ -1019,10 +1145,14 @@ VIEWS = {
 # The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
 # the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
 # the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
-# run when asked. Model, layer, head and the number knobs answer the user only (.input), and the image is set by the
-# example, upload, link and lesson events, each of which runs its own chain: a link or a lesson's step sets model,
-# layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old and
-# new values (the model's .change reset its layer; a knob's asked for the old layer of the new model).
+# run when asked. Model, layer, head and the number knobs answer the user only (.input, .blur), and the image is set
+# by the example, upload, link and lesson events, each of which runs its own chain: a link or a lesson's step sets
+# model, layer, pixel and knobs at once, and a .change of one of them would run a view on a half-applied mix of old
+# and new values (the model's .change reset its layer; a knob's asked for the old layer of the new model). A number
+# box applies its value when the user leaves it (Enter leaves it, web/page.js), not at each key: a number being
+# typed passes through values the other knobs refuse (r = 3 on the way to 32, below K = 9), and a refusal put the
+# box back under the user's fingers. Each event runs its chain for the last of quick changes (always_last, set in
+# build_demo): Gradio's default dropped a change made while the one before was answered (K typed "30", view K = 3).
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
@@ -1039,17 +1169,17 @@ REFRESH = {
     ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
     ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
     ("compare_tab", "select"): ["compare_layers", "compare"],
-    ("compare_models", "input"): ["compare_layers", "compare"],
+    ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
     ("compare_depth", "release"): ["compare_layers", "compare"],
     **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
-    ("head", "input"): ["table", "hops"],
-    **{(knob, "input"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
+    ("head", "blur"): ["table", "hops"],
+    **{(knob, "blur"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
     ("blend_alpha", "release"): ["table"],
     ("hops", "release"): ["hops"],
     ("pixel_k", "release"): ["pixels"],
     ("position_weight", "release"): ["pixels"],
-    **{(box, trigger): ["pixels"] for box in ("pixel_row", "pixel_col") for trigger in ("submit", "blur")},
+    **{(box, "blur"): ["pixels"] for box in ("pixel_row", "pixel_col")},
 }
 
 
@@ -1074,17 +1204,18 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         ui[component.elem_id] = component
         return component
 
-    choices = ex.choices([])
-    default = next((choice for _, choice in choices if choice == DEFAULT_CHECKPOINT),
-                   choices[0][1] if choices else None)
-    upload_mb = ex.max_upload_mb
+    upload_mb, left_out = ex.max_upload_mb, ex.left_out()
     ui["uploads"] = gr.State([])  # this session's uploaded checkpoints (a State has no elem_id)
     gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation · compute "
                 f"path: **{an.compute_path(ex.device)}**", elem_id="title")
     with gr.Row(equal_height=False, elem_id="main_row"):
         with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
             guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
-            add(gr.Dropdown(choices, value=default, label="Model", allow_custom_value=True, elem_id="checkpoint"))
+            add(gr.Dropdown(ex.choices([]), value=ex.default_checkpoint(), label="Model", allow_custom_value=True,
+                            elem_id="checkpoint"))
+            add(gr.Textbox("\n".join(left_out), label="Left out of the model list: they cannot be opened",
+                           lines=min(len(left_out), 4), max_lines=8, interactive=False, visible=bool(left_out),
+                           elem_id="left_out"))  # plain text: a card's text is never markup
             add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
                            show_label=False, object_fit="cover", buttons=[],
                            elem_id="examples"))  # 32 px images: 2 rows, no icons over them
@@ -1158,7 +1289,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))
         with gr.Tab(TABS["attribution"], id="attribution"):
             with gr.Row():
-                add(gr.Dropdown(list(an.ATTRIBUTION_METHODS), value="saliency", label="method", elem_id="method"))
+                add(gr.Dropdown([(label, method) for method, label in an.ATTRIBUTION_METHODS.items()],
+                                value="saliency", label="method", elem_id="method"))
                 add(gr.Textbox("", label="class (empty = predicted)", elem_id="target"))
                 add(gr.Button("Compute attribution", variant="primary", elem_id="attribution_button"))
                 add(gr.Button("Cancel", elem_id="attribution_cancel"))
@@ -1171,8 +1303,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with add(gr.Tab(TABS["compare"], id="compare", elem_id="compare_tab")):
             with gr.Row():
                 compare_choices = ex.choices([])
-                add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,
-                                max_choices=an.MAX_COMPARED, label=f"models, one column each (2–{an.MAX_COMPARED})",
+                add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,  # past the limit:
+                                label=f"models, one column each (2–{an.MAX_COMPARED})",  # on_compare_pick
                                 elem_id="compare_models", scale=3))
                 add(CheckedSlider(0, 1, value=0.5, step=0.05, label="depth: how far through each model",
                                   elem_id="compare_depth", scale=2, min_width=200))
@@ -1258,7 +1390,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         knobs = [ui[name] for name in KNOBS]
         for (source, trigger), views in REFRESH.items():
             first, *rest = views
-            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), api_visibility="private")
+            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), trigger_mode="always_last",
+                                                 api_visibility="private")
             run(rest, event)
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
@@ -1292,30 +1425,27 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
-        # one per session and a few in all (Admission); Cancel, or a change of what a slow view reads, drops its
-        # pending or running call, and a dropped call's computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(SLOW_CONCURRENCY)
+        # one per session and a few in all (Admission). Cancel, or a change of what a slow view reads, drops the
+        # session's run of it on the server: the run's event ends with no change to the page (Cancel says so), and
+        # a dropped run's computation still holds its place until it ends (SlowRuns).
+        runs = SlowRuns(SLOW_CONCURRENCY, lambda: waiting_slow_events(demo._queue))
         slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
                     api_visibility="private")
 
-        def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]):
+        def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]) -> None:
             event = wire(ex, ui, fn_name, inputs, outputs)
-            return ui[button].click(**{**event, "fn": runs.wrap(event["fn"])}, **slow)
+            unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
+            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
+            gr.on([ui[name].change for name in inputs], runs.dropping(fn_name), None, api_visibility="private")
 
-        attribution = slow_view("attribution_button", "on_attribution",
-                                ["checkpoint", "image_file", "fit", "method", "target"],
-                                ["attribution_plot", "attribution_note"])
-        spectrum_models = slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"],
-                                    ["spectrum_models_plot"])
-        equivalence = slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
-                                ["equivalence_text", "equivalence_plot"])
-        ui["attribution_cancel"].click(**wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot",
-                                                                                 "attribution_note"]),
-                                       cancels=[attribution], api_visibility="private")
-        for event, reads in ((attribution, ["checkpoint", "image_file", "fit", "method", "target"]),
-                             (equivalence, ["checkpoint", "image_file", "fit", "layer"]),
-                             (spectrum_models, ["image_file", "fit"])):
-            gr.on([ui[name].change for name in reads], None, cancels=[event])
+        slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target"],
+                  ["attribution_plot", "attribution_note"])
+        slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"], ["spectrum_models_plot"])
+        slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
+                  ["equivalence_text", "equivalence_plot"])
+        cancel = wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
+        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping("on_attribution", cancel["fn"])},
+                                       api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.
         for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
@@ -1331,22 +1461,24 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = MAX_UPLOAD_MB, mcp: bool = False):
+           max_upload_mb: int = MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
     page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
     uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
-    while the server runs. With ``mcp``, Gradio's MCP server also offers the documented API (the ``gr.api``
-    endpoints) as MCP tools at ``/gradio_api/mcp/``; their calls go through the same queue and admission."""
+    while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the
+    documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
+    URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission."""
     workspace = workspace or default_workspace()
     size_limit = Middleware(an.RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
     app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(FILE_SWEEP_S)}
-    return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
-                       allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
-                       max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
-                       max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
-                       js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp)
+    with app_mcp.serving(mcp_schema or {}):
+        return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
+                           allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
+                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
+                           max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
+                           js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp_schema is not None)
 
 
 def main() -> None:
@@ -1368,8 +1500,10 @@ def main() -> None:
         parser.error("--max-upload-mb must be at least 1")
     an.set_cache_budget(args.cache_mb * 2**20)
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
+    for line in explorer.left_out():  # the page says so too, under the model list
+        logging.warning("left out of the model list: %s", line)
     launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb,
-           mcp=args.mcp)
+           mcp_schema=explorer.tool_schema() if args.mcp else None)
 
 
 if __name__ == "__main__":

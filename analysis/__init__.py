@@ -57,6 +57,7 @@ from .session.links import LINK_FIELDS, echo, link_query, parse_link
 from .session.memory import limit_malloc_arenas, trim_heap
 from .session.models import (
     UPLOAD_PREFIX,
+    CheckpointList,
     LoadedModel,
     card_summary,
     checkpoint_card,
@@ -135,6 +136,7 @@ __all__ = [
     "Attribution",
     "BlendSweep",
     "BranchMix",
+    "CheckpointList",
     "Contributions",
     "Equivalence",
     "InputImage",

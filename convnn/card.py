@@ -10,10 +10,11 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-__all__ = ["CARD_VERSION", "MAX_INPUT_SIZE", "WEIGHTS_DTYPES", "CheckpointError", "ModelCard"]
+__all__ = ["CARD_VERSION", "MAX_INPUT_SIZE", "WEIGHTS_DTYPES", "CheckpointError", "ModelCard", "check_regular_file"]
 
 CARD_VERSION = 1
 MAX_INPUT_SIZE = 512  # pixels a side
@@ -66,22 +67,28 @@ class ModelCard:
     format_version: int = CARD_VERSION
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> ModelCard:
-        """Read and check the card at ``path`` (the ``.json`` file).
+    def read(cls, path: str | os.PathLike, source: str | None = None) -> ModelCard:
+        """Read and check the card at ``path`` (the ``.json`` file; a link is followed).
+
+        Args:
+            path (str or Path): the card file.
+            source (str, optional): what messages call the file. Default: ``path``
 
         Raises:
-            CheckpointError: the file cannot be read, is larger than :data:`MAX_CARD_BYTES` (refused before it is
-                read), is not UTF-8 JSON (or nests too deeply to parse), or is not a valid card (:meth:`from_json`);
-                the message names the file.
+            CheckpointError: the file cannot be read or is not a regular file (:func:`check_regular_file`: a FIFO
+                would block the reader), is larger than :data:`MAX_CARD_BYTES` (refused before it is read), is not
+                UTF-8 JSON (or nests too deeply to parse), or is not a valid card (:meth:`from_json`); the message
+                names ``source``.
         """
+        source = str(path) if source is None else source
+        size = check_regular_file(path, source)
+        if size > MAX_CARD_BYTES:
+            raise CheckpointError(_too_large(source, size))
         try:
-            size = Path(path).stat().st_size
-            if size > MAX_CARD_BYTES:
-                raise CheckpointError(_too_large(str(path), size))
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{path}: not a readable JSON model card ({type(err).__name__}: {err})") from err
-        return cls.from_json(text, str(path))
+            raise CheckpointError(f"{source}: not a readable JSON model card ({type(err).__name__}: {err})") from err
+        return cls.from_json(text, source)
 
     @classmethod
     def from_json(cls, text: str, source: str = "card") -> ModelCard:
@@ -112,6 +119,11 @@ class ModelCard:
             raise CheckpointError(f"{source}: a model card must be a JSON object, got {type(data).__name__}")
         if _nesting(data) > _MAX_CARD_NESTING:
             raise CheckpointError(f"{source}: the model card nests more than {_MAX_CARD_NESTING} levels deep")
+        try:  # JSON may escape a lone surrogate ("\\ud800"), which no UTF-8 text (a page, a reply) can carry
+            json.dumps(data, ensure_ascii=False, default=str).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise CheckpointError(f"{source}: the model card holds text that is not valid Unicode (a lone "
+                                  "surrogate, such as \\ud800 in its JSON)") from err
         known = {f.name for f in fields(cls)}
         required = {"name", "model", "model_args", "classes", "input_size", "mean", "std"}
         missing = required - data.keys()
@@ -179,6 +191,23 @@ class ModelCard:
                               default=_json_scalar) + "\n"
         except (TypeError, ValueError, RuntimeError) as err:  # RecursionError is a RuntimeError
             raise CheckpointError(f"{source}: the model card cannot be written as JSON ({err})") from err
+
+
+def check_regular_file(path: str | os.PathLike, source: str) -> int:
+    """The size in bytes of ``path``, a regular file once links are followed (not a folder, a FIFO or a device,
+    which a reader would wait on forever), checked without opening it.
+
+    Raises:
+        CheckpointError: ``path`` cannot be looked up (missing, a broken link, no permission) or is not a regular
+            file; the message names ``source``.
+    """
+    try:
+        status = os.stat(path)
+    except OSError as err:
+        raise CheckpointError(f"{source}: cannot be read ({err.strerror})") from err
+    if not stat.S_ISREG(status.st_mode):
+        raise CheckpointError(f"{source}: not a regular file")
+    return status.st_size
 
 
 def _json_scalar(value: object) -> object:

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from .budget import check_model
-from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard
+from .card import CARD_VERSION, WEIGHTS_DTYPES, CheckpointError, ModelCard, check_regular_file
 from .models import create_model
 from .storage import (
     INT8_SCALE_SUFFIX,
@@ -47,8 +47,8 @@ from .storage import (
 )
 
 __all__ = ["BEFORE_SUFFIX", "CARD_VERSION", "INT8_SCALE_SUFFIX", "STORED_METRICS", "WEIGHTS_DTYPES",
-           "CheckpointError", "ModelCard", "StagedCheckpoint", "checkpoint_paths", "load_checkpoint",
-           "save_checkpoint", "stage_checkpoint"]
+           "CheckpointError", "ModelCard", "StagedCheckpoint", "check_weights_file", "checkpoint_paths",
+           "load_checkpoint", "save_checkpoint", "stage_checkpoint"]
 
 ALIASES_KEY = "tied"  # safetensors metadata: JSON {alias: stored name} of tied tensors stored once
 STORED_METRICS = ("test_top1", "test_loss")  # the metrics save_checkpoint(measure=...) replaces by the stored weights'
@@ -60,6 +60,23 @@ def checkpoint_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in (".json", ".safetensors") else path
     return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
+
+
+def check_weights_file(path: str | os.PathLike, source: str) -> None:
+    """Refuse a weights file that cannot be opened, without reading its tensors: not a regular file
+    (:func:`~convnn.card.check_regular_file`), or not a whole safetensors file (a header that cannot be read, or a
+    file shorter or longer than its header says: one still being written). What :func:`load_checkpoint` checks
+    beyond that (the card's sha256, the tensors against the model) needs the whole file.
+
+    Raises:
+        CheckpointError: the file is not one; the message names ``source``.
+    """
+    check_regular_file(path, source)
+    try:
+        with safetensors.safe_open(path, framework="pt"):
+            pass
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{source}: not a whole safetensors file ({err})") from err
 
 
 def _sha256(data: bytes) -> str:
@@ -359,8 +376,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     """
     weights_path, card_path = checkpoint_paths(path)
     for file in (weights_path, card_path):
-        if not file.is_file():
+        if not file.exists():
             raise CheckpointError(f"checkpoint file {file} does not exist")
+        check_regular_file(file, str(file))  # a FIFO would block the reader
     card = ModelCard.read(card_path)
     try:
         data = weights_path.read_bytes()

@@ -56,13 +56,16 @@ CIFAR_ROOT_ENV_VAR = "CONVNN_CIFAR10"
 _TILE = 32
 _MOSAIC_TILES = {"train": (200, 250), "test": (100, 100)}  # (rows, cols) of tiles in the offline pack
 _TORCHVISION_FOLDER = "cifar-10-batches-py"
+CIFAR10_ARCHIVE = "cifar-10-python.tar.gz"  # the dataset's Python version, which unpacks to _TORCHVISION_FOLDER
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"  # where its authors publish it
 
 
 def _resolve_root(root: str | os.PathLike | None) -> Path:
     if root is None:
         root = os.environ.get(CIFAR_ROOT_ENV_VAR)
     if root is None:
-        raise ValueError(f"no CIFAR-10 folder given: pass root or set {CIFAR_ROOT_ENV_VAR}")
+        raise ValueError(f"no CIFAR-10 folder given: pass root (--data-root) or set {CIFAR_ROOT_ENV_VAR} to the "
+                         f"folder holding {_TORCHVISION_FOLDER}/ ({CIFAR10_ARCHIVE} from {CIFAR10_URL}, unpacked)")
     return Path(root)
 
 
@@ -116,7 +119,8 @@ def load_cifar10(root: str | os.PathLike | None = None, split: str = "train", li
         dataset = CIFAR10(str(root), train=split == "train", download=False)
         return dataset.data, np.asarray(dataset.targets, dtype=np.int64)
     raise FileNotFoundError(f"{root} holds neither the offline CIFAR-10 pack (meta.npz, *.jpg) nor "
-                            f"torchvision's {_TORCHVISION_FOLDER}/")
+                            f"torchvision's {_TORCHVISION_FOLDER}/ (unpack {CIFAR10_ARCHIVE} from {CIFAR10_URL} "
+                            "there)")
 
 
 def synthetic_images(count: int, num_classes: int, image_size: int = 32, seed: int = 0

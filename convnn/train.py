@@ -69,36 +69,47 @@ from .validation import SEED_RANGE, check_choice, check_int, check_nonnegative, 
 log = logging.getLogger("convnn.train")
 
 
+def _setting(default, help_text: str):
+    """A :class:`TrainConfig` field: its default and its ``--help`` text."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run depends on; saved in the model card as the recipe."""
+    """Everything a run depends on; saved in the model card as the recipe. Each field is a flag (``--help``)."""
 
-    name: str = "model"
-    model: str = "convnn_resnet_cifar"
-    model_args: dict = field(default_factory=dict)
-    data: str = "cifar10"  # "cifar10" | "imagefolder" | "synthetic" (smoke tests: generated, no files)
-    data_root: str | None = None
-    lite: bool = False  # read the pack's train_lite.jpg
-    subset: int | None = None  # use only the first n train and n test images (smoke tests)
-    image_size: int = 224  # ImageFolder and synthetic data
-    num_classes: int = 10  # synthetic data only
-    epochs: int = 30
-    batch_size: int = 512  # global, over all ranks
-    optimizer: str = "sgd"  # "sgd" (Nesterov) | "adamw"
-    lr: float = 0.2
-    weight_decay: float = 5e-4
-    momentum: float = 0.9
-    warmup_epochs: float = 2.0
-    label_smoothing: float = 0.1
-    mixup_alpha: float = 0.0  # > 0: mixup (half the batches) / cutmix (the other half) with Beta(α, α)
-    seed: int = 0
-    out: str = "runs"
-    backend: str = "auto"  # ConvNN kernel: "auto" | "reference" | "triton"
-    amp: bool = True  # bf16 autocast on CUDA
-    save_dtype: str = "float16"  # WEIGHTS_DTYPES; the card's test metrics are the stored weights'
-    max_steps: int | None = None  # stop early (smoke tests)
-    num_workers: int = 8  # ImageFolder loader processes
-    resume: bool = False
+    name: str = _setting("model", "the run's name: it writes NAME.json, NAME.safetensors, NAME.log.jsonl and "
+                                  "NAME.resume.pt (a preset names it, with -sSEED for --seed)")
+    model: str = _setting("convnn_resnet_cifar", "registered model (convnn.models.list_models())")
+    model_args: dict = field(default_factory=dict,
+                             metadata={"help": "JSON object of model arguments, merged into the preset's"})
+    data: str = _setting("cifar10", "cifar10 | imagefolder | synthetic (generated images, no files: to try the CLI)")
+    data_root: str | None = _setting(None, "cifar10: the folder holding cifar-10-batches-py/ (unpacked from "
+                                           "cifar-10-python.tar.gz) or the offline pack (default: $CONVNN_CIFAR10); "
+                                           "imagefolder: the folder holding train/ and val/")
+    lite: bool = _setting(False, "read the offline pack's train_lite.jpg (a smaller, coarser JPEG)")
+    subset: int | None = _setting(None, "use only the first N train and N test images (synthetic data: N of each, "
+                                        "512 without it)")
+    image_size: int = _setting(224, "input side in pixels of imagefolder and synthetic data (CIFAR-10 is 32)")
+    num_classes: int = _setting(10, "classes of synthetic data")
+    epochs: int = _setting(30, "epochs")
+    batch_size: int = _setting(512, "global batch, split over the ranks; at most the training images")
+    optimizer: str = _setting("sgd", "sgd (Nesterov) | adamw")
+    lr: float = _setting(0.2, "peak learning rate: linear warm-up to it, then cosine decay to 0")
+    weight_decay: float = _setting(5e-4, "weight decay (not on biases, norms and other 1-D parameters)")
+    momentum: float = _setting(0.9, "SGD momentum")
+    warmup_epochs: float = _setting(2.0, "epochs of linear warm-up")
+    label_smoothing: float = _setting(0.1, "label smoothing of the cross-entropy, in [0, 1]")
+    mixup_alpha: float = _setting(0.0, "> 0: mixup on half the batches, cutmix on the other half, Beta(α, α)")
+    seed: int = _setting(0, "seed of the data order, augmentation, mixing and the random layers' candidates")
+    out: str = _setting("runs", "folder the run writes to")
+    backend: str = _setting("auto", "ConvNN aggregation: auto | reference | triton")
+    amp: bool = _setting(True, "bf16 autocast on CUDA")
+    save_dtype: str = _setting("float16", "how the checkpoint stores the weights: float16 | bfloat16 | float32 | "
+                                          "int8 (the card's test metrics are the stored weights')")
+    max_steps: int | None = _setting(None, "stop after this many training steps (smoke tests)")
+    num_workers: int = _setting(8, "imagefolder loader processes")
+    resume: bool = _setting(False, "continue the run from NAME.resume.pt")
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first field outside its range (before any data is loaded)."""
@@ -129,13 +140,13 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--config", help="JSON file of TrainConfig fields")
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
+        shown = "" if f.default in (None, dataclasses.MISSING) else f" (default: {f.default})"
         if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif f.name == "model_args":
-            parser.add_argument(flag, type=json.loads, default=None, help="JSON object, merged into the preset's")
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=f.metadata["help"] + shown)
         else:
-            kind = {"int": int, "float": float, "int | None": int}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=None)
+            kind = {"int": int, "float": float, "int | None": int, "dict": json.loads}.get(f.type, str)
+            parser.add_argument(flag, type=kind, default=None, help=f.metadata["help"] + shown)
     args = parser.parse_args(argv)
     values: dict = preset(args.preset) if args.preset else {}
     if args.preset:
@@ -322,7 +333,9 @@ def _setup(config: TrainConfig, device: torch.device, rank: int, world_size: int
     mean, std, input size)."""
     train_loader, test_loader, classes, mean, std, input_size, data = _loaders(config, device, rank, world_size)
     if len(train_loader) == 0:
-        raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images")
+        largest = data["train"] // world_size * world_size
+        raise ValueError(f"batch_size={config.batch_size} is larger than the {data['train']} training images: pass "
+                         f"--batch-size {largest} or less" + (" (or a larger --subset)" if config.subset else ""))
     model, model_args = _build_model(config, len(classes), device)
     run = _Run(config, DistributedDataParallel(model) if world_size > 1 else model,
                make_optimizer(model, config), train_loader, test_loader, len(classes), device,

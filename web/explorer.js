@@ -96,6 +96,7 @@ function draw() {
   root.dataset.layer = table.layer;
   root.dataset.image = table.image_sha256 || "";
   root.dataset.model = table.model;
+  root.dataset.options = JSON.stringify(table.options); // the knob values this table was made with
   root.dataset.alpha = sweepFrame === null ? "" : String(sweep.alphas[sweepFrame]);
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.ranks = focus.ranks;

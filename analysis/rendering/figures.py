@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from convnn.introspect import DEFAULT_WINDOW
 
-from ..views.attribution import Attribution
+from ..views.attribution import ATTRIBUTION_METHODS, Attribution
 from ..views.equivalence import Equivalence
 from ..views.pixels import PixelNeighbors
 from ..views.spectrum import SpectrumRow
@@ -238,7 +238,7 @@ def attribution_figure(view: np.ndarray, attribution: Attribution) -> go.Figure:
             name, escaped: shown as text).
     """
     target = html.escape(attribution.target)
-    title = f"{attribution.method.replace('_', ' ')}, class '{target}'"
+    title = f"{ATTRIBUTION_METHODS[attribution.method]}, class '{target}'"
     fig = make_subplots(1, 2, subplot_titles=["model input", "attribution (a.u.)"], horizontal_spacing=0.08)
     fig.add_trace(go.Image(z=view, hoverinfo="skip"), row=1, col=1)
     fig.add_trace(go.Heatmap(z=attribution.values, colorscale="Cividis", colorbar=dict(title="a.u."),

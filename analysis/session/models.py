@@ -16,7 +16,6 @@ stored under fixed names and accepted only once it loads.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import reprlib
 import threading
@@ -30,7 +29,7 @@ from torch import Tensor, nn
 
 from convnn import CheckpointError, ModelCard, load_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS, build_on_meta
-from convnn.checkpoint import BEFORE_SUFFIX, checkpoint_paths
+from convnn.checkpoint import BEFORE_SUFFIX, check_weights_file, checkpoint_paths
 from convnn.introspect import LayerInfo, convnn_layers, layer_facts, model_family
 
 from .caching import bounded_cache
@@ -39,6 +38,7 @@ from .workspace import UPLOADS, Workspace
 
 __all__ = [
     "UPLOAD_PREFIX",
+    "CheckpointList",
     "LoadedModel",
     "card_summary",
     "checkpoint_card",
@@ -46,8 +46,6 @@ __all__ = [
     "load_model",
     "store_upload",
 ]
-
-logger = logging.getLogger(__name__)
 
 _MODEL_CACHE_SIZE = 4  # loaded models kept in memory (a CIFAR ResNet or ViT is 5–10 MB of fp32 weights)
 UPLOAD_PREFIX = "upload:"  # a checkpoint choice naming an upload: this prefix, then its workspace entry id
@@ -90,30 +88,59 @@ class LoadedModel:
                          f"choose one of {[p.name for p in self.probes]}")
 
 
-def list_checkpoints(folder: str | Path) -> list[tuple[str, Path]]:
-    """The checkpoints in ``folder``: each readable ``*.json`` card with a ``.safetensors`` file next to it.
+@dataclass(frozen=True)
+class CheckpointList:
+    """The checkpoints of a folder that the explorer lists, and those it leaves out.
 
-    A card that cannot be read (not JSON, not UTF-8, nested too deeply, not a valid model card, an unreadable file:
-    :meth:`convnn.ModelCard.read`) is skipped with a logged warning, so one bad file never hides the others.
+    Attributes:
+        found (list[tuple[str, Path]]): ``(label, card path)`` by name; the label is :func:`card_summary`'s first
+            line.
+        refused (list[tuple[str, str]]): ``(file name, why it cannot be opened)`` by name; neither names the
+            folder (a file name that is not UTF-8 is shown with its bytes escaped).
+    """
+
+    found: list[tuple[str, Path]]
+    refused: list[tuple[str, str]]
+
+
+def list_checkpoints(folder: str | Path) -> CheckpointList:
+    """The checkpoints in ``folder``: each ``*.json`` card with a ``.safetensors`` file next to it (links followed)
+    that can be opened, and why each other ``*.json`` cannot, so one bad file never hides the others.
+
+    A checkpoint is left out when its card cannot be read or checked (:meth:`convnn.ModelCard.read`: not a regular
+    file, as a FIFO that would block the reader; not UTF-8 JSON; not a valid card, or one holding a lone surrogate
+    that no page can carry), its model cannot be built from the card (:func:`convnn.budget.build_on_meta`), its
+    weights are missing or not a whole safetensors file (:func:`convnn.checkpoint.check_weights_file`: one still
+    being written), or its file name is not UTF-8 text. Nothing but the card and the weights' header is read; what
+    :func:`load_model` checks beyond that is found when the model is opened.
 
     Args:
         folder (str or Path): folder to scan (not recursive); a missing folder holds no checkpoints.
-
-    Returns:
-        list[tuple[str, Path]]: ``(label, card path)`` sorted by name; the label is :func:`card_summary`'s first line.
     """
-    found = []
+    found, refused = [], []
     for card_path in sorted(Path(folder).glob("*.json"), key=lambda p: p.stem):
-        weights_path, _ = checkpoint_paths(card_path)
-        if not weights_path.is_file():
-            continue
+        name = card_path.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         try:
-            card = ModelCard.read(card_path)
+            found.append((_listed_label(card_path, name), card_path))
         except CheckpointError as err:
-            logger.warning("skipping checkpoint %s: %s", card_path.name, err)
-            continue
-        found.append((card_summary(card).splitlines()[0], card_path))
-    return found
+            refused.append((name, str(err).removeprefix(f"{name}: ")))
+    return CheckpointList(found, refused)
+
+
+def _listed_label(card_path: Path, name: str) -> str:
+    """The model list's label of the checkpoint at ``card_path`` (shown as ``name``).
+
+    Raises:
+        CheckpointError: why it cannot be opened (:func:`list_checkpoints`); the message names files by name only.
+    """
+    if name != card_path.name:
+        raise CheckpointError(f"{name}: the file name is not UTF-8 text, which the page cannot show")
+    weights_path, _ = checkpoint_paths(card_path)
+    card = ModelCard.read(card_path, name)
+    if not weights_path.exists():
+        raise CheckpointError(f"{name}: no {weights_path.name} next to it")
+    check_weights_file(weights_path, weights_path.name)
+    return card_summary(card, name).splitlines()[0]
 
 
 def _accuracy_text(value: object) -> str:
@@ -128,13 +155,10 @@ def _accuracy_text(value: object) -> str:
 _MIXER_TITLES = {"mhsa": "MHSA", "kvt": "KVT", "convnn": "ConvNN-attention"}
 
 
-def _layers_summary(card: ModelCard) -> tuple[str, dict | None]:
+def _layers_summary(card: ModelCard, source: str) -> tuple[str, dict | None]:
     """``"<family>, <what its first attention layer, else its first layer is>"`` and the first layer that selects,
     from the model built on the meta device (:func:`convnn.budget.build_on_meta`; the layers describe themselves)."""
-    try:
-        model = build_on_meta(card)
-    except CheckpointError:
-        return str(card.model), None
+    model = build_on_meta(card, source)
     layers = layer_facts(model)
     first = next((facts for facts in layers if facts["kind"] == "attention"), layers[0] if layers else {"kind": ""})
     selecting = next((facts for facts in layers if facts["record_name"] is not None), None)
@@ -158,19 +182,27 @@ def _selection_text(facts: dict) -> str:
     return str(facts["selection"])
 
 
-def card_summary(card: ModelCard) -> str:
+def card_summary(card: ModelCard, source: str = "card") -> str:
     """A short human description of a card: name, architecture, λ, K, selection, test accuracy and storage dtype.
 
     The architecture comes from the model's own layers (built on the meta device, so nothing is allocated); fields
     of an unexpected type are shown as missing (e.g. ``metrics`` that is not a JSON object) and a test accuracy
     that is not a finite number as "n/a", so any card that loads can be described.
 
+    Args:
+        card (ModelCard): the card.
+        source (str): what a message calls the card. Default: ``"card"``
+
     Returns:
         str: one title line, then one line per fact (plain text, no markup).
+
+    Raises:
+        CheckpointError: a model that cannot be built from the card (:func:`convnn.budget.build_on_meta`), which
+            no checkpoint that loads has.
     """
     args = card.model_args if isinstance(card.model_args, dict) else {}
     metrics = card.metrics if isinstance(card.metrics, dict) else {}
-    arch, selecting = _layers_summary(card)
+    arch, selecting = _layers_summary(card, source)
     selection = _selection_text(selecting) if selecting else "—"
     title = f"{card.name}: {arch}" + (f", K={selecting['num_neighbors']}, {selection}" if selecting else "")
     return "\n".join([
@@ -281,7 +313,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
     if not weights_path.is_file() or not card_path.is_file():
         raise CheckpointError(f"checkpoint {Path(path).name!r} needs both {weights_path.name} and {card_path.name}")
     stamps = tuple((stat.st_size, stat.st_mtime_ns) for stat in (weights_path.stat(), card_path.stat()))
-    return _load_cached(card_path.resolve(), stamps, str(torch.device(device)))
+    # not resolved: a card that is a link pairs with the weights next to the link, not next to its target
+    return _load_cached(card_path.absolute(), stamps, str(torch.device(device)))
 
 
 def store_upload(files: Sequence[str | Path], workspace: Workspace, session: str | None,

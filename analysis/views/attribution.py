@@ -29,7 +29,8 @@ from ..session.traces import trace_image
 
 __all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
 
-ATTRIBUTION_METHODS = ("saliency", "integrated_gradients", "occlusion")
+ATTRIBUTION_METHODS = {"saliency": "Saliency", "integrated_gradients": "Integrated Gradients",
+                       "occlusion": "Occlusion"}  # id → the name a page shows
 GRADIENT_NOTE = ("Saliency and Integrated Gradients hold each layer's neighbour choice fixed (top-K indices carry no "
                  "gradient); Occlusion re-runs the model on occluded images, so the selected neighbours may change.")
 IG_STEPS = 16  # Riemann steps of Integrated Gradients: a coarse but interactive approximation
@@ -47,7 +48,7 @@ class Attribution:
     Attributes:
         values (np.ndarray): (S, S) float32 |attribution| summed over the colour channels, ≥ 0 (arbitrary units).
         target (str): the class name.
-        method (str): one of :data:`ATTRIBUTION_METHODS`.
+        method (str): one of :data:`ATTRIBUTION_METHODS`' ids.
         note (str): how the method treats the neighbour choice.
     """
 
@@ -74,7 +75,7 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         ValueError: unknown method or class name, or a model whose class count does not match its card.
     """
     if method not in ATTRIBUTION_METHODS:
-        raise ValueError(f"method must be one of {ATTRIBUTION_METHODS}, got {method!r}")
+        raise ValueError(f"method must be one of {tuple(ATTRIBUTION_METHODS)}, got {method!r}")
     classes = loaded.card.classes
     logits = trace_image(loaded, image).logits  # the prediction already computed; checks len(logits) = len(classes)
     if target is None:

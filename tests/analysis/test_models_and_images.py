@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import logging
 import os
+import re
 import shutil
 
 import numpy as np
@@ -54,29 +54,68 @@ def test_vit_probe_layers_are_the_attention_blocks(load_small):
 
 def test_listing_and_cards(checkpoint_dir):
     listed = list_checkpoints(checkpoint_dir)
-    assert [path.stem for _, path in listed] == ["cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn", "vit-mhsa"]
+    assert [path.stem for _, path in listed.found] == ["cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn", "vit-mhsa"]
+    assert listed.refused == []
     summary = card_summary(load_model(checkpoint_dir / "cnn-random.json").card)
     assert "hybrid λ=0.5, K=9, random (r=12)" in summary and "10.00%" in summary
     assert compute_path("cpu") == "PyTorch reference on cpu"
 
 
-def test_listing_skips_malformed_cards_with_a_warning(checkpoint_dir, tmp_path, caplog):
-    """One bad card in the folder (wrong field type, not JSON, nested too deeply to parse) must not hide the good
-    ones."""
-    shutil.copyfile(checkpoint_dir / "cnn-l0.json", tmp_path / "good.json")
+def test_listing_leaves_out_what_cannot_be_opened_and_says_why(checkpoint_dir, tmp_path, deadline):
+    """A researcher's runs folder holds half-written cards: each file that cannot be opened is left out with why
+    (no folder named), the others are listed. A FIFO named like a card hung the listing (and the app's startup); a
+    card name with a lone surrogate, or a file name that is not UTF-8, broke every reply that carried the list; a
+    link to a file that is no card was not a reason shown anywhere. Only cards and weights' headers are read."""
     card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
-    (tmp_path / "bad.json").write_text(json.dumps(card | {"metrics": [1]}))
-    (tmp_path / "broken.json").write_text("{not json")
-    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
-    for stem in ("good", "bad", "broken", "deep"):
-        shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / f"{stem}.safetensors")
-    with caplog.at_level(logging.WARNING, logger="analysis.session.models"):
-        listed = list_checkpoints(tmp_path)
-    assert listed == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
-    assert [m.split(":")[0] for m in caplog.messages] == ["skipping checkpoint bad.json",
-                                                          "skipping checkpoint broken.json",
-                                                          "skipping checkpoint deep.json"]
-    assert "not a readable JSON model card (RecursionError" in caplog.messages[2]
+    weights = (checkpoint_dir / "cnn-l0.safetensors").read_bytes()
+    files = {"good": json.dumps(card), "bad": json.dumps(card | {"metrics": [1]}), "broken": "{not json",
+             "deep": "[" * 100_000 + "]" * 100_000, "half": json.dumps(card), "args": json.dumps(
+                 card | {"model_args": card["model_args"] | {"widths": "x"}}),
+             "surrogate": json.dumps(card | {"name": "\ud800"}), "lonely": json.dumps(card)}
+    for stem, text in files.items():
+        (tmp_path / f"{stem}.json").write_text(text)
+        if stem != "lonely":
+            (tmp_path / f"{stem}.safetensors").write_bytes(weights[:len(weights) // 2] if stem == "half" else weights)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "fifo.safetensors").write_bytes(weights)
+    (tmp_path / "notes.txt").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (tmp_path / "passwd.json").symlink_to(tmp_path / "notes.txt")
+    (tmp_path / "passwd.safetensors").write_bytes(weights)
+    (tmp_path / os.fsdecode(b"name\xff.json")).write_text(json.dumps(card))
+    (tmp_path / os.fsdecode(b"name\xff.safetensors")).write_bytes(weights)
+    deadline(30)
+    listed = list_checkpoints(tmp_path)
+    assert listed.found == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
+    assert listed.refused == [
+        ("args.json", "cannot build model 'convnn_resnet_cifar' (widths must be a non-empty list of integers, got "
+                      "'x')"),
+        ("bad.json", "metrics must be a JSON object, got [1]"),
+        ("broken.json", "not a readable JSON model card (JSONDecodeError: Expecting property name enclosed in "
+                        "double quotes: line 1 column 2 (char 1))"),
+        ("deep.json", "not a readable JSON model card (RecursionError: maximum recursion depth exceeded while "
+                      "decoding a JSON array from a unicode string)"),
+        ("fifo.json", "not a regular file"),
+        ("half.json", "half.safetensors: not a whole safetensors file (Error while deserializing header: incomplete "
+                      "metadata, file not fully covered)"),
+        ("lonely.json", "no lonely.safetensors next to it"),
+        ("name\\xff.json", "the file name is not UTF-8 text, which the page cannot show"),
+        ("passwd.json", "not a readable JSON model card (JSONDecodeError: Expecting value: line 1 column 1 (char 0))"),
+        ("surrogate.json", "the model card holds text that is not valid Unicode (a lone surrogate, such as \\ud800 "
+                           "in its JSON)")]
+
+
+def test_a_card_that_is_a_link_loads_with_the_weights_beside_the_link(checkpoint_dir, tmp_path):
+    """A card linked into a folder (``ln -s ../runs/a.json a.json``) was loaded with the weights beside its target,
+    and a link to anything else was reported as "does not exist"."""
+    (tmp_path / "run").mkdir()
+    shutil.copyfile(checkpoint_dir / "cnn-l0.json", tmp_path / "run" / "best.json")
+    (tmp_path / "a.json").symlink_to(tmp_path / "run" / "best.json")
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / "a.safetensors")
+    assert load_model(tmp_path / "a.json").card.name == "cnn-l0"
+    (tmp_path / "passwd.json").symlink_to("/etc/passwd")
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", tmp_path / "passwd.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape("passwd.json: not a readable JSON model card")):
+        load_model(tmp_path / "passwd.json")
 
 
 def test_card_summary_tolerates_odd_metrics(checkpoint_dir):

@@ -116,12 +116,47 @@ def test_an_oversized_card_upload_is_refused_with_a_message_naming_no_server_pat
     assert str(tmp_path) not in refused.value.message and str(work_dir) not in refused.value.message
 
 
+def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says_what_it_left_out(
+        checkpoint_dir, tmp_path, work_dir, deadline):
+    """One bad card in --checkpoints blanked the page (every view "Error"), a card name with a lone surrogate
+    stopped the app starting (and killed an upload's reply), a FIFO named x.json hung the start. Now what cannot
+    be opened is left out of the model list and named under it with why (no server path), the page opens on the
+    first model that loads (DEFAULT_CHECKPOINT's name given to one whose weights do not fit its card: it is
+    skipped), and the app starts and serves."""
+    folder = tmp_path / "runs"
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder)
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app.DEFAULT_CHECKPOINT, weights_sha256="")
+    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app.DEFAULT_CHECKPOINT}.safetensors")
+    surrogate = copy_checkpoint(checkpoint_dir, "cnn-l0", folder, "surrogate", name="\ud800")
+    os.mkfifo(folder / "x.json")
+    shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", folder / "x.safetensors")
+    deadline(60)
+    explorer = app.Explorer(folder, device="cpu")
+    demo = app.build_demo(explorer)
+    blocks = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
+    assert blocks["checkpoint"].value == "cnn-l0"  # the default's weights do not fit its card: skipped
+    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app.DEFAULT_CHECKPOINT]
+    left_out = blocks["left_out"].value
+    assert blocks["left_out"].visible and left_out.splitlines() == [
+        "surrogate.json: the model card holds text that is not valid Unicode (a lone surrogate, such as \\ud800 in "
+        "its JSON)", "x.json: not a regular file"]
+    assert str(tmp_path) not in left_out
+    with served(demo, explorer.workspace) as url:
+        assert httpx.get(f"{url}config").status_code == 200  # the page's config carries every name
+    with pytest.raises(gr.Error) as refused:  # and an upload of the surrogate card is refused with a message
+        explorer.on_checkpoint_upload([str(surrogate), str(surrogate.with_suffix(".safetensors"))], [],
+                                      request=SESSION_A)
+    assert "the model card holds text that is not valid Unicode" in refused.value.message
+    assert str(tmp_path) not in refused.value.message
+    assert app.Explorer(checkpoint_dir, device="cpu").left_out() == []  # a folder of good ones: no note
+
+
 # -- 3 · the queue is bounded, slow views have their own group ----------------------------------------------------
 def dependency(demo: gr.Blocks, name: str) -> list:
     return [fn for fn in demo.fns.values() if fn.name == name]
 
 
-def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_request(explorer):
+def test_slow_views_run_in_their_own_limited_group_and_are_dropped_by_a_new_request(explorer):
     demo = app.build_demo(explorer)
     assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
     assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
@@ -133,15 +168,15 @@ def test_slow_views_run_in_their_own_limited_group_and_are_cancelled_by_a_new_re
         assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
     fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
     assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
-    cancelled = {i for fn in demo.fns.values() if fn.is_cancel_function for i in fn.cancels}
-    assert cancelled == {fn._id for fn in slow if fn.name.startswith("on_")}  # the page's runs (API calls: none)
+    assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (app.SlowRuns)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
-    cancellers = {target for fn in demo.fns.values() if fn.is_cancel_function for target in fn.targets}
-    for control in ("checkpoint", "image_file", "fit", "method", "target", "layer"):
-        assert (blocks[control]._id, "change") in cancellers  # what a slow view reads changed: its run is dropped
-    attribution = next(fn for fn in slow if fn.name == "on_attribution")
-    assert any((blocks["attribution_cancel"]._id, "click") in fn.targets and attribution._id in fn.cancels
-               for fn in demo.fns.values() if fn.is_cancel_function)  # and the Cancel button
+    for view, reads in (("on_attribution", ("checkpoint", "image_file", "fit", "method", "target")),
+                        ("on_equivalence", ("checkpoint", "image_file", "fit", "layer")),
+                        ("on_spectrum_models", ("image_file", "fit"))):
+        droppers = {target for fn in dependency(demo, f"drop_{view}") for target in fn.targets}
+        assert droppers == {(blocks[control]._id, "change") for control in reads}  # what it reads changed
+    cancel = dependency(demo, "on_attribution_cancel")
+    assert [fn.targets for fn in cancel] == [[(blocks["attribution_cancel"]._id, "click")]]  # and the Cancel button
 
 
 @contextlib.contextmanager
@@ -278,6 +313,59 @@ def test_a_cancelled_slow_run_holds_its_place_until_its_computation_ends(explore
             while len(attributions) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(attributions) == 2  # the place came back when the cancelled computation ended: both ran
+        finally:
+            release.set()
+
+
+def session_results(url: str, session: str) -> dict[str, dict]:
+    """The ``process_completed`` messages of ``session``'s events, by event id, read from its ``/queue/data`` stream
+    until the server closes it (every event of the session has ended)."""
+    results = {}
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=30) as stream:
+        for line in stream.iter_lines():
+            message = json.loads(line.removeprefix("data: ")) if line.startswith("data: ") else {}
+            if message.get("msg") == "process_completed":
+                results[message["event_id"]] = message["output"]
+    return results
+
+
+def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_nothing(
+        explorer, monkeypatch, example_image, work_dir, blocked_equivalence):
+    """Cancel was Gradio's ``cancels``: the page cancelled only once the Cancel button's server step had answered,
+    and when the server's message ending the cancelled event came after the page had cleaned that event up, the
+    attribution's note and chart were left marked "Error" with no message (3 of 18 tries by hand; the browser test
+    failed in CI). The server drops the run now: one computing ends at once with no change to the page (its
+    computation keeps its place until it ends), one still in Gradio's queue ends when it starts, computing nothing."""
+    started, release = blocked_equivalence
+    attributions = []
+    monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args))
+    demo = app.build_demo(explorer)
+    with served(demo) as url:
+        with open(example_image, "rb") as file:
+            image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
+                     "meta": {"_type": "gradio.FileData"}}
+        values = {"checkpoint": "cnn-l0.5", "image_file": image, "fit": "crop", "layer": CELL_LAYER,
+                  "method": "occlusion", "target": ""}
+
+        def join(name: str, session: str) -> str:
+            fn = dependency(demo, name)[0]
+            joined = httpx.post(f"{url}gradio_api/queue/join", json={
+                "data": [values[block.elem_id] for block in fn.inputs], "fn_index": fn._id, "session_hash": session,
+                "trigger_id": None})
+            assert joined.status_code == 200, joined.text
+            return joined.json()["event_id"]
+        try:
+            equivalence = join("on_equivalence", "s0")
+            assert started.wait(30)  # computing, in the slow group's one place
+            attribution = join("on_attribution", "s1")  # waits in Gradio's queue
+            cancel = join("on_attribution_cancel", "s1")  # the Cancel button
+            join("drop_on_equivalence", "s0")  # a new layer, say
+            ended = session_results(url, "s0")
+            assert ended[equivalence]["data"] == [{"__type__": "update"}] * 2  # at once: no change to the page
+            ended = session_results(url, "s1")  # s1's run started once s0's event ended, and ended at once
+            assert ended[attribution]["data"] == [{"__type__": "update"}] * 2
+            assert ended[cancel]["data"] == [None, app.ATTRIBUTION_CANCELLED]  # the Cancel button says so
+            assert attributions == [] and not release.is_set()  # nothing computed; s0's computation still runs
         finally:
             release.set()
 
@@ -613,7 +701,7 @@ def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_di
 # -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
 def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp: launched.append(port))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema: launched.append(port))
     monkeypatch.setattr(app, "build_demo", lambda explorer: None)
     before = an.cache_budget()
     monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])

@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -98,6 +100,49 @@ def test_missing_or_non_json_files_are_refused(saved, tmp_path):
     path.with_suffix(".json").write_text("{broken")
     with pytest.raises(CheckpointError, match="JSON"):
         load_checkpoint(path)
+
+
+def test_a_fifo_or_a_folder_is_refused_unread(saved, deadline):
+    """A FIFO named ``x.json`` hung whatever read it (the app's startup): it is refused before it is opened."""
+    _, path = saved
+    deadline(30)
+    for file in (path.with_suffix(".json"), path.with_suffix(".safetensors")):
+        file.unlink()
+        os.mkfifo(file)
+        with pytest.raises(CheckpointError, match=re.escape(f"{file.name}: not a regular file")):
+            load_checkpoint(path)
+        with pytest.raises(CheckpointError, match=re.escape("x.json: not a regular file")):
+            ModelCard.read(file, "x.json")
+        file.unlink()
+        file.mkdir()
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            load_checkpoint(path)
+        file.rmdir()
+        save_checkpoint(saved[0], path, _card())
+
+
+def test_a_card_holding_a_lone_surrogate_is_refused(saved):
+    """JSON can escape a lone surrogate; a card name holding one broke every reply that carried it (an upload's,
+    and the page's config: the app did not start)."""
+    _, path = saved
+    card = json.loads(path.with_suffix(".json").read_text())
+    for edit in ({"name": "\ud800"}, {"classes": ["ok"] * 9 + ["a\udfffb"]}, {"recipe": {"\ud83d": 1}}):
+        path.with_suffix(".json").write_text(json.dumps(card | edit))  # written escaped, as ASCII
+        with pytest.raises(CheckpointError, match="text that is not valid Unicode"):
+            ModelCard.read(path.with_suffix(".json"))
+
+
+def test_the_weights_file_check_reads_only_the_header(saved):
+    """check_weights_file refuses a half-written weights file (what a listing of a runs folder meets) from its
+    header and size alone."""
+    _, path = saved
+    weights = path.with_suffix(".safetensors")
+    checkpoint_module.check_weights_file(weights, "m.safetensors")  # a whole file passes
+    data = weights.read_bytes()
+    for broken in (data[:len(data) // 2], data + b"\0", data[:5]):
+        weights.write_bytes(broken)
+        with pytest.raises(CheckpointError, match=re.escape("m.safetensors: not a whole safetensors file")):
+            checkpoint_module.check_weights_file(weights, "m.safetensors")
 
 
 def test_deeply_nested_cards_are_checkpoint_errors(saved):

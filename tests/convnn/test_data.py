@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from convnn.data import DeviceLoader, random_crop_flip
+from convnn.data import CIFAR10_ARCHIVE, CIFAR10_URL, DeviceLoader, load_cifar10, random_crop_flip
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -28,3 +28,12 @@ def test_crop_without_padding_is_identity_up_to_a_mirror():
     out = random_crop_flip(images, 0, torch.Generator().manual_seed(0))
     for original, augmented in zip(images, out, strict=True):
         assert torch.equal(augmented, original) or torch.equal(augmented, original.flip(-1))
+
+
+def test_a_folder_without_cifar10_says_where_the_data_comes_from(tmp_path, monkeypatch):
+    monkeypatch.delenv("CONVNN_CIFAR10", raising=False)
+    for root, error in ((tmp_path, FileNotFoundError), (None, ValueError)):
+        with pytest.raises(error) as missing:
+            load_cifar10(root)
+        assert "cifar-10-batches-py/" in str(missing.value)
+        assert f"{CIFAR10_ARCHIVE} from {CIFAR10_URL}" in str(missing.value)

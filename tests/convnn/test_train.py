@@ -1,7 +1,10 @@
 """The training CLI: DDP under torchrun/gloo, presets, resume, the written checkpoint and log."""
 
+import dataclasses
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -12,7 +15,7 @@ import torch.nn.functional as F
 from convnn import create_model, load_checkpoint
 from convnn.data import normalize, synthetic_images
 from convnn.presets import PRESETS
-from convnn.train import learning_rate, parse_config, train
+from convnn.train import TrainConfig, learning_rate, parse_config, train
 from tests.conftest import ROOT
 
 TINY = ["--data", "synthetic", "--image-size", "16", "--subset", "128", "--batch-size", "32", "--num-classes", "4",
@@ -181,7 +184,8 @@ def test_cli_refuses_bad_flags_before_any_work(flags, message, capsys):
 
 
 def test_batch_larger_than_the_data_and_unknown_model_arguments_are_value_errors(tmp_path):
-    with pytest.raises(ValueError, match="larger than the 128 training images"):
+    with pytest.raises(ValueError, match=re.escape("larger than the 128 training images: pass --batch-size 128 or "
+                                                   "less (or a larger --subset)")):
         train(parse_config(["--preset", "cnn-l0", "--out", str(tmp_path), *TINY, "--batch-size", "256"]))
     with pytest.raises(ValueError, match="model_args"):
         train(parse_config(["--preset", "cnn-l0", "--out", str(tmp_path), *TINY,
@@ -196,3 +200,25 @@ def test_the_cli_ends_with_a_message_not_a_traceback_when_the_data_does_not_fit_
                                          r"\(with --data synthetic or imagefolder, pass --image-size 32\)"):
         main(["--preset", "vit-mhsa", "--data", "synthetic", "--subset", "4", "--batch-size", "2", "--epochs", "1",
               "--out", str(tmp_path)])
+
+
+def test_the_readme_s_command_to_try_the_cli_runs(tmp_path):
+    """The README's command for generated images stopped at once ("batch_size=512 is larger than the 256 training
+    images"): it passes a batch that fits now, and takes its first step (stopped there)."""
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("python -m convnn.train") and "--data synthetic" in line)
+    args = shlex.split(line)[3:]
+    config = parse_config([*args, "--out", str(tmp_path), "--max-steps", "1"])
+    _, metrics = train(config)
+    assert 0.0 <= metrics["test_top1"] <= 100.0 and (tmp_path / f"{config.name}.json").is_file()
+
+
+def test_every_flag_says_what_it_sets(capsys):
+    """``--help`` named most flags with no text; each says what it sets now, with its default."""
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for field in dataclasses.fields(TrainConfig):
+        text = " ".join(field.metadata["help"].split())
+        assert text and f"--{field.name.replace('_', '-')}" in shown and text in shown, field.name
+    assert "cifar-10-python.tar.gz" in shown
