@@ -143,7 +143,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
         keys_idx = tl.where(cols == 0, offs_m[:, None], sampled)
     else:
         keys_idx = cols
-    keys_idx = tl.where(mask_mk, keys_idx, 0)
+    keys_idx = tl.where(mask_mk & (acc != EMPTY_KEY), keys_idx, 0)  # an empty slot never addresses a value row
     rows_idx = keys_idx  # the value row each slot gathers; −1: a padding cell (zero value) of the blend's map
     if BLEND:
         rows_idx = padded_cells(keys_idx, sizes[10], sizes[11], Nq // sizes[10])

@@ -7,6 +7,7 @@ Every kernel test hands :func:`check_every_row` what the kernel returned and the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -88,9 +89,9 @@ def check_every_row(result, q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bia
     inputs64 = [None if x is None else x.detach().double().requires_grad_(x.requires_grad) for x in inputs]
     q64, k64, v64, weight64, bias64 = inputs64
     with torch.autocast(q.device.type, enabled=False):
-        scores, scale = _scores64(q64.detach(), k64.detach(), similarity, blend)  # (B, H, Nq, M), (B, H, Nq, 1)
-        tie_share, ranked = _check_selection(idx, scores, EPS[dtype] * scale, num_neighbors, candidates, self_first,
-                                             blend)
+        scores, scale = _scores64(q64.detach(), k64.detach(), similarity, blend)  # (B, H, Nq, M), scale(keys)
+        tie_share, ranked = _check_selection(idx, scores, lambda keys: EPS[dtype] * scale(keys), num_neighbors,
+                                             candidates, self_first, blend)
         assert tie_share <= max_tie_share, (
             f"{tie_share:.2%} of the rows differ from the reference by near-ties, more than {max_tie_share:.2%}")
 
@@ -116,30 +117,52 @@ def _in_fp32_range(scores: Tensor) -> Tensor:
     return torch.where(scores.isnan(), -math.inf, scores.clamp(max=_F32_MAX))
 
 
-def _scores64(q64: Tensor, k64: Tensor, similarity: str, blend) -> tuple[Tensor, Tensor]:
+def _similarity64(q64: Tensor, k64: Tensor, similarity: str) -> Tensor:
+    """fp64 similarity as the fp32 kernel and reference compute it: a dot product that leaves the fp32 range
+    overflows to ±∞ before it is scaled by 1/√D (``kernels.reference.similarity_scores`` sums first, then scales)."""
+    if similarity != "dot":
+        return similarity_scores(q64, k64, similarity)
+    products = q64 @ k64.transpose(-1, -2)
+    products = torch.where(products.abs() > _F32_MAX, products.sign() * math.inf, products)
+    return products / math.sqrt(q64.shape[-1])
+
+
+def _scores64(q64: Tensor, k64: Tensor, similarity: str, blend) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """fp64 scores of every query against every key (B, H, Nq, Nk), or every padded cell of the blend rule's map;
-    and (B, H, Nq, 1) a bound on the magnitude of each row's scores in the units their rounding
-    scales with (1 for cosine, ‖q_i‖·max_j ‖k_j‖/√D for dot; the blend rule's normalisation divides feature
-    errors by the row's range, and its three terms (score, low, range) carry one each)."""
+    and a function of a row's keys (B, H, Nq, n) giving (B, H, Nq, 1): a bound on the magnitude of the scores
+    compared there, in the units their rounding scales with — 1 for cosine; ‖q_i‖·max ‖k_j‖/√D over those keys for
+    dot (one large key elsewhere does not loosen the row); for the blend rule, whose normalisation divides feature
+    errors by the row's range over every cell, 1 + 4α·‖q_i‖·max over all cells ‖k_j‖/√D / range (its three terms,
+    score, low and range, carry one each)."""
+    grid = None if blend is None else (blend.height, blend.width)
+    keys64 = k64 if blend is None else padded_tokens(k64, grid, blend.pad)
     if similarity == "cosine":
-        scale = torch.ones_like(q64[..., :1])
+        ones = torch.ones_like(q64[..., :1])
+
+        def magnitude(keys: Tensor) -> Tensor:
+            return ones
     else:
-        norms = [x.norm(dim=-1).nan_to_num(nan=0.0) for x in (q64, k64)]
-        scale = (norms[0] * norms[1].amax(-1, keepdim=True) / math.sqrt(q64.shape[-1])).unsqueeze(-1)
+        q_norms = q64.norm(dim=-1).nan_to_num(nan=0.0)
+        k_norms = keys64.norm(dim=-1).nan_to_num(nan=0.0)
+
+        def magnitude(keys: Tensor) -> Tensor:
+            norms = k_norms[:, :, None, :].expand(*keys.shape[:3], k_norms.shape[-1]).gather(-1, keys)
+            return (q_norms * norms.amax(-1) / math.sqrt(q64.shape[-1])).unsqueeze(-1)
+    feature = _in_fp32_range(_similarity64(q64, keys64, similarity))
     if blend is None:
-        return _in_fp32_range(similarity_scores(q64, k64, similarity)), scale
-    grid = (blend.height, blend.width)
-    feature = _in_fp32_range(similarity_scores(q64, padded_tokens(k64, grid, blend.pad), similarity))
+        return feature, magnitude
     finite = feature > -math.inf
     spread = feature.where(finite, -math.inf).amax(-1, keepdim=True) - feature.where(finite, math.inf).amin(
         -1, keepdim=True)
-    scale = 1 + 4 * blend.alpha * scale / spread.clamp_min(torch.finfo(torch.float32).tiny)
+    every_cell = torch.arange(keys64.shape[2], device=q64.device).expand(*feature.shape)
+    rows = 1 + 4 * blend.alpha * magnitude(every_cell) / spread.clamp_min(torch.finfo(torch.float32).tiny)
     scores = blend_scores(feature, spatial_scores(*grid, blend.window_size, q64.device), blend.alpha)
-    return scores, scale
+    return scores, lambda keys: rows
 
 
-def _check_selection(idx, scores, tol, num_neighbors, candidates, self_first, blend) -> tuple[float, Tensor]:
-    """Assert the every-row rule of :func:`check_every_row` on the kernel's keys ``idx``; return the share of rows
+def _check_selection(idx, scores, tolerance, num_neighbors, candidates, self_first, blend) -> tuple[float, Tensor]:
+    """Assert the every-row rule of :func:`check_every_row` on the kernel's keys ``idx``, with ``tolerance`` a
+    function of the keys a row compares (the kernel's and the reference's) giving its tol; return the share of rows
     that differ from the reference (by legal near-ties) and the ranking score of each of the kernel's slots."""
     B, H, Nq = idx.shape[:3]
     M = scores.shape[-1]
@@ -169,6 +192,7 @@ def _check_selection(idx, scores, tol, num_neighbors, candidates, self_first, bl
         ranking[..., torch.arange(Nq, device=idx.device), self_column] = math.inf
     ref_scores, ref_columns = select_topk(ranking, num_neighbors)
     ref_keys = ref_columns if column_keys is None else column_keys.gather(-1, ref_columns)
+    tol = tolerance(torch.cat([idx, ref_keys], -1))
 
     is_candidate = (columns >= 0).all(-1)
     distinct = (columns.sort(-1).values.diff(dim=-1) != 0).all(-1)

@@ -156,3 +156,24 @@ def test_spatially_smooth_features_in_raster_order_select_the_reference_sets(num
         result = function.launch_forward(x, x, v, weight, None, *options.values(),
                                          config=dict(BLOCK_N=16, LANES=lanes))
         check_every_row(result, x, x, v, weight, **options, max_tie_share=0)
+
+
+def test_a_dropped_score_equal_to_the_kth_sends_the_row_to_the_repair():
+    """Columns 0, 29, 42 and 55 share lane 0 of 16-column tiles (rotated by 13 per tile): 0 scores 1, the others
+    9. The lane keeps the three 9s and drops column 0, whose score equals the row's K-th (K = 4: column 60's 1, in
+    another lane). Certifying on "dropped ≤ K-th" would return column 60; the certificate is strict, the row is
+    repaired, and column 0 wins the tie, as in the reference."""
+    n, K = 64, 4
+    k = torch.zeros(1, 1, n, 4)
+    k[0, 0, [29, 42, 55], 0] = 9.0
+    k[0, 0, [0, 60], 0] = 1.0
+    q = torch.zeros(1, 1, n, 4)
+    q[..., 0] = 1.0
+    v = torch.randint(-3, 4, (1, 1, n, 3), generator=torch.Generator().manual_seed(4)).float()
+    weight = torch.randint(-2, 3, (5, 3, K), generator=torch.Generator().manual_seed(5)).float()
+    options = dict(num_neighbors=K, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=None, self_first=False)
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    result = function.launch_forward(q, k, v, weight, None, *options.values(), config=dict(BLOCK_N=16, LANES=True))
+    assert result[1][0, 0, 0].tolist() == [29, 42, 55, 0]
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
