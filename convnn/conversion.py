@@ -25,8 +25,8 @@ from .candidates import assign_candidate_seeds
 from .functional import window_geometry
 from .layers import ConvNN2d, HybridConvNN2d, KVTAttention
 from .layers.attention import ConvNNAttention
-from .selection import effective_selection
-from .validation import check_choice
+from .selection import SELECTION_RULES, effective_selection
+from .validation import check_choice, check_int, check_ratio
 
 __all__ = ["ATTENTION_KINDS", "STRIDE_FORMS", "ConvNNMultiheadAttention", "HybridDownsample",
            "KVTMultiheadAttention", "conversion_options", "convert"]
@@ -171,30 +171,46 @@ def convert(model: nn.Module, *, rule: str = "all", branch_ratio: float = 0.5, n
             of the attention layers (``num_candidates``, ``weighting``, …); each goes where it is taken.
 
     Returns:
-        nn.Module: ``model`` itself, its layers replaced (on their device and dtype).
+        nn.Module: ``model`` itself, its layers replaced (on their device and dtype); when ``model`` is itself a
+        3×3 convolution or an attention layer, its replacement.
 
     Raises:
-        ValueError: an argument outside its range (λ, K, rule, attention, stride form), a rule attention cannot
-            select by when the model has attention, or an ``nn.MultiheadAttention`` that is not batch first.
+        ValueError: an argument outside its range (λ, K, rule, attention, stride form; checked whatever the model
+            holds), a rule attention cannot select by when the model has attention, an ``nn.MultiheadAttention``
+            that is not batch first, or a layer to convert that is shared by two places of the model.
         TypeError: an option neither layer takes (``seed``: layers derive theirs from ``candidate_seed``).
 
     Example:
         >>> from torchvision.models import resnet18
         >>> model = convert(resnet18(num_classes=10), rule="all", branch_ratio=0.5, num_neighbors=9)
     """
+    check_choice("rule", rule, tuple(SELECTION_RULES))
+    check_ratio("branch_ratio", branch_ratio)
+    check_int("num_neighbors", num_neighbors, 1)
     check_choice("attention", attention, ATTENTION_KINDS)
     check_choice("stride_form", stride_form, STRIDE_FORMS)
     conv_options, attention_options = conversion_options(options)
     conv_options.update(num_neighbors=num_neighbors, selection=rule)
     attention_options.update(num_neighbors=num_neighbors, selection=rule)
-    replaced = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if _converts(child):
-                replaced.append((parent, name, _hybrid(child, branch_ratio, stride_form, carry_weights,
-                                                       conv_options)))
-            elif (layer := _attention(child, attention, attention_options)) is not None:
-                replaced.append((parent, name, layer))
+
+    def replacement(module: nn.Module) -> nn.Module | None:
+        if _converts(module):
+            return _hybrid(module, branch_ratio, stride_form, carry_weights, conv_options)
+        return _attention(module, attention, attention_options)
+
+    if (root := replacement(model)) is not None:  # the model is itself one layer
+        return assign_candidate_seeds(root, candidate_seed)
+    replaced, seen = [], {}
+    for parent_name, parent in model.named_modules(remove_duplicate=False):
+        for name, child in parent._modules.items():  # named_children() lists a module held twice only once
+            if child is None or (layer := replacement(child)) is None:
+                continue
+            where = f"{parent_name}.{name}".lstrip(".")
+            if id(child) in seen and seen[id(child)] != where:
+                raise ValueError(f"{where} is the same module as {seen[id(child)]}: a layer shared by two places "
+                                 "cannot be converted (its two replacements would no longer share weights)")
+            seen[id(child)] = where
+            replaced.append((parent, name, layer))
     for parent, name, layer in replaced:
         setattr(parent, name, layer)
     return assign_candidate_seeds(model, candidate_seed)

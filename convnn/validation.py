@@ -33,9 +33,15 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def check_ratio(name: str, value: float) -> None:
-    """Raise ``ValueError`` unless ``0 ≤ value ≤ 1``."""
-    if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+    """Raise ``ValueError`` unless ``value`` is a number (not a bool) with ``0 ≤ value ≤ 1``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+def check_bool(name: str, value) -> None:
+    """Raise ``ValueError`` unless ``value`` is True or False (a card's ``"no"`` would otherwise read as True)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def check_int(name: str, value, low: int, high: float = math.inf) -> None:

@@ -26,7 +26,7 @@ from ..functional import (
 )
 from ..recording import Recordable
 from ..selection import SelectionOptions, check_window_neighbors, effective_selection, selection_rule
-from ..validation import check_choice, check_floating_input, check_int, check_positive, check_ratio
+from ..validation import check_bool, check_choice, check_floating_input, check_int, check_positive, check_ratio
 
 __all__ = ["ConvNN2d"]
 
@@ -164,6 +164,9 @@ class ConvNN2d(Recordable):
         check_choice("weighting", weighting, WEIGHTINGS)
         check_choice("backend", backend, BACKENDS)
         check_int("in_channels", in_channels, 1)
+        for flag, value in (("coord_channels", coord_channels), ("bias", bias),
+                            ("candidate_padding", candidate_padding)):
+            check_bool(flag, value)
         check_int("out_channels", out_channels, 1)
         if window_size is not None:
             check_int("window_size", window_size, 1)

@@ -163,10 +163,39 @@ def test_convnn_resnet50_is_the_conversion_in_the_papers_stride_form():
     (dict(stride=2), TypeError, "convert takes no option 'stride'"),
     (dict(seed=3), TypeError, "convert takes no option 'seed'"),
     (dict(num_neighbours=9), TypeError, "convert takes no option 'num_neighbours'"),
+    (dict(branch_ratio=5), ValueError, "branch_ratio must be a number in"),
+    (dict(branch_ratio=True), ValueError, "branch_ratio must be a number in"),
+    (dict(num_neighbors=0), ValueError, "num_neighbors must be an integer"),
+    (dict(rule="bogus"), ValueError, "rule must be one of"),
 ])
-def test_bad_conversion_arguments_raise(kwargs, error, message):
+@pytest.mark.parametrize("model", ["conv", "nothing to convert"])
+def test_bad_conversion_arguments_raise(kwargs, error, message, model):
+    """Whatever the model holds: a model with no layer to convert is no reason to accept a wrong argument."""
     with pytest.raises(error, match=message):
-        convert(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1)), **kwargs)
+        convert(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1) if model == "conv" else nn.Linear(2, 2)), **kwargs)
+
+
+@pytest.mark.parametrize("nesting", ["siblings", "in two blocks"])
+def test_a_layer_shared_by_two_places_is_refused(nesting):
+    """Two replacements of one shared convolution would no longer share weights: refused, naming both places."""
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    model = (nn.Sequential(conv, nn.ReLU(), conv) if nesting == "siblings"
+             else nn.Sequential(nn.Sequential(conv), nn.Sequential(conv)))
+    with pytest.raises(ValueError, match="is the same module as"):
+        convert(model)
+    assert model[0] is conv or model[0][0] is conv  # nothing was replaced
+
+
+def test_a_convolution_converts_to_its_hybrid_and_keeps_computing_the_same():
+    """A model that is itself one 3×3 convolution comes back as its replacement; at λ = 0 it computes the
+    convolution."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, padding=1).double()
+    x = torch.randn(2, 4, 7, 7, dtype=torch.float64)
+    expected = conv(x)
+    hybrid = convert(conv, branch_ratio=0.0)
+    assert isinstance(hybrid, HybridConvNN2d)
+    torch.testing.assert_close(hybrid(x), expected, rtol=0, atol=1e-12)
 
 
 def test_a_sequence_first_multihead_attention_is_refused():

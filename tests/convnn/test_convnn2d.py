@@ -262,6 +262,10 @@ def test_learned_query_key_projections_need_softmax_weighting(weighting):
     ({"groups": 3}, "groups"),
     ({"temperature": 0.0}, "temperature"),
     ({"num_neighbors": 0}, "num_neighbors"),
+    ({"coord_channels": "no"}, "coord_channels"),  # a card's string would read as True
+    ({"bias": "false"}, "bias"),
+    ({"candidate_padding": 1}, "candidate_padding"),
+    ({"blend_alpha": True, "selection": "blend"}, "blend_alpha"),
 ])
 def test_impossible_configurations_raise_value_errors_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
