@@ -95,15 +95,16 @@ class ModelCard:
         """Parse and check a card's JSON text (what :meth:`read` reads and :meth:`to_json` writes).
 
         Raises:
-            CheckpointError: ``text`` is over :data:`MAX_CARD_BYTES` in UTF-8, not JSON (or nests too deeply to
-                parse), or not a valid card (:meth:`from_dict`); the message names ``source``.
+            CheckpointError: ``text`` is over :data:`MAX_CARD_BYTES` in UTF-8, not JSON (or nests too deeply, or
+                holds an integer too long, to parse), or not a valid card (:meth:`from_dict`); the message names
+                ``source``.
         """
         size = len(text.encode("utf-8", errors="surrogatepass"))
         if size > MAX_CARD_BYTES:
             raise CheckpointError(_too_large(source, size))
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as err:
+        except (ValueError, RecursionError) as err:  # ValueError: also an integer of over 4,300 digits
             raise CheckpointError(f"{source}: not a readable JSON model card ({type(err).__name__}: {err})") from err
         return cls.from_dict(data, source)
 

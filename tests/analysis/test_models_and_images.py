@@ -65,13 +65,15 @@ def test_listing_leaves_out_what_cannot_be_opened_and_says_why(checkpoint_dir, t
     """A researcher's runs folder holds half-written cards: each file that cannot be opened is left out with why
     (no folder named), the others are listed. A FIFO named like a card hung the listing (and the app's startup); a
     card name with a lone surrogate, or a file name that is not UTF-8, broke every reply that carried the list; a
-    link to a file that is no card was not a reason shown anywhere. Only cards and weights' headers are read."""
+    link to a file that is no card was not a reason shown anywhere; an integer of 5,000 digits raised past the
+    listing. Only cards and weights' headers are read."""
     card = json.loads((checkpoint_dir / "cnn-l0.json").read_text())
     weights = (checkpoint_dir / "cnn-l0.safetensors").read_bytes()
     files = {"good": json.dumps(card), "bad": json.dumps(card | {"metrics": [1]}), "broken": "{not json",
              "deep": "[" * 100_000 + "]" * 100_000, "half": json.dumps(card), "args": json.dumps(
                  card | {"model_args": card["model_args"] | {"widths": "x"}}),
-             "surrogate": json.dumps(card | {"name": "\ud800"}), "lonely": json.dumps(card)}
+             "surrogate": json.dumps(card | {"name": "\ud800"}), "lonely": json.dumps(card),
+             "digits": json.dumps(card)[:-1] + ', "seed": ' + "9" * 5000 + "}"}
     for stem, text in files.items():
         (tmp_path / f"{stem}.json").write_text(text)
         if stem != "lonely":
@@ -94,6 +96,9 @@ def test_listing_leaves_out_what_cannot_be_opened_and_says_why(checkpoint_dir, t
                         "double quotes: line 1 column 2 (char 1))"),
         ("deep.json", "not a readable JSON model card (RecursionError: maximum recursion depth exceeded while "
                       "decoding a JSON array from a unicode string)"),
+        ("digits.json", "not a readable JSON model card (ValueError: Exceeds the limit (4300 digits) for integer "
+                        "string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the "
+                        "limit)"),
         ("fifo.json", "not a regular file"),
         ("half.json", "half.safetensors: not a whole safetensors file (Error while deserializing header: incomplete "
                       "metadata, file not fully covered)"),
