@@ -316,13 +316,14 @@ class SlowRuns:
             if event.session_hash == session and event.fn.name == view:
                 self._dropped_joins.add(event.request)
 
-    def dropping(self, view: str, handler=None):
-        """An event handler (a coroutine taking the ``request``) that drops the session's runs of ``view``
+    def dropping(self, views: tuple[str, ...], handler=None):
+        """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
         (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
         async def drop(request: gr.Request):
-            self.drop(getattr(request, "session_hash", None), view)
+            for view in views:
+                self.drop(getattr(request, "session_hash", None), view)
             return None if handler is None else handler(request)
-        drop.__name__ = handler.__name__ if handler else f"drop_{view}"
+        drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
         return drop
 
 
@@ -902,9 +903,10 @@ class Explorer:
         """The page as the address's query string says (a plain address: the model's default view)."""
         params = dict(request.query_params) if request is not None and request.query_params else {}
         out = self.view(params, checkpoint, request)
-        if out["link_note"]:  # said where the page opens too: the note is far below the first screen
+        if out["link_note"]:  # said where the page opens too: the note is far below the first screen; until
+            #                    closed, as the page may take longer to open than a toast's 10 s (a loaded server)
             gr.Warning("This link could not set everything it names: the note under “Copy a link to this view” says "
-                       "what. The rest of the view is open.")
+                       "what. The rest of the view is open.", duration=None)
         return out
 
     def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
@@ -1104,6 +1106,7 @@ class Explorer:
         return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 
+SLOW_VIEWS = ("on_attribution", "on_equivalence", "on_spectrum_models")  # run only when asked (SlowRuns)
 KNOBS = ["num_neighbors", "window_size", "num_candidates", "seed", "blend_alpha", "head"]  # what a selection reads
 QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]  # all a table is made from
 COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px", "col_px"]  # compare mode's
@@ -1382,10 +1385,21 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["demo"] = demo
         ex.controls = {name: ui[name] for name in [*LINK_CONTROLS.values(), "compare_depth"]}
 
+        # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
+        # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
+        # one per session and a few in all (Admission). A change of what a slow view reads drops the session's run
+        # of it on the server: a new model, image, fit or layer in the slow_reset step that ends its chain (no
+        # request of its own), a new method or class beside it; so does Cancel. A dropped run's event ends with no
+        # change to the page, and its computation still holds its place until it ends (SlowRuns).
+        runs = SlowRuns(SLOW_CONCURRENCY, lambda: waiting_slow_events(demo._queue))
+
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
             for view in views:
-                event = event.then(**wire(ex, ui, *VIEWS[view]), api_visibility="private")
+                step = wire(ex, ui, *VIEWS[view])
+                if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
+                    step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
+                event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in KNOBS]
         for (source, trigger), views in REFRESH.items():
@@ -1423,12 +1437,6 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                                [ui["pixel_row"], ui["pixel_col"]], api_visibility="private")
         run(["pixels"], pixel_click)
 
-        # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
-        # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
-        # one per session and a few in all (Admission). Cancel, or a change of what a slow view reads, drops the
-        # session's run of it on the server: the run's event ends with no change to the page (Cancel says so), and
-        # a dropped run's computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(SLOW_CONCURRENCY, lambda: waiting_slow_events(demo._queue))
         slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
                     api_visibility="private")
 
@@ -1436,15 +1444,16 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             event = wire(ex, ui, fn_name, inputs, outputs)
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
             ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
-            gr.on([ui[name].change for name in inputs], runs.dropping(fn_name), None, api_visibility="private")
 
         slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target"],
                   ["attribution_plot", "attribution_note"])
         slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"], ["spectrum_models_plot"])
         slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
                   ["equivalence_text", "equivalence_plot"])
+        gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
+              api_visibility="private")
         cancel = wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
-        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping("on_attribution", cancel["fn"])},
+        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"])},
                                        api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.

@@ -170,11 +170,14 @@ def test_slow_views_run_in_their_own_limited_group_and_are_dropped_by_a_new_requ
     assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
     assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (app.SlowRuns)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
-    for view, reads in (("on_attribution", ("checkpoint", "image_file", "fit", "method", "target")),
-                        ("on_equivalence", ("checkpoint", "image_file", "fit", "layer")),
-                        ("on_spectrum_models", ("image_file", "fit"))):
-        droppers = {target for fn in dependency(demo, f"drop_{view}") for target in fn.targets}
-        assert droppers == {(blocks[control]._id, "change") for control in reads}  # what it reads changed
+    # What a slow view reads changed: its run is dropped, for a new method or class by an event of its own, for a
+    # new model, image, fit or layer by the slow_reset step that ends the change's chain (which resets the views)
+    droppers = {target for fn in dependency(demo, "drop_on_attribution") for target in fn.targets}
+    assert droppers == {(blocks[control]._id, "change") for control in ("method", "target")}
+    for control in ("checkpoint", "image_file", "fit", "layer"):
+        assert all("slow_reset" in views for (source, _), views in app.REFRESH.items() if source == control)
+    assert {source for (source, _), views in app.REFRESH.items() if "slow_reset" in views} >= {
+        "checkpoint", "examples", "image_upload", "fit", "layer", "demo", "lesson"}  # every way they change
     cancel = dependency(demo, "on_attribution_cancel")
     assert [fn.targets for fn in cancel] == [[(blocks["attribution_cancel"]._id, "click")]]  # and the Cancel button
 
@@ -359,7 +362,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
             assert started.wait(30)  # computing, in the slow group's one place
             attribution = join("on_attribution", "s1")  # waits in Gradio's queue
             cancel = join("on_attribution_cancel", "s1")  # the Cancel button
-            join("drop_on_equivalence", "s0")  # a new layer, say
+            join("on_slow_reset", "s0")  # the end of a new layer's chain, say
             ended = session_results(url, "s0")
             assert ended[equivalence]["data"] == [{"__type__": "update"}] * 2  # at once: no change to the page
             ended = session_results(url, "s1")  # s1's run started once s0's event ended, and ended at once
