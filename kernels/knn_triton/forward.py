@@ -331,7 +331,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                                     BLOCK_M, BLOCK_N, D_PAD)
             a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
         first = acc
-        acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over)
+        acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
         certified = certified | (mask_m == 0)  # rows past the map are never read
         if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
             acc = tl.where(certified[:, None], acc, first)

@@ -26,18 +26,19 @@ _MAX_SPLITS = 16
 
 
 SELECTIONS = ("auto", "lanes", "rounds")
-# "auto": the lane selection from K = 17 on, the insertion rounds up to K = 16 (bench/RESULTS.md §1f)
-LANES_FROM_K_PAD = 32
+# "auto": the insertion rounds for these K, the lane selection for every other (bench/RESULTS.md §1g: at K = 16 a
+# third of the lanes' 64-row blocks on random features go to the repair, and the rounds measured 8 % faster)
+ROUNDS_FOR_K = range(10, 17)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
     """Inside the block the forward selects with ``selection``: ``"lanes"`` (per-lane lists, a certificate and a
-    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (lanes from
-    K = 17 on, where they measured 1.5× faster; rounds up to K = 16, where the lanes measured 3–12 % slower). Both
-    are exact; the switch exists to measure one beside the other (bench/kernel.py). Blocks nest; each thread and task
-    sees its own.
+    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the rounds
+    for K = 10–16, where they measured 8 % faster at K = 16; the lanes for every other K: 7 % faster at K = 9 and
+    1.7× / 1.5× at K = 32 / 64, bench/RESULTS.md §1g). Both are exact; the switch exists to measure one beside the
+    other (bench/kernel.py). Blocks nest; each thread and task sees its own.
 
     Raises:
         ValueError: an unknown selection.
@@ -52,7 +53,7 @@ def _next_pow2(n: int, floor: int = 1) -> int:
 
 def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, blend: bool = False) -> dict:
     """Block sizes of the forward: 64×64 query×key blocks; ``LANES``, the selection (:func:`use_selection`), with
-    8 warps (its lane state is 7 values per score of the tile: 205 registers a thread at 8 warps, 412 bytes of
+    8 warps (its lane state is 7 values per score of the tile: 187 registers a thread at 8 warps, 2 KB of
     spills at 4; ``bench/compile_sm90.py``); the insertion rounds with 4 warps up to K = 16, 8 above (the H200
     sweeps in bench/RESULTS.md §1), and ``WARM``: the key tiles around each query block that set its rows' floors
     before the rounds (:func:`select.merge_tile`): 4 for the blend rule, whose best cells are the query's
@@ -60,7 +61,7 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, blend: bool = Fa
     ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     chosen = _SELECTION.get()
-    lanes = k_pad >= LANES_FROM_K_PAD if chosen == "auto" else chosen == "lanes"
+    lanes = num_neighbors not in ROUNDS_FOR_K if chosen == "auto" else chosen == "lanes"
     return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
                 num_warps=8 if lanes or k_pad > 16 else 4, num_stages=2, LANES=lanes,

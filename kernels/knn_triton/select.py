@@ -190,22 +190,31 @@ def lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols):
 
 
 @triton.jit
-def _lane_level(a, c, K_PAD: tl.constexpr):
-    """The K_PAD best packed keys of one lane level (descending); empty slots are EMPTY_KEY."""
-    return tl.topk(tl.where(c >= 0, pack(a, c), EMPTY_KEY), K_PAD)
-
-
-@triton.jit
-def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over):
-    """Merge the lanes' candidates into ``acc`` (ascending, [rows, K_PAD], as :func:`merge_tile` keeps it) and
-    certify each row: exact when the row holds K keys and every score a lane dropped is below its K-th score (a
-    dropped candidate ranks below the K-th then, whatever its column). Returns (acc, certified [rows] bool, the
-    row's K-th key [rows] int64: EMPTY_KEY where the row is not full)."""
+def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
+    """Take each row's K best candidates from its lanes and ``acc`` (at most one key: the query's own), best first:
+    a round takes the row's largest key among the lanes' heads (a row maximum: the lanes' lists are sorted) and
+    moves that lane's list up by one. No sort over the lanes: K rounds of one row reduction each. Returns ``acc``
+    (ascending, [rows, K_PAD], the K keys in its top K slots as :func:`merge_tile` keeps them), whether each row
+    is certified — it holds K keys and every score a lane dropped is below its K-th score (a dropped candidate
+    ranks below the K-th then, whatever its column) — and the row's K-th key [rows] int64 (EMPTY_KEY: not full).
+    """
     K_PAD: tl.constexpr = acc.shape[1]
-    acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), _lane_level(a1, c1, K_PAD)))
-    acc = tl.bitonic_merge(tl.maximum(acc, _lane_level(a2, c2, K_PAD)))
-    acc = tl.bitonic_merge(tl.maximum(acc, _lane_level(a3, c3, K_PAD)))
-    acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
+    slots = tl.arange(0, K_PAD)
+    head = tl.where(c1 >= 0, pack(a1, c1), EMPTY_KEY)
+    second = tl.where(c2 >= 0, pack(a2, c2), EMPTY_KEY)
+    third = tl.where(c3 >= 0, pack(a3, c3), EMPTY_KEY)
+    first = tl.max(acc, axis=1)
+    acc = tl.full(acc.shape, EMPTY_KEY, tl.int64)
+    for r in range(num_neighbors):
+        best = tl.max(head, axis=1)
+        from_lane = best > first
+        taken = from_lane[:, None] & (head == best[:, None])  # keys are distinct: one lane at most
+        head = tl.where(taken, second, head)
+        second = tl.where(taken, third, second)
+        third = tl.where(taken, EMPTY_KEY, third)
+        best = tl.maximum(best, first)
+        first = tl.where(from_lane, first, EMPTY_KEY)
+        acc = tl.where(slots[None, :] == K_PAD - 1 - r, best[:, None], acc)
     kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
     full = kth != EMPTY_KEY
     certified = full & (tl.max(over, axis=1) < unpack_score(kth))
