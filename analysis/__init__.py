@@ -82,6 +82,7 @@ from .views.equivalence import (
     Equivalence,
     attention_equivalence,
     conv_equivalence,
+    depthwise_equivalence,
     equivalence_summary,
     equivalences,
 )
@@ -171,6 +172,7 @@ __all__ = [
     "compute_path",
     "contribution_norms",
     "conv_equivalence",
+    "depthwise_equivalence",
     "display_factor",
     "display_image",
     "display_to_input_px",
