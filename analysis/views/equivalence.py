@@ -13,8 +13,7 @@
   on the layer's input tokens (a ViT layer's own projections; a seeded random one-head attention on a map's pixels).
 
 Each result names the path each side ran (:attr:`Equivalence.convnn_path`, :attr:`Equivalence.reference_path`),
-the ConvNN side's read from the layer that ran and from the aggregation paths it noted
-(:func:`kernels.record_backends`).
+the ConvNN side's read from the layer that ran (:meth:`convnn.ConvNN2d.runs_as_conv2d`, its ``backend``).
 
 Both run on CPU copies in fp32 on the PyTorch reference path, so the difference is not blurred by TF32 convolutions
 on a GPU, and K = N is not limited by the fused kernel's maximum K.
@@ -31,7 +30,6 @@ from torch import Tensor, nn
 
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
 from convnn.adapters import as_self_attention, describe_plain
-from kernels import record_backends
 
 from ..session.images import InputImage
 from ..session.models import LoadedModel
@@ -86,10 +84,6 @@ def _pictured(description: str, paths: tuple[str, str], got: Tensor, expected: T
                        expected[channel].numpy(), difference.amax(0).numpy())
 
 
-def _noted(used: set[str]) -> str:
-    """The aggregation paths :func:`kernels.record_backends` noted, as the page names them."""
-    return " and ".join(f"{name} path" for name in sorted(used)) or "no aggregation noted"
-
 
 def _seeded_(module: nn.Module) -> nn.Module:
     """Overwrite every parameter with N(0, 0.05²) draws from a generator seeded with :data:`DEMO_SEED`."""
@@ -117,15 +111,13 @@ def _window_demo(conv: nn.Conv2d, x: Tensor, what: str, source: str, name: str) 
                    stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
                    bias=conv.bias is not None, backend="reference", conv_shortcut=False)
     knn.load_conv2d_weight(conv)
-    with torch.no_grad(), record_backends() as used:
-        got = knn(x)[0]  # (C_out, H_out, W_out)
     with torch.no_grad():
-        expected = conv(x)[0]
+        got, expected = knn(x)[0], conv(x)[0]  # (C_out, H_out, W_out)
     groups = f", groups={conv.groups}" if conv.groups > 1 else ""
     ran = ("F.conv2d with the rank slots as its kernel" if knn.runs_as_conv2d() else
            f"window selection by spatial distance → gather → Conv1d over {size**2} rank slots{groups}")
     return _pictured(f"{what}ConvNN2d(window, K={size**2}{groups}) with {source}'s weights vs conv2d, on the "
-                     f"{tuple(x.shape[1:])} input of {name}", (f"{ran} ({_noted(used)})", f"F.conv2d{groups}"),
+                     f"{tuple(x.shape[1:])} input of {name}", (f"{ran} ({knn.backend} path)", f"F.conv2d{groups}"),
                      got, expected)
 
 
@@ -197,14 +189,12 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
     num_tokens = tokens.shape[1]
     knn = ConvNNAttention(dim, heads, num_neighbors=num_tokens, backend="reference", **biases)  # kernel: all ones
     knn.load_state_dict(mhsa.state_dict(), strict=False)
-    with torch.no_grad(), record_backends() as used:
-        got = knn(tokens)[0]  # (N, dim)
     with torch.no_grad():
-        expected = mhsa(tokens)[0]
+        expected, got = mhsa(tokens)[0], knn(tokens)[0]  # (N, dim)
     grid = (probe.height, probe.width)  # the grid's tokens (a ViT's CLS first, not pictured), as (dim, H, W)
     pictured = (t[probe.num_prefix_tokens:].T.reshape(-1, *grid) for t in (got, expected))
     paths = (f"top-{num_tokens} selection by q·k/√d → softmax → gather → depthwise Conv1d of ones over the rank "
-             f"slots, per head ({_noted(used)})", "F.scaled_dot_product_attention")
+             f"slots, per head ({knn.backend} path)", "F.scaled_dot_product_attention")
     return _pictured(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
                      f"with {source}, on the input tokens of {probe.name}", paths, *pictured, (got, expected))
 
