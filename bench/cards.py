@@ -7,7 +7,7 @@ evaluated on the 10,000 test images by ``python -m convnn.evaluate``'s pipeline
 (:class:`convnn.evaluate.EvaluationData`: fp32, no autocast; on the CPU unless ``--device cuda``). Its entry in
 ``bench/results/cards.json`` (written after each checkpoint, so a run can be split or resumed) holds the number of
 images it classifies correctly, its top-1 and loss, the card's claimed top-1, the sha256 of the weights measured, the
-hardware, versions and date; for a model with random candidates, measured over 5 eval draws (METHOD §3a), also each
+hardware, versions and date; for a model with random candidates, measured over 5 eval draws (METHOD §3b), also each
 draw's count and top-1, the draw scheme, and ``test_top1``/``test_loss`` as their means with ``test_top1_std`` (what its
 card records). ``tests/test_shipped_checkpoints.py`` checks the cards against this record (it never reads the test
 split, which stays out of the repository); run this again whenever a checkpoint changes. On the CPU set

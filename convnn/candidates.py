@@ -11,7 +11,7 @@ The rules, for every layer with ``selection="random"`` (:class:`~convnn.ConvNN2d
   with the layer's seed: one draw of r shared by the batch (``candidate_sampling="batch"``, as the paper) or one per
   sample (``"sample"``). The generators' states belong to a training run's resume state
   (:func:`candidate_states`, :func:`load_candidate_states`), so a resumed run draws what it would have drawn.
-* **Eval mode draws per sample, from the sample itself** (METHOD §3a, "The eval draw"). Each sample gets a 64-bit
+* **Eval mode draws per sample, from the sample itself** (METHOD §3b). Each sample gets a 64-bit
   key hashed from the bit patterns of its model input and a **draw index** (:func:`sample_keys`; draw 0 unless
   :func:`candidate_draw` says otherwise), computed once at the model input by the hook
   :func:`assign_candidate_seeds` installs on the model; each layer draws that sample's r candidates from (layer
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 CANDIDATE_SAMPLINGS = ("batch", "sample")
-# The eval draw scheme (METHOD §3a), as a card records it: change the name whenever a draw would change.
+# The eval draw scheme (METHOD §3b), as a card records it: change the name whenever a draw would change.
 DRAW_SCHEME = "input-bits-splitmix64/v2"
 # splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014): the increment is
 # 2**64 / golden ratio, then two xor-shift-multiply rounds; a bijection of the 64-bit integers with good avalanche.
@@ -107,7 +107,7 @@ def splitmix64(x: Tensor) -> Tensor:
 
 
 def sample_keys(x: Tensor, draw: int | Tensor = 0) -> Tensor:
-    """One 64-bit key per sample and draw index: a hash of the sample's values, exact on every device (METHOD §3a).
+    """One 64-bit key per sample and draw index: a hash of the sample's values, exact on every device (METHOD §3b).
 
     Each element's bit pattern ``b_i`` (its dtype's width, zero-extended) is mixed with its position,
     ``splitmix64(b_i ^ splitmix64(i))``; the sample's digest is the wrapping sum of those over the sample (integer
@@ -155,7 +155,7 @@ def keyed_candidates(keys: Tensor, seed: int, num_tokens: int, num_candidates: i
     Token ``j`` of sample ``b`` gets the value ``splitmix64(splitmix64(seed ^ keys[b]) + j·γ)`` (γ the golden
     gamma; int64 bit patterns, compared as int64); the candidates are the r tokens with the smallest values, in
     increasing order of value. The values of one sample are distinct (the map is a bijection), so every r-subset is
-    equally likely. Torch operations only (METHOD §3a).
+    equally likely. Torch operations only (METHOD §3b).
 
     Args:
         keys (Tensor): (B,) int64 sample keys (:func:`sample_keys`), any device.
@@ -251,7 +251,7 @@ def _eval_keys(x: Tensor) -> Tensor:
 def candidate_draw(draw: int | Tensor) -> Iterator[None]:
     """Inside the block, models and layers in eval mode draw their candidates with draw index ``draw``
     (:func:`sample_keys`; outside every such block: draw 0), e.g. to see how a random-candidate model's answer
-    varies over draws, or to measure its accuracy over several (METHOD §3a).
+    varies over draws, or to measure its accuracy over several (METHOD §3b).
 
     Args:
         draw (int or Tensor): ≥ 0, for every sample, or a (B,) int64 tensor, one per sample of each batch the

@@ -46,7 +46,7 @@ class ModelCard:
         training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
         evaluation (dict): how the metrics were measured, where a reader needs it: for a model with random
             candidates, ``draw_scheme`` (:data:`convnn.candidates.DRAW_SCHEME`) and ``draws`` (the number of eval
-            draws that ``test_top1`` and ``test_loss`` average and ``test_top1_std`` spreads over, METHOD §3a);
+            draws that ``test_top1`` and ``test_loss`` average and ``test_top1_std`` spreads over, METHOD §3b);
             empty otherwise.
         weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
             ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).

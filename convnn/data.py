@@ -155,7 +155,7 @@ def normalize(images: Tensor, mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple
     A uint8 image is looked up in a per-channel table of its 256 values, computed on the CPU in float64 and rounded
     once to float32, so the same image gives the same bits on every device (a CUDA division by 255 multiplies by a
     reciprocal and may differ from the CPU's in the last bit): what a random-candidate model's eval draw is keyed on
-    (METHOD §3a). A float image is normalised arithmetically on its device.
+    (METHOD §3b). A float image is normalised arithmetically on its device.
     """
     if images.dtype == torch.uint8:
         levels = torch.arange(256, dtype=torch.float64) / 255

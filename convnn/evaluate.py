@@ -12,7 +12,7 @@ Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` retur
 (:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then :func:`convnn.train.evaluate`) in
 fp32 without autocast, so the last digit can differ from the card's numbers, which training measured under bf16 autocast
 on a GPU. A model with random candidates is measured over ``--draws`` eval draws (5 by default;
-:func:`convnn.candidates.candidate_draw`, METHOD §3a): its row gives the mean ± sample std of top-1 over draws 0 … 4 and
+:func:`convnn.candidates.candidate_draw`, METHOD §3b): its row gives the mean ± sample std of top-1 over draws 0 … 4 and
 each draw's, which is what its card records (``test_top1`` and ``test_loss`` the means, ``test_top1_std``, and the draw
 scheme in ``evaluation``). With ``--save-dtype`` and ``--out`` each checkpoint is saved again in that dtype as
 ``OUT/NAME``: the weights as stored are loaded back and evaluated before the two files are written
@@ -66,7 +66,7 @@ from .metrics import test_metrics
 __all__ = ["BEFORE_SUFFIX", "EVAL_DRAWS", "EvaluationData", "main", "summarize_draws"]
 
 log = logging.getLogger("convnn.evaluate")
-EVAL_DRAWS = 5  # eval draws a model with random candidates is measured over (METHOD §3a)
+EVAL_DRAWS = 5  # eval draws a model with random candidates is measured over (METHOD §3b)
 
 
 @dataclass

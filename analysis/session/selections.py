@@ -278,7 +278,7 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
             selected (its own K, and for
             attention the options' head).
         options (RuleOptions): resolved or not (:func:`resolve_options` is applied).
-        draw (int): the eval draw of a model with random candidates (METHOD §3a): the forward pass the layer's input
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the forward pass the layer's input
             and own selection come from, and the key the random rule draws with. Default: 0
 
     Returns:

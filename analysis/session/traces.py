@@ -121,7 +121,7 @@ class Trace:
             nothing).
         sample_keys (Tensor): (1,) int64 key of the model input and the draw, on the CPU, from which the model's
             random layers drew their candidates in eval mode (:func:`convnn.candidates.sample_keys`).
-        draw (int): the eval draw index the pass ran with (METHOD §3a; 0 for a model that draws nothing).
+        draw (int): the eval draw index the pass ran with (METHOD §3b; 0 for a model that draws nothing).
     """
 
     logits: Tensor
@@ -195,7 +195,7 @@ _TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every probe lay
 
 def effective_draw(loaded: LoadedModel, draw: int) -> int:
     """The eval draw index that changes what ``loaded`` computes: ``draw`` for a model with random candidates, 0 for
-    any other (whose every draw is the same), so the caches keep one entry for it (METHOD §3a).
+    any other (whose every draw is the same), so the caches keep one entry for it (METHOD §3b).
 
     Raises:
         ValueError: ``draw`` is not an integer ≥ 0.
@@ -211,7 +211,7 @@ def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image; resized and normalised as in training (:func:`analysis.images.model_input`).
-        draw (int): the eval draw index of a model with random candidates (METHOD §3a). Default: 0
+        draw (int): the eval draw index of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
         Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.

@@ -1,4 +1,4 @@
-"""A random-candidate model's answer over its eval draws (METHOD §3a): one draw is one of many equally valid answers.
+"""A random-candidate model's answer over its eval draws (METHOD §3b): one draw is one of many equally valid answers.
 
 In eval mode a layer with random candidates draws them from a key of the image and a draw index
 (:func:`convnn.candidates.sample_keys`); the model's answer for an image is therefore a distribution over draws.

@@ -107,7 +107,7 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
         options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
         query_px (tuple[int, int], optional): ``(row_px, col_px)``: the one query of the table when K exceeds
             :data:`MAX_TABLE_NEIGHBORS` (ignored otherwise). Default: None
-        draw (int): the eval draw of a model with random candidates (METHOD §3a): the forward pass whose selections,
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the forward pass whose selections,
             contributions and λ mix the table holds, and the key of the random rule's draw. Default: 0
 
     Returns:

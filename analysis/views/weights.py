@@ -230,7 +230,7 @@ def contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head:
 
     Row ``i`` is :attr:`Contributions.norms` of the query at raster cell ``i`` (:func:`neighbor_contributions`),
     computed for all H·W queries at once, :data:`_CONTRIBUTION_CHUNK` at a time; ``draw`` is the eval draw of a
-    model with random candidates (METHOD §3a).
+    model with random candidates (METHOD §3b).
 
     Returns:
         np.ndarray: (H·W, K) float32, ≥ 0, rank order.
@@ -277,7 +277,7 @@ class BranchMix:
 
 def branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> BranchMix:
     """The ConvNN vs convolution share of ``layer``'s 1×1 mix output at every pixel (cached), in eval draw ``draw``
-    of a model with random candidates (METHOD §3a): the branches run on the candidates the layer drew in the model.
+    of a model with random candidates (METHOD §3b): the branches run on the candidates the layer drew in the model.
 
     Raises:
         ValueError: ``layer`` is not a hybrid layer, or a ``draw`` that is not an integer ≥ 0.

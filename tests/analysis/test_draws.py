@@ -1,4 +1,4 @@
-"""A random-candidate model's answer over its eval draws (METHOD §3a, analysis.views.draws) and the neighbour table
+"""A random-candidate model's answer over its eval draws (METHOD §3b, analysis.views.draws) and the neighbour table
 of one draw, against the model run here draw by draw."""
 
 from collections import Counter

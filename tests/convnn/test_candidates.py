@@ -139,7 +139,7 @@ def _splitmix64_reference(x: np.ndarray) -> np.ndarray:
 
 
 def _keys_reference(x: torch.Tensor, draw: int) -> np.ndarray:
-    """METHOD §3a's key, sample by sample in numpy uint64: Σ_i splitmix64(bits_i ^ splitmix64(i)), then
+    """METHOD §3b's key, sample by sample in numpy uint64: Σ_i splitmix64(bits_i ^ splitmix64(i)), then
     splitmix64(digest + draw·γ)."""
     keys = []
     for row in x.reshape(x.shape[0], -1).numpy():
@@ -161,7 +161,7 @@ def test_splitmix64_on_int64_bit_patterns_is_the_uint64_function():
 
 @pytest.mark.parametrize("draw", [0, 3])
 def test_sample_keys_are_the_position_keyed_sum_of_the_inputs_bits(draw):
-    """The key of METHOD §3a, against a numpy uint64 reference; a swap of two values changes it (the sum is keyed
+    """The key of METHOD §3b, against a numpy uint64 reference; a swap of two values changes it (the sum is keyed
     on positions). Defect it catches: positions not mixed in, the draw ignored, a sum that saturates."""
     x = torch.randn(3, 3, 8, 8)
     assert np.array_equal(sample_keys(x, draw).numpy().view(np.uint64), _keys_reference(x, draw))
