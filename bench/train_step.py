@@ -19,13 +19,15 @@ step under ``torch.profiler`` (``kernel.gpu_breakdown``: wall vs GPU-busy time, 
 ``--device cpu`` times the same step in fp32 (no autocast) on ``--batch-size`` seeded random 32×32 images (64 by
 default; no data needed) with ``--threads`` threads (2): one warm-up step, then the best of ``--repeats`` (2) steps
 by the wall clock, and the 60-epoch estimate, 50,000 / batch steps per epoch (what bench/RESULTS.md §5 states for
-2026-12-05).
+2026-12-05); the JSON also records the 1-minute load average before and after, since other work on the cores
+slows the steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -121,7 +123,8 @@ def _cpu(args: argparse.Namespace) -> None:
     images = torch.randn(args.batch_size, 3, 32, 32, generator=generator)
     labels = torch.randint(0, 10, (args.batch_size,), generator=generator)
     results = {"hardware": _hardware(torch.device("cpu"), 1), "threads": args.threads, "batch": args.batch_size,
-               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "step_s": {}}
+               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "step_s": {},
+               "load_average_1min": {"start": round(os.getloadavg()[0], 2)}}  # other work on the cores skews it
     print(f"| preset | step s (best of {args.repeats}) | {CPU_EPOCHS}-epoch estimate h |\n|---|---:|---:|")
     for name in args.presets:
         step, batch = _step_fn(name, images, labels)
@@ -134,6 +137,7 @@ def _cpu(args: argparse.Namespace) -> None:
         results["step_s"][name] = round(min(seconds), 3)
         hours = min(seconds) * TRAIN_IMAGES / batch * CPU_EPOCHS / 3600
         print(f"| {name} | {min(seconds):.2f} | {hours:.0f} |", flush=True)
+    results["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 
