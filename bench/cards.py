@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from convnn import load_checkpoint  # noqa: E402
 from convnn.data import load_cifar10  # noqa: E402
-from convnn.evaluate import EvaluationData, summarize_draws  # noqa: E402
+from convnn.evaluate import EvaluationData  # noqa: E402
+from convnn.metrics import summarize_draws  # noqa: E402
 from convnn.train import _hardware, _versions  # noqa: E402  (what a training card records)
 
 RECORD = ROOT / "bench" / "results" / "cards.json"

@@ -50,7 +50,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from .candidates import DRAW_SCHEME, candidate_draw, draws_candidates
 from .checkpoint import (
     BEFORE_SUFFIX,
     WEIGHTS_DTYPES,
@@ -61,12 +60,11 @@ from .checkpoint import (
     stage_checkpoint,
 )
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
-from .metrics import test_metrics
+from .metrics import EVAL_DRAWS, draw_evaluation, draw_metrics, summarize_draws
 
-__all__ = ["BEFORE_SUFFIX", "EVAL_DRAWS", "EvaluationData", "main", "summarize_draws"]
+__all__ = ["BEFORE_SUFFIX", "EvaluationData", "main"]
 
 log = logging.getLogger("convnn.evaluate")
-EVAL_DRAWS = 5  # eval draws a model with random candidates is measured over (METHOD §3b)
 
 
 @dataclass
@@ -110,16 +108,13 @@ class EvaluationData:
         """
         loader = DeviceLoader(self.images, self.labels, self.batch_size, self.device, train=False,
                               mean=tuple(card.mean), std=tuple(card.std))
-        measured = []
-        for draw in range(self.draws if draws_candidates(model) else 1):
-            with candidate_draw(draw):
-                metrics = test_metrics(model.to(self.device), loader, self.device, amp=False)
+        measured = draw_metrics(model.to(self.device), loader, self.device, False, self.draws)
+        for metrics in measured:
             _check_finite(metrics, card.name)
-            measured.append(metrics)
         return measured
 
     def metrics(self, model: nn.Module, card: ModelCard) -> dict[str, float]:
-        """What a card records: :func:`summarize_draws` of :meth:`draw_metrics`.
+        """What a card records: :func:`convnn.metrics.summarize_draws` of :meth:`draw_metrics`.
 
         Raises:
             ValueError: a metric that is inf or NaN (it is never written into a card).
@@ -127,25 +122,8 @@ class EvaluationData:
         return summarize_draws(self.draw_metrics(model, card))
 
     def evaluation(self, model: nn.Module) -> dict:
-        """The card's ``evaluation`` for ``model`` measured here: the draw scheme and the number of draws for a model
-        with random candidates, else empty (:class:`~convnn.card.ModelCard`)."""
-        return {"draw_scheme": DRAW_SCHEME, "draws": self.draws} if draws_candidates(model) else {}
-
-
-def summarize_draws(measured: list[dict[str, float]]) -> dict[str, float]:
-    """Per-draw metrics (:meth:`EvaluationData.draw_metrics`) → a card's: one draw's as they are; several draws' mean
-    of each metric, and ``test_top1_std``, the sample standard deviation of ``test_top1`` over the draws.
-
-    Raises:
-        ValueError: no draws.
-    """
-    if not measured:
-        raise ValueError("no draws measured")
-    if len(measured) == 1:
-        return dict(measured[0])
-    summary = {key: float(np.mean([m[key] for m in measured])) for key in measured[0]}
-    summary["test_top1_std"] = float(np.std([m["test_top1"] for m in measured], ddof=1))
-    return summary
+        """The card's ``evaluation`` for ``model`` measured here (:func:`convnn.metrics.draw_evaluation`)."""
+        return draw_evaluation(model, self.draws)
 
 
 def _check_finite(metrics: dict, source: str) -> None:

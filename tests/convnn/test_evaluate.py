@@ -298,6 +298,7 @@ def test_a_random_candidate_model_is_measured_as_mean_and_std_over_5_draws(tmp_p
     import statistics
 
     from convnn.candidates import DRAW_SCHEME, candidate_draw
+    from convnn.metrics import summarize_draws
 
     monkeypatch.setattr(evaluate_cli, "load_cifar10", lambda root, split: (IMAGES, LABELS))
     model_name, args = SMALL_MODELS["cnn-random"]
@@ -318,9 +319,8 @@ def test_a_random_candidate_model_is_measured_as_mean_and_std_over_5_draws(tmp_p
     measured = data.draw_metrics(model, card)
     assert [m["test_loss"] for m in measured] == pytest.approx(loss, rel=1e-7, abs=0)
     assert [m["test_top1"] for m in measured] == pytest.approx(top1)
-    assert evaluate_cli.summarize_draws([{"test_top1": 80.0, "test_loss": 1.0}, {"test_top1": 82.0, "test_loss": 3.0}]
-                                        ) == pytest.approx({"test_top1": 81.0, "test_loss": 2.0,
-                                                            "test_top1_std": 2**0.5})  # the sample std
+    assert summarize_draws([{"test_top1": 80.0, "test_loss": 1.0}, {"test_top1": 82.0, "test_loss": 3.0}]
+                           ) == pytest.approx({"test_top1": 81.0, "test_loss": 2.0, "test_top1_std": 2**0.5})
     evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", "--batch-size", "7"])
     row = capsys.readouterr().out.splitlines()[1]
     spread = ", ".join(f"{value:.2f}" for value in top1)
