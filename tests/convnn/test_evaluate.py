@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from convnn import ModelCard, create_model, load_checkpoint, save_checkpoint
 from convnn import checkpoint as checkpoint_module
 from convnn import evaluate as evaluate_cli
+from convnn import metrics as metrics_module
 from convnn.checkpoint import checkpoint_paths
 from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, normalize, synthetic_images
 from tests.small_models import SMALL_MODELS
@@ -169,7 +170,7 @@ def test_a_nan_measurement_of_the_stored_weights_is_never_written_into_a_card(sa
                                                                                monkeypatch):
     """The source measures fine; the stored weights' loss is NaN (here forced): the run stops, nothing is written."""
     measured = iter([{"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}])
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: next(measured))
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", save_dtype, "--device", "cpu",
                            "--out", str(tmp_path / "new")])
@@ -225,14 +226,14 @@ def test_a_nan_measurement_of_a_later_checkpoint_writes_nothing_and_the_run_can_
     second, out = _copy(source, tmp_path / "src", "second"), tmp_path / "new"
     ok, nan = {"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}
     measured = iter([ok, ok, ok, nan])  # vit, vit stored, second, second stored
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: next(measured))
     argv = [str(source), str(second), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
             "--out", str(out)]
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(argv)
     assert info.value.code == "python -m convnn.evaluate: second: metrics.test_loss must be a finite number, got nan"
     assert next(measured, None) is None and not out.exists()
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: ok)
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: ok)
     evaluate_cli.main(argv)
     assert sorted(path.name for path in out.iterdir()) == ["second.json", "second.safetensors", "vit.json",
                                                            "vit.safetensors"]
@@ -305,7 +306,10 @@ def test_a_random_candidate_model_is_measured_as_mean_and_std_over_5_draws(tmp_p
     torch.manual_seed(1)
     card = ModelCard(name="rnd", model=model_name, model_args=args, classes=list(CIFAR10_CLASSES), input_size=32,
                      mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD), metrics={"test_top1": 10.0, "test_loss": 2.3})
-    _, source = save_checkpoint(create_model(model_name, **args), tmp_path / "src" / "rnd", card, dtype=torch.float32)
+    model = create_model(model_name, **args)
+    with torch.no_grad():  # a confident head, so that the draws' losses lie far apart
+        [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-1].weight.mul_(100)
+    _, source = save_checkpoint(model, tmp_path / "src" / "rnd", card, dtype=torch.float32)
     model, card = load_checkpoint(source)
     x, labels = normalize(torch.from_numpy(IMAGES), tuple(card.mean), tuple(card.std)), torch.from_numpy(LABELS)
     top1, loss = [], []
@@ -314,14 +318,15 @@ def test_a_random_candidate_model_is_measured_as_mean_and_std_over_5_draws(tmp_p
             logits = model(x)
         top1.append(100 * (logits.argmax(1) == labels).sum().item() / NUM_IMAGES)
         loss.append(F.cross_entropy(logits, labels).item())
-    assert min(abs(a - b) for a, b in itertools.combinations(loss, 2)) > 1e-6  # five different draws
-    data = evaluate_cli.EvaluationData(IMAGES, LABELS, 7, torch.device("cpu"))
+    apart = min(abs(a - b) for a, b in itertools.combinations(loss, 2))
+    assert apart > 1e-5  # five different draws, far apart next to the rounding of the loss's sum
+    data = evaluate_cli.EvaluationData(IMAGES, LABELS, NUM_IMAGES, torch.device("cpu"))  # the batch of the reference
     measured = data.draw_metrics(model, card)
-    assert [m["test_loss"] for m in measured] == pytest.approx(loss, rel=1e-7, abs=0)
+    assert [m["test_loss"] for m in measured] == pytest.approx(loss, abs=apart / 10, rel=0)  # each its own draw
     assert [m["test_top1"] for m in measured] == pytest.approx(top1)
     assert summarize_draws([{"test_top1": 80.0, "test_loss": 1.0}, {"test_top1": 82.0, "test_loss": 3.0}]
                            ) == pytest.approx({"test_top1": 81.0, "test_loss": 2.0, "test_top1_std": 2**0.5})
-    evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", "--batch-size", "7"])
+    evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", "--batch-size", str(NUM_IMAGES)])
     row = capsys.readouterr().out.splitlines()[1]
     spread = ", ".join(f"{value:.2f}" for value in top1)
     assert (f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f} over 5 draws ({spread})" in row
