@@ -591,8 +591,9 @@ class Explorer:
     @user_errors
     def api_equivalence(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
                         request: gr.Request | None = None) -> list[dict]:
-        """The equivalence demos of the layer (window ConvNN vs ``conv2d``; ConvNN-attention with K = N vs
-        SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``, and the pictures over the
+        """The equivalence demos of the layer (window ConvNN, standard and depthwise, as select → gather → Conv1D vs
+        ``conv2d``; ConvNN-attention with K = N vs SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``,
+        ``convnn_path`` and ``reference_path`` (what each side ran), and the pictures over the
         layer's grid: ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
         (H × W, max |difference| over channels)."""
         image = self.uploaded(image)

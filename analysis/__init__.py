@@ -8,8 +8,9 @@ Three roles, one subpackage each, imported in this order (each only imports thos
   (``workspace``), the checks of what they type (``inputs``) and the process's C heap (``memory``);
 * :mod:`analysis.views` — one module per view: ``neighbors``, ``weights`` (the aggregation kernel and the λ mix),
   ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``, ``attribution``, ``pixels`` (the
-  input-level view), none importing another, and ``table``, which gathers ``neighbors`` and ``weights`` for every
-  query of a layer at once (what the page answers a click from);
+  input-level view), ``draws`` (a random-candidate model's answer over its eval draws), none importing another,
+  and ``table``, which gathers ``neighbors`` and ``weights`` for every query of a layer at once (what the page
+  answers a click from);
 * :mod:`analysis.rendering` — ``figures`` (Plotly) and ``export`` (JSON, Markdown, PNG), sharing one overlay
   drawer (``overlay``), and ``page`` (the neighbour table packed for the explorer page).
 
@@ -78,10 +79,12 @@ from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, to
 from .session.workspace import RequestSizeLimit, Workspace
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
 from .views.compare import MAX_COMPARED, compare_neighbors, layer_at_depth, map_pixel
+from .views.draws import SPREAD_DRAWS, DrawSpread, draw_spread
 from .views.equivalence import (
     Equivalence,
     attention_equivalence,
     conv_equivalence,
+    depthwise_equivalence,
     equivalence_summary,
     equivalences,
 )
@@ -130,6 +133,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_TABLE_NEIGHBORS",
     "OUT_OF_MEMORY_MESSAGE",
+    "SPREAD_DRAWS",
     "SWEEP_STEPS",
     "UPLOAD_PREFIX",
     "AggregationKernel",
@@ -138,6 +142,7 @@ __all__ = [
     "BranchMix",
     "CheckpointList",
     "Contributions",
+    "DrawSpread",
     "Equivalence",
     "InputImage",
     "LayerInfo",
@@ -171,9 +176,11 @@ __all__ = [
     "compute_path",
     "contribution_norms",
     "conv_equivalence",
+    "depthwise_equivalence",
     "display_factor",
     "display_image",
     "display_to_input_px",
+    "draw_spread",
     "echo",
     "equivalence_summary",
     "equivalences",

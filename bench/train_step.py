@@ -1,6 +1,9 @@
-"""Training-step time of a preset's model on real CIFAR-10 images, one GPU, per warm-start setting of the kernel.
+"""Training-step time of a preset's model on real CIFAR-10 images, one GPU, per warm-start setting of the kernel;
+or on the CPU.
 
     python bench/train_step.py --data-root DIR --presets cnn3-l0.5 cnn3-l0.5-blend0.5 --warm default 0 1 16
+    python bench/train_step.py --device cpu --presets cnn3-l0 cnn3-l0.5 cnn3-l0.5-blend0.25 \
+        --json bench/results/train_step_cpu.json
 
 A step is what ``convnn.train`` does per batch (forward under bf16 autocast, cross-entropy, backward, SGD step) on
 the preset's batch size, timed with ``triton.testing.do_bench`` (median, ms; host time included, since a step
@@ -12,13 +15,21 @@ selection loop beside the default (:func:`kernels.knn_triton.use_selection`; key
 default, ``"<preset> warm=W selection=S"`` for the others). Prints a table and writes
 ``--json``; the per-epoch estimate is steps per epoch (50,000 / batch) × the step. ``--profile`` also puts each
 step under ``torch.profiler`` (``kernel.gpu_breakdown``: wall vs GPU-busy time, the largest kernels).
+
+``--device cpu`` times the same step in fp32 (no autocast) on ``--batch-size`` seeded random 32×32 images (64 by
+default; no data needed) with ``--threads`` threads (2): one warm-up step, then the best of ``--repeats`` (2) steps
+by the wall clock, and the 60-epoch estimate, 50,000 / batch steps per epoch (what bench/RESULTS.md §5 states for
+2026-12-05); the JSON also records the 1-minute load average before and after, since other work on the cores
+slows the steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,17 +43,22 @@ from kernel import gpu_breakdown, profile_table
 from convnn import create_model
 from convnn.data import load_cifar10, normalize
 from convnn.presets import preset
+from convnn.train import _hardware  # what a training card records
 from kernels.knn_triton import function, use_selection
+
+TRAIN_IMAGES, CPU_EPOCHS = 50_000, 60
 
 
 def _step_fn(name: str, images: torch.Tensor, labels: torch.Tensor):
+    """One training step of preset ``name``'s model on the first images of the batch, on the images' device (bf16
+    autocast on a GPU, fp32 on the CPU); returns (step, batch size)."""
     recipe = preset(name)
-    model = create_model(recipe["model"], **recipe["model_args"], num_classes=10).cuda().train()
+    model = create_model(recipe["model"], **recipe["model_args"], num_classes=10).to(images.device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = images[:recipe["batch_size"]], labels[:recipe["batch_size"]]
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
             logits = model(x)
         loss = F.cross_entropy(logits.float(), y)
         optimizer.zero_grad(set_to_none=True)
@@ -54,7 +70,11 @@ def _step_fn(name: str, images: torch.Tensor, labels: torch.Tensor):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-root", required=True, help="the CIFAR-10 pack (train_lite.jpg, meta.npz, …)")
+    parser.add_argument("--data-root", help="the CIFAR-10 pack (train_lite.jpg, meta.npz, …); GPU only")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--batch-size", type=int, default=64, help="CPU: random images per step. Default: 64")
+    parser.add_argument("--threads", type=int, default=2, help="CPU: torch threads. Default: 2")
+    parser.add_argument("--repeats", type=int, default=2, help="CPU: timed steps after a warm-up. Default: 2")
     parser.add_argument("--presets", nargs="+", default=["cnn3-l0.5", "cnn3-l0.5-blend0.5"])
     parser.add_argument("--warm", nargs="+", default=["default", "0", "1", "16"],
                         help="WARM values to time ('default': each rule's own)")
@@ -64,8 +84,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", action="store_true", help="also profile each step: wall vs GPU busy, kernels")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/train_step.py needs a CUDA GPU")
+    if args.device == "cpu":
+        return _cpu(args)
+    if not torch.cuda.is_available() or args.data_root is None:
+        raise SystemExit("bench/train_step.py on a GPU needs a CUDA GPU and --data-root")
     images, labels = load_cifar10(args.data_root, "train", lite=True)
     images = normalize(torch.from_numpy(images[:1024]).cuda())
     labels = torch.from_numpy(labels[:1024]).cuda()
@@ -83,7 +105,7 @@ def main() -> None:
                     step()  # compiles
                     ms = triton.testing.do_bench(step, warmup=200, rep=args.rep_ms)
                     results[key] = ms
-                    print(f"| {name} | {warm} | {selection} | {ms:.2f} | {ms * 50000 / batch / 1000:.2f} |",
+                    print(f"| {name} | {warm} | {selection} | {ms:.2f} | {ms * TRAIN_IMAGES / batch / 1000:.2f} |",
                           flush=True)
                     if args.profile:
                         results.setdefault("profile", {})[key] = gpu_breakdown(step, calls=10)
@@ -92,6 +114,32 @@ def main() -> None:
         print("", *profile_table(results["profile"]), sep="\n")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def _cpu(args: argparse.Namespace) -> None:
+    """``--device cpu`` (module docstring): a table of the best step time per preset, and ``--json``."""
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(args.batch_size, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, 10, (args.batch_size,), generator=generator)
+    results = {"hardware": _hardware(torch.device("cpu"), 1), "threads": args.threads, "batch": args.batch_size,
+               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "step_s": {},
+               "load_average_1min": {"start": round(os.getloadavg()[0], 2)}}  # other work on the cores skews it
+    print(f"| preset | step s (best of {args.repeats}) | {CPU_EPOCHS}-epoch estimate h |\n|---|---:|---:|")
+    for name in args.presets:
+        step, batch = _step_fn(name, images, labels)
+        step()  # warm-up
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            step()
+            seconds.append(time.perf_counter() - start)
+        results["step_s"][name] = round(min(seconds), 3)
+        hours = min(seconds) * TRAIN_IMAGES / batch * CPU_EPOCHS / 3600
+        print(f"| {name} | {min(seconds):.2f} | {hours:.0f} |", flush=True)
+    results["load_average_1min"]["end"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,16 @@ The rules, for every layer with ``selection="random"`` (:class:`~convnn.ConvNN2d
   with the layer's seed: one draw of r shared by the batch (``candidate_sampling="batch"``, as the paper) or one per
   sample (``"sample"``). The generators' states belong to a training run's resume state
   (:func:`candidate_states`, :func:`load_candidate_states`), so a resumed run draws what it would have drawn.
-* **Eval mode draws per sample, from the sample itself.** Each sample gets a 64-bit key hashed from the bytes of its
-  model input (:func:`sample_keys`), computed once at the model input by the hook :func:`assign_candidate_seeds`
-  installs on the model; each layer draws that sample's r candidates from (layer seed, sample key) with a
-  counter-based hash (:func:`keyed_candidates`). So the same image gets the same candidates, hence the same output,
-  alone or inside any batch and on any device (for a bit-identical input), while different layers and different
-  images get different candidates. A layer called outside such a model keys on its own input.
+* **Eval mode draws per sample, from the sample itself** (METHOD §3b). Each sample gets a 64-bit
+  key hashed from the bit patterns of its model input and a **draw index** (:func:`sample_keys`; draw 0 unless
+  :func:`candidate_draw` says otherwise), computed once at the model input by the hook
+  :func:`assign_candidate_seeds` installs on the model; each layer draws that sample's r candidates from (layer
+  seed, sample key) with a counter-based hash (:func:`keyed_candidates`). Both are integer PyTorch operations
+  (wrapping int64 arithmetic, a sum, ``topk``), so they are exact, independent of the device and of the order of
+  the sum, and traceable; :func:`convnn.data.normalize` gives a uint8 image the same input bits on every device.
+  So the same image gets the same candidates, hence the same output, alone or inside any batch and on any device,
+  while different layers, images and draw indices get different candidates. A layer called outside such a model
+  keys on its own input.
 
 ``r ≥ N`` means every token is a candidate (no draw).
 """
@@ -24,11 +28,9 @@ The rules, for every layer with ``selection="random"`` (:class:`~convnn.ConvNN2d
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -38,25 +40,35 @@ from .validation import SEED_RANGE, check_choice, check_int, derive_seed
 
 __all__ = [
     "CANDIDATE_SAMPLINGS",
+    "DRAW_SCHEME",
     "CandidateSampler",
     "assign_candidate_seeds",
+    "candidate_draw",
     "candidate_states",
+    "draws_candidates",
     "keyed_candidates",
     "keyed_draws",
     "layer_seed",
     "load_candidate_states",
     "sample_keys",
+    "splitmix64",
 ]
 
 CANDIDATE_SAMPLINGS = ("batch", "sample")
+# The eval draw scheme (METHOD §3b), as a card records it: change the name whenever a draw would change.
+DRAW_SCHEME = "input-bits-splitmix64/v2"
 # splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014): the increment is
 # 2**64 / golden ratio, then two xor-shift-multiply rounds; a bijection of the 64-bit integers with good avalanche.
-_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_KEY_BYTES = 8  # sample keys are 64-bit
+# PyTorch has no full uint64 arithmetic: the values are int64 tensors holding the same bit patterns (two's
+# complement, wrapping add and multiply), and the constants are written as the int64 of their bits.
+_GOLDEN_GAMMA, _MIX_1, _MIX_2 = (value - (1 << 64) for value in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                                                   0x94D049BB133111EB))
+_BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size → same-width integer
 # The per-sample keys of the model input currently running, innermost model last (one tuple per context, so
 # threads and nested models never see each other's keys).
-_KEY_STACK: ContextVar[tuple[np.ndarray | None, ...]] = ContextVar("convnn_sample_keys", default=())
+_KEY_STACK: ContextVar[tuple[torch.Tensor | None, ...]] = ContextVar("convnn_sample_keys", default=())
+# The eval draw index of the model forwards in this context (candidate_draw): an int, or one per sample.
+_DRAW: ContextVar[int | torch.Tensor] = ContextVar("convnn_eval_draw", default=0)
 
 
 def layer_seed(model_seed: int, name: str) -> int:
@@ -73,54 +85,90 @@ def layer_seed(model_seed: int, name: str) -> int:
     return derive_seed(model_seed, name)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's output function on uint64 values (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = x + _GOLDEN_GAMMA
-        x = (x ^ (x >> np.uint64(30))) * _MIX_1
-        x = (x ^ (x >> np.uint64(27))) * _MIX_2
-        return x ^ (x >> np.uint64(31))
+def _shift_right(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 bit patterns (PyTorch's ``>>`` on int64 is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def sample_keys(x: Tensor) -> np.ndarray:
-    """One 64-bit key per sample of a batch: a hash of the sample's bytes (dtype, shape and values).
+def splitmix64(x: Tensor) -> Tensor:
+    """splitmix64's output function, elementwise, on 64-bit patterns held in an int64 tensor (wrapping arithmetic).
 
     Args:
-        x (Tensor): (B, ...) any dtype and device (copied to the CPU).
+        x (Tensor): any shape, int64, any device.
 
     Returns:
-        np.ndarray: (B,) uint64; equal for bit-identical samples whatever the batch or the device.
+        Tensor: ``x``'s shape, int64: the bits of ``splitmix64(x as uint64)``, the same on every device (integer
+        operations only). A bijection of the 64-bit patterns.
     """
-    rows = x.detach().to("cpu").contiguous().reshape(x.shape[0], -1)
-    data = rows.view(torch.uint8).numpy() if rows.numel() else np.zeros((x.shape[0], 0), np.uint8)
-    header = f"{x.dtype}{tuple(x.shape[1:])}".encode()
-    keys = [hashlib.blake2b(header + row.tobytes(), digest_size=_KEY_BYTES).digest() for row in data]
-    return np.frombuffer(b"".join(keys), dtype="<u8").astype(np.uint64)
+    x = x + _GOLDEN_GAMMA
+    x = (x ^ _shift_right(x, 30)) * _MIX_1
+    x = (x ^ _shift_right(x, 27)) * _MIX_2
+    return x ^ _shift_right(x, 31)
 
 
-def keyed_candidates(keys: np.ndarray, seed: int, num_tokens: int, num_candidates: int) -> Tensor:
+def sample_keys(x: Tensor, draw: int | Tensor = 0) -> Tensor:
+    """One 64-bit key per sample and draw index: a hash of the sample's values, exact on every device (METHOD §3b).
+
+    Each element's bit pattern ``b_i`` (its dtype's width, zero-extended) is mixed with its position,
+    ``splitmix64(b_i ^ splitmix64(i))``; the sample's digest is the wrapping sum of those over the sample (integer
+    addition: the same whatever the order or the device that sums), and draw ``d``'s key is
+    ``splitmix64(digest + d·γ)``. Torch operations only, so it runs on ``x``'s device and inside a traced graph.
+
+    Args:
+        x (Tensor): (B, ...) any dtype whose elements are 1, 2, 4 or 8 bytes (a float32 model input), any device.
+        draw (int or Tensor): the draw index, ≥ 0: one for the batch, or a (B,) int64 tensor, one per sample.
+            Default: 0
+
+    Returns:
+        Tensor: (B,) int64 on ``x``'s device; equal for bit-identical samples and equal draws, whatever the batch
+        or the device.
+
+    Raises:
+        ValueError: an element size without an integer view, or a ``draw`` that is negative or not one per sample.
+    """
+    rows = x.detach().reshape(x.shape[0], -1)
+    width = rows.element_size()
+    if width not in _BIT_VIEWS:
+        raise ValueError(f"sample keys need elements of 1, 2, 4 or 8 bytes, got {x.dtype}")
+    bits = rows.contiguous().view(_BIT_VIEWS[width]).to(torch.int64)
+    if width < 8:
+        bits = bits & ((1 << (8 * width)) - 1)
+    positions = splitmix64(torch.arange(rows.shape[1], device=x.device))
+    digest = splitmix64(bits ^ positions).sum(dim=1)
+    return splitmix64(digest + _draw_index(draw, x.shape[0], x.device) * _GOLDEN_GAMMA)
+
+
+def _draw_index(draw: int | Tensor, batch: int, device) -> Tensor:
+    """``draw`` as an int64 tensor on ``device``: a scalar, or (B,) (module docstring; :func:`sample_keys`)."""
+    if isinstance(draw, Tensor):
+        if draw.shape != (batch,) or draw.dtype != torch.int64:
+            raise ValueError(f"draw must be an int or a ({batch},) int64 tensor, one per sample, got {draw.dtype} "
+                             f"{tuple(draw.shape)}")
+        return draw.to(device)
+    check_int("draw", draw, 0)
+    return torch.tensor(draw, dtype=torch.int64, device=device)
+
+
+def keyed_candidates(keys: Tensor, seed: int, num_tokens: int, num_candidates: int) -> Tensor:
     """Draw r of N tokens per sample, uniformly without replacement, as a function of (seed, sample key) alone.
 
     Token ``j`` of sample ``b`` gets the value ``splitmix64(splitmix64(seed ^ keys[b]) + j·γ)`` (γ the golden
-    gamma); the candidates are the r tokens with the smallest values, in increasing order of value. The values of
-    one sample are distinct (the map is a bijection), so every r-subset is equally likely.
+    gamma; int64 bit patterns, compared as int64); the candidates are the r tokens with the smallest values, in
+    increasing order of value. The values of one sample are distinct (the map is a bijection), so every r-subset is
+    equally likely. Torch operations only (METHOD §3b).
 
     Args:
-        keys (np.ndarray): (B,) uint64 sample keys (:func:`sample_keys`).
+        keys (Tensor): (B,) int64 sample keys (:func:`sample_keys`), any device.
         seed (int): the layer's seed, in [0, 2**63 − 1].
         num_tokens (int): N.
         num_candidates (int): r, 1 ≤ r ≤ N.
 
     Returns:
-        Tensor: (B, r) int64 token indices on the CPU, distinct within a row.
+        Tensor: (B, r) int64 token indices on ``keys``' device, distinct within a row.
     """
-    base = _splitmix64(np.asarray(keys, dtype=np.uint64) ^ np.uint64(seed))  # (B,)
-    with np.errstate(over="ignore"):
-        counters = base[:, None] + np.arange(num_tokens, dtype=np.uint64)[None, :] * _GOLDEN_GAMMA
-    values = _splitmix64(counters)  # (B, N), distinct within a row
-    chosen = np.argpartition(values, num_candidates - 1, axis=1)[:, :num_candidates]
-    order = np.take_along_axis(values, chosen, axis=1).argsort(axis=1)
-    return torch.from_numpy(np.take_along_axis(chosen, order, axis=1).astype(np.int64))
+    base = splitmix64(keys ^ seed)  # (B,)
+    counters = base[:, None] + torch.arange(num_tokens, device=keys.device)[None, :] * _GOLDEN_GAMMA
+    return splitmix64(counters).topk(num_candidates, dim=1, largest=False).indices  # (B, r), values distinct
 
 
 class CandidateSampler:
@@ -189,17 +237,45 @@ class CandidateSampler:
             draws = batch if self.candidate_sampling == "sample" else 1
             return sample_candidates(num_tokens, self.num_candidates, draws, self.generator)
         stack = _KEY_STACK.get()
-        keys = stack[-1] if stack and stack[-1] is not None and len(stack[-1]) == batch else sample_keys(x)
+        keys = stack[-1] if stack and stack[-1] is not None and len(stack[-1]) == batch else _eval_keys(x)
         return keyed_candidates(keys, self.seed, num_tokens, self.num_candidates)
 
 
+def _eval_keys(x: Tensor) -> Tensor:
+    """The keys of ``x``'s samples for this context's draw index (:func:`candidate_draw`), on the CPU, where the
+    layers draw their candidates (one (B,) copy per model call; the kernels check candidates without a sync)."""
+    return sample_keys(x, _DRAW.get()).cpu()
+
+
 @contextlib.contextmanager
-def keyed_draws(keys: np.ndarray) -> Iterator[None]:
+def candidate_draw(draw: int | Tensor) -> Iterator[None]:
+    """Inside the block, models and layers in eval mode draw their candidates with draw index ``draw``
+    (:func:`sample_keys`; outside every such block: draw 0), e.g. to see how a random-candidate model's answer
+    varies over draws, or to measure its accuracy over several (METHOD §3b).
+
+    Args:
+        draw (int or Tensor): ≥ 0, for every sample, or a (B,) int64 tensor, one per sample of each batch the
+            models are called on inside the block.
+
+    Raises:
+        ValueError: a negative ``draw`` (a per-sample one of the wrong length raises when a model is called).
+    """
+    if not isinstance(draw, Tensor):
+        check_int("draw", draw, 0)
+    token = _DRAW.set(draw)
+    try:
+        yield
+    finally:
+        _DRAW.reset(token)
+
+
+@contextlib.contextmanager
+def keyed_draws(keys: Tensor) -> Iterator[None]:
     """Inside the block, a layer called in eval mode draws as it does inside a model whose input had these sample
     keys (:func:`sample_keys`), e.g. to run one layer again on the input it saw inside the model.
 
     Args:
-        keys (np.ndarray): (B,) uint64, one per sample of the batch the layer is called on.
+        keys (Tensor): (B,) int64, one per sample of the batch the layer is called on.
     """
     token = _KEY_STACK.set((*_KEY_STACK.get(), keys))
     try:
@@ -219,7 +295,9 @@ def _push_sample_keys(model: nn.Module, args: tuple) -> None:
     """Forward pre-hook of a model: the per-sample keys of its input, for its layers' eval draws."""
     x = args[0] if args else None
     real = isinstance(x, Tensor) and x.dim() > 0 and x.device.type != "meta"
-    _KEY_STACK.set((*_KEY_STACK.get(), sample_keys(x) if real and not model.training else None))
+    _KEY_STACK.set((*_KEY_STACK.get(), None))  # pushed first: the pop hook runs even when the keys raise
+    if real and not model.training:
+        _KEY_STACK.set((*_KEY_STACK.get()[:-1], _eval_keys(x)))
 
 
 def _pop_sample_keys(model: nn.Module, args: tuple, output: object) -> None:
@@ -247,14 +325,19 @@ def assign_candidate_seeds(model: nn.Module, candidate_seed: int) -> nn.Module:
         ValueError: ``candidate_seed`` outside [0, 2**63 − 1].
     """
     check_int("candidate_seed", candidate_seed, *SEED_RANGE)
-    samplers = list(_samplers(model))
-    for name, sampler in samplers:
+    for name, sampler in _samplers(model):
         sampler.reseed(layer_seed(candidate_seed, name))
-    if any(sampler.draws for _, sampler in samplers) and not getattr(model, "_keys_candidates", False):
+    if draws_candidates(model) and not getattr(model, "_keys_candidates", False):
         model.register_forward_pre_hook(_push_sample_keys)
         model.register_forward_hook(_pop_sample_keys, always_call=True)
         model._keys_candidates = True
     return model
+
+
+def draws_candidates(model: nn.Module) -> bool:
+    """Whether ``model`` has a layer that draws random candidates (r < N is then decided per input), so that its eval
+    output depends on the draw index (:func:`candidate_draw`)."""
+    return any(sampler.draws for _, sampler in _samplers(model))
 
 
 def candidate_states(model: nn.Module) -> dict[str, Tensor]:

@@ -44,6 +44,10 @@ class ModelCard:
         recipe (dict): the training configuration.
         data (dict): dataset name, splits and checksum.
         training (dict): epochs, seed, train time in seconds, hardware, software versions, date.
+        evaluation (dict): how the metrics were measured, where a reader needs it: for a model with random
+            candidates, ``draw_scheme`` (:data:`convnn.candidates.DRAW_SCHEME`) and ``draws`` (the number of eval
+            draws that ``test_top1`` and ``test_loss`` average and ``test_top1_std`` spreads over, METHOD §3b);
+            empty otherwise.
         weights_dtype (str): dtype the weights are stored in: ``"float32"``, ``"float16"``, ``"bfloat16"`` or
             ``"int8"`` (int8 with per-channel scales, fp16 for tensors with ndim < 2; module docstring).
         weights_sha256 (str): sha256 of the ``.safetensors`` file (64 lowercase hex digits), or ``""``: not
@@ -62,6 +66,7 @@ class ModelCard:
     recipe: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)
+    evaluation: dict = field(default_factory=dict)
     weights_dtype: str = "float32"
     weights_sha256: str = ""
     format_version: int = CARD_VERSION
@@ -147,7 +152,7 @@ class ModelCard:
         for name in ("name", "model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 fail(name, "a non-empty string")
-        for name in ("model_args", "metrics", "recipe", "data", "training"):
+        for name in ("model_args", "metrics", "recipe", "data", "training", "evaluation"):
             if not isinstance(getattr(self, name), dict):
                 fail(name, "a JSON object")
         if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)

@@ -150,9 +150,21 @@ def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
 
 def normalize(images: Tensor, mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD
               ) -> Tensor:
-    """uint8 (B, H, W, 3) or float [0, 1] (B, 3, H, W) images → normalised float32 (B, 3, H, W)."""
+    """uint8 (B, H, W, C) or float [0, 1] (B, C, H, W) images → normalised float32 (B, C, H, W), ``(x − mean) / std``.
+
+    A uint8 image is looked up in a per-channel table of its 256 values, computed on the CPU in float64 and rounded
+    once to float32, so the same image gives the same bits on every device (a CUDA division by 255 multiplies by a
+    reciprocal and may differ from the CPU's in the last bit): what a random-candidate model's eval draw is keyed on
+    (METHOD §3b). A float image is normalised arithmetically on its device.
+    """
     if images.dtype == torch.uint8:
-        images = images.permute(0, 3, 1, 2).float() / 255
+        levels = torch.arange(256, dtype=torch.float64) / 255
+        table = ((levels - torch.tensor(mean, dtype=torch.float64)[:, None])
+                 / torch.tensor(std, dtype=torch.float64)[:, None]).float().to(images.device)  # (C, 256)
+        out = torch.empty(images.shape[0], images.shape[3], *images.shape[1:3], device=images.device)
+        for channel in range(images.shape[3]):  # one channel's int64 indices at a time
+            out[:, channel] = table[channel][images[..., channel].long()]
+        return out
     mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
     std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
     return (images - mean_t) / std_t

@@ -8,14 +8,17 @@ Store int8 weights (per-channel scales, :mod:`convnn.checkpoint`) and evaluate w
 
     python -m convnn.evaluate checkpoints/*.json --data-root ../shared/data/cifar10 --save-dtype int8 --out int8
 
-Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` returns it, with training's test
-pipeline (:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then
-:func:`convnn.train.evaluate`) in fp32 without autocast, so the last digit can differ from the card's numbers,
-which training measured under bf16 autocast on a GPU. With ``--save-dtype`` and ``--out`` each checkpoint is saved
-again in that dtype as ``OUT/NAME``: the weights as stored are loaded back and evaluated before the two files are
-written (:func:`~convnn.checkpoint.stage_checkpoint` with ``measure``). The new card is the old one but for the
-storage fields and the metrics: ``test_top1`` and ``test_loss`` are the stored weights', and, when saved as int8,
-those of the checkpoint it was made from (measured here) become ``test_top1_before_quantization`` and
+Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` returns it, with training's test pipeline
+(:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then :func:`convnn.train.evaluate`) in
+fp32 without autocast, so the last digit can differ from the card's numbers, which training measured under bf16 autocast
+on a GPU. A model with random candidates is measured over ``--draws`` eval draws (5 by default;
+:func:`convnn.candidates.candidate_draw`, METHOD §3b): its row gives the mean ± sample std of top-1 over draws 0 … 4 and
+each draw's, which is what its card records (``test_top1`` and ``test_loss`` the means, ``test_top1_std``, and the draw
+scheme in ``evaluation``). With ``--save-dtype`` and ``--out`` each checkpoint is saved again in that dtype as
+``OUT/NAME``: the weights as stored are loaded back and evaluated before the two files are written
+(:func:`~convnn.checkpoint.stage_checkpoint` with ``measure``). The new card is the old one but for the storage fields
+and the metrics: ``test_top1`` and ``test_loss`` are the stored weights', and, when saved as int8, those of the
+checkpoint it was made from (measured here) become ``test_top1_before_quantization`` and
 ``test_loss_before_quantization``, unless the card has them already (re-saving an int8 checkpoint keeps the float
 model's); saved in a float dtype, the new card has no such metrics (they would describe int8 storage). The table of
 results goes to stdout, one row per checkpoint.
@@ -57,7 +60,7 @@ from .checkpoint import (
     stage_checkpoint,
 )
 from .data import CIFAR10_CLASSES, DeviceLoader, data_fingerprint, load_cifar10
-from .metrics import test_metrics
+from .metrics import EVAL_DRAWS, draw_evaluation, draw_metrics, summarize_draws
 
 __all__ = ["BEFORE_SUFFIX", "EvaluationData", "main"]
 
@@ -73,12 +76,16 @@ class EvaluationData:
         labels (np.ndarray): (N,) int64, in :data:`~convnn.data.CIFAR10_CLASSES` order.
         batch_size (int): images per forward pass.
         device (torch.device): where images and model run.
+        draws (int): eval draws a model with random candidates is measured over, draw indices 0 … draws − 1
+            (:func:`convnn.candidates.candidate_draw`); a model without them is measured once. Default:
+            :data:`EVAL_DRAWS`
     """
 
     images: np.ndarray
     labels: np.ndarray
     batch_size: int
     device: torch.device
+    draws: int = EVAL_DRAWS
 
     def check(self, card: ModelCard) -> None:
         """Raise ``ValueError`` for a card whose classes are not CIFAR-10's or whose input size is not the images'."""
@@ -87,8 +94,10 @@ class EvaluationData:
             raise ValueError(f"{card.name}: not a CIFAR-10 model: classes {card.classes[:2]}..., input_size "
                              f"{card.input_size} (CIFAR-10: {list(CIFAR10_CLASSES[:2])}..., {side} px)")
 
-    def metrics(self, model: nn.Module, card: ModelCard) -> dict[str, float]:
-        """``model``'s ``test_top1`` (percent) and ``test_loss`` (mean cross-entropy), in fp32 on :attr:`device`.
+    def draw_metrics(self, model: nn.Module, card: ModelCard) -> list[dict[str, float]]:
+        """``model``'s ``test_top1`` (percent) and ``test_loss`` (mean cross-entropy) per eval draw, in fp32 on
+        :attr:`device`: one entry per draw index 0 … :attr:`draws` − 1 for a model with random candidates, one
+        entry otherwise.
 
         Args:
             model (nn.Module): a model of a card :meth:`check` accepts; moved to :attr:`device`.
@@ -99,9 +108,22 @@ class EvaluationData:
         """
         loader = DeviceLoader(self.images, self.labels, self.batch_size, self.device, train=False,
                               mean=tuple(card.mean), std=tuple(card.std))
-        metrics = test_metrics(model.to(self.device), loader, self.device, amp=False)
-        _check_finite(metrics, card.name)
-        return metrics
+        measured = draw_metrics(model.to(self.device), loader, self.device, False, self.draws)
+        for metrics in measured:
+            _check_finite(metrics, card.name)
+        return measured
+
+    def metrics(self, model: nn.Module, card: ModelCard) -> dict[str, float]:
+        """What a card records: :func:`convnn.metrics.summarize_draws` of :meth:`draw_metrics`.
+
+        Raises:
+            ValueError: a metric that is inf or NaN (it is never written into a card).
+        """
+        return summarize_draws(self.draw_metrics(model, card))
+
+    def evaluation(self, model: nn.Module) -> dict:
+        """The card's ``evaluation`` for ``model`` measured here (:func:`convnn.metrics.draw_evaluation`)."""
+        return draw_evaluation(model, self.draws)
 
 
 def _check_finite(metrics: dict, source: str) -> None:
@@ -119,6 +141,12 @@ def _format_table(rows: list[dict[str, str]]) -> str:
     return "\n".join("  ".join(cells).rstrip() for cells in lines)
 
 
+def _top1_text(metrics: dict) -> str:
+    """``test_top1`` as a table shows it: ``"81.40"``, or ``"81.40 ± 0.12"`` with a spread over draws."""
+    spread = f" ± {metrics['test_top1_std']:.2f}" if "test_top1_std" in metrics else ""
+    return f"{metrics['test_top1']:.2f}{spread}"
+
+
 def _megabytes(size: int) -> str:
     return f"{size / 1e6:.2f} MB"  # decimal MB, as the repository's size limits
 
@@ -132,6 +160,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="re-save each checkpoint in this dtype (with --out)")
     parser.add_argument("--out", type=Path, help="folder for the re-saved checkpoints (with --save-dtype)")
     parser.add_argument("--batch-size", type=int, default=1000, help="images per forward pass. Default: 1000")
+    parser.add_argument("--draws", type=int, default=EVAL_DRAWS,
+                        help=f"eval draws of a model with random candidates. Default: {EVAL_DRAWS}")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
                         help="Default: cuda when there is a GPU, else cpu")
     args = parser.parse_args(argv)
@@ -142,8 +172,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not existing.is_dir():
             where = "a file" if existing == args.out else f"under the file {existing}"
             parser.error(f"--out {args.out} is {where}: give a folder for the re-saved checkpoints")
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    for flag in ("batch_size", "draws"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but PyTorch sees no CUDA GPU")
     return args
@@ -194,7 +225,7 @@ def _load_data(args: argparse.Namespace) -> tuple[EvaluationData, str]:
         OSError, ValueError: the data cannot be read (:func:`~convnn.data.load_cifar10`).
     """
     images, labels = load_cifar10(args.data_root, "test")
-    return (EvaluationData(images, labels, args.batch_size, torch.device(args.device)),
+    return (EvaluationData(images, labels, args.batch_size, torch.device(args.device), args.draws),
             data_fingerprint(images, labels))
 
 
@@ -207,11 +238,14 @@ def _evaluate_one(source: Path, model: nn.Module, card: ModelCard, data: Evaluat
     """
     if card.data.get("test_sha256", fingerprint) != fingerprint:
         log.warning("%s: the card's test_sha256 is not that of these test images", card.name)
-    metrics = data.metrics(model, card)
+    measured = data.draw_metrics(model, card)
+    metrics = summarize_draws(measured)
     row = {"checkpoint": card.name, "stored": card.weights_dtype,
            "size": _megabytes(checkpoint_paths(source)[0].stat().st_size),
-           "card top-1": f"{card.metrics['test_top1']:.2f}" if "test_top1" in card.metrics else "-",
-           "top-1": f"{metrics['test_top1']:.2f}", "loss": f"{metrics['test_loss']:.4f}"}
+           "card top-1": _top1_text(card.metrics) if "test_top1" in card.metrics else "-",
+           "top-1": _top1_text(metrics) + (f" over {len(measured)} draws (" + ", ".join(
+               f"{m['test_top1']:.2f}" for m in measured) + ")" if len(measured) > 1 else ""),
+           "loss": f"{metrics['test_loss']:.4f}"}
     log.info("%s: top-1 %s (card %s)", card.name, row["top-1"], row["card top-1"])
     return row, metrics
 
@@ -258,8 +292,8 @@ def _resave(sources: list[Path], args: argparse.Namespace) -> list[dict[str, str
     rows, staged = [], []
     for source, (model, card), target in zip(sources, loaded, targets, strict=True):
         row, metrics = _evaluate_one(source, model, card, data, fingerprint)
-        new = stage_checkpoint(model, target, replace(card, metrics={**card.metrics, **metrics}), dtype,
-                               measure=data.metrics)
+        new = stage_checkpoint(model, target, replace(card, metrics={**card.metrics, **metrics},
+                                                      evaluation=data.evaluation(model)), dtype, measure=data.metrics)
         stored = new.card.metrics
         row.update({"saved as": args.save_dtype, "new size": _megabytes(len(new.weights)),
                     "new top-1": f"{stored['test_top1']:.2f}", "new loss": f"{stored['test_loss']:.4f}",

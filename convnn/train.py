@@ -60,7 +60,7 @@ from .data import (
     mix_batch,
     synthetic_images,
 )
-from .metrics import test_metrics
+from .metrics import draw_evaluation, draw_metrics, summarize_draws, test_metrics
 from .models import create_model, list_models
 from .presets import preset
 from .resume import RandomStreams, load_resume, save_resume
@@ -396,10 +396,13 @@ def _run(config: TrainConfig, device: torch.device, rank: int, world_size: int) 
         training={"epochs": progress.epochs_done, "seed": config.seed, "train_time_s": round(progress.elapsed, 1),
                   "hardware": _hardware(device, world_size), "world_size": world_size,
                   "versions": _versions(), "date": datetime.date.today().isoformat(),
-                  "backend": " + ".join(sorted(progress.backends)) or "none (no ConvNN aggregation)"})
-    # Every rank measures the weights as stored on its shard of the test data; rank 0 writes.
+                  "backend": " + ".join(sorted(progress.backends)) or "none (no ConvNN aggregation)"},
+        evaluation=draw_evaluation(model))
+    # Every rank measures the weights as stored on its shard of the test data (a model with random candidates over
+    # convnn.metrics.EVAL_DRAWS eval draws, METHOD §3b); rank 0 writes.
     save_checkpoint(model, out / config.name, card, getattr(torch, config.save_dtype), write=run.is_main,
-                    measure=lambda stored, _: test_metrics(stored.to(device), run.test_loader, device, run.amp))
+                    measure=lambda stored, _: summarize_draws(draw_metrics(stored.to(device), run.test_loader, device,
+                                                                           run.amp)))
     if run.is_main:
         log.info("weights as stored (%s): test top-1 %.2f%% (trained model %.2f%%)", config.save_dtype,
                  card.metrics["test_top1"], progress.metrics["test_top1"])

@@ -267,7 +267,7 @@ def equivalence_figure(results: list[Equivalence]) -> go.Figure:
     """
     titles = []
     for r in results:
-        reference = "conv2d" if "vs conv2d" in r.description else "SDPA"
+        reference = "SDPA" if "attention" in r.reference_path else r.reference_path.removeprefix("F.")
         titles += [f"ConvNN, ch. {r.channel}", f"{reference}, ch. {r.channel}", "|difference|"]
     fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.04, vertical_spacing=0.22)
     for row, r in enumerate(results, start=1):

@@ -211,12 +211,23 @@ def card_summary(card: ModelCard, source: str = "card") -> str:
         f"λ (ConvNN share of channels): {args.get('branch_ratio', '—')}",
         f"K (neighbours per query): {selecting['num_neighbors'] if selecting else '—'}",
         f"selection: {selection}",
-        f"test accuracy (top-1): {_accuracy_text(metrics.get('test_top1'))}",
+        f"test accuracy (top-1): {_accuracy_text(metrics.get('test_top1'))}{_draws_text(card, metrics)}",
         f"input: {card.input_size}×{card.input_size} px, {len(card.classes)} classes",
         f"weights stored as: {card.weights_dtype}" + (
             f" (per-channel scales; before quantisation: {_accuracy_text(metrics.get('test_top1' + BEFORE_SUFFIX))})"
             if card.weights_dtype == "int8" else ""),
     ])
+
+
+def _draws_text(card: ModelCard, metrics: dict) -> str:
+    """How a random-candidate model's accuracy was measured, after the number: ``" ± 0.18 (mean ± std over 5 eval
+    draws, input-bits-splitmix64/v2)"`` from the card's ``test_top1_std`` and ``evaluation`` (METHOD §3b); ``""``
+    for a card without them."""
+    evaluation = card.evaluation if isinstance(card.evaluation, dict) else {}
+    spread, draws = metrics.get("test_top1_std"), evaluation.get("draws")
+    if isinstance(spread, bool) or not isinstance(spread, int | float) or not math.isfinite(spread) or not draws:
+        return ""
+    return f" ± {spread:.2f} (mean ± std over {draws} eval draws, {evaluation.get('draw_scheme', 'scheme unrecorded')})"
 
 
 def _check_probe_tokens(probes: Sequence[LayerInfo], card: ModelCard, source: str) -> None:

@@ -44,7 +44,7 @@ from .caching import bounded_cache
 from .images import InputImage
 from .inputs import MAX_SEED, whole_number
 from .models import LoadedModel
-from .traces import LayerInfo, layer_query_key, probe_module, trace_image
+from .traces import LayerInfo, effective_draw, layer_query_key, probe_module, trace_image
 
 __all__ = [
     "LAYER_RULE",
@@ -244,10 +244,10 @@ def _conv_selection(probe: LayerInfo, q: Tensor, k: Tensor) -> Selection:
 
 
 @bounded_cache(_QUERY_KEY_CACHE_SIZE)
-def _query_key(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
-    """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer)."""
+def _query_key(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> tuple[Tensor, Tensor]:
+    """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer, draw)."""
     probe = loaded.probe(layer)
-    inputs = trace_image(loaded, image).inputs[probe.name]
+    inputs = trace_image(loaded, image, draw).inputs[probe.name]
     return layer_query_key(probe_module(loaded.model, probe), probe, inputs)
 
 
@@ -266,7 +266,8 @@ def _options_read(probe: LayerInfo, rule: str, options: RuleOptions) -> RuleOpti
     return RuleOptions(head=options.head, **{name: getattr(options, name) for name in fields})
 
 
-def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
+def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions,
+                   draw: int = 0) -> Selection:
     """Every query's neighbours in ``layer`` under ``rule`` (cached on the resolved options the rule reads).
 
     Args:
@@ -277,30 +278,35 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
             selected (its own K, and for
             attention the options' head).
         options (RuleOptions): resolved or not (:func:`resolve_options` is applied).
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the forward pass the layer's input
+            and own selection come from, and the key the random rule draws with. Default: 0
 
     Returns:
         Selection: cells, prefix flags and scores for all H·W queries.
 
     Raises:
-        ValueError: unknown layer or rule, or options outside their ranges.
+        ValueError: unknown layer or rule, options outside their ranges, or a ``draw`` that is not an integer ≥ 0.
     """
     probe = loaded.probe(layer)
     if rule not in (*rule_names(), LAYER_RULE):
         raise ValueError(f"rule must be one of {(*rule_names(), LAYER_RULE)}, got {rule!r}")
-    return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)))
+    return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)),
+                      effective_draw(loaded, draw))
 
 
 @bounded_cache(_SELECTION_CACHE_SIZE)
-def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions) -> Selection:
-    """:func:`rule_selection` for checked ``rule`` and :func:`_options_read` ``options``."""
+def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions, draw: int
+               ) -> Selection:
+    """:func:`rule_selection` for checked ``rule``, :func:`_options_read` ``options`` and an effective ``draw``."""
     probe = loaded.probe(layer)
-    q, k = _query_key(loaded, image, layer)
+    q, k = _query_key(loaded, image, layer, draw)
     q, k = q[:, options.head:options.head + 1], k[:, options.head:options.head + 1]  # (1, 1, N, D)
-    keys = trace_image(loaded, image).sample_keys
+    trace = trace_image(loaded, image, draw)
+    keys = trace.sample_keys
     with torch.no_grad():
         if rule != LAYER_RULE:
             return _rule_selection(probe, q, k, rule, options, keys)
-        record = trace_image(loaded, image).records.get(probe.name)
+        record = trace.records.get(probe.name)
         if record is not None:
             return _recorded(probe, record, q, k, options.head)
         if probe.conv_only:  # a convolution uses its whole kernel window

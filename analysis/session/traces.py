@@ -13,15 +13,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from convnn import ConvNN2d, NeighborRecord, record_neighbors
 from convnn.adapters import as_self_attention, layer_input
-from convnn.candidates import sample_keys
+from convnn.candidates import candidate_draw, draws_candidates, sample_keys
 from convnn.functional import to_tokens
 from convnn.introspect import LayerInfo
+from convnn.validation import check_int
 
 from .caching import bounded_cache
 from .images import InputImage, model_input
@@ -32,6 +32,7 @@ __all__ = [
     "LayerInfo",
     "Trace",
     "cell_rect_px",
+    "effective_draw",
     "knn_branch",
     "layer_conv",
     "layer_label",
@@ -118,17 +119,19 @@ class Trace:
         inputs (dict[str, Tensor]): probe name → its input, (1, C, H, W) for maps, (1, N, dim) for tokens.
         records (dict[str, NeighborRecord]): probe name → what the layer selected (absent for layers that select
             nothing).
-        sample_keys (np.ndarray): (1,) uint64 key of the model input, from which the model's random layers drew
-            their candidates in eval mode (:mod:`convnn.candidates`).
+        sample_keys (Tensor): (1,) int64 key of the model input and the draw, on the CPU, from which the model's
+            random layers drew their candidates in eval mode (:func:`convnn.candidates.sample_keys`).
+        draw (int): the eval draw index the pass ran with (METHOD §3b; 0 for a model that draws nothing).
     """
 
     logits: Tensor
     inputs: dict[str, Tensor]
     records: dict[str, NeighborRecord]
-    sample_keys: np.ndarray
+    sample_keys: Tensor
+    draw: int = 0
 
 
-def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Trace:
+def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor, draw: int = 0) -> Trace:
     """Run ``model`` on ``x`` once, capturing each probe layer's input and what each ConvNN layer selected.
 
     Uncached; :func:`analysis.tracing.trace_image` caches it per (model, image).
@@ -137,6 +140,8 @@ def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Tra
         model (nn.Module): the model, eval mode.
         probes (tuple[LayerInfo, ...]): its probe layers (:func:`convnn.introspect.convnn_layers`).
         x (Tensor): (1, 3, S, S) float32 model input on the model's device.
+        draw (int): the eval draw index of the model's random layers (:func:`convnn.candidates.candidate_draw`).
+            Default: 0
 
     Returns:
         Trace: logits, probe inputs and recorded selections.
@@ -150,13 +155,13 @@ def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor) -> Tra
 
     handles = [probe_module(model, p).register_forward_pre_hook(hook(p.name), with_kwargs=True) for p in probes]
     try:
-        with torch.no_grad(), record_neighbors(model) as records:
+        with torch.no_grad(), record_neighbors(model) as records, candidate_draw(draw):
             logits = model(x)[0].float()
     finally:
         for handle in handles:
             handle.remove()
     selected = {p.name: records[p.record_name][0] for p in probes if p.record_name and records.get(p.record_name)}
-    return Trace(logits, inputs, selected, sample_keys(x))
+    return Trace(logits, inputs, selected, sample_keys(x, draw).cpu(), draw)
 
 
 def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -188,24 +193,42 @@ TOP_CLASSES = 5
 _TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every probe layer's input (≈1 MB for CIFAR models)
 
 
-@bounded_cache(_TRACE_CACHE_SIZE)
-def trace_image(loaded: LoadedModel, image: InputImage) -> Trace:
-    """The recorded forward pass of ``loaded`` on ``image`` (cached per model identity and image digest).
+def effective_draw(loaded: LoadedModel, draw: int) -> int:
+    """The eval draw index that changes what ``loaded`` computes: ``draw`` for a model with random candidates, 0 for
+    any other (whose every draw is the same), so the caches keep one entry for it (METHOD §3b).
+
+    Raises:
+        ValueError: ``draw`` is not an integer ≥ 0.
+    """
+    check_int("draw", draw, 0)
+    return draw if draws_candidates(loaded.model) else 0
+
+
+def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
+    """The recorded forward pass of ``loaded`` on ``image`` with eval draw ``draw`` (cached per model identity, image
+    digest and :func:`effective_draw`).
 
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image; resized and normalised as in training (:func:`analysis.images.model_input`).
+        draw (int): the eval draw index of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
         Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.
 
     Raises:
         ValueError: the model gives another number of class scores than its card names classes (so no class name
-            is ever looked up past the card's list).
+            is ever looked up past the card's list), or a ``draw`` that is not an integer ≥ 0.
     """
+    return _trace(loaded, image, effective_draw(loaded, draw))
+
+
+@bounded_cache(_TRACE_CACHE_SIZE)
+def _trace(loaded: LoadedModel, image: InputImage, draw: int) -> Trace:
+    """:func:`trace_image` for an effective ``draw``."""
     x = model_input(image, loaded.card).to(loaded.device)
     with loaded.lock:
-        trace = run_trace(loaded.model, loaded.probes, x)
+        trace = run_trace(loaded.model, loaded.probes, x, draw)
     if trace.logits.numel() != len(loaded.card.classes):
         raise ValueError(f"{loaded.card.name}: the model gives {trace.logits.numel()} class scores but its card names "
                          f"{len(loaded.card.classes)} classes: the card does not belong to these weights")

@@ -1,12 +1,19 @@
-"""The equivalence demo on this image's own features (METHOD §4.1 and §4.3), with the live max |difference|.
+"""The equivalence demo on this image's own features (METHOD §4.1–4.3), with the live max |difference|.
 
 * **Convolution**: ``ConvNN2d(selection="window", K = R²)`` with its rank-slot kernel copied from a ``Conv2d``
   (``W1[o, c, t] = W2[o, c, t // R, t % R]``) and its geometry (stride, padding, dilation: METHOD §3a) against that
-  ``Conv2d`` on the layer's input feature map. The layer's own convolution is used when it has one (a hybrid's
-  branch, a plain convolution), else a seeded random convolution.
+  ``Conv2d`` on the layer's input feature map. The ConvNN side runs the theorem, not the ``F.conv2d`` shortcut the
+  layer takes by default (``conv_shortcut=False``): each query selects its window's R² cells by spatial distance,
+  gathers them into rank slots and aggregates them with the Conv1D. The layer's own convolution is used when it has
+  one (a hybrid's branch, a plain convolution), else a seeded random convolution.
+* **Depthwise convolution** (METHOD §4.2): the same with ``groups = C`` against a seeded random depthwise ``Conv2d``
+  of the same geometry.
 * **Attention**: ``ConvNNAttention`` with K = N, softmax weighting and an all-ones depthwise kernel against
   multi-head attention through ``F.scaled_dot_product_attention``, with the same q, k, v and output projections,
   on the layer's input tokens (a ViT layer's own projections; a seeded random one-head attention on a map's pixels).
+
+Each result names the path each side ran (:attr:`Equivalence.convnn_path`, :attr:`Equivalence.reference_path`),
+the ConvNN side's read from the layer that ran (:meth:`convnn.ConvNN2d.runs_as_conv2d`, its ``backend``).
 
 Both run on CPU copies in fp32 on the PyTorch reference path, so the difference is not blurred by TF32 convolutions
 on a GPU, and K = N is not limited by the fused kernel's maximum K.
@@ -28,7 +35,8 @@ from ..session.images import InputImage
 from ..session.models import LoadedModel
 from ..session.traces import layer_conv, probe_module, trace_image
 
-__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "equivalence_summary", "equivalences"]
+__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "depthwise_equivalence",
+           "equivalence_summary", "equivalences"]
 
 DEMO_SEED = 0  # seed of the stand-in weights when the layer has none of the needed kind
 _DEMO_CHANNELS = 16  # output channels of the stand-in convolution
@@ -43,7 +51,9 @@ class Equivalence:
         description (str): what was compared, on which features.
         max_abs_diff (float): ``max |ConvNN − reference|`` over the output.
         max_abs_output (float): ``max |reference|``, the scale the difference is relative to.
-        backend (str): compute path of the ConvNN side (always ``"reference"`` on CPU here).
+        convnn_path (str): how the ConvNN side computed its output, e.g. ``"window selection by spatial distance →
+            gather → Conv1d over 9 rank slots (reference path)"``.
+        reference_path (str): the operation it is compared with, e.g. ``"F.conv2d"``.
         channel (int): the output channel pictured (the one of widest spread over the grid).
         convnn (np.ndarray): (H, W) float32, the ConvNN side's output channel ``channel`` at each cell.
         reference (np.ndarray): (H, W) float32, the reference's (``conv2d`` or SDPA) at each cell.
@@ -53,23 +63,26 @@ class Equivalence:
     description: str
     max_abs_diff: float
     max_abs_output: float
-    backend: str
+    convnn_path: str
+    reference_path: str
     channel: int
     convnn: np.ndarray
     reference: np.ndarray
     difference: np.ndarray
 
 
-def _pictured(description: str, got: Tensor, expected: Tensor, whole: tuple[Tensor, Tensor] | None = None
-              ) -> Equivalence:
-    """The comparison of two (C, H, W) outputs, pictured on the channel of widest spread; the max |difference| and
-    |reference| over ``whole`` = (got, expected) when the grid is not all of the output (a ViT's CLS token)."""
+def _pictured(description: str, paths: tuple[str, str], got: Tensor, expected: Tensor,
+              whole: tuple[Tensor, Tensor] | None = None) -> Equivalence:
+    """The comparison of two (C, H, W) outputs computed by ``paths`` = (ConvNN side's, reference's), pictured on the
+    channel of widest spread; the max |difference| and |reference| over ``whole`` = (got, expected) when the grid is
+    not all of the output (a ViT's CLS token)."""
     difference = (got - expected).abs()
     whole_got, whole_expected = whole or (got, expected)
     channel = int(expected.flatten(1).std(dim=1, correction=0).argmax())
     return Equivalence(description, float((whole_got - whole_expected).abs().max()),
-                       float(whole_expected.abs().max()), "reference", channel, got[channel].numpy(),
+                       float(whole_expected.abs().max()), *paths, channel, got[channel].numpy(),
                        expected[channel].numpy(), difference.amax(0).numpy())
+
 
 
 def _seeded_(module: nn.Module) -> nn.Module:
@@ -89,9 +102,27 @@ def _window_shaped(conv: nn.Conv2d | None) -> bool:
     return facts is not None and conv.groups == 1 and facts["window_size"] % 2 == 1
 
 
-def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
-    """Window-selection ConvNN2d (K = R², the convolution's stride, padding and dilation) vs ``Conv2d`` on
-    ``layer``'s input map (METHOD §4.1, §3a).
+def _window_demo(conv: nn.Conv2d, x: Tensor, what: str, source: str, name: str) -> Equivalence:
+    """Window selection (K = R², ``conv``'s geometry and groups, :meth:`~convnn.ConvNN2d.load_conv2d_weight`) run as
+    select → gather → Conv1D, against ``conv`` itself on ``x`` (1, C, H, W), the input of the layer ``name``;
+    ``what`` starts the description (``""`` or ``"Depthwise "``)."""
+    size = conv.kernel_size[0]
+    knn = ConvNN2d(conv.in_channels, conv.out_channels, num_neighbors=size**2, selection="window", kernel_size=size,
+                   stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+                   bias=conv.bias is not None, backend="reference", conv_shortcut=False)
+    knn.load_conv2d_weight(conv)
+    with torch.no_grad():
+        got, expected = knn(x)[0], conv(x)[0]  # (C_out, H_out, W_out)
+    groups = f", groups={conv.groups}" if conv.groups > 1 else ""
+    ran = ("F.conv2d with the rank slots as its kernel" if knn.runs_as_conv2d() else
+           f"window selection by spatial distance → gather → Conv1d over {size**2} rank slots{groups}")
+    return _pictured(f"{what}ConvNN2d(window, K={size**2}{groups}) with {source}'s weights vs conv2d, on the "
+                     f"{tuple(x.shape[1:])} input of {name}", (f"{ran} ({knn.backend} path)", f"F.conv2d{groups}"),
+                     got, expected)
+
+
+def _map_input(loaded: LoadedModel, image: InputImage, layer: str):
+    """(probe, module, its input (1, C, H, W) on the CPU) of a feature-map layer.
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
@@ -99,8 +130,17 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
     probe = loaded.probe(layer)
     if probe.is_attention:
         raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
-    module = probe_module(loaded.model, probe)
-    x = trace_image(loaded, image).inputs[probe.name].cpu()
+    return probe, probe_module(loaded.model, probe), trace_image(loaded, image).inputs[probe.name].cpu()
+
+
+def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+    """Window-selection ConvNN2d (K = R², the convolution's stride, padding and dilation), run as select → gather →
+    Conv1D, vs ``Conv2d`` on ``layer``'s input map (METHOD §4.1, §3a).
+
+    Raises:
+        ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
+    """
+    probe, module, x = _map_input(loaded, image, layer)
     conv = layer_conv(module, probe)
     if _window_shaped(conv):
         conv = copy.deepcopy(conv).cpu()
@@ -109,15 +149,25 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
     else:  # none, or one whose output is not the window selection's (groups, an even kernel)
         conv = _seeded_(nn.Conv2d(x.shape[1], _DEMO_CHANNELS, 3, padding=1))
         source = f"a seeded random 3×3 conv ({_DEMO_CHANNELS} channels)"
-    size = conv.kernel_size[0]
-    knn = ConvNN2d(conv.in_channels, conv.out_channels, num_neighbors=size**2, selection="window", kernel_size=size,
-                   stride=conv.stride, padding=conv.padding, dilation=conv.dilation, bias=conv.bias is not None,
-                   backend="reference")
-    knn.load_conv2d_weight(conv)
-    with torch.no_grad():
-        expected, got = conv(x)[0], knn(x)[0]  # (C_out, H_out, W_out)
-    return _pictured(f"ConvNN2d(window, K={size**2}) with {source}'s weights vs conv2d, on the {tuple(x.shape[1:])} "
-                     f"input of {probe.name}", got, expected)
+    return _window_demo(conv, x, "", source, probe.name)
+
+
+def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+    """Depthwise window-selection ConvNN2d (``groups = C``, K = R²), run as select → gather → Conv1D, vs a seeded
+    random depthwise ``Conv2d`` on ``layer``'s input map (METHOD §4.2): R = 3 and the geometry of the layer's own
+    convolution when it has a window-shaped one, else "same" padding.
+
+    Raises:
+        ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
+    """
+    probe, module, x = _map_input(loaded, image, layer)
+    own = layer_conv(module, probe)
+    geometry = dict(stride=own.stride, padding=own.padding, dilation=own.dilation) if _window_shaped(own) and (
+        own.kernel_size[0] == 3) else dict(padding=1)
+    channels = x.shape[1]
+    conv = _seeded_(nn.Conv2d(channels, channels, 3, groups=channels, **geometry))
+    return _window_demo(conv, x, "Depthwise ", f"a seeded random depthwise 3×3 conv ({channels} channels)",
+                        probe.name)
 
 
 def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
@@ -143,20 +193,20 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
         expected, got = mhsa(tokens)[0], knn(tokens)[0]  # (N, dim)
     grid = (probe.height, probe.width)  # the grid's tokens (a ViT's CLS first, not pictured), as (dim, H, W)
     pictured = (t[probe.num_prefix_tokens:].T.reshape(-1, *grid) for t in (got, expected))
+    paths = (f"top-{num_tokens} selection by q·k/√d → softmax → gather → depthwise Conv1d of ones over the rank "
+             f"slots, per head ({knn.backend} path)", "F.scaled_dot_product_attention")
     return _pictured(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
-                     f"with {source}, on the input tokens of {probe.name}", *pictured, (got, expected))
+                     f"with {source}, on the input tokens of {probe.name}", paths, *pictured, (got, expected))
 
 
 def equivalences(loaded: LoadedModel, image: InputImage, layer: str) -> list[Equivalence]:
-    """Every demo that applies to ``layer``: convolution on a map layer, then attention.
+    """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention.
 
     Raises:
         ValueError: unknown layer.
     """
-    results = [attention_equivalence(loaded, image, layer)]
-    if not loaded.probe(layer).is_attention:
-        results.insert(0, conv_equivalence(loaded, image, layer))
-    return results
+    maps = () if loaded.probe(layer).is_attention else (conv_equivalence, depthwise_equivalence)
+    return [demo(loaded, image, layer) for demo in (*maps, attention_equivalence)]
 
 
 def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> str:
@@ -167,4 +217,5 @@ def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> s
     """
     results = equivalences(loaded, image, layer)
     return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
-                        f"{r.max_abs_output:.2e}; ConvNN side on the {r.backend} path)" for r in results)
+                        f"{r.max_abs_output:.2e}). ConvNN side: {r.convnn_path}; reference: {r.reference_path}."
+                        for r in results)

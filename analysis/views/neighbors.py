@@ -130,7 +130,7 @@ def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
 
 
 def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options: RuleOptions,
-              rules: tuple[str, ...], rows: np.ndarray | slice = slice(None)
+              rules: tuple[str, ...], rows: np.ndarray | slice = slice(None), draw: int = 0
               ) -> tuple[dict[str, RuleTable], dict[tuple[str, str], np.ndarray]]:
     """The queries ``rows`` (raster cells; all by default) of ``probe`` under each of ``rules``, with their
     distances, and the Jaccard overlap of each pair of rules, per query.
@@ -142,6 +142,7 @@ def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options:
         options (RuleOptions): resolved options (:func:`resolve_options`).
         rules (tuple[str, ...]): registered rules, or ``"layer"``.
         rows (np.ndarray or slice): the queries' raster cells. Default: every query
+        draw (int): the eval draw of a model with random candidates (:func:`rule_selection`). Default: 0
 
     Returns:
         tuple: rule → :class:`RuleTable`, and (a, b) → (Q,) float64 overlaps, in ``rules`` order.
@@ -149,7 +150,7 @@ def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options:
     grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()[rows]
     tables = {}
     for rule in rules:
-        sel = _rows(rule_selection(loaded, image, probe.name, rule, options), rows)
+        sel = _rows(rule_selection(loaded, image, probe.name, rule, options, draw), rows)
         mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
         tables[rule] = RuleTable(rule, sel, mean, share)
     overlaps = {(a, b): _jaccard_rows(tables[a].selection, tables[b].selection)

@@ -97,7 +97,7 @@ def page_rules() -> tuple[str, ...]:
 
 
 def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
-                   query_px: tuple[int, int] | None = None) -> NeighborTable:
+                   query_px: tuple[int, int] | None = None, draw: int = 0) -> NeighborTable:
     """Every query's neighbours in ``layer`` under every registered rule and the layer itself (module docstring).
 
     Args:
@@ -107,6 +107,8 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
         options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
         query_px (tuple[int, int], optional): ``(row_px, col_px)``: the one query of the table when K exceeds
             :data:`MAX_TABLE_NEIGHBORS` (ignored otherwise). Default: None
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the forward pass whose selections,
+            contributions and λ mix the table holds, and the key of the random rule's draw. Default: 0
 
     Returns:
         NeighborTable: every query's row (one row for a K above the bound); ``table.query(px)`` equals
@@ -114,7 +116,8 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
 
     Raises:
         ValueError: unknown layer, options outside their ranges (:func:`resolve_options`), a K above
-            :data:`MAX_TABLE_NEIGHBORS` without ``query_px``, or a pixel outside the model input.
+            :data:`MAX_TABLE_NEIGHBORS` without ``query_px``, a pixel outside the model input, or a ``draw`` that
+            is not an integer ≥ 0.
     """
     probe = loaded.probe(layer)
     options = resolve_options(probe, options or RuleOptions())
@@ -125,13 +128,13 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
                              f"{options.num_neighbors} name the query pixel")
         row, col = query_cell(probe, *query_px)
         queries = rows = np.array([row * probe.width + col])
-    rules, overlaps = rule_rows(loaded, image, probe, options, page_rules(), rows)
+    rules, overlaps = rule_rows(loaded, image, probe, options, page_rules(), rows, draw)
     contributions = None if probe.record_name is None else contribution_norms(loaded, image, probe.name,
-                                                                              options.head)[rows]
-    share = branch_mix(loaded, image, probe.name).share.reshape(-1)[rows] if probe.is_hybrid else None
+                                                                              options.head, draw)[rows]
+    share = branch_mix(loaded, image, probe.name, draw).share.reshape(-1)[rows] if probe.is_hybrid else None
     heads = () if probe.num_heads == 1 else tuple(
-        rule_rows(loaded, image, probe, replace(options, head=h), (LAYER_RULE,), rows)[0][LAYER_RULE].selection
-        for h in range(probe.num_heads))
+        rule_rows(loaded, image, probe, replace(options, head=h), (LAYER_RULE,), rows, draw)[0][LAYER_RULE]
+        .selection for h in range(probe.num_heads))
     return NeighborTable(probe, options, rules, overlaps, contributions, share, heads, queries)
 
 

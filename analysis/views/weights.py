@@ -29,7 +29,15 @@ from ..session.caching import bounded_cache
 from ..session.images import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
-from ..session.traces import LayerInfo, knn_branch, layer_conv, probe_module, query_cell, trace_image
+from ..session.traces import (
+    LayerInfo,
+    effective_draw,
+    knn_branch,
+    layer_conv,
+    probe_module,
+    query_cell,
+    trace_image,
+)
 
 __all__ = [
     "AggregationKernel",
@@ -134,14 +142,15 @@ def _attention_output(module: torch.nn.Module, x: Tensor) -> Tensor:
 
 
 @bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
-def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tuple[Tensor, Tensor]:
-    """What ``layer`` gathers and what it outputs on ``image``: one layer call per (model, image, layer).
+def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> tuple[Tensor, Tensor]:
+    """What ``layer`` gathers and what it outputs on ``image`` in eval draw ``draw``: one layer call per (model,
+    image, layer, draw)
 
     Attention: values (1, h, N, d) and the output before the projection (1, N, dim). Maps: the zero-padded input
     tokens (1, 1, N_padded, C_in) and the ConvNN branch's output (1, C_out, H_out, W_out).
     """
     probe = loaded.probe(layer)
-    trace = trace_image(loaded, image)
+    trace = trace_image(loaded, image, draw)
     x, module = trace.inputs[probe.name], probe_module(loaded.model, probe)
     with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
         if probe.is_attention:
@@ -153,13 +162,13 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str) -> tu
 _CONTRIBUTION_CHUNK = 256  # queries whose K contribution vectors are held at once (K·C floats each)
 
 
-def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerInfo, head: int, queries: np.ndarray
-                          ) -> tuple[Tensor, Tensor, Tensor]:
+def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerInfo, head: int, queries: np.ndarray,
+                          draw: int) -> tuple[Tensor, Tensor, Tensor]:
     """``W[:, :, t] · ρ_t · v[idx_t]`` for each of ``queries`` (raster indices of the grid) and each of its K
     recorded neighbours: (Q, K, C) float32, with the bias (C,) and the layer's own output at the queries (Q, C); a
-    map layer's cell has its output's (:meth:`~convnn.introspect.LayerInfo.cell_outputs`)."""
-    record = trace_image(loaded, image).records[probe.name]
-    values, layer_output = _values_and_output(loaded, image, probe.name)
+    map layer's cell has its output's (:meth:`~convnn.introspect.LayerInfo.cell_outputs`); in eval draw ``draw``."""
+    record = trace_image(loaded, image, draw).records[probe.name]
+    values, layer_output = _values_and_output(loaded, image, probe.name, draw)
     module = probe_module(loaded.model, probe)
     with torch.no_grad():
         if probe.is_attention:
@@ -209,31 +218,38 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     head = probe.check_head(head)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
-    vectors, bias, output = _contribution_vectors(loaded, image, probe, head, np.array([index]))
+    vectors, bias, output = _contribution_vectors(loaded, image, probe, head, np.array([index]), 0)
     selection = rule_selection(loaded, image, layer, LAYER_RULE, RuleOptions(head=head))
     return Contributions(selection.cells[index], selection.is_prefix[index], vectors[0].cpu().numpy(),
                          vectors[0].norm(dim=1).cpu().numpy(), bias.cpu().numpy(), output[0].cpu().numpy())
 
 
-@bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
-def contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head: int = 0) -> np.ndarray:
+def contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head: int = 0, draw: int = 0
+                       ) -> np.ndarray:
     """The L2 norm of every query's K neighbour contributions in ``layer`` (the layer's own selection; cached).
 
     Row ``i`` is :attr:`Contributions.norms` of the query at raster cell ``i`` (:func:`neighbor_contributions`),
-    computed for all H·W queries at once, :data:`_CONTRIBUTION_CHUNK` at a time.
+    computed for all H·W queries at once, :data:`_CONTRIBUTION_CHUNK` at a time; ``draw`` is the eval draw of a
+    model with random candidates (METHOD §3b).
 
     Returns:
         np.ndarray: (H·W, K) float32, ≥ 0, rank order.
 
     Raises:
-        ValueError: as :func:`neighbor_contributions`.
+        ValueError: as :func:`neighbor_contributions`, or a ``draw`` that is not an integer ≥ 0.
     """
+    return _contribution_norms(loaded, image, layer, head, effective_draw(loaded, draw))
+
+
+@bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
+def _contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head: int, draw: int) -> np.ndarray:
+    """:func:`contribution_norms` for an effective ``draw``."""
     probe = loaded.probe(layer)
     _check_selects(probe)
     head = probe.check_head(head)
     queries = np.arange(probe.height * probe.width)
     return np.concatenate([
-        _contribution_vectors(loaded, image, probe, head, chunk)[0].norm(dim=-1).cpu().numpy()
+        _contribution_vectors(loaded, image, probe, head, chunk, draw)[0].norm(dim=-1).cpu().numpy()
         for chunk in np.array_split(queries, max(1, -(-len(queries) // _CONTRIBUTION_CHUNK)))])
 
 
@@ -259,19 +275,26 @@ class BranchMix:
     share: np.ndarray
 
 
-@bounded_cache(32)
-def branch_mix(loaded: LoadedModel, image: InputImage, layer: str) -> BranchMix:
-    """The ConvNN vs convolution share of ``layer``'s 1×1 mix output at every pixel (cached).
+def branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> BranchMix:
+    """The ConvNN vs convolution share of ``layer``'s 1×1 mix output at every pixel (cached), in eval draw ``draw``
+    of a model with random candidates (METHOD §3b): the branches run on the candidates the layer drew in the model.
 
     Raises:
-        ValueError: ``layer`` is not a hybrid layer.
+        ValueError: ``layer`` is not a hybrid layer, or a ``draw`` that is not an integer ≥ 0.
     """
+    return _branch_mix(loaded, image, layer, effective_draw(loaded, draw))
+
+
+@bounded_cache(32)
+def _branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> BranchMix:
+    """:func:`branch_mix` for an effective ``draw``."""
     probe = loaded.probe(layer)
     if not probe.is_hybrid:
         raise ValueError(f"{probe.name} is not a hybrid layer: the λ mix exists only in HybridConvNN2d layers")
     module = probe_module(loaded.model, probe)
-    x = trace_image(loaded, image).inputs[probe.name]
-    with torch.no_grad(), loaded.lock:
+    trace = trace_image(loaded, image, draw)
+    x = trace.inputs[probe.name]
+    with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
         z = module.branches(x)  # (1, C_out, H, W), ConvNN channels first
         split = module.knn_channels
         weight = module.mix.weight  # (C_out, C_out, 1, 1)

@@ -102,6 +102,10 @@ class ConvNN2d(Recordable):
             as in the authors' layer, which pads its input before selecting: a zero token scores 0 under cosine and
             −‖q‖² under euclidean, so it changes the selections of queries whose features score lower (METHOD
             §3a). Needs p ≥ 1 and a rule without a grid. Default: False (the map's own tokens only)
+        conv_shortcut (bool): run ``"window"`` with ρ = ``"none"`` as the ``F.conv2d`` it equals (METHOD §4.1–4.2:
+            one call, no (B, C_in, N·K) gather); False runs it as every other rule, select → gather → Conv1D over
+            rank slots, which is how the equivalence demo shows the theorem rather than the shortcut. The output is
+            the same either way (up to rounding). Default: True
 
     Shape:
         Input (B, C_in, H, W), float32, bfloat16 or float16 (float64 on the reference) → output (B, C_out, H_out,
@@ -155,6 +159,7 @@ class ConvNN2d(Recordable):
         dilation: int | tuple[int, int] = 1,
         padding_mode: str = "zeros",
         candidate_padding: bool = False,
+        conv_shortcut: bool = True,
         device=None,
         dtype=None,
     ) -> None:
@@ -165,7 +170,7 @@ class ConvNN2d(Recordable):
         check_choice("backend", backend, BACKENDS)
         check_int("in_channels", in_channels, 1)
         for flag, value in (("coord_channels", coord_channels), ("bias", bias),
-                            ("candidate_padding", candidate_padding)):
+                            ("candidate_padding", candidate_padding), ("conv_shortcut", conv_shortcut)):
             check_bool(flag, value)
         check_int("out_channels", out_channels, 1)
         if window_size is not None:
@@ -200,6 +205,7 @@ class ConvNN2d(Recordable):
         self.blend_alpha, self.temperature, self.coord_channels = blend_alpha, temperature, coord_channels
         self.qk_dim, self.candidate_sampling, self.groups = qk_dim, candidate_sampling, groups
         self.backend, self.geometry, self.candidate_padding = backend, geometry, candidate_padding
+        self.conv_shortcut = conv_shortcut
         feature_dim = in_channels + (2 if coord_channels else 0)
         self.q_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
         self.k_proj = nn.Conv2d(feature_dim, qk_dim, 1, bias=False, **factory) if qk_dim else None
@@ -333,7 +339,7 @@ class ConvNN2d(Recordable):
         """The rules the kernels do not run (window): select, weigh, gather, Conv1D; in the autocast dtype under
         autocast, like :func:`kernels.knn_aggregate`. Returns (out (B, C_out, N_out), idx, weights, padding)."""
         H, W = x.shape[2:]
-        if rule.gathers and self.weighting == "none":  # a convolution: every window cell counts once (METHOD §4.1)
+        if self.runs_as_conv2d(rule):  # a convolution: every window cell counts once (METHOD §4.1)
             geometry = self.geometry
             idx = window_indices(H, W, self.window_size, self.num_neighbors, x.device, geometry)
             idx = idx.expand(x.shape[0], 1, -1, -1)
@@ -347,6 +353,13 @@ class ConvNN2d(Recordable):
         values = to_tokens(pad_map(x, neighbors.padding))
         out = aggregate_neighbors(values, neighbors.topk_idx, weights, weight, bias, self.groups)
         return out, neighbors.topk_idx, weights, neighbors.padding
+
+    def runs_as_conv2d(self, rule=None) -> bool:
+        """Whether the forward computes this layer as ``F.conv2d`` with :func:`~convnn.functional.window_kernel`
+        (``rule``, default the rule it runs, gathers whatever the scores, ρ = ``"none"`` and :attr:`conv_shortcut`)
+        rather than selecting, gathering and applying the Conv1D over rank slots."""
+        rule = rule or selection_rule(effective_selection(self.selection, self.blend_alpha))
+        return rule.gathers and self.weighting == "none" and self.conv_shortcut
 
     def describe(self, name: str) -> dict:
         """What this layer is, for :func:`convnn.introspect.convnn_layers` (``name``: its qualified name)."""
@@ -365,7 +378,8 @@ class ConvNN2d(Recordable):
         defaults = {"num_neighbors": 9, "selection": "all", "similarity": "cosine", "weighting": "none",
                     "num_candidates": None, "window_size": 3, "blend_alpha": 0.5, "temperature": 1.0,
                     "coord_channels": False, "qk_dim": None, "candidate_sampling": "batch", "groups": 1, "seed": 0,
-                    "backend": "auto", "stride": 1, "dilation": 1, "candidate_padding": False}
+                    "backend": "auto", "stride": 1, "dilation": 1, "candidate_padding": False,
+                    "conv_shortcut": True}
         changed = [f"{name}={getattr(self, name)!r}" for name, default in defaults.items()
                    if getattr(self, name) != default]
         if not self.geometry.every_cell or self.dilation != 1:

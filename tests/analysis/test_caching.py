@@ -11,6 +11,7 @@ from analysis import RuleOptions, attribution_map, image_from_array, rule_select
 from analysis.session.caching import bounded_cache, nbytes
 from analysis.session.models import _load_cached
 from analysis.session.selections import Selection, _selection
+from analysis.session.traces import _trace
 
 MB = 2**20
 
@@ -113,7 +114,7 @@ def test_one_budget_bounds_every_analysis_cache(load_small, fresh_image, budget)
     assert (info.misses, info.max_bytes) == (6, 60 * MB)
     assert info.currsize == 2 and info.bytes == 2 * entry + nbytes(fresh_image)  # 60 MB less models, traces, …
     trace = trace_image(loaded, fresh_image)
-    assert trace_image.cache_info().bytes == nbytes(trace) + nbytes(fresh_image)
+    assert _trace.cache_info().bytes == nbytes(trace) + nbytes(fresh_image)
     assert _load_cached.cache_info()[3:] == (1, 60 * MB, nbytes(loaded.model))
     rule_selection(loaded, fresh_image, layer, "blend", options)  # the latest is still kept
     rule_selection(loaded, fresh_image, layer, "blend", RuleOptions(num_neighbors=1024, blend_alpha=0.0))  # evicted

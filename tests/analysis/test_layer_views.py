@@ -189,7 +189,7 @@ def test_the_equivalence_pictures_show_conv2d_and_a_zero_difference(load_small, 
     from analysis import equivalences, trace_image
 
     cnn = load_small("cnn-l0.5")
-    conv, attention = equivalences(cnn, image, "stages.1.0.conv1")
+    conv, _, attention = equivalences(cnn, image, "stages.1.0.conv1")
     branch = cnn.model.get_submodule("stages.1.0.conv1").conv
     x = trace_image(cnn, image).inputs["stages.1.0.conv1"]
     expected = F.conv2d(x, branch.weight, branch.bias, padding=1)[0]  # (C, 16, 16)
@@ -204,6 +204,43 @@ def test_the_equivalence_pictures_show_conv2d_and_a_zero_difference(load_small, 
     assert len(figure.data) == 6 and figure.layout.annotations[2].text == "|difference|"
     for trace, result in ((figure.data[2], conv), (figure.data[5], attention)):  # |difference|: a scale from 0
         assert (trace.zmin, trace.zmax) == (0, max(float(result.difference.max()), 1e-12))
+
+
+def test_the_convolution_demos_run_the_theorem_not_the_conv2d_shortcut(load_small, image, monkeypatch):
+    """METHOD §4.1–4.2 through k-NN aggregation: the ConvNN side selects, gathers and applies the Conv1D (the layer's
+    F.conv2d shortcut, window_kernel, never runs) and each result names both paths; the depthwise demo's reference
+    is F.conv2d(groups=C) of the layer's input with the seeded weights, computed here. Defects it catches: the demo
+    taking the shortcut, a depthwise demo that is not depthwise."""
+    import torch
+    import torch.nn.functional as F
+
+    import convnn.layers.convnn2d as layer_module
+    from analysis import depthwise_equivalence, equivalence_summary, equivalences, trace_image
+    from analysis.views.equivalence import DEMO_SEED
+
+    def no_shortcut(*args):
+        raise AssertionError("the F.conv2d shortcut ran")
+
+    monkeypatch.setattr(layer_module, "window_kernel", no_shortcut)
+    cnn = load_small("cnn-l0.5")
+    conv, depthwise, attention = equivalences(cnn, image, "stages.1.0.conv1")
+    for result in (conv, depthwise):
+        assert result.max_abs_diff < EQUIVALENCE_TOL and result.max_abs_output > 0
+        assert result.convnn_path.startswith("window selection by spatial distance → gather → Conv1d over 9 rank")
+        assert result.convnn_path.endswith("(reference path)")
+    assert conv.reference_path == "F.conv2d" and depthwise.reference_path == "F.conv2d, groups=16"
+    assert attention.reference_path == "F.scaled_dot_product_attention" and "softmax" in attention.convnn_path
+    x = trace_image(cnn, image).inputs["stages.1.0.conv1"]  # (1, 16, 16, 16)
+    generator = torch.Generator().manual_seed(DEMO_SEED)  # the demo's stand-in weights: N(0, 0.05²), weight first
+    weight = torch.randn(16, 1, 3, 3, generator=generator) * 0.05
+    bias = torch.randn(16, generator=generator) * 0.05
+    expected = F.conv2d(x, weight, bias, padding=1, groups=16)[0]
+    assert depthwise.channel == int(expected.flatten(1).std(1, correction=0).argmax())
+    np.testing.assert_allclose(depthwise.reference, expected[depthwise.channel].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(depthwise.convnn, expected[depthwise.channel].numpy(), rtol=1e-5, atol=1e-5)
+    assert depthwise_equivalence(cnn, image, "stages.1.0.conv1").description.startswith("Depthwise ConvNN2d")
+    summary = equivalence_summary(cnn, image, "stages.1.0.conv1")
+    assert summary.count("ConvNN side: window selection by spatial distance") == 2 and "reference: F.conv2d" in summary
 
 
 @pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "occlusion"])

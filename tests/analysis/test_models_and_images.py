@@ -131,6 +131,19 @@ def test_card_summary_tolerates_odd_metrics(checkpoint_dir):
         assert summary.splitlines()[5] == f"test accuracy (top-1): {shown}"
 
 
+def test_card_summary_gives_a_random_candidate_models_accuracy_over_its_draws(checkpoint_dir):
+    """A card with test_top1_std and an evaluation block says mean ± std over how many draws and by which scheme
+    (METHOD §3b); a card with only one of them shows the number alone."""
+    card = load_model(checkpoint_dir / "cnn-random.json").card
+    drawn = dataclasses.replace(card, metrics={"test_top1": 90.97, "test_top1_std": 0.164},
+                                evaluation={"draw_scheme": "input-bits-splitmix64/v2", "draws": 5})
+    assert card_summary(drawn).splitlines()[5] == ("test accuracy (top-1): 90.97% ± 0.16 (mean ± std over 5 eval "
+                                                   "draws, input-bits-splitmix64/v2)")
+    for odd in (dataclasses.replace(drawn, evaluation={}), dataclasses.replace(drawn, metrics={"test_top1": 90.97}),
+                dataclasses.replace(drawn, metrics={"test_top1": 90.97, "test_top1_std": float("nan")})):
+        assert card_summary(odd).splitlines()[5] == "test accuracy (top-1): 90.97%"
+
+
 def test_card_summary_shows_how_the_weights_are_stored(checkpoint_dir):
     card = load_model(checkpoint_dir / "cnn-l0.json").card
     assert card_summary(card).splitlines()[-1] == "weights stored as: float32"

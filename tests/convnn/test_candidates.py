@@ -9,7 +9,8 @@ import torch
 
 from convnn import candidates as candidates_module
 from convnn import create_model, record_neighbors
-from convnn.candidates import keyed_candidates, sample_keys
+from convnn.candidates import candidate_draw, keyed_candidates, sample_keys, splitmix64
+from convnn.data import normalize
 from convnn.functional import sample_candidates
 
 VIT_RANDOM = dict(dim=32, depth=6, num_heads=2, attention="convnn", num_neighbors=9, selection="random",
@@ -77,7 +78,7 @@ def test_a_random_vit_is_not_blind_to_any_patch(monkeypatch):
         row, col = divmod(patch, 8)
         changed[patch, :, 4 * row:4 * row + 4, 4 * col:4 * col + 4] = torch.randn(3, 4, 4)
     clean_key = sample_keys(image)
-    monkeypatch.setattr(candidates_module, "sample_keys", lambda x: np.repeat(clean_key, x.shape[0]))
+    monkeypatch.setattr(candidates_module, "sample_keys", lambda x, draw=0: clean_key.repeat(x.shape[0]))
     with torch.no_grad():
         moved = (model(changed) - model(image)).abs().amax(1)
     assert (moved > 1e-4).sum() >= 60
@@ -123,3 +124,102 @@ def test_a_training_draw_is_the_r_smallest_of_n_uniform_numbers():
     assert drawn.shape == (128, 32) and drawn.dtype == torch.int64
     assert np.array_equal(drawn.numpy(), expected)
     assert all(len(set(row)) == 32 for row in drawn.tolist())
+
+
+# splitmix64 in numpy's uint64 (the reference the torch int64 version must match bit for bit)
+_GAMMA, _MIX = np.uint64(0x9E3779B97F4A7C15), (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _splitmix64_reference(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = x.astype(np.uint64) + _GAMMA
+        x = (x ^ (x >> np.uint64(30))) * _MIX[0]
+        x = (x ^ (x >> np.uint64(27))) * _MIX[1]
+        return x ^ (x >> np.uint64(31))
+
+
+def _keys_reference(x: torch.Tensor, draw: int) -> np.ndarray:
+    """METHOD §3b's key, sample by sample in numpy uint64: Σ_i splitmix64(bits_i ^ splitmix64(i)), then
+    splitmix64(digest + draw·γ)."""
+    keys = []
+    for row in x.reshape(x.shape[0], -1).numpy():
+        bits = row.view(np.uint32).astype(np.uint64)
+        mixed = _splitmix64_reference(bits ^ _splitmix64_reference(np.arange(len(bits), dtype=np.uint64)))
+        with np.errstate(over="ignore"):
+            digest = np.uint64(sum(int(v) for v in mixed) % 2**64)
+            keys.append(_splitmix64_reference(np.array([digest + np.uint64(draw) * _GAMMA]))[0])
+    return np.array(keys, dtype=np.uint64)
+
+
+def test_splitmix64_on_int64_bit_patterns_is_the_uint64_function():
+    """Defect it catches: a constant or a shift changed, or an arithmetic (sign-filling) shift for a logical one."""
+    values = np.random.default_rng(0).integers(0, 2**64, 1000, dtype=np.uint64, endpoint=False)
+    values[:4] = [0, 1, 2**63, 2**64 - 1]
+    got = splitmix64(torch.from_numpy(values.view(np.int64))).numpy().view(np.uint64)
+    assert np.array_equal(got, _splitmix64_reference(values))
+
+
+@pytest.mark.parametrize("draw", [0, 3])
+def test_sample_keys_are_the_position_keyed_sum_of_the_inputs_bits(draw):
+    """The key of METHOD §3b, against a numpy uint64 reference; a swap of two values changes it (the sum is keyed
+    on positions). Defect it catches: positions not mixed in, the draw ignored, a sum that saturates."""
+    x = torch.randn(3, 3, 8, 8)
+    assert np.array_equal(sample_keys(x, draw).numpy().view(np.uint64), _keys_reference(x, draw))
+    swapped = x.clone()
+    swapped[0, 0, 0, :2] = x[0, 0, 0, [1, 0]]
+    assert sample_keys(swapped)[0] != sample_keys(x)[0] and sample_keys(swapped)[1] == sample_keys(x)[1]
+
+
+def test_keyed_candidates_are_the_r_smallest_hash_values_of_a_numpy_reference():
+    keys = sample_keys(torch.randn(6, 10))
+    seed, num_tokens, r = 12345, 65, 32
+    base = _splitmix64_reference(keys.numpy().view(np.uint64) ^ np.uint64(seed))
+    with np.errstate(over="ignore"):
+        values = _splitmix64_reference(base[:, None] + np.arange(num_tokens, dtype=np.uint64) * _GAMMA)
+    expected = np.argsort(values.view(np.int64), axis=1, kind="stable")[:, :r]  # compared as int64 bit patterns
+    assert np.array_equal(keyed_candidates(keys, seed, num_tokens, r).numpy(), expected)
+
+
+def test_the_key_and_the_draw_compile_into_one_graph():
+    """Torch operations only (no hashlib, no numpy): both trace with fullgraph=True and give the eager bits."""
+    x = torch.randn(4, 3, 32, 32)
+    keys = torch.compile(sample_keys, fullgraph=True, backend="eager")(x, 2)
+    assert torch.equal(keys, sample_keys(x, 2))
+    draw = torch.compile(keyed_candidates, fullgraph=True, backend="eager")(keys, 7, 65, 32)
+    assert torch.equal(draw, keyed_candidates(keys, 7, 65, 32))
+
+
+def test_normalize_gives_a_uint8_image_the_correctly_rounded_bits_on_every_device():
+    """The table is (p/255 − mean)/std in float64 rounded once to float32, whatever the device (a CUDA division by
+    255 multiplies by a reciprocal). Defect it catches: float32 arithmetic on the device."""
+    images = torch.arange(256, dtype=torch.uint8).repeat(2, 3, 1).permute(0, 2, 1).reshape(2, 16, 16, 3)
+    mean, std = (0.4914, 0.4822, 0.4465), (0.247, 0.2435, 0.2616)
+    expected = ((images.permute(0, 3, 1, 2).numpy().astype(np.float64) / 255 - np.array(mean)[:, None, None])
+                / np.array(std)[:, None, None]).astype(np.float32)
+    assert np.array_equal(normalize(images, mean, std).numpy(), expected)
+    if torch.cuda.is_available():
+        assert torch.equal(normalize(images.cuda(), mean, std).cpu(), normalize(images, mean, std))
+
+
+@pytest.mark.parametrize("name, args", [("convnn_vit_cifar", VIT_RANDOM), ("convnn_resnet_cifar", CNN_RANDOM)])
+def test_each_draw_index_is_another_draw_and_a_batch_may_hold_several(name, args):
+    """Draw 0 is the default; draw 1 draws other candidates; 16 copies of an image with draws 0 … 15 in one batch
+    answer as the 16 draws one at a time. Defect it catches: the draw ignored, or applied to the wrong sample."""
+    torch.manual_seed(3)
+    model = create_model(name, **args).eval()
+    image = torch.randn(1, 3, 32, 32)
+    default = _candidates(model, image)
+    with candidate_draw(0):
+        assert all(torch.equal(c, default[n]) for n, c in _candidates(model, image).items())
+    with candidate_draw(1):
+        other = _candidates(model, image)
+    assert not any(torch.equal(c, default[n]) for n, c in other.items())
+    with torch.no_grad(), candidate_draw(torch.arange(16)):
+        together = model(image.repeat(16, 1, 1, 1))
+    for draw in (0, 1, 15):
+        with torch.no_grad(), candidate_draw(draw):
+            torch.testing.assert_close(together[draw:draw + 1], model(image), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one per sample"), candidate_draw(torch.arange(3)):
+        model(image)
+    with pytest.raises(ValueError, match="draw"):
+        candidate_draw(-1).__enter__()

@@ -66,6 +66,35 @@ def test_the_window_rules_gather_path_with_k_equal_r_squared_is_conv2d(window_si
     torch.testing.assert_close(layer(x), expected, **FP64_EXACT)
 
 
+@pytest.mark.parametrize("groups, stride, dilation", [(1, 1, 1), (4, 1, 1), (1, 2, 1), (4, 2, 2)])
+def test_without_the_conv_shortcut_window_selection_gathers_and_still_equals_conv2d(monkeypatch, groups, stride,
+                                                                                   dilation):
+    """METHOD §4.1–4.2 as the theorem states it: conv_shortcut=False with ρ = "none" selects, gathers and applies
+    the Conv1D over rank slots (the F.conv2d shortcut's window_kernel is never called), and equals F.conv2d with
+    the same weights, standard and depthwise, strided and dilated. Defect it catches: the flag ignored (the
+    shortcut taken anyway), or the gather path wrong."""
+    import convnn.layers.convnn2d as module
+
+    torch.manual_seed(9)
+    x = torch.randn(2, 4, 9, 8)
+    conv = nn.Conv2d(4, 4, 3, stride=stride, padding=dilation, dilation=dilation, groups=groups)
+    expected = F.conv2d(x, conv.weight, conv.bias, stride=stride, padding=dilation, dilation=dilation, groups=groups)
+    layers = [ConvNN2d(4, 4, selection="window", kernel_size=3, stride=stride, padding=dilation, dilation=dilation,
+                       groups=groups, conv_shortcut=shortcut) for shortcut in (False, True)]
+    for layer in layers:
+        layer.load_conv2d_weight(conv)
+
+    def no_shortcut(*args):
+        raise AssertionError("the F.conv2d shortcut ran")
+
+    monkeypatch.setattr(module, "window_kernel", no_shortcut)
+    assert not layers[0].runs_as_conv2d() and layers[1].runs_as_conv2d()
+    with torch.no_grad():
+        torch.testing.assert_close(layers[0](x), expected, **FP32_EXACT)
+        with pytest.raises(AssertionError, match="shortcut ran"):
+            layers[1](x)
+
+
 def test_window_with_fewer_neighbors_takes_the_nearest_offsets_in_raster_order():
     """K = 5 in a 3×3 window: the centre and its 4-neighbourhood, in raster order (METHOD §2)."""
     idx = window_indices(4, 4, 3, 5)  # padded grid is 6 wide

@@ -1,6 +1,7 @@
 """The evaluation CLI on generated images: its metrics, the int8 re-save and the card it writes."""
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from convnn import ModelCard, create_model, load_checkpoint, save_checkpoint
 from convnn import checkpoint as checkpoint_module
 from convnn import evaluate as evaluate_cli
+from convnn import metrics as metrics_module
 from convnn.checkpoint import checkpoint_paths
 from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, normalize, synthetic_images
 from tests.small_models import SMALL_MODELS
@@ -168,7 +170,7 @@ def test_a_nan_measurement_of_the_stored_weights_is_never_written_into_a_card(sa
                                                                                monkeypatch):
     """The source measures fine; the stored weights' loss is NaN (here forced): the run stops, nothing is written."""
     measured = iter([{"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}])
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: next(measured))
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", save_dtype, "--device", "cpu",
                            "--out", str(tmp_path / "new")])
@@ -194,14 +196,14 @@ def test_a_later_checkpoint_that_cannot_be_stored_stops_the_run_before_anything_
 
 def test_the_new_card_is_written_only_after_the_stored_weights_are_measured(source, tmp_path, monkeypatch):
     """A run killed while measuring must not leave a loadable card that carries the source's metrics."""
-    out, measure = tmp_path / "int8", evaluate_cli.EvaluationData.metrics
+    out, measure = tmp_path / "int8", evaluate_cli.EvaluationData.draw_metrics  # what every measurement runs
     cards_seen = []
 
     def spy(self, model, card):
         cards_seen.append(sorted(path.name for path in out.glob("*.json")) if out.exists() else [])
         return measure(self, model, card)
 
-    monkeypatch.setattr(evaluate_cli.EvaluationData, "metrics", spy)
+    monkeypatch.setattr(evaluate_cli.EvaluationData, "draw_metrics", spy)
     evaluate_cli.main([str(source), "--data-root", "unused", "--save-dtype", "int8", "--out", str(out),
                        "--device", "cpu"])
     assert len(cards_seen) == 2 and "vit.json" not in cards_seen[1]  # [0]: the source, [1]: the stored weights
@@ -224,14 +226,14 @@ def test_a_nan_measurement_of_a_later_checkpoint_writes_nothing_and_the_run_can_
     second, out = _copy(source, tmp_path / "src", "second"), tmp_path / "new"
     ok, nan = {"test_loss": 1.0, "test_top1": 10.0}, {"test_loss": float("nan"), "test_top1": 10.0}
     measured = iter([ok, ok, ok, nan])  # vit, vit stored, second, second stored
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: next(measured))
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: next(measured))
     argv = [str(source), str(second), "--data-root", "unused", "--save-dtype", "int8", "--device", "cpu",
             "--out", str(out)]
     with pytest.raises(SystemExit) as info:
         evaluate_cli.main(argv)
     assert info.value.code == "python -m convnn.evaluate: second: metrics.test_loss must be a finite number, got nan"
     assert next(measured, None) is None and not out.exists()
-    monkeypatch.setattr(evaluate_cli, "test_metrics", lambda *args, **kwargs: ok)
+    monkeypatch.setattr(metrics_module, "test_metrics", lambda *args, **kwargs: ok)
     evaluate_cli.main(argv)
     assert sorted(path.name for path in out.iterdir()) == ["second.json", "second.safetensors", "vit.json",
                                                            "vit.safetensors"]
@@ -288,3 +290,51 @@ def test_a_float_resave_of_an_int8_checkpoint_drops_the_before_quantization_metr
     top1, loss = _metrics(tmp_path / "fp32" / "vit.json")
     assert metrics.keys() == {"test_top1", "test_loss"} and metrics == pytest.approx(
         {"test_top1": top1, "test_loss": loss}, rel=1e-5)
+
+
+def test_a_random_candidate_model_is_measured_as_mean_and_std_over_5_draws(tmp_path, monkeypatch, capsys):
+    """The row and the re-saved card give the mean of top-1 and loss over eval draws 0 … 4 and the sample std of
+    top-1, each draw computed here with candidate_draw; the card records the draw scheme. Defects it catches: the
+    draws not applied (every draw is draw 0), a population std, a card without the scheme."""
+    import statistics
+
+    from convnn.candidates import DRAW_SCHEME, candidate_draw
+    from convnn.metrics import summarize_draws
+
+    monkeypatch.setattr(evaluate_cli, "load_cifar10", lambda root, split: (IMAGES, LABELS))
+    model_name, args = SMALL_MODELS["cnn-random"]
+    torch.manual_seed(1)
+    card = ModelCard(name="rnd", model=model_name, model_args=args, classes=list(CIFAR10_CLASSES), input_size=32,
+                     mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD), metrics={"test_top1": 10.0, "test_loss": 2.3})
+    model = create_model(model_name, **args)
+    with torch.no_grad():  # a confident head, so that the draws' losses lie far apart
+        [module for module in model.modules() if isinstance(module, torch.nn.Linear)][-1].weight.mul_(100)
+    _, source = save_checkpoint(model, tmp_path / "src" / "rnd", card, dtype=torch.float32)
+    model, card = load_checkpoint(source)
+    x, labels = normalize(torch.from_numpy(IMAGES), tuple(card.mean), tuple(card.std)), torch.from_numpy(LABELS)
+    top1, loss = [], []
+    for draw in range(5):
+        with torch.no_grad(), candidate_draw(draw):
+            logits = model(x)
+        top1.append(100 * (logits.argmax(1) == labels).sum().item() / NUM_IMAGES)
+        loss.append(F.cross_entropy(logits, labels).item())
+    apart = min(abs(a - b) for a, b in itertools.combinations(loss, 2))
+    assert apart > 1e-5  # five different draws, far apart next to the rounding of the loss's sum
+    data = evaluate_cli.EvaluationData(IMAGES, LABELS, NUM_IMAGES, torch.device("cpu"))  # the batch of the reference
+    measured = data.draw_metrics(model, card)
+    assert [m["test_loss"] for m in measured] == pytest.approx(loss, abs=apart / 10, rel=0)  # each its own draw
+    assert [m["test_top1"] for m in measured] == pytest.approx(top1)
+    assert summarize_draws([{"test_top1": 80.0, "test_loss": 1.0}, {"test_top1": 82.0, "test_loss": 3.0}]
+                           ) == pytest.approx({"test_top1": 81.0, "test_loss": 2.0, "test_top1_std": 2**0.5})
+    evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", "--batch-size", str(NUM_IMAGES)])
+    row = capsys.readouterr().out.splitlines()[1]
+    spread = ", ".join(f"{value:.2f}" for value in top1)
+    assert (f"{statistics.mean(top1):.2f} ± {statistics.stdev(top1):.2f} over 5 draws ({spread})" in row
+            and f"{statistics.mean(loss):.4f}" in row)
+    out = tmp_path / "out"
+    evaluate_cli.main([str(source), "--data-root", "unused", "--device", "cpu", "--save-dtype", "float32",
+                       "--out", str(out)])
+    saved = json.loads((out / "rnd.json").read_text())
+    assert saved["metrics"] == pytest.approx({"test_top1": statistics.mean(top1), "test_loss": statistics.mean(loss),
+                                              "test_top1_std": statistics.stdev(top1)}, rel=1e-5, abs=1e-9)
+    assert saved["evaluation"] == {"draw_scheme": DRAW_SCHEME, "draws": 5}

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from convnn import create_model, load_checkpoint
+from convnn.candidates import DRAW_SCHEME
 from convnn.data import normalize, synthetic_images
 from convnn.presets import PRESETS
 from convnn.train import TrainConfig, learning_rate, parse_config, train
@@ -66,6 +67,8 @@ def test_an_interrupted_run_resumed_equals_the_uninterrupted_run_bit_for_bit(tmp
     assert len(losses["straight"]) == 3 and losses["resumed"] == losses["straight"]
     for name, tensor in straight.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    card = json.loads((tmp_path / "straight.json").read_text())  # random candidates: measured over 5 eval draws
+    assert card["evaluation"] == {"draw_scheme": DRAW_SCHEME, "draws": 5} and "test_top1_std" in card["metrics"]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
