@@ -22,9 +22,6 @@ per-session state to MAX_SESSIONS sessions.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -34,17 +31,20 @@ import logging
 import os
 import reprlib
 import tempfile
-import threading
-import weakref
-from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 from urllib.parse import parse_qsl
+
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
+#                                                             one folder per session) and gradio/ (Gradio's cache)
+# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
+# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
+# Set before Gradio is imported: its MCP module reads it then.
+os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
 
 import gradio as gr
 import numpy as np
 import torch
-from gradio import component_meta, processing_utils
+from gradio import processing_utils
 from gradio.data_classes import FileData
 from gradio.route_utils import API_PREFIX
 from gradio.utils import get_upload_folder
@@ -54,13 +54,29 @@ import analysis as an
 import app_mcp
 from analysis.rendering import figures
 from convnn import CheckpointError
+from server import (
+    Admission,
+    CheckedNumber,
+    CheckedSlider,
+    RequestSizeLimit,
+    SlowRuns,
+    checked_number,
+    user_errors,
+    waiting_events,
+)
 
+# Gradio's private parts this file touches (tests/server/test_gradio_private.py checks each on the installed Gradio;
+# requirements.txt pins Gradio to the minor versions it passed on); the server's guards list theirs.
+GRADIO_PRIVATE = {
+    "Block._id": "a component's id: the key of its value in a set of inputs' values (wire)",
+    "processing_utils.save_file_to_cache": "copies a file into Gradio's cache, which serves it (api_export)",
+    "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
+    "route_utils.API_PREFIX": "the prefix of Gradio's routes (/gradio_api): the upload route's path",
+}
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
 EXAMPLES_DIR = REPO / "examples"
 WEB_DIR = REPO / "web"  # the page's own JavaScript and CSS (the explorer and the multi-hop view)
-WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
-#                                                             one folder per session) and gradio/ (Gradio's cache)
 DEFAULT_PORT = 7860
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
 MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
@@ -109,275 +125,10 @@ ATTRIBUTION_CANCELLED = "Cancelled. Press **Compute attribution** to run it agai
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
 
 
-# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
-# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
-os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
-
-
 def default_workspace() -> an.Workspace:
     """The work dir's uploads and exports, in WORK_DIR/sessions: at most MAX_WORK_DIR_MB together with Gradio's cache
     (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use."""
     return an.Workspace(WORK_DIR / "sessions", MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S, counted=[get_upload_folder()])
-
-
-def user_errors(fn):
-    """Show the errors a user can cause (:func:`analysis.user_error_message`) as a message in the page."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as err:
-            if (message := an.user_error_message(err)) is None:
-                raise
-            raise gr.Error(message, print_exception=False) from err
-    return wrapper
-
-
-def checked_number(payload: object, component: gr.Number | gr.Slider) -> int | float | None:
-    """A number box's or slider's value as sent, checked before Gradio's own preprocessing: a whole number for a
-    ``precision=0`` box (refused, not rounded, if fractional), else a finite real number, within the component's
-    bounds; a number box's None stays None (an empty box).
-
-    Raises:
-        gr.Error: anything else (``NaN``, ``inf``, ``2.5`` for a whole number, ``"abc"``, ``[1]``), with the
-            component's label and the value (:func:`analysis.user_error_message`). Gradio's own check rounded
-            ``2.5`` and failed on the others with an empty error.
-    """
-    if payload is None and isinstance(component, gr.Number):
-        return None
-    check = an.whole_number if component.precision == 0 else an.real_number
-    try:
-        return check(payload, component.label, component.minimum, component.maximum)
-    except ValueError as err:
-        raise gr.Error(an.user_error_message(err), print_exception=False) from err
-
-
-# Gradio writes a .pyi stub of every component class next to its source file (event signatures, for authors of
-# custom components): for these two, which add no event, it would write a copy of this file into the repository.
-with mock.patch.object(component_meta, "create_or_modify_pyi", lambda *args: None):
-    class CheckedNumber(gr.Number):
-        """A ``gr.Number`` that takes only the numbers :func:`checked_number` accepts (with ``precision=0``: whole
-        ones, not rounded); the page shows it as the Gradio number box it is built from (a template: same arguments,
-        and a session's copy made by an update is one too)."""
-
-        is_template = True
-
-        def preprocess(self, payload: object) -> int | float | None:
-            return checked_number(payload, self)
-
-    class CheckedSlider(gr.Slider):
-        """A ``gr.Slider`` that takes only finite numbers in its range (:func:`checked_number`); the page shows it as
-        the Gradio slider it is built from (a template: same arguments)."""
-
-        is_template = True
-
-        def preprocess(self, payload: object) -> float:
-            return super().preprocess(checked_number(payload, self))
-
-
-def names_a_web_address(data) -> bool:
-    """Whether an event's input values hold a file given by a web address (a ``"path"`` that is an http(s) URL),
-    which Gradio would fetch, unbounded, before the handler runs; uploaded files have server paths. Walks nested
-    lists and dicts without recursion (any depth the request size allows)."""
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            path = item.get("path")
-            if isinstance(path, str) and path.strip().lower().startswith(("http://", "https://")):
-                return True
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
-
-
-_DROPPED = object()  # how a dropped run ends (SlowRuns)
-
-
-def waiting_slow_events(queue) -> list:
-    """The slow group's events waiting in Gradio's queue (not started yet), oldest first.
-
-    Reads Gradio's private queue attributes ``event_queue_per_concurrency_id`` and ``EventQueue.queue``."""
-    group = queue.event_queue_per_concurrency_id.get(SLOW_GROUP)
-    return list(group.queue) if group else []
-
-
-class SlowRuns:
-    """The slow views' computations: at most ``limit`` at a time over all sessions, dropped ones included; a
-    session's run of a view can be dropped (the Cancel button, or a change of what the view reads).
-
-    A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own and gives the place back when that computation ends, whether its run was dropped or not: a
-    thread cannot be stopped, so a run asked for after a drop, by any session, waits for the dropped computation
-    (Gradio frees a cancelled event's place in its group at once: a client that asked, cancelled and asked again
-    stacked one computation per cancel on the cores). Its threads are not daemons: the interpreter waits for a
-    computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the process,
-    "terminate called without an active exception").
-
-    :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
-    completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
-    button's server step had answered, and the server's message that ends a cancelled event, arriving after the
-    page had cleaned up that event, made the page mark its outputs "Error" with no message.
-
-    Args:
-        limit (int): computations at a time.
-        waiting (Callable[[], list]): the slow group's events waiting in Gradio's queue (:func:`waiting_slow_events`),
-            so that a run dropped before it started ends when it starts.
-    """
-
-    def __init__(self, limit: int, waiting: Callable[[], list]) -> None:
-        self.limit = limit
-        self.waiting = waiting
-        self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
-        self._runs: dict[tuple[str | None, str], set[asyncio.Future]] = {}  # (session, view) → started runs' ends
-        self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
-
-    def wrap(self, handler, dropped=None):
-        """``handler`` (a blocking function with a ``request`` parameter) as a coroutine function of the same
-        signature that computes through this limit and, dropped, returns ``dropped``."""
-        view, signature = handler.__name__, inspect.signature(handler)
-
-        @functools.wraps(handler)
-        async def slow(*args, **kwargs):
-            request = signature.bind(*args, **kwargs).arguments.get("request")
-            if getattr(request, "request", None) in self._dropped_joins:
-                return dropped  # dropped while it waited in Gradio's queue
-            if self._places is None:
-                self._places = asyncio.Semaphore(self.limit)
-            end = asyncio.get_running_loop().create_future()  # (result, error), or _DROPPED
-            key = (getattr(request, "session_hash", None), view)
-            self._runs.setdefault(key, set()).add(end)
-            try:
-                if await self._take_place(end):
-                    self._compute(functools.partial(handler, *args, **kwargs), end, view)
-                ended = await end
-            finally:
-                self._runs[key].discard(end)
-                if not self._runs[key]:
-                    del self._runs[key]
-            if ended is _DROPPED:
-                return dropped
-            result, error = ended
-            if error is not None:
-                raise error
-            return result
-        return slow
-
-    async def _take_place(self, end: asyncio.Future) -> bool:
-        """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
-        cancelled through Gradio's ``/cancel``, while it waits takes nothing."""
-        place = asyncio.ensure_future(self._places.acquire())
-        try:
-            await asyncio.wait([place, end], return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            self._give_back(place)
-            raise
-        if end.done():
-            self._give_back(place)
-            return False
-        return True
-
-    def _give_back(self, place: asyncio.Future) -> None:
-        """The place a run that will not compute asked for: released if it was taken, else no longer asked for."""
-        if not place.cancel():
-            self._places.release()
-
-    def _compute(self, work, end: asyncio.Future, view: str) -> None:
-        """``work()`` in a thread of its own (Gradio's progress tracker reads the context; not a daemon, as the
-        server's thread may be one); when it ends, its place is given back and ``end`` gets ``(result, error)``
-        unless the run was dropped or cancelled meanwhile."""
-        loop = end.get_loop()
-
-        def deliver(outcome: tuple) -> None:
-            self._places.release()
-            if not end.done():
-                end.set_result(outcome)
-
-        def compute() -> None:
-            try:
-                outcome = (work(), None)
-            except BaseException as err:  # handed to the event, raised there
-                outcome = (None, err)
-            with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits
-                loop.call_soon_threadsafe(deliver, outcome)
-
-        threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
-                         daemon=False).start()
-
-    def drop(self, session: str | None, view: str) -> None:
-        """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
-        returns its ``dropped`` value at once, one still in Gradio's queue when it starts. Runs in the server's
-        event loop."""
-        for end in self._runs.get((session, view), ()):
-            if not end.done():
-                end.set_result(_DROPPED)
-        for event in self.waiting():
-            if event.session_hash == session and event.fn.name == view:
-                self._dropped_joins.add(event.request)
-
-    def dropping(self, views: tuple[str, ...], handler=None):
-        """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
-        (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
-        async def drop(request: gr.Request):
-            for view in views:
-                self.drop(getattr(request, "session_hash", None), view)
-            return None if handler is None else handler(request)
-        drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
-        return drop
-
-
-class Admission:
-    """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
-    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
-    or running per session (over all slow views) and at most MAX_SLOW_WAITING slow runs waiting over all sessions.
-    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
-    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
-
-    Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
-    inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
-    before its event is queued, and reads the queue's waiting and running events.
-
-    Args:
-        demo (gr.Blocks): the app, after ``demo.queue()``.
-    """
-
-    def __init__(self, demo: gr.Blocks) -> None:
-        self.queue = demo._queue
-        self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == SLOW_GROUP}
-        self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
-        self._push = self.queue.push
-        self.queue.push = self.push
-
-    def refusal(self, session: str | None) -> str | None:
-        """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
-        waiting = [event.session_hash for event in waiting_slow_events(self.queue)]
-        running = [event.session_hash for job in self.queue.active_jobs if job for event in job
-                   if event.concurrency_id == SLOW_GROUP]
-        if session is not None and session in (*waiting, *running, *self.joining):
-            return ("This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
-                    "waiting or running: its result comes first. Ask again once it is shown.")
-        if len(waiting) + len(self.joining) >= MAX_SLOW_WAITING:
-            return (f"The slow views (attribution, equivalence demo) are busy: {MAX_SLOW_WAITING} requests are "
-                    "waiting for them. Try again in a minute; everything else still answers.")
-        return None
-
-    async def push(self, body, request, username):
-        """Gradio's ``Queue.push`` for a request that is admitted; else ``(False, message, "error")``, which
-        ``/queue/join`` answers 400 with the message."""
-        if names_a_web_address(body.data):
-            return False, ("Files must be uploaded from your device: a file given as a web address (http:// or "
-                           "https://) is not fetched by the server."), "error"
-        if body.fn_index not in self.slow_fns:
-            return await self._push(body=body, request=request, username=username)
-        session = body.session_hash  # push gives a request without one (a /call) its event's id
-        if (message := self.refusal(session)) is not None:
-            return False, message, "error"
-        self.joining.append(session)
-        try:
-            return await self._push(body=body, request=request, username=username)
-        finally:
-            self.joining.remove(session)
 
 
 class Explorer:
@@ -1391,7 +1142,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # of it on the server: a new model, image, fit or layer in the slow_reset step that ends its chain (no
         # request of its own), a new method or class beside it; so does Cancel. A dropped run's event ends with no
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(SLOW_CONCURRENCY, lambda: waiting_slow_events(demo._queue))
+        runs = SlowRuns(SLOW_CONCURRENCY, functools.partial(waiting_events, demo, SLOW_GROUP))
 
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
@@ -1465,7 +1216,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
             gr.api(runs.wrap(fn), api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
     demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
-    Admission(demo)
+    Admission(demo, SLOW_GROUP, MAX_SLOW_WAITING)
     return demo
 
 
@@ -1478,7 +1229,7 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
     documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
     URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission."""
     workspace = workspace or default_workspace()
-    size_limit = Middleware(an.RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
+    size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
     app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(FILE_SWEEP_S)}

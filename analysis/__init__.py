@@ -75,7 +75,7 @@ from .session.selections import (
     rule_title,
 )
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
-from .session.workspace import RequestSizeLimit, Workspace
+from .session.workspace import Workspace
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
 from .views.compare import MAX_COMPARED, compare_neighbors, layer_at_depth, map_pixel
 from .views.equivalence import (
@@ -148,7 +148,6 @@ __all__ = [
     "QueryNeighbors",
     "ReceptiveField",
     "ReceptiveFields",
-    "RequestSizeLimit",
     "RuleOptions",
     "RuleTable",
     "Selection",

@@ -242,7 +242,7 @@ def test_what_a_typed_knob_shows_is_what_the_view_shows(app_url, explorer, chrom
 
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
-    handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included; a
+    handlers are coroutines that compute in a thread of their own (server.SlowRuns), Gradio's progress included; a
     cancelled attribution clears its chart and says it was cancelled, with no "Error" mark: the server drops the
     run, the page cancels nothing through Gradio's /cancel (whose late message ending the event left the note and
     the chart marked "Error" with no message, 3 of 18 tries)."""

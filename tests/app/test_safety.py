@@ -30,6 +30,7 @@ from PIL import Image
 
 import analysis as an
 import app
+import server
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
 from tests.app.browser import browser_page
 from tests.app.test_app import CELL_LAYER, page
@@ -168,7 +169,7 @@ def test_slow_views_run_in_their_own_limited_group_and_are_dropped_by_a_new_requ
         assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
     fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
     assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
-    assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (app.SlowRuns)
+    assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (server.SlowRuns)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
     # What a slow view reads changed: its run is dropped, for a new method or class by an event of its own, for a
     # new model, image, fit or layer by the slow_reset step that ends the change's chain (which resets the views)
@@ -393,7 +394,7 @@ def test_a_file_given_by_a_web_address_is_refused_before_gradio_fetches_it(explo
             assert refused.status_code == 400 and refused.json()["detail"].startswith(
                 "Files must be uploaded from your device: a file given as a web address")
     assert fetched == []
-    assert not app.names_a_web_address(["cnn-l0.5", {"path": "/tmp/gradio/abc/cat.png",
+    assert not server.names_a_web_address(["cnn-l0.5", {"path": "/tmp/gradio/abc/cat.png",
                                                      "url": "http://127.0.0.1:7860/gradio_api/file=/tmp/cat.png"}])
 
 
@@ -649,8 +650,8 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
 
 def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
     """The page renders them as Gradio's number box and slider: the same type and properties (and defining them
-    wrote no app.pyi stub, as Gradio does for component classes, into the repository)."""
-    assert not (app.REPO / "app.pyi").exists()
+    wrote no server/controls.pyi stub, as Gradio does for component classes, into the repository)."""
+    assert not (app.REPO / "server" / "controls.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
             "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width", "scale")

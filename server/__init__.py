@@ -1,0 +1,27 @@
+"""The server's guards around the explorer's handlers, beside ``app.py`` (which imports them; they import
+:mod:`analysis` and Gradio, never ``app``).
+
+* :mod:`server.guards` — what the queue admits (:class:`Admission`) and how the slow views compute
+  (:class:`SlowRuns`);
+* :mod:`server.controls` — number boxes and sliders that check what any client sends (:class:`CheckedNumber`,
+  :class:`CheckedSlider`), and user errors shown as messages (:func:`user_errors`);
+* :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`).
+
+Each module that touches a part of Gradio outside its public API lists it in its ``GRADIO_PRIVATE``.
+"""
+
+from .controls import CheckedNumber, CheckedSlider, checked_number, user_errors
+from .guards import Admission, SlowRuns, names_a_web_address, waiting_events
+from .requests import RequestSizeLimit
+
+__all__ = [
+    "Admission",
+    "CheckedNumber",
+    "CheckedSlider",
+    "RequestSizeLimit",
+    "SlowRuns",
+    "checked_number",
+    "names_a_web_address",
+    "user_errors",
+    "waiting_events",
+]
