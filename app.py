@@ -22,6 +22,7 @@ per-session state to MAX_SESSIONS sessions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -29,10 +30,8 @@ import inspect
 import json
 import logging
 import os
-import reprlib
 import tempfile
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
 #                                                             one folder per session) and gradio/ (Gradio's cache)
@@ -42,43 +41,26 @@ WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores
 os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
 
 import gradio as gr
-import numpy as np
-import torch
-from gradio import processing_utils
-from gradio.data_classes import FileData
 from gradio.route_utils import API_PREFIX
 from gradio.utils import get_upload_folder
 from starlette.middleware import Middleware
 
 import analysis as an
 import app_mcp
+from analysis import Query, ViewState, knob_names, settings
 from analysis.rendering import figures
+from app_api import CHECKPOINT_DIR, EXAMPLES_DIR, WEB_DIR, ExplorerAPI, endpoint
 from convnn import CheckpointError
-from server import (
-    Admission,
-    CheckedNumber,
-    CheckedSlider,
-    RequestSizeLimit,
-    SlowRuns,
-    checked_number,
-    user_errors,
-    waiting_events,
-)
+from server import Admission, CheckedNumber, CheckedSlider, RequestSizeLimit, SlowRuns, user_errors, waiting_events
 
 # Gradio's private parts this file touches (tests/server/test_gradio_private.py checks each on the installed Gradio;
 # requirements.txt pins Gradio to the minor versions it passed on); the server's guards list theirs.
 GRADIO_PRIVATE = {
     "Block._id": "a component's id: the key of its value in a set of inputs' values (wire)",
-    "processing_utils.save_file_to_cache": "copies a file into Gradio's cache, which serves it (api_export)",
     "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
     "route_utils.API_PREFIX": "the prefix of Gradio's routes (/gradio_api): the upload route's path",
 }
-REPO = Path(__file__).resolve().parent
-CHECKPOINT_DIR = REPO / "checkpoints"
-EXAMPLES_DIR = REPO / "examples"
-WEB_DIR = REPO / "web"  # the page's own JavaScript and CSS (the explorer and the multi-hop view)
 DEFAULT_PORT = 7860
-DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
 MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
 REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
 MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
@@ -107,15 +89,10 @@ GUIDE = [
 ]
 
 
-# Links and lessons (README, "Teaching with ConvNN Explorer"): a link sets these controls through their checks.
-LINK_CONTROLS = {"row": "row_px", "col": "col_px", "k": "num_neighbors", "window": "window_size",
-                 "r": "num_candidates", "seed": "seed", "alpha": "blend_alpha", "head": "head"}
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
         "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
         "pixels": "Input-level view"}  # id → label
-COMPARE_DEFAULT = ("cnn-l0", "cnn-l0.5", "cnn-l1")  # compare mode's first columns: convolution, hybrid, pure ConvNN
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
-LESSON_END = "The lesson's last step: pick another lesson in the list, or explore from here."
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 
 
@@ -131,12 +108,13 @@ def default_workspace() -> an.Workspace:
     return an.Workspace(WORK_DIR / "sessions", MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S, counted=[get_upload_folder()])
 
 
-class Explorer:
-    """The app's handlers: thin adapters from the page's values to :mod:`analysis`.
+class Explorer(ExplorerAPI):
+    """The page's handlers: thin adapters from the page's values to :mod:`analysis`.
 
-    Handlers take the page's values by name, the ``elem_id`` of the component each comes from (:func:`by_name`
-    passes them), and the event's ``gr.Request``, whose session owns the uploads and exports it makes (a direct call
-    without one is the one local session). The ``api_*`` methods are the documented API: plain values in and out.
+    Handlers take the page's values by name, the ``elem_id`` of the component each comes from (:func:`wire` passes
+    them; what the explorer shows comes as one :class:`analysis.Query`, ``query``, or the whole
+    :class:`analysis.ViewState`, ``state``), and the event's ``gr.Request``, whose session owns the uploads and
+    exports it makes (a direct call without one is the one local session).
 
     Args:
         checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
@@ -147,299 +125,9 @@ class Explorer:
 
     def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None,
                  workspace: an.Workspace | None = None, max_upload_mb: int = MAX_UPLOAD_MB) -> None:
-        self.checkpoint_dir = Path(checkpoint_dir).resolve()
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.examples = sorted(str(p) for p in EXAMPLES_DIR.glob("*.png"))
-        self.example_paths = {Path(path).stem: path for path in self.examples}  # a link's image → its file
-        self.example_digests = {hashlib.sha256(Path(path).read_bytes()).hexdigest(): stem
-                                for stem, path in self.example_paths.items()}
+        super().__init__(checkpoint_dir, device, workspace or default_workspace())
         self.lessons = json.loads((WEB_DIR / "lessons.json").read_text(encoding="utf-8"))
-        self.controls: dict[str, gr.components.Component] = {}  # LINK_CONTROLS' components (build_demo sets them)
-        self.workspace = workspace or default_workspace()
         self.max_upload_mb = max_upload_mb
-
-    # -- resolving the page's values -----------------------------------------------------------------------------
-    @staticmethod
-    def session(request: gr.Request | None) -> str | None:
-        return getattr(request, "session_hash", None)
-
-    def model(self, checkpoint: str | None, request: gr.Request | None = None) -> an.LoadedModel:
-        card = an.checkpoint_card(checkpoint, self.checkpoint_dir, self.workspace, self.session(request))
-        return an.load_model(card, self.device)
-
-    @staticmethod
-    def image(image_file: str | None, fit: str = "crop") -> an.InputImage:
-        """The image at a file component's path (Gradio checked it: an upload or an example), fitted to a square."""
-        if not image_file or not isinstance(image_file, str):
-            raise ValueError("Pick an example or upload an image first.")
-        return an.fit_image(an.load_image(image_file), Explorer.text(fit, "the fit"))  # a cache key: hashable
-
-    @staticmethod
-    def uploaded(image: object) -> str:
-        """The path of the file an API call sent, which must be one Gradio stored in its upload cache (what
-        ``gradio_client.handle_file`` uploads; each upload's folder is an unguessable hash, as for Gradio's own file
-        components): any other path, however it is spelled (a FileData dict with or without its ``meta``, a plain
-        string, a symbolic link out of the cache), is refused before anything opens it.
-
-        Raises:
-            ValueError: not a file Gradio stored in its upload cache.
-        """
-        path = image.get("path") if isinstance(image, dict) else image
-        cache = Path(get_upload_folder()).resolve()
-        if isinstance(path, str) and path and Path(path).resolve().is_relative_to(cache) and Path(path).is_file():
-            return str(Path(path).resolve())
-        raise ValueError("send the image as a file uploaded with the request (gradio_client.handle_file): the "
-                         "server opens no other path")
-
-    @staticmethod
-    def text(value: object, name: str) -> str:
-        """``value`` if it is a string (an API call may send anything), else a message naming the field."""
-        if not isinstance(value, str):
-            raise ValueError(f"{name} must be text, got {reprlib.repr(value)}")
-        return value
-
-    @staticmethod
-    def pixel(row_px: float, col_px: float) -> tuple[int, int]:
-        return an.whole_number(row_px, "query row"), an.whole_number(col_px, "query col")
-
-    @staticmethod
-    def clicked(evt: gr.SelectData) -> tuple[int, int]:
-        """The pixel ``[row_px, col_px]`` a page's "select" event names (a click the page asks the server about).
-
-        Raises:
-            ValueError: not a pair of whole numbers; the message quotes what was sent.
-        """
-        if not (isinstance(evt.index, list | tuple) and len(evt.index) == 2):
-            raise ValueError(f"a clicked pixel is [row, col], got {reprlib.repr(evt.index)}")
-        return Explorer.pixel(*evt.index)
-
-    @staticmethod
-    def options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head) -> an.RuleOptions:
-        return an.RuleOptions.from_ui(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
-
-    def shipped(self) -> list[str]:
-        """The shipped checkpoints' names (stems), as the model list offers them."""
-        return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir).found]
-
-    def left_out(self) -> list[str]:
-        """The checkpoint folder's files the model list leaves out, each ``"name: why it cannot be opened"``."""
-        return [f"{name}: {why}" for name, why in an.list_checkpoints(self.checkpoint_dir).refused]
-
-    def choices(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The model list: ``(label, choice)``, shipped checkpoints by stem, then this session's uploads."""
-        shipped = [(label, path.stem) for label, path in an.list_checkpoints(self.checkpoint_dir).found]
-        return shipped + [tuple(upload) for upload in uploads]
-
-    def tool_schema(self) -> dict[str, dict]:
-        """What the MCP tools' schemas say of these parameters besides their types (:mod:`app_mcp`): the shipped
-        models, the default first, the default model's layers, the fits and the attribution methods, so that a
-        call can be built from a tool's schema alone."""
-        default = self.default_checkpoint()
-        models = sorted(self.shipped(), key=lambda name: name != default)
-        layers = [probe.name for probe in self.model(default).probes] if default else []
-        return {"checkpoint": {"enum": models, "default": default},
-                "checkpoints": {"items": {"enum": models}, "minItems": 2, "maxItems": an.MAX_COMPARED,
-                                "default": self.compare_default()},
-                "layer": {"examples": layers, "description": "a layer of the model, by name: the layers tool lists "
-                                                             f"them (examples: {default}'s)"},
-                "fit": {"enum": list(an.FITS)}, "method": {"enum": list(an.ATTRIBUTION_METHODS)}}
-
-    def default_checkpoint(self) -> str | None:
-        """The model a page opens with: :data:`DEFAULT_CHECKPOINT` if it is listed, else the first listed, skipping
-        one that does not load (weights that do not fit their card pass the listing's checks), so that one bad
-        checkpoint never leaves a page with no model; None when none loads."""
-        for name in sorted(self.shipped(), key=lambda name: name != DEFAULT_CHECKPOINT):
-            try:
-                self.model(name)
-            except CheckpointError:
-                continue
-            return name
-        return None
-
-    def table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size, num_candidates,
-              seed, blend_alpha, head, request=None, keep_query: bool = True) -> dict:
-        """The explorer page's value (:func:`analysis.page_table`: the table, the prediction and the image's note)
-        for the page's values."""
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
-        size = loaded.card.input_size
-        query_px = self.pixel(row_px, col_px)
-        an.query_cell(loaded.probe(layer), *query_px)  # a pixel outside the model input is a message
-        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
-        table = an.neighbor_table(loaded, image, layer, options, query_px)
-        return an.page_table(an.model_view(image, size), table, query_px, loaded.card, an.top_classes(loaded, image),
-                             image, keep_query)
-
-    # -- the API: plain values -------------------------------------------------------------------------------------
-    @user_errors
-    def api_layers(self, checkpoint: str, request: gr.Request | None = None) -> list[dict]:
-        """The layers a model's views open, in forward order: ``name``, ``label``, grid ``height``/``width``, K, R,
-        r, heads, λ, selection rule… (:class:`analysis.LayerInfo`)."""
-        return [dataclasses.asdict(p) | {"label": an.layer_label(p)} for p in self.model(checkpoint, request).probes]
-
-    @user_errors
-    def api_predict(self, checkpoint: str, image: FileData, fit: str = "crop",
-                    request: gr.Request | None = None) -> dict[str, float]:
-        """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability."""
-        image = self.uploaded(image)
-        return an.top_classes(self.model(checkpoint, request), self.image(image, fit))
-
-    @user_errors
-    def api_neighbors(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
-                      num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
-                      blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
-                      request: gr.Request | None = None) -> dict:
-        """One query's neighbours under every rule (:func:`analysis.query_record`: cells, ranks, similarities,
-        distances, Jaccard overlaps); 0 for K, R, r or the seed means the layer's own."""
-        image = self.uploaded(image)
-        loaded, image = self.model(checkpoint, request), self.image(image, fit)
-        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
-        result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
-        return an.query_record(loaded, image, result)
-
-    @user_errors
-    def api_export(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
-                   num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
-                   blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
-                   request: gr.Request | None = None) -> tuple[FileData, FileData]:
-        """One query's overlay (PNG, every rule side by side) and neighbours (JSON), as files to download."""
-        image = self.uploaded(image)
-        files = self.on_export(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
-                               num_candidates, seed, blend_alpha, head, request)["exports"]
-        cached = [processing_utils.save_file_to_cache(path, get_upload_folder()) for path in files]  # served from
-        return FileData(path=cached[0]), FileData(path=cached[1])  # Gradio's cache: the work dir is never served
-
-    @user_errors
-    def api_spectrum(self, checkpoint: str, image: FileData, fit: str = "crop",
-                     request: gr.Request | None = None) -> list[dict]:
-        """Every layer's place on the convolution ↔ attention spectrum on this image: ``layer``,
-        ``mean_distance`` (cells), ``window_share`` (in [0, 1]) and ``window_size`` R."""
-        image = self.uploaded(image)
-        rows = an.selection_spectrum(self.model(checkpoint, request), self.image(image, fit))
-        return [dataclasses.asdict(row) for row in rows]
-
-    @user_errors
-    def api_multihop(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
-                     num_hops: int = 2, head: int = 0, fit: str = "crop",
-                     request: gr.Request | None = None) -> dict:
-        """The query's receptive field through ``num_hops`` layers: ``hops`` (S × S, the first hop reaching each
-        model-input pixel, −1 for none), ``layers`` (the layer of each hop ≥ 1) and ``pixel_counts``."""
-        image = self.uploaded(image)
-        field = an.receptive_field(self.model(checkpoint, request), self.image(image, fit), layer,
-                                   self.pixel(row_px, col_px), num_hops, head)
-        return {"hops": field.hops.tolist(), "layers": field.layers, "pixel_counts": field.pixel_counts}
-
-    @user_errors
-    def api_attribution(self, checkpoint: str, image: FileData, method: str = "saliency", target: str = "",
-                        fit: str = "crop", request: gr.Request | None = None) -> dict:
-        """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
-        |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
-        image = self.uploaded(image)
-        method, target = self.text(method, "method"), self.text(target, "class")
-        result = an.attribution_map(self.model(checkpoint, request), self.image(image, fit), method, target or None)
-        return {"values": result.values.tolist(), "target": result.target, "method": result.method,
-                "note": result.note}
-
-    @user_errors
-    def api_equivalence(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
-                        request: gr.Request | None = None) -> list[dict]:
-        """The equivalence demos of the layer (window ConvNN vs ``conv2d``; ConvNN-attention with K = N vs
-        SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``, and the pictures over the
-        layer's grid: ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
-        (H × W, max |difference| over channels)."""
-        image = self.uploaded(image)
-        results = an.equivalences(self.model(checkpoint, request), self.image(image, fit), layer)
-        return [{name: value.tolist() if isinstance(value, np.ndarray) else value
-                 for name, value in dataclasses.asdict(result).items()} for result in results]
-
-    @user_errors
-    def api_weights(self, checkpoint: str, layer: str, request: gr.Request | None = None) -> dict:
-        """The layer's learned aggregation kernel over rank slots: ``kernel`` (C_out × K: the L2 norm over input
-        channels, or the signed tap of a depthwise kernel, ``signed``), ``slot_norms`` (K: how much the t-th
-        neighbour matters) and ``description``."""
-        kernel = an.aggregation_kernel(self.model(checkpoint, request), layer)
-        return {"kernel": kernel.kernel.tolist(), "slot_norms": kernel.slot_norms.tolist(), "signed": kernel.signed,
-                "description": kernel.description}
-
-    @user_errors
-    def api_mix(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
-                request: gr.Request | None = None) -> dict:
-        """A hybrid layer's λ mix on this image: ``branch_ratio`` λ, the channel split, and per cell (H × W) the
-        ConvNN ``share`` of the 1×1 mix output and the two branches' norms."""
-        image = self.uploaded(image)
-        mix = an.branch_mix(self.model(checkpoint, request), self.image(image, fit), layer)
-        return {"branch_ratio": mix.branch_ratio, "knn_channels": mix.knn_channels,
-                "conv_channels": mix.conv_channels, "share": mix.share.tolist(), "knn_norm": mix.knn_norm.tolist(),
-                "conv_norm": mix.conv_norm.tolist()}
-
-    @user_errors
-    def api_pixels(self, image: FileData, row_px: int, col_px: int, num_neighbors: int = 64,
-                   position_weight: float = 0.0, request: gr.Request | None = None) -> dict:
-        """The input-level view (no model): the pixel's K most similar pixels by colour (+ position) and the K of
-        its window, as boolean masks over the view (``like``, ``near``), their mean distances (pixels) and
-        overlap."""
-        image = an.load_image(self.uploaded(image))
-        result = an.pixel_neighbors(image, self.pixel(row_px, col_px), num_neighbors, position_weight)
-        return {"like": result.like.tolist(), "near": result.near.tolist(), "like_distance": result.like_distance,
-                "near_distance": result.near_distance, "overlap": result.overlap, "window_size": result.window_size}
-
-    @user_errors
-    def api_table(self, checkpoint: str, image: FileData, layer: str, row_px: int = 16, col_px: int = 16,
-                  num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
-                  blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
-                  request: gr.Request | None = None) -> dict:
-        """What the page receives for a layer: every query's neighbours, statistics and contributions
-        (:func:`analysis.page_table`; arrays base64-packed, little-endian)."""
-        image = self.uploaded(image)
-        return self.table(checkpoint, image, fit, layer, row_px, col_px, num_neighbors, window_size,
-                          num_candidates, seed, blend_alpha, head, request)
-
-    @user_errors
-    def api_compare(self, checkpoints: list[str], image: FileData, row_px: int, col_px: int, depth: float = 0.5,
-                    layers: list[str] | None = None, fit: str = "crop",
-                    request: gr.Request | None = None) -> list[dict]:
-        """Compare mode: 2–4 models' neighbours of one query, the pixel given in the first model's input and mapped
-        onto each (:func:`analysis.compare_neighbors`); each column's layer from ``layers``, else the layer ``depth``
-        of the way through the model. One :func:`analysis.query_record` per column."""
-        image = self.image(self.uploaded(image), fit)
-        models = self.compared(checkpoints, request)
-        names = layers or [an.layer_at_depth(loaded, depth).name for loaded in models]
-        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-            raise ValueError("layers must be a list of layer names, one per model")
-        results = an.compare_neighbors(models, image, names, self.pixel(row_px, col_px))
-        return [an.query_record(loaded, image, result) for loaded, result in zip(models, results, strict=True)]
-
-    # -- compare mode -------------------------------------------------------------------------------------------------
-    def compare_default(self) -> list[str]:
-        """The models compare mode opens with: :data:`COMPARE_DEFAULT` where shipped, else the first three."""
-        shipped = self.shipped()
-        wanted = [name for name in COMPARE_DEFAULT if name in shipped]
-        return wanted if len(wanted) >= 2 else shipped[:3]
-
-    @staticmethod
-    def compare_list(checkpoints: object) -> list:
-        """``checkpoints`` if it can be compare mode's list: 2 to :data:`analysis.MAX_COMPARED` different entries
-        (what its model list lets a user pick; each entry is checked as a model when it is loaded).
-
-        Raises:
-            ValueError: anything else, with the message the page shows.
-        """
-        if (not isinstance(checkpoints, list) or not 2 <= len(checkpoints) <= an.MAX_COMPARED
-                or len({repr(checkpoint) for checkpoint in checkpoints}) != len(checkpoints)):
-            raise ValueError(f"Pick 2 to {an.MAX_COMPARED} models to compare, each once.")
-        return checkpoints
-
-    def compared(self, checkpoints: object, request=None) -> list[an.LoadedModel]:
-        """The models of compare mode's list (:meth:`compare_list`), each checked as the model list checks it.
-
-        Raises:
-            ValueError: not a list of 2 to :data:`analysis.MAX_COMPARED` different model names.
-        """
-        return [self.model(self.text(checkpoint, "a model"), request) for checkpoint in self.compare_list(checkpoints)]
-
-    @staticmethod
-    def too_few(compare_models) -> bool:
-        """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
-        return isinstance(compare_models, list) and len(compare_models) < 2
 
     @staticmethod
     def on_compare_pick(compare_models, request=None):
@@ -450,40 +138,40 @@ class Explorer:
         gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
         return compare_models[:an.MAX_COMPARED]
 
+    @staticmethod
+    def too_few(compare_models) -> bool:
+        """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
+        return isinstance(compare_models, list) and len(compare_models) < 2
+
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
         """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
         if self.too_few(compare_models):
             return {name: gr.update(visible=False) for name in COMPARE_LAYERS}
         models = self.compared(compare_models, request)
-        updates = {}
-        for index, name in enumerate(COMPARE_LAYERS):
-            if index < len(models):
-                loaded = models[index]
-                short = [(f"{p.name} · {p.height}×{p.width}", p.name) for p in loaded.probes]  # caption: the rest
-                updates[name] = gr.update(choices=short,
-                                          value=an.layer_at_depth(loaded, compare_depth).name, visible=True,
-                                          label=f"{loaded.card.name}: layer")
-            else:
-                updates[name] = gr.update(visible=False)
+        updates = {name: gr.update(visible=False) for name in COMPARE_LAYERS[len(models):]}
+        for name, loaded in zip(COMPARE_LAYERS, models, strict=False):
+            short = [(f"{p.name} · {p.height}×{p.width}", p.name) for p in loaded.probes]  # caption: the rest
+            updates[name] = gr.update(choices=short, value=an.layer_at_depth(loaded, compare_depth).name,
+                                      visible=True, label=f"{loaded.card.name}: layer")
         return updates
 
     @user_errors
-    def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
-                   image_file, fit, row_px, col_px, request=None):
+    def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3, query,
+                   request=None):
         """Compare mode's value: each column's neighbour table (the page's, as the explorer gets it), each layer's
-        own K, R and r, at the query of the boxes moved inside each model's input; with fewer than 2 models, no
-        columns and a note."""
+        own K, R and r, at the query's pixel moved inside each model's input; with fewer than 2 models, no columns
+        and a note."""
         if self.too_few(compare_models):
             return {"columns": [], "note": f"Pick 2 to {an.MAX_COMPARED} models to compare."}
-        models = self.compared(compare_models, request)
-        layers = [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3][:len(models)]
-        query_px = self.pixel(row_px, col_px)
-        columns = []
-        for checkpoint, loaded, layer in zip(compare_models, models, layers, strict=True):
+        columns, layers = [], [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3]
+        for checkpoint, loaded, layer in zip(compare_models, self.compared(compare_models, request), layers,
+                                             strict=False):
             size = loaded.card.input_size
-            columns.append(self.table(checkpoint, image_file, fit, layer, *an.clamp_px(query_px, size, size),
-                                      0, 0, 0, 0, 0.5, 0, request, keep_query=False))
+            row_px, col_px = an.clamp_px(query.pixel, size, size)
+            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit,
+                              layer=layer, row_px=row_px, col_px=col_px)
+            columns.append(self.table(column, request, keep_query=False))
         return {"columns": columns}
 
     def on_compare_layers_if_open(self, compare_models, compare_depth, tab, request=None):
@@ -494,57 +182,47 @@ class Explorer:
         return self.on_compare_layers(compare_models, compare_depth, request)
 
     def on_compare_if_open(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
-                           image_file, fit, row_px, col_px, tab, request=None):
+                           query, tab, request=None):
         """:meth:`on_compare` for a new image while compare mode is the open tab; nothing otherwise."""
         if tab != "compare":
             return gr.skip()
         return self.on_compare(compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
-                               image_file, fit, row_px, col_px, request)
+                               query, request)
 
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
     def on_model(self, checkpoint, request=None):
         loaded = self.model(checkpoint, request)
-        probes = loaded.probes
-        default = next((p for p in probes if p.height < loaded.card.input_size), probes[0]) if probes else None
-        heads = max((p.num_heads for p in probes), default=1)
+        first, heads = loaded.first_probe, loaded.max_heads
         return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
-                "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in probes],
-                                   value=default and default.name),
+                "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
+                                   value=first and first.name),
                 "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1)}
 
     @user_errors
-    def on_first_render(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                        num_candidates, seed, blend_alpha, head, request=None):
-        """What a new model or image shows first: the explorer's table with the prediction, at the query of the
-        boxes moved inside the model's input (a model of another input size still answers)."""
-        size = self.model(checkpoint, request).card.input_size
-        row_px, col_px = an.clamp_px(self.pixel(row_px, col_px), size, size)
-        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                          num_candidates, seed, blend_alpha, head, request, keep_query=False)
+    def on_first_render(self, query, request=None):
+        """What a new model or image shows first: the explorer's table with the prediction, at the query's pixel
+        moved inside the model's input (a model of another input size still answers)."""
+        size = self.model(query.checkpoint, request).card.input_size
+        row_px, col_px = an.clamp_px(query.pixel, size, size)
+        return self.table(dataclasses.replace(query, row_px=row_px, col_px=col_px), request, keep_query=False)
 
     @user_errors
-    def on_table(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                 num_candidates, seed, blend_alpha, head, request=None):
+    def on_table(self, query, request=None):
         """A new table for a new layer or rule knob; the page keeps its query."""
-        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                          num_candidates, seed, blend_alpha, head, request)
+        return self.table(query, request)
 
     @user_errors
-    def on_table_row(self, checkpoint, image_file, fit, layer, num_neighbors, window_size, num_candidates, seed,
-                     blend_alpha, head, evt: gr.SelectData, request=None):
+    def on_table_row(self, query, evt: gr.SelectData, request=None):
         """A click's row when K is above the table's bound (the page asks for it, :data:`an.MAX_TABLE_NEIGHBORS`)."""
         row_px, col_px = self.clicked(evt)
-        return self.table(checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                          num_candidates, seed, blend_alpha, head, request)
+        return self.table(dataclasses.replace(query, row_px=row_px, col_px=col_px), request)
 
     @user_errors
-    def on_sweep(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                 num_candidates, seed, blend_alpha, head, request=None):
+    def on_sweep(self, query, request=None):
         """The α animation's frames for the table shown (the page asks once, when ▶ α is pressed)."""
-        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
-        sweep = an.blend_sweep(self.model(checkpoint, request), self.image(image_file, fit), layer, options)
-        return an.page_sweep(sweep)
+        loaded, image = self.loaded(query, request)
+        return an.page_sweep(an.blend_sweep(loaded, image, query.layer, query.options()))
 
     @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
@@ -565,150 +243,74 @@ class Explorer:
             return None
         return self.example_digests.get(hashlib.sha256(Path(image_file).read_bytes()).hexdigest())
 
-    def view(self, params: dict, checkpoint: str | None, request=None) -> dict:
-        """The page's updates for a link's fields (:func:`analysis.parse_link`), each checked as its control checks
-        it (a shipped model, one of its layers, an example, numbers through :func:`checked_number` with the
-        control's bounds, a pixel inside the model's input, a tab, compare mode's 2 to 4 shipped models); a model,
-        image, tab or compare mode's models or depth the link leaves out stays as it is, a pixel or knob it leaves
-        out takes its control's default (a lesson's step is the same view whatever came before), and every value
-        refused is named in ``link_note`` (the page still opens)."""
-        values, problems = an.parse_link(params)
-        out = {name: gr.update() for name in VIEWS["link"][2]}
-        shipped = self.shipped()
-        if "model" in values:
-            if values["model"] in shipped:
-                checkpoint = out["checkpoint"] = values["model"]
-            else:
-                problems.append(f"the link's model {an.echo(values['model'])} is not one of the shipped models")
-        out |= self.on_model(checkpoint, request)
-        loaded = self.model(checkpoint, request)
-        probes = {probe.name: probe for probe in loaded.probes}
-        if "layer" in values:
-            if values["layer"] in probes:
-                out["layer"]["value"] = values["layer"]  # the model's update holds its layers
-            else:
-                problems.append(f"the link's layer {an.echo(values['layer'])} is not a layer of this model")
-        if "image" in values:
-            if values["image"] in self.example_paths:
-                out["image_file"] = self.example_paths[values["image"]]
-            else:
-                problems.append(f"the link's image {an.echo(values['image'])} is not one of the examples")
-        heads = out["head"]["maximum"] + 1  # the model's update set the head's range
-        for key, control in LINK_CONTROLS.items():  # a link is the whole view: a knob it leaves out (or that is
-            number = None                            # refused) takes its control's default
-            if key in values:
-                try:
-                    number = checked_number(values[key], self.controls[control])
-                except gr.Error as err:
-                    problems.append(f"the link's {key}: {err.message}")
-                bound = {"row": loaded.card.input_size, "col": loaded.card.input_size, "head": heads}.get(key)
-                if number is not None and bound is not None and number >= bound:
-                    problems.append(f"the link's {key} must be below {bound} for this model, got {number}")
-                    number = None
-            if key == "head":  # the model's update above set its range and the default head
-                if number is not None:
-                    out[control]["value"] = number
-            else:
-                out[control] = self.controls[control].value if number is None else number
-        layer = out["layer"]["value"]
-        if layer in probes:  # the knobs together, as the table will check them for this layer
-            try:
-                an.resolve_options(probes[layer], self.options(*(out[name] for name in KNOBS[:-1]),
-                                                               out["head"]["value"]))
-            except ValueError as err:
-                problems.append(f"the link's knobs: {err}")
-                out |= {name: self.controls[name].value for name in KNOBS[:-1]}
-        if "compare" in values:  # compare mode's columns, as its model list allows them
-            if any(name not in shipped for name in values["compare"]):
-                problems.append("the link's compare must name shipped models only")
-            else:
-                try:
-                    out["compare_models"] = self.compare_list(values["compare"])
-                except ValueError as err:
-                    problems.append(f"the link's compare: {err}")
-        if "depth" in values:
-            try:
-                out["compare_depth"] = checked_number(values["depth"], self.controls["compare_depth"])
-            except gr.Error as err:
-                problems.append(f"the link's depth: {err.message}")
-        if "tab" in values:
-            if values["tab"] in TABS:
-                out["tabs"], out["tab"] = gr.Tabs(selected=values["tab"]), values["tab"]
-            else:
-                problems.append(f"the link's tab {an.echo(values['tab'])} is not one of: {', '.join(TABS)}")
-        # The rule shown large (web/explorer.js reads focus_rule once per new value): the link's, else what the
-        # layer used, as on a fresh page; the link's text makes each step's value new.
-        rules = an.page_rules()
-        rule = values.get("rule", rules[-1])
-        if rule not in rules:
-            problems.append(f"the link's rule {an.echo(rule)} is not one of: {', '.join(rules)}")
-            rule = rules[-1]
-        out["focus_rule"] = f"{rule}@{an.link_query(values)}"
-        # every problem (at most one per link field, each value echoed shortened), none ending the sentence early
-        out["link_note"] = ("**This link could not set everything:** "
-                            + "; ".join(problem.rstrip(".") for problem in problems) + ".") if problems else ""
-        return out
+    def view(self, params: dict, state: an.ViewState, request=None) -> dict:
+        """The page's updates for a link's fields, opened from the view ``state`` shown (:func:`analysis.open_link`:
+        each checked as its control checks it and against the model; a model, image, tab or compare mode's models
+        or depth the link leaves out stays as it is; every value refused is named in ``link_note``)."""
+        opened = an.open_link(params, state, self.shipped(), self.example_paths,
+                              lambda name: self.model(name, request), list(TABS), an.page_rules())
+        query, named = opened.state.query, opened.named
+        out = {name: gr.update() for name in link_outputs()} | self.on_model(query.checkpoint, request)
+        out["layer"]["value"], out["head"]["value"] = query.layer, query.head  # the model's update holds their range
+        out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names()) if name != "head"}
+        out |= {name: getattr(query, name) for name in named & {"checkpoint", "image_file"}}
+        if "compare_models" in named:
+            out["compare_models"] = list(opened.state.compare_models)
+        if "compare_depth" in named:
+            out["compare_depth"] = opened.state.compare_depth
+        if "tab" in named:
+            out["tabs"], out["tab"] = gr.Tabs(selected=opened.state.tab), opened.state.tab
+        return out | {"focus_rule": opened.focus_rule, "link_note": opened.note}
 
     @user_errors
-    def on_link(self, checkpoint, request=None):
+    def on_link(self, state, request=None):
         """The page as the address's query string says (a plain address: the model's default view)."""
         params = dict(request.query_params) if request is not None and request.query_params else {}
-        out = self.view(params, checkpoint, request)
+        out = self.view(params, state, request)
         if out["link_note"]:  # said where the page opens too: the note is far below the first screen; until
             #                    closed, as the page may take longer to open than a toast's 10 s (a loaded server)
             gr.Warning("This link could not set everything it names: the note under “Copy a link to this view” says "
                        "what. The rest of the view is open.", duration=None)
         return out
 
-    def on_link_copy(self, checkpoint, image_file, layer, row_px, col_px, num_neighbors, window_size,
-                     num_candidates, seed, blend_alpha, head, tab, compare_models=None, compare_depth=None,
-                     request=None) -> dict:
-        """The query string of the view shown (:func:`analysis.link_query`; knobs left at their defaults are left
+    def on_link_copy(self, state, request=None) -> dict:
+        """The query string of the view shown (:func:`analysis.write_link`; knobs left at their defaults are left
         out; with compare mode open, its models and depth too) and a note naming what cannot travel in it: an
         uploaded model or photo (:data:`LINK_NOTE`)."""
-        shipped = self.shipped()
-        example = self.example_name(image_file)
-        comparing = tab == "compare" and isinstance(compare_models, list)
-        compared = comparing and all(name in shipped for name in compare_models)
-        left = [what for what, missing in (("the uploaded model", checkpoint not in shipped),
+        shipped, query, models = self.shipped(), state.query, state.compare_models
+        example = self.example_name(query.image_file)
+        comparing = state.tab == "compare" and isinstance(models, list)
+        compared = comparing and all(name in shipped for name in models)
+        left = [what for what, missing in (("the uploaded model", query.checkpoint not in shipped),
                                            ("the uploaded photo", example is None),
                                            ("the uploaded models compared", comparing and not compared)) if missing]
         note = (f"**This link leaves out {' and '.join(left)}:** it stays on this server, so the link opens "
                 "whatever model or image the opening page has." if left else "")
-        fields = {"model": checkpoint if checkpoint in shipped else None, "image": example,
-                  "layer": layer, "row": row_px, "col": col_px, "k": num_neighbors or None,
-                  "window": window_size or None, "r": num_candidates or None, "seed": seed or None,
-                  "alpha": None if blend_alpha == 0.5 else blend_alpha, "head": head or None,
-                  "tab": tab if tab in TABS else None,
-                  "compare": compare_models if compared else None, "depth": compare_depth if compared else None}
-        return {"link": an.link_query(fields), "link_note": note}
+        travels = {"model": query.checkpoint if query.checkpoint in shipped else None, "image": example,
+                   "tab": state.tab if state.tab in TABS else None, "compare": models if compared else None,
+                   "depth": state.compare_depth if compared else None}
+        return {"link": an.write_link(state, travels), "link_note": note}
 
-    def lesson_step(self, lesson, step, checkpoint, request=None) -> dict:
-        """Step ``step`` of the lesson titled ``lesson``: its link's view (:meth:`view`), its paragraph, and the
-        step reached (clamped to the lesson's steps); without a lesson, only a note where its text goes."""
-        found = next((item for item in self.lessons if item["title"] == lesson), None)
+    def lesson_step(self, lesson, step, state, request=None) -> dict:
+        """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
+        (:meth:`view`), its paragraph, and the step reached; without a lesson, only a note where its text goes."""
+        found = an.lesson_step(self.lessons, lesson, step)
         if found is None:  # said where the lesson's text goes; the view stays as it is (no error on every box)
-            return {name: gr.skip() for name in LINK_OUTPUTS} | {
+            return {name: gr.skip() for name in link_outputs()} | {
                 "lesson_text": "Pick a lesson first, in the list beside Back and Next.", "lesson_step": 0}
-        steps = found["steps"]
-        step = min(max(an.whole_number(step, "the lesson's step"), 0), len(steps) - 1)
-        params = dict(parse_qsl(steps[step]["link"]))
-        text = f"**Step {step + 1} of {len(steps)}.** {steps[step]['text']}"
-        if step == len(steps) - 1:  # Next has nowhere to go: say so
-            text += f"\n\n*{LESSON_END}*"
-        return self.view(params, checkpoint, request) | {"lesson_text": text, "lesson_step": step}
+        return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
 
     @user_errors
-    def on_lesson_start(self, lesson, checkpoint, request=None):
-        return self.lesson_step(lesson, 0, checkpoint, request)
+    def on_lesson_start(self, lesson, state, request=None):
+        return self.lesson_step(lesson, 0, state, request)
 
     @user_errors
-    def on_lesson_next(self, lesson, lesson_step, checkpoint, request=None):
-        return self.lesson_step(lesson, (lesson_step or 0) + 1, checkpoint, request)
+    def on_lesson_next(self, lesson, lesson_step, state, request=None):
+        return self.lesson_step(lesson, (lesson_step or 0) + 1, state, request)
 
     @user_errors
-    def on_lesson_back(self, lesson, lesson_step, checkpoint, request=None):
-        return self.lesson_step(lesson, (lesson_step or 0) - 1, checkpoint, request)
+    def on_lesson_back(self, lesson, lesson_step, state, request=None):
+        return self.lesson_step(lesson, (lesson_step or 0) - 1, state, request)
 
     @user_errors
     def on_example(self, evt: gr.SelectData, request=None) -> str:
@@ -721,67 +323,68 @@ class Explorer:
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
-    def on_weights(self, checkpoint, layer, request=None):
-        loaded = self.model(checkpoint, request)
-        probe = loaded.probe(layer)
+    def on_weights(self, query, request=None):
+        loaded = self.model(query.checkpoint, request)
+        probe = loaded.probe(query.layer)
         if probe.dense:  # no chart, not two empty boxes
             return {"kernel_plot": gr.Plot(None, visible=False), "slot_plot": gr.Plot(None, visible=False),
                     "weights_note": f"{probe.name} is plain attention: no rank-slot kernel to show."}
-        heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, layer))
+        heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, query.layer))
         note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)." if probe.record_name is None
                 else "Each neighbour's contribution to the clicked cell is in the explorer above.")
         return {"kernel_plot": gr.Plot(heat, visible=True), "slot_plot": gr.Plot(bars, visible=True),
                 "weights_note": note}
 
     @user_errors
-    def on_mix(self, checkpoint, image_file, fit, layer, request=None):
-        loaded = self.model(checkpoint, request)
-        probe = loaded.probe(layer)
+    def on_mix(self, query, request=None):
+        loaded = self.model(query.checkpoint, request)
+        probe = loaded.probe(query.layer)
         if not probe.is_hybrid:
             return {"mix_plot": None, "mix_note": f"{probe.name} is not a hybrid layer: the λ mix exists only in "
                                                   "hybrid ConvNN layers."}
-        mix = an.branch_mix(loaded, self.image(image_file, fit), layer)
+        mix = an.branch_mix(loaded, self.image(query.image_file, query.fit), query.layer)
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
     @staticmethod
-    def hop_fields(loaded: an.LoadedModel, image: an.InputImage, layer: str, query_px: tuple[int, int], hops,
-                   head) -> dict:
+    def hop_fields(loaded: an.LoadedModel, image: an.InputImage, query: an.Query, hops) -> dict:
         """The multi-hop view's value: the fields of every query where they fit one table
-        (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query at ``query_px``."""
-        probe = loaded.probe(layer)
+        (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query's pixel."""
+        probe = loaded.probe(query.layer)
         queries = None
         if not an.fits_field_table(probe):
-            row, col = an.query_cell(probe, *query_px)
+            row, col = an.query_cell(probe, *query.pixel)
             queries = (row * probe.width + col,)
-        fields = an.receptive_fields(loaded, image, layer, hops, head, queries)
+        fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries)
         return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
 
     @user_errors
-    def on_hops(self, checkpoint, image_file, fit, layer, row_px, col_px, hops, head, request=None):
-        """:meth:`hop_fields` at the query of the boxes, moved inside the model's input as the explorer moves a
-        query kept across a change of model."""
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+    def on_hops(self, query, hops, request=None):
+        """:meth:`hop_fields` at the query's pixel, moved inside the model's input as the explorer moves a query
+        kept across a change of model."""
+        loaded, image = self.loaded(query, request)
         size = loaded.card.input_size
-        return self.hop_fields(loaded, image, layer, an.clamp_px(self.pixel(row_px, col_px), size, size), hops, head)
+        row_px, col_px = an.clamp_px(query.pixel, size, size)
+        return self.hop_fields(loaded, image, dataclasses.replace(query, row_px=row_px, col_px=col_px), hops)
 
     @user_errors
-    def on_hops_row(self, checkpoint, image_file, fit, layer, hops, head, evt: gr.SelectData, request=None):
+    def on_hops_row(self, query, hops, evt: gr.SelectData, request=None):
         """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it); where
         the table holds every query, nothing is sent again."""
-        loaded = self.model(checkpoint, request)
-        if an.fits_field_table(loaded.probe(layer)):
+        loaded = self.model(query.checkpoint, request)
+        if an.fits_field_table(loaded.probe(query.layer)):
             return gr.skip()
-        return self.hop_fields(loaded, self.image(image_file, fit), layer, self.clicked(evt), hops, head)
+        row_px, col_px = self.clicked(evt)
+        return self.hop_fields(loaded, self.image(query.image_file, query.fit),
+                               dataclasses.replace(query, row_px=row_px, col_px=col_px), hops)
 
     @user_errors
-    def on_spectrum(self, checkpoint, image_file, fit, request=None):
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
-        return figures.spectrum_figure(an.selection_spectrum(loaded, image))
+    def on_spectrum(self, query, request=None):
+        return figures.spectrum_figure(an.selection_spectrum(*self.loaded(query, request)))
 
     @user_errors
-    def on_spectrum_models(self, image_file, fit, request=None):
+    def on_spectrum_models(self, query, request=None):
         """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
-        image = self.image(image_file, fit)
+        image = self.image(query.image_file, query.fit)
         spectra, refused = {}, []
         for _, path in an.list_checkpoints(self.checkpoint_dir).found:
             try:
@@ -794,8 +397,8 @@ class Explorer:
         return figures.spectrum_models_figure(spectra)
 
     @user_errors
-    def on_attribution(self, checkpoint, image_file, fit, method, target, request=None, progress=None):
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
+    def on_attribution(self, query, method, target, request=None, progress=None):
+        loaded, image = self.loaded(query, request)
         if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
             progress(0, desc=f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…")
         result = an.attribution_map(loaded, image, method, target or None)
@@ -803,10 +406,10 @@ class Explorer:
                 "attribution_note": result.note}
 
     @user_errors
-    def on_equivalence(self, checkpoint, image_file, fit, layer, request=None):
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
-        return {"equivalence_text": an.equivalence_summary(loaded, image, layer),
-                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, layer))}
+    def on_equivalence(self, query, request=None):
+        loaded, image = self.loaded(query, request)
+        return {"equivalence_text": an.equivalence_summary(loaded, image, query.layer),
+                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, query.layer))}
 
     @staticmethod
     def on_slow_reset(request=None):
@@ -820,16 +423,10 @@ class Explorer:
         return {"attribution_plot": None, "attribution_note": ATTRIBUTION_CANCELLED}
 
     @user_errors
-    def on_export(self, checkpoint, image_file, fit, layer, row_px, col_px, num_neighbors, window_size,
-                  num_candidates, seed, blend_alpha, head, request=None):
+    def on_export(self, query, request=None):
         """Write the query's overlay (PNG) and neighbours (JSON) for download; only when asked, not on every click.
         Gradio serves them from its own cache (the work dir is never served)."""
-        loaded, image = self.model(checkpoint, request), self.image(image_file, fit)
-        options = self.options(num_neighbors, window_size, num_candidates, seed, blend_alpha, head)
-        result = an.query_neighbors(loaded, image, layer, self.pixel(row_px, col_px), options)
-        return {"exports": [str(path) for path in an.export_query(self.workspace, self.session(request), loaded,
-                                                                  image, result)],
-                "neighbors_data": an.page_json(an.query_record(loaded, image, result))}  # a seed shown exactly
+        return self.export(query, request)
 
     # -- the input-level view (the upload itself, at a few hundred pixels a side) ------------------------------------
     @user_errors
@@ -847,32 +444,41 @@ class Explorer:
     @user_errors
     def on_pixel_query(self, image_file, pixel_row, pixel_col, request=None) -> dict:
         """The input-level query moved inside the (new) image's view."""
-        row, col = an.clamp_px(self.pixel(pixel_row, pixel_col), *an.pixel_view(an.load_image(image_file)).shape[:2])
+        pixel = an.Query(row_px=pixel_row, col_px=pixel_col).pixel
+        row, col = an.clamp_px(pixel, *an.pixel_view(an.load_image(image_file)).shape[:2])
         return {"pixel_row": row, "pixel_col": col}
 
     @user_errors
     def on_pixels(self, image_file, pixel_row, pixel_col, pixel_k, position_weight, request=None):
-        image, query_px = an.load_image(image_file), self.pixel(pixel_row, pixel_col)
+        image, query_px = an.load_image(image_file), an.Query(row_px=pixel_row, col_px=pixel_col).pixel
         result = an.pixel_neighbors(image, query_px, pixel_k, position_weight)
         return figures.pixel_figure(an.pixel_view(image), result, query_px)
 
 
 SLOW_VIEWS = ("on_attribution", "on_equivalence", "on_spectrum_models")  # run only when asked (SlowRuns)
-KNOBS = ["num_neighbors", "window_size", "num_candidates", "seed", "blend_alpha", "head"]  # what a selection reads
-QUERY = ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", *KNOBS]  # all a table is made from
+KNOBS = knob_names()  # what a selection reads
+QUERY = [item.name for item, _ in settings(Query)]  # all a table is made from (an.Query, its fields by elem_id)
+VIEW = [*QUERY, "tab", "compare_models", "compare_depth"]  # what a link holds (an.ViewState)
+KEPT = ["checkpoint", "image_file", "tab", "compare_models", "compare_depth"]  # what a link it leaves out keeps
 COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px", "col_px"]  # compare mode's
+
+
+def link_outputs() -> list[str]:
+    """What a link or a lesson's step sets (:meth:`Explorer.view`)."""
+    return ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px",
+            *[name for name in KNOBS if name != "head"], "tabs", "tab", "focus_rule", "compare_models",
+            "compare_depth", "link_note"]
+
+
 # The views, by name: (handler, inputs, outputs), each a component's elem_id.
-# What a link or a lesson's step sets (Explorer.view).
-LINK_OUTPUTS = ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px", *KNOBS[:-1], "tabs", "tab",
-                "focus_rule", "compare_models", "compare_depth", "link_note"]
 VIEWS = {
     "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
-    "link": ("on_link", ["checkpoint"], LINK_OUTPUTS),
-    "lesson_start": ("on_lesson_start", ["lesson", "checkpoint"], [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
-    "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", "checkpoint"],
-                    [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
-    "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", "checkpoint"],
-                    [*LINK_OUTPUTS, "lesson_text", "lesson_step"]),
+    "link": ("on_link", KEPT, link_outputs()),
+    "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*link_outputs(), "lesson_text", "lesson_step"]),
+    "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", *KEPT],
+                    [*link_outputs(), "lesson_text", "lesson_step"]),
+    "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", *KEPT],
+                    [*link_outputs(), "lesson_text", "lesson_step"]),
     "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
                           ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
     "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
@@ -927,9 +533,8 @@ REFRESH = {
     ("compare_depth", "release"): ["compare_layers", "compare"],
     **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
     ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
-    ("head", "blur"): ["table", "hops"],
-    **{(knob, "blur"): ["table"] for knob in ("num_neighbors", "window_size", "num_candidates", "seed")},
-    ("blend_alpha", "release"): ["table"],
+    **{(knob, "release" if how.step else "blur"): ["table", *(["hops"] if knob == "head" else [])]
+       for item, how in settings(Query) if how.is_knob for knob in [item.name]},
     ("hops", "release"): ["hops"],
     ("pixel_k", "release"): ["pixels"],
     ("position_weight", "release"): ["pixels"],
@@ -978,24 +583,19 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))
             add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer"))
             with gr.Row(elem_id="query_boxes"):  # the clicked pixel (a phone taps instead: hidden there)
-                add(CheckedNumber(16, precision=0, minimum=0, label="query row (px)", elem_id="row_px", min_width=90))
-                add(CheckedNumber(16, precision=0, minimum=0, label="query col (px)", elem_id="col_px", min_width=90))
-            # The selection knobs beside the explorer they change (below it on a phone, after the layer).
+                add(control(Query, "row_px", min_width=90))
+                add(control(Query, "col_px", min_width=90))
+            # The selection knobs beside the explorer they change (below it on a phone, after the layer): number
+            # boxes two to a row, then the sliders.
             with gr.Group(elem_id="knobs"):
-                with gr.Row():
-                    add(CheckedNumber(0, precision=0, minimum=0, label="K (0 = layer's)", elem_id="num_neighbors",
-                                      min_width=130))
-                    add(CheckedNumber(0, precision=0, minimum=0, label="window R (0 = auto)", elem_id="window_size",
-                                      min_width=130))
-                with gr.Row():
-                    add(CheckedNumber(0, precision=0, minimum=0, label="random r (0 = layer's / 32)",
-                                      elem_id="num_candidates", min_width=130))
-                    add(CheckedNumber(0, precision=0, minimum=0, label="seed (0 = the layer's)", elem_id="seed",
-                                      min_width=130))
-                add(CheckedNumber(0, precision=0, minimum=0, label="attention head", visible=False, elem_id="head",
-                                  min_width=130))
-                add(CheckedSlider(0, 1, value=0.5, step=0.05, label="blend α (0 = window, 1 = features)",
-                                  elem_id="blend_alpha", min_width=200))
+                boxes = [name for name in KNOBS if not control_setting(Query, name).step]
+                for index in range(0, len(boxes), 2):
+                    with gr.Row() if len(boxes[index:index + 2]) == 2 else contextlib.nullcontext():
+                        for name in boxes[index:index + 2]:
+                            add(control(Query, name, min_width=130))
+                for name in KNOBS:
+                    if name not in boxes:
+                        add(control(Query, name, min_width=200))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
             with gr.Row(elem_id="link_row"):
@@ -1060,8 +660,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,  # past the limit:
                                 label=f"models, one column each (2–{an.MAX_COMPARED})",  # on_compare_pick
                                 elem_id="compare_models", scale=3))
-                add(CheckedSlider(0, 1, value=0.5, step=0.05, label="depth: how far through each model",
-                                  elem_id="compare_depth", scale=2, min_width=200))
+                add(control(ViewState, "compare_depth", scale=2, min_width=200))
             with gr.Row():
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
@@ -1094,6 +693,22 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
     return ui
 
 
+def control_setting(view: type, name: str) -> an.Setting:
+    """The :class:`analysis.Setting` of the field ``name`` of ``view`` (a Query or ViewState class)."""
+    return next(how for item, how in settings(view) if item.name == name)
+
+
+def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
+    """The control of the number field ``name`` of ``view``, from its setting (label, bounds, a slider's step) and
+    default: a number box, or a slider; ``layout``: Gradio's layout arguments (``min_width``, ``scale``)."""
+    how, default = control_setting(view, name), next(f.default for f in dataclasses.fields(view) if f.name == name)
+    if how.step:
+        return CheckedSlider(how.minimum, how.maximum, value=default, step=how.step, label=how.label,
+                             elem_id=name, visible=how.visible, **layout)
+    return CheckedNumber(default, precision=0 if how.kind == "whole" else None, minimum=how.minimum,
+                         maximum=how.maximum, label=how.label, elem_id=name, visible=how.visible, **layout)
+
+
 @functools.cache
 def _web(name: str) -> str:
     """A file of the page's own JavaScript or CSS, from the ``web/`` folder beside this file."""
@@ -1102,19 +717,27 @@ def _web(name: str) -> str:
 
 def wire(ex: Explorer, ui: dict, fn_name: str, inputs: list[str], outputs: list[str]):
     """The ``fn``, ``inputs`` and ``outputs`` keywords of a Gradio event: the Explorer method ``fn_name``, called
-    with each input value as the keyword of its component's name in ``ui`` (its ``elem_id``), plus the request and,
-    if it takes them, the event data (``evt``) and Gradio's progress tracker (``progress``). Gradio passes inputs
-    given as a set as one ``{component: value}`` dict; a handler of several outputs returns ``{name: value}``."""
+    with each input value as the keyword of its component's name in ``ui`` (its ``elem_id``), those of the view
+    gathered in one place: an :class:`analysis.Query` of the inputs among its fields as ``query`` (its other fields
+    at their defaults), and that query in an :class:`analysis.ViewState` with the tab and compare mode's inputs as
+    ``state``; plus the request and, if it takes them, the event data (``evt``) and Gradio's progress tracker
+    (``progress``). Gradio passes inputs given as a set as one ``{component: value}`` dict; a handler of several
+    outputs returns ``{name: value}``."""
     fn = getattr(ex, fn_name)
     params = inspect.signature(fn).parameters
     extra = [p for p in ("evt", "progress") if p in params]
-
     names = {block._id: name for name, block in ui.items() if name in inputs}
 
     def handler(*args):
         values, request, *special = args if inputs else ({}, *args)
         kwargs = dict(zip(extra, special, strict=True))
-        result = fn(**{names[block._id]: value for block, value in values.items()}, request=request, **kwargs)
+        page = {names[block._id]: value for block, value in values.items()}
+        if "query" in params or "state" in params:
+            query = Query(**{name: page.pop(name) for name in QUERY if name in page})
+            if "state" in params:
+                query = ViewState(query=query, **{name: page.pop(name) for name in VIEW if name in page})
+            page["query" if "query" in params else "state"] = query
+        result = fn(**page, request=request, **kwargs)
         return {ui[name]: value for name, value in result.items()} if len(outputs) > 1 else result
 
     annotations = {"values": dict, "request": gr.Request, "evt": gr.SelectData, "progress": gr.Progress}
@@ -1134,7 +757,6 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
         ui = build_layout(ex)
         ui["demo"] = demo
-        ex.controls = {name: ui[name] for name in [*LINK_CONTROLS.values(), "compare_depth"]}
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
@@ -1170,16 +792,15 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
         # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the
         # α animation (explorer.click).
-        ui["explorer"].select(**wire(ex, ui, "on_table_row", [*QUERY[:4], *KNOBS], ["explorer"]),
+        ui["explorer"].select(**wire(ex, ui, "on_table_row", [n for n in QUERY if n not in ("row_px", "col_px")],
+                                     ["explorer"]),
                               api_visibility="private")
         ui["explorer"].click(**wire(ex, ui, "on_sweep", QUERY, ["sweep"]), api_visibility="private")  # ▶ α
         ui["hop_view"].select(**wire(ex, ui, "on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops",
                                                              "head"], ["hop_view"]), api_visibility="private")
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
-        link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", [*QUERY[:1], "image_file", *QUERY[3:],
-                                                                            "tab", "compare_models",
-                                                                            "compare_depth"], ["link", "link_note"]),
+        link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", VIEW, ["link", "link_note"]),
                                             api_visibility="private")
         link_copy.then(None, ui["link"], ui["link"], js=COPY_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),
@@ -1208,8 +829,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                        api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.
-        for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"), (ex.api_neighbors, "neighbors"),
-                             (ex.api_table, "table"), (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
+        for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"),
+                             (endpoint(ex.api_neighbors, Query), "neighbors"),
+                             (endpoint(ex.api_table, Query, pixel_default=True), "table"),
+                             (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
                              (ex.api_multihop, "multihop"), (ex.api_weights, "weights"), (ex.api_mix, "mix"),
                              (ex.api_pixels, "pixels"), (ex.api_compare, "compare")):
             gr.api(fn, api_name=api_name)

@@ -312,8 +312,8 @@ def linked_values(explorer, link: str) -> dict:
     fields = dict(parse_qsl(link))
     image = next(path for path in explorer.examples if Path(path).stem == fields["image"])
     return page(fields["model"], image, fields["layer"], int(fields["row"]), int(fields["col"]),
-                **{control: int(fields[key]) for key, control in app.LINK_CONTROLS.items()
-                   if key in fields and key not in ("row", "col")})
+                **{item.name: int(fields[how.link]) for item, how in an.settings(an.Query)
+                   if how.is_knob and how.link in fields})
 
 
 def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chromium):

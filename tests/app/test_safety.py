@@ -30,6 +30,7 @@ from PIL import Image
 
 import analysis as an
 import app
+import app_api
 import server
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
 from tests.app.browser import browser_page
@@ -64,7 +65,7 @@ def files_under(folder: Path) -> list[Path]:
 
 def server_paths_in(message: str) -> list[str]:
     """The absolute folders of this machine that ``message`` names (none may appear in the page)."""
-    roots = {str(Path(tempfile.gettempdir())), str(app.REPO), str(Path.home()), os.getcwd()}
+    roots = {str(Path(tempfile.gettempdir())), str(app_api.REPO), str(Path.home()), os.getcwd()}
     return [root for root in roots if root in message]
 
 
@@ -126,8 +127,8 @@ def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says
     skipped), and the app starts and serves."""
     folder = tmp_path / "runs"
     copy_checkpoint(checkpoint_dir, "cnn-l0", folder)
-    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app.DEFAULT_CHECKPOINT, weights_sha256="")
-    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app.DEFAULT_CHECKPOINT}.safetensors")
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app_api.DEFAULT_CHECKPOINT, weights_sha256="")
+    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app_api.DEFAULT_CHECKPOINT}.safetensors")
     surrogate = copy_checkpoint(checkpoint_dir, "cnn-l0", folder, "surrogate", name="\ud800")
     os.mkfifo(folder / "x.json")
     shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", folder / "x.safetensors")
@@ -136,7 +137,7 @@ def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says
     demo = app.build_demo(explorer)
     blocks = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
     assert blocks["checkpoint"].value == "cnn-l0"  # the default's weights do not fit its card: skipped
-    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app.DEFAULT_CHECKPOINT]
+    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app_api.DEFAULT_CHECKPOINT]
     left_out = blocks["left_out"].value
     assert blocks["left_out"].visible and left_out.splitlines() == [
         "surrogate.json: the model card holds text that is not valid Unicode (a lone surrogate, such as \\ud800 in "
@@ -532,7 +533,8 @@ def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoi
     with pytest.raises(gr.Error) as refused:  # the message names the card: its markup is escaped for the page
         explorer.on_table(**page(card_path.stem, example_image, "no-such-layer"))
     assert "<img" not in refused.value.message and '&lt;img id="evil-img"' in refused.value.message
-    figure = explorer.on_attribution(card_path.stem, str(example_image), "crop", "saliency", "")["attribution_plot"]
+    figure = explorer.on_attribution(**page(card_path.stem, example_image), method="saliency",
+                                     target="")["attribution_plot"]
     assert "<a" not in figure.layout.title.text and "&lt;a href=" in figure.layout.title.text
 
 
@@ -651,7 +653,7 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
 def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
     """The page renders them as Gradio's number box and slider: the same type and properties (and defining them
     wrote no server/controls.pyi stub, as Gradio does for component classes, into the repository)."""
-    assert not (app.REPO / "server" / "controls.pyi").exists()
+    assert not (app_api.REPO / "server" / "controls.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
             "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width", "scale")
@@ -666,7 +668,7 @@ def test_a_bad_number_through_the_api_gets_a_message(app_url, checkpoint_dir):
 
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match=r"query row must be a whole number, got 'abc'"):
-        client.predict("cnn-l0.5", handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
+        client.predict("cnn-l0.5", handle_file(str(app_api.EXAMPLES_DIR / "cat_0.png")),
                        CELL_LAYER, "abc", 3, api_name="/neighbors")
 
 
@@ -722,7 +724,6 @@ def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer
                                                                         index):
     event = gr.SelectData(None, {"index": index, "value": None})
     values = page("cnn-l0.5", example_image, "stages.0.0.conv1", num_neighbors=100)
-    del values["row_px"], values["col_px"]
     with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside|a clicked "
                                        r"pixel is \[row, col\], got"):
         explorer.on_table_row(**values, evt=event)  # the page's request for a clicked query's row (K > 64)
