@@ -39,12 +39,9 @@ def shown(page_) -> dict:
 
 def api_cells(explorer, values: dict, rule: str) -> list:
     """The query's neighbour cells under ``rule`` as the Python API gives them (None for CLS)."""
-    loaded, image = explorer.model(values["checkpoint"]), explorer.image(values["image_file"])
-    result = an.query_neighbors(loaded, image, values["layer"], (values["row_px"], values["col_px"]),
-                                explorer.options(*(values[k] for k in ("num_neighbors", "window_size",
-                                                                       "num_candidates", "seed", "blend_alpha",
-                                                                       "head"))))
-    nset = result.sets[rule]
+    query = values["query"]
+    loaded, image = explorer.loaded(query)
+    nset = an.query_neighbors(loaded, image, query.layer, query.pixel, query.options()).sets[rule]
     return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
 
 
@@ -368,8 +365,8 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
                     " && document.querySelector('.cx').dataset.model === model"
                     " && document.querySelector('.cx').dataset.layer === layer"
                     " && document.querySelector('.cx').dataset.query === query",
-                    arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["checkpoint"], values["layer"],
-                         f"{values['row_px']},{values['col_px']}"], timeout=60_000)
+                    arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["query"].checkpoint,
+                         values["query"].layer, "{},{}".format(*values["query"].pixel)], timeout=60_000)
                 settle(tab)  # the knobs the step resets fetch their table too: the last one drawn is the step's
                 rule = dict(parse_qsl(step["link"])).get("rule", "layer")  # a step may name the rule shown large
                 cells = api_cells(explorer, values, rule)
