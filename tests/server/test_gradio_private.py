@@ -16,9 +16,10 @@ from gradio.data_classes import PredictBodyInternal
 from gradio.queueing import Event, EventQueue, Queue
 
 import app
+import app_api
 from server import controls, guards
 
-USERS = (guards, controls, app)
+USERS = (guards, controls, app, app_api)
 
 
 @pytest.fixture(scope="module")
