@@ -9,14 +9,8 @@ from the neighbour table the server sends (:func:`analysis.page_table`); the lay
 each change refreshes is :data:`REFRESH`, and the documented API (``gr.api``, plain values) is the ``api_*``
 methods of :class:`Explorer`.
 
-What one visitor can cost is bounded before work starts: a queue of at most MAX_QUEUED_EVENTS waiting events, the
-slow views (attribution, the equivalence demo, every model's spectrum) in a group of their own that computes
-SLOW_CONCURRENCY at a time, dropped runs included (:class:`SlowRuns`), and admits one request per session and
-MAX_SLOW_WAITING waiting in all (:class:`Admission`), a request body of at most
-the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB, uploads and exports in a per-session work dir of at
-most MAX_WORK_DIR_MB together with Gradio's own cache of uploads and downloads, which lives in it (all deleted
-FILE_MAX_AGE_S after their last use), the analysis caches within ``--cache-mb`` (``$CONVNN_CACHE_MB``), Gradio's
-per-session state to MAX_SESSIONS sessions.
+What one visitor can cost is bounded before work starts: the limits are :mod:`app_limits`; the page's words are
+:mod:`app_texts`; the guards, the checked controls and the events' wiring are :mod:`server`.
 """
 
 from __future__ import annotations
@@ -25,21 +19,14 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import inspect
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
-WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
-#                                                             one folder per session) and gradio/ (Gradio's cache)
-# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
-# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
-# Set before Gradio is imported: its MCP module reads it then.
-os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
+import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP module reads it at import
 
+# isort: split
 import gradio as gr
 from gradio.route_utils import API_PREFIX
 from gradio.utils import get_upload_folder
@@ -47,65 +34,27 @@ from starlette.middleware import Middleware
 
 import analysis as an
 import app_mcp
-from analysis import Query, ViewState, knob_names, settings
+import app_texts as texts
+from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, EXAMPLES_DIR, WEB_DIR, ExplorerAPI, endpoint
-from convnn import CheckpointError
-from server import Admission, CheckedNumber, CheckedSlider, RequestSizeLimit, SlowRuns, user_errors, waiting_events
+from server import Admission, CheckedNumber, CheckedSlider, RequestSizeLimit, SlowRuns, control, user_errors, wire
+from server.guards import waiting_events
 
 # Gradio's private parts this file touches (tests/server/test_gradio_private.py checks each on the installed Gradio;
-# requirements.txt pins Gradio to the minor versions it passed on); the server's guards list theirs.
+# requirements.txt pins Gradio to the minor versions it passed on); the server's modules list theirs.
 GRADIO_PRIVATE = {
-    "Block._id": "a component's id: the key of its value in a set of inputs' values (wire)",
     "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
     "route_utils.API_PREFIX": "the prefix of Gradio's routes (/gradio_api): the upload route's path",
 }
-DEFAULT_PORT = 7860
-MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
-REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
-MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
-#                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
-FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
-FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
-MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; the next one is refused ("Queue is full")
-FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
-SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
-SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click
-MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
-#                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
-MAX_THREADS = 6  # worker threads running handlers (Gradio's max_threads, 40 by default): more add no speed on a few
-#                   cores, only memory (each thread's allocations keep a malloc arena of their own)
-MALLOC_ARENAS = 2  # glibc malloc arenas (by default up to 8 per core, one per allocating thread, rarely returned)
-MAX_SESSIONS = 32  # sessions whose state Gradio keeps (each holds its last outputs, ≈ 0.3 MB of figure JSON); the
-#                    least recently used goes first (its uploads stay reachable: they are found by its session id)
-GUIDE = [
-    "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
-    "**2 · Read the prediction** beside the image: the five most probable classes for what the model sees.",
-    "**3 · Click or tap a pixel.** The large panel outlines the K cells one rule picks for it, rank 0 darkest; "
-    "hover a cell for its rank, score and contribution.",
-    "**4 · Compare rules.** Window = convolution, all tokens = attention, random = r sampled candidates, blend = α: "
-    "switch the large panel, or read the small ones.",
-    "**5 · Open the tabs** below: how neighbours are weighed, how the branches mix, and where the model looks.",
-]
-
-
-TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
-        "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
-        "pixels": "Input-level view"}  # id → label
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
-LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
-
-
-ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "
-                      f"occlusion and integrated gradients) and is kept for this model and image. {an.GRADIENT_NOTE}")
-ATTRIBUTION_CANCELLED = "Cancelled. Press **Compute attribution** to run it again."
-EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
 
 
 def default_workspace() -> an.Workspace:
     """The work dir's uploads and exports, in WORK_DIR/sessions: at most MAX_WORK_DIR_MB together with Gradio's cache
-    (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use."""
-    return an.Workspace(WORK_DIR / "sessions", MAX_WORK_DIR_MB * 2**20, FILE_MAX_AGE_S, counted=[get_upload_folder()])
+    (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use (:mod:`app_limits`)."""
+    return an.Workspace(limits.WORK_DIR / "sessions", limits.MAX_WORK_DIR_MB * 2**20, limits.FILE_MAX_AGE_S,
+                        counted=[get_upload_folder()])
 
 
 class Explorer(ExplorerAPI):
@@ -124,7 +73,7 @@ class Explorer(ExplorerAPI):
     """
 
     def __init__(self, checkpoint_dir: Path = CHECKPOINT_DIR, device: str | None = None,
-                 workspace: an.Workspace | None = None, max_upload_mb: int = MAX_UPLOAD_MB) -> None:
+                 workspace: an.Workspace | None = None, max_upload_mb: int = limits.MAX_UPLOAD_MB) -> None:
         super().__init__(checkpoint_dir, device, workspace or default_workspace())
         self.lessons = json.loads((WEB_DIR / "lessons.json").read_text(encoding="utf-8"))
         self.max_upload_mb = max_upload_mb
@@ -137,11 +86,6 @@ class Explorer(ExplorerAPI):
             return gr.skip()
         gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
         return compare_models[:an.MAX_COMPARED]
-
-    @staticmethod
-    def too_few(compare_models) -> bool:
-        """Fewer than 2 models left in compare mode's list (the user removing them): no columns, no error."""
-        return isinstance(compare_models, list) and len(compare_models) < 2
 
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
@@ -234,25 +178,16 @@ class Explorer(ExplorerAPI):
                 "compare_models": gr.update(choices=self.choices(uploads))}
 
     # -- links and lessons ------------------------------------------------------------------------------------------
-    def example_name(self, image_file: str | None) -> str | None:
-        """The example an image file holds (compared by content: an upload may share an example's file name), or
-        None: an uploaded photo, which a link cannot carry."""
-        if not image_file or not isinstance(image_file, str) or not Path(image_file).is_file():
-            return None
-        if Path(image_file).stat().st_size > 2**20:  # the examples are small PNGs
-            return None
-        return self.example_digests.get(hashlib.sha256(Path(image_file).read_bytes()).hexdigest())
-
     def view(self, params: dict, state: an.ViewState, request=None) -> dict:
         """The page's updates for a link's fields, opened from the view ``state`` shown (:func:`analysis.open_link`:
         each checked as its control checks it and against the model; a model, image, tab or compare mode's models
         or depth the link leaves out stays as it is; every value refused is named in ``link_note``)."""
         opened = an.open_link(params, state, self.shipped(), self.example_paths,
-                              lambda name: self.model(name, request), list(TABS), an.page_rules())
+                              lambda name: self.model(name, request), list(texts.TABS), an.page_rules())
         query, named = opened.state.query, opened.named
-        out = {name: gr.update() for name in link_outputs()} | self.on_model(query.checkpoint, request)
+        out = {name: gr.update() for name in link_outputs(type(state))} | self.on_model(query.checkpoint, request)
         out["layer"]["value"], out["head"]["value"] = query.layer, query.head  # the model's update holds their range
-        out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names()) if name != "head"}
+        out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names(query)) if name != "head"}
         out |= {name: getattr(query, name) for name in named & {"checkpoint", "image_file"}}
         if "compare_models" in named:
             out["compare_models"] = list(opened.state.compare_models)
@@ -269,35 +204,20 @@ class Explorer(ExplorerAPI):
         out = self.view(params, state, request)
         if out["link_note"]:  # said where the page opens too: the note is far below the first screen; until
             #                    closed, as the page may take longer to open than a toast's 10 s (a loaded server)
-            gr.Warning("This link could not set everything it names: the note under “Copy a link to this view” says "
-                       "what. The rest of the view is open.", duration=None)
+            gr.Warning(texts.LINK_WARNING, duration=None)
         return out
 
     def on_link_copy(self, state, request=None) -> dict:
-        """The query string of the view shown (:func:`analysis.write_link`; knobs left at their defaults are left
-        out; with compare mode open, its models and depth too) and a note naming what cannot travel in it: an
-        uploaded model or photo (:data:`LINK_NOTE`)."""
-        shipped, query, models = self.shipped(), state.query, state.compare_models
-        example = self.example_name(query.image_file)
-        comparing = state.tab == "compare" and isinstance(models, list)
-        compared = comparing and all(name in shipped for name in models)
-        left = [what for what, missing in (("the uploaded model", query.checkpoint not in shipped),
-                                           ("the uploaded photo", example is None),
-                                           ("the uploaded models compared", comparing and not compared)) if missing]
-        note = (f"**This link leaves out {' and '.join(left)}:** it stays on this server, so the link opens "
-                "whatever model or image the opening page has." if left else "")
-        travels = {"model": query.checkpoint if query.checkpoint in shipped else None, "image": example,
-                   "tab": state.tab if state.tab in TABS else None, "compare": models if compared else None,
-                   "depth": state.compare_depth if compared else None}
-        return {"link": an.write_link(state, travels), "link_note": note}
+        """The link to the view shown and a note on what cannot travel in it (:meth:`ExplorerAPI.link`)."""
+        return self.link(state, list(texts.TABS))
 
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
         (:meth:`view`), its paragraph, and the step reached; without a lesson, only a note where its text goes."""
         found = an.lesson_step(self.lessons, lesson, step)
         if found is None:  # said where the lesson's text goes; the view stays as it is (no error on every box)
-            return {name: gr.skip() for name in link_outputs()} | {
-                "lesson_text": "Pick a lesson first, in the list beside Back and Next.", "lesson_step": 0}
+            return {name: gr.skip() for name in link_outputs(type(state))} | {"lesson_text": texts.LESSON_MISSING,
+                                                                             "lesson_step": 0}
         return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
 
     @user_errors
@@ -345,18 +265,6 @@ class Explorer(ExplorerAPI):
         mix = an.branch_mix(loaded, self.image(query.image_file, query.fit), query.layer)
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
-    @staticmethod
-    def hop_fields(loaded: an.LoadedModel, image: an.InputImage, query: an.Query, hops) -> dict:
-        """The multi-hop view's value: the fields of every query where they fit one table
-        (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query's pixel."""
-        probe = loaded.probe(query.layer)
-        queries = None
-        if not an.fits_field_table(probe):
-            row, col = an.query_cell(probe, *query.pixel)
-            queries = (row * probe.width + col,)
-        fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries)
-        return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
-
     @user_errors
     def on_hops(self, query, hops, request=None):
         """:meth:`hop_fields` at the query's pixel, moved inside the model's input as the explorer moves a query
@@ -384,13 +292,7 @@ class Explorer(ExplorerAPI):
     @user_errors
     def on_spectrum_models(self, query, request=None):
         """Every shipped model's layers on one axis for this image (loads each model once; seconds the first time)."""
-        image = self.image(query.image_file, query.fit)
-        spectra, refused = {}, []
-        for _, path in an.list_checkpoints(self.checkpoint_dir).found:
-            try:
-                spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
-            except CheckpointError:  # one broken card in a --checkpoints folder leaves out only itself
-                refused.append(path.stem)
+        spectra, refused = self.spectra(self.image(query.image_file, query.fit))
         if refused:
             gr.Warning(f"Left out, as they cannot be loaded: {', '.join(refused)} (pick one in the model list to "
                        "see why).")
@@ -414,13 +316,13 @@ class Explorer(ExplorerAPI):
     @staticmethod
     def on_slow_reset(request=None):
         """A new model, image or layer: the slow views' last results no longer apply; they run when asked."""
-        return {"attribution_plot": None, "attribution_note": ATTRIBUTION_PROMPT,
-                "equivalence_text": EQUIVALENCE_PROMPT, "equivalence_plot": None, "spectrum_models_plot": None}
+        return {"attribution_plot": None, "attribution_note": texts.ATTRIBUTION_PROMPT,
+                "equivalence_text": texts.EQUIVALENCE_PROMPT, "equivalence_plot": None, "spectrum_models_plot": None}
 
     @staticmethod
     def on_attribution_cancel(request=None):
         """Cancel pressed: the run is dropped (its computation ends in the background), and the page says so."""
-        return {"attribution_plot": None, "attribution_note": ATTRIBUTION_CANCELLED}
+        return {"attribution_plot": None, "attribution_note": texts.ATTRIBUTION_CANCELLED}
 
     @user_errors
     def on_export(self, query, request=None):
@@ -456,52 +358,60 @@ class Explorer(ExplorerAPI):
 
 
 SLOW_VIEWS = ("on_attribution", "on_equivalence", "on_spectrum_models")  # run only when asked (SlowRuns)
-KNOBS = knob_names()  # what a selection reads
-QUERY = [item.name for item, _ in settings(Query)]  # all a table is made from (an.Query, its fields by elem_id)
-VIEW = [*QUERY, "tab", "compare_models", "compare_depth"]  # what a link holds (an.ViewState)
+API = ["layers", "predict", "neighbors", "table", "export", "spectrum", "multihop", "weights", "mix", "pixels",
+       "compare"]  # the documented API: ExplorerAPI.api_<name> as /<name>, plain values in and out
+SLOW_API = ["attribution", "equivalence"]  # the same, in the slow views' group
 KEPT = ["checkpoint", "image_file", "tab", "compare_models", "compare_depth"]  # what a link it leaves out keeps
 COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px", "col_px"]  # compare mode's
 
 
-def link_outputs() -> list[str]:
+def query_fields(state_type: type = ViewState) -> list[str]:
+    """All a table is made from: the fields of ``state_type``'s query, each its control's ``elem_id``."""
+    return [item.name for item, _ in settings(state_type().query)]
+
+
+def link_outputs(state_type: type = ViewState) -> list[str]:
     """What a link or a lesson's step sets (:meth:`Explorer.view`)."""
     return ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px",
-            *[name for name in KNOBS if name != "head"], "tabs", "tab", "focus_rule", "compare_models",
-            "compare_depth", "link_note"]
+            *[name for name in knob_names(state_type().query) if name != "head"], "tabs", "tab", "focus_rule",
+            "compare_models", "compare_depth", "link_note"]
 
 
-# The views, by name: (handler, inputs, outputs), each a component's elem_id.
-VIEWS = {
-    "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
-    "link": ("on_link", KEPT, link_outputs()),
-    "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*link_outputs(), "lesson_text", "lesson_step"]),
-    "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", *KEPT],
-                    [*link_outputs(), "lesson_text", "lesson_step"]),
-    "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", *KEPT],
-                    [*link_outputs(), "lesson_text", "lesson_step"]),
-    "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
-                          ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
-    "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
-    "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
-    "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
-    "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
-    "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
-                               COMPARE_LAYERS),
-    "example": ("on_example", [], ["image_file"]),
-    "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
-    "first_render": ("on_first_render", QUERY, ["explorer"]),
-    "table": ("on_table", QUERY, ["explorer"]),
-    "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
-    "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
-    "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", "hops", "head"],
-             ["hop_view"]),
-    "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
-    "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
-                                         "equivalence_plot", "spectrum_models_plot"]),
-    "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
-    "pixel_query": ("on_pixel_query", ["image_file", "pixel_row", "pixel_col"], ["pixel_row", "pixel_col"]),
-    "pixels": ("on_pixels", ["image_file", "pixel_row", "pixel_col", "pixel_k", "position_weight"], ["pixel_plot"]),
-}
+def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[str]]]:
+    """The views, by name: (handler, inputs, outputs), each a component's elem_id (``state_type``: the view's class,
+    whose query's fields a table is made from)."""
+    query, links = query_fields(state_type), link_outputs(state_type)
+    return {
+        "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
+        "link": ("on_link", KEPT, links),
+        "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*links, "lesson_text", "lesson_step"]),
+        "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", *KEPT], [*links, "lesson_text", "lesson_step"]),
+        "lesson_back": ("on_lesson_back", ["lesson", "lesson_step", *KEPT], [*links, "lesson_text", "lesson_step"]),
+        "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
+                              ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
+        "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
+        "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
+        "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
+        "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
+        "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
+                                   COMPARE_LAYERS),
+        "example": ("on_example", [], ["image_file"]),
+        "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
+        "first_render": ("on_first_render", query, ["explorer"]),
+        "table": ("on_table", query, ["explorer"]),
+        "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
+        "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
+        "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", "hops", "head"],
+                 ["hop_view"]),
+        "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
+        "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
+                                             "equivalence_plot", "spectrum_models_plot"]),
+        "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
+        "pixel_query": ("on_pixel_query", ["image_file", "pixel_row", "pixel_col"], ["pixel_row", "pixel_col"]),
+        "pixels": ("on_pixels", ["image_file", "pixel_row", "pixel_col", "pixel_k", "position_weight"], ["pixel_plot"]),
+    }
+
+
 # The refresh policy: what each change runs, in order. What the page shows first comes first (the prediction and
 # the explorer's table); a click or a hover in the explorer runs nothing here (the page answers it from the table);
 # the slow views (attribution, the equivalence demo) never run in a refresh, they are reset to their prompt and
@@ -518,41 +428,36 @@ IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_i
                "compare_if_open"]
 VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels",  # after a link or a lesson's step: anything
               "compare_layers_if_open", "compare_if_open"]
-REFRESH = {
-    ("demo", "load"): ["link", *VIEW_CHAIN],
-    ("checkpoint", "input"): ["model", *MODEL_CHAIN],
-    ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN],
-    ("examples", "select"): ["example", *IMAGE_CHAIN],
-    ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
-    ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
-    ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
-    ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
-    ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
-    ("compare_tab", "select"): ["compare_layers", "compare"],
-    ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
-    ("compare_depth", "release"): ["compare_layers", "compare"],
-    **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
-    ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
-    **{(knob, "release" if how.step else "blur"): ["table", *(["hops"] if knob == "head" else [])]
-       for item, how in settings(Query) if how.is_knob for knob in [item.name]},
-    ("hops", "release"): ["hops"],
-    ("pixel_k", "release"): ["pixels"],
-    ("position_weight", "release"): ["pixels"],
-    **{(box, "blur"): ["pixels"] for box in ("pixel_row", "pixel_col")},
-}
 
 
-# The knob values each drawn table was made from, kept in the page (the explorer's .change, run in the page); a
-# refused knob value is put back to them, so that the next change of another knob is not refused for it again.
-KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
-RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
-# The page's address with a view's query string, copied to the clipboard where the browser allows it.
-COPY_LINK_JS = """(query) => {
-  const rule = document.querySelector("#explorer .cx")?.dataset.rule;
-  const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
-  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
-  return url;
-}"""
+def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[str]]:
+    """The refresh policy (above): (component, event) → the views it runs (:func:`views`), in order; each rule knob
+    of ``state_type``'s query (its control's event: a slider's release, a number box's blur) redraws the table."""
+    return {
+        ("demo", "load"): ["link", *VIEW_CHAIN],
+        ("checkpoint", "input"): ["model", *MODEL_CHAIN],
+        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN],
+        ("examples", "select"): ["example", *IMAGE_CHAIN],
+        ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
+        ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
+        ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
+        ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
+        ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
+        ("compare_tab", "select"): ["compare_layers", "compare"],
+        ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
+        ("compare_depth", "release"): ["compare_layers", "compare"],
+        **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
+        ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
+        **{(item.name, "release" if how.step else "blur"): ["table", *(["hops"] if item.name == "head" else [])]
+           for item, how in settings(state_type().query) if how.is_knob},
+        ("hops", "release"): ["hops"],
+        ("pixel_k", "release"): ["pixels"],
+        ("position_weight", "release"): ["pixels"],
+        **{(box, "blur"): ["pixels"] for box in ("pixel_row", "pixel_col")},
+    }
+
+
+VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
 
 
 def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
@@ -563,13 +468,13 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         ui[component.elem_id] = component
         return component
 
-    upload_mb, left_out = ex.max_upload_mb, ex.left_out()
+    upload_mb, left_out, query_type = ex.max_upload_mb, ex.left_out(), type(ex.state_type().query)
     ui["uploads"] = gr.State([])  # this session's uploaded checkpoints (a State has no elem_id)
     gr.Markdown(f"# ConvNN Explorer\nConvolution and attention as one k-nearest-neighbour operation · compute "
                 f"path: **{an.compute_path(ex.device)}**", elem_id="title")
     with gr.Row(equal_height=False, elem_id="main_row"):
         with gr.Column(scale=2, min_width=300, elem_id="pick_column"):
-            guide = [gr.Markdown(text, visible=False) for text in GUIDE[:2]]
+            guide = [gr.Markdown(text, visible=False) for text in texts.GUIDE[:2]]
             add(gr.Dropdown(ex.choices([]), value=ex.default_checkpoint(), label="Model", allow_custom_value=True,
                             elem_id="checkpoint"))
             add(gr.Textbox("\n".join(left_out), label="Left out of the model list: they cannot be opened",
@@ -583,28 +488,28 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))
             add(gr.Dropdown(label="Layer", allow_custom_value=True, elem_id="layer"))
             with gr.Row(elem_id="query_boxes"):  # the clicked pixel (a phone taps instead: hidden there)
-                add(control(Query, "row_px", min_width=90))
-                add(control(Query, "col_px", min_width=90))
+                add(control(query_type, "row_px", min_width=90))
+                add(control(query_type, "col_px", min_width=90))
             # The selection knobs beside the explorer they change (below it on a phone, after the layer): number
             # boxes two to a row, then the sliders.
             with gr.Group(elem_id="knobs"):
-                boxes = [name for name in KNOBS if not control_setting(Query, name).step]
+                knobs = [(item.name, how) for item, how in settings(query_type) if how.is_knob]
+                boxes = [name for name, how in knobs if not how.step]
                 for index in range(0, len(boxes), 2):
                     with gr.Row() if len(boxes[index:index + 2]) == 2 else contextlib.nullcontext():
                         for name in boxes[index:index + 2]:
-                            add(control(Query, name, min_width=130))
-                for name in KNOBS:
-                    if name not in boxes:
-                        add(control(Query, name, min_width=200))
+                            add(control(query_type, name, min_width=130))
+                for name in (name for name, _ in knobs if name not in boxes):
+                    add(control(query_type, name, min_width=200))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
             with gr.Row(elem_id="link_row"):
                 add(gr.Button("Copy a link to this view", size="sm", elem_id="link_button", min_width=120))
                 add(gr.Textbox(label="link", show_label=False, interactive=False, buttons=["copy"], elem_id="link",
-                               placeholder=LINK_NOTE, min_width=160))
+                               placeholder=texts.LINK_NOTE, min_width=160))
             add(gr.Markdown("", elem_id="link_note"))
             add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
-            guide += [gr.Markdown(text, visible=False) for text in GUIDE[2:4]]
+            guide += [gr.Markdown(text, visible=False) for text in texts.GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             # Right above the explorer: a step's text next to what it describes, on a desktop and on a phone.
             with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
@@ -613,14 +518,13 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                                     elem_id="lesson", scale=3))
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
-                add(gr.Markdown("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says "
-                                "in plain words what to look at.", elem_id="lesson_text"))
+                add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))
             add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("explorer.js"),
                         padding=False))
             add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
     ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
-    ui["tab"] = gr.State(next(iter(TABS)))  # the tab open, for a link (Tabs send no value of their own)
+    ui["tab"] = gr.State(next(iter(texts.TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):
         add(gr.Textbox(label="Model card", lines=8, max_lines=12, interactive=False, show_label=False,
                        elem_id="card"))
@@ -631,36 +535,36 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         add(gr.Button("Export this query", elem_id="export_button"))
         add(gr.File(file_count="multiple", label="Downloads", elem_id="exports"))
         add(gr.JSON(label="Neighbours (JSON)", elem_id="neighbors_data"))
-    guide.append(gr.Markdown(GUIDE[4], visible=False))
+    guide.append(gr.Markdown(texts.GUIDE[4], visible=False))
     with add(gr.Tabs(elem_id="tabs", overflow_behavior="wrap")):  # every view's name in sight, on a phone too
-        with gr.Tab(TABS["weights"], id="weights"):
+        with gr.Tab(texts.TABS["weights"], id="weights"):
             add(gr.Markdown(elem_id="weights_note"))
             with gr.Row():
                 add(gr.Plot(label="kernel", elem_id="kernel_plot"))
                 add(gr.Plot(label="per rank slot", elem_id="slot_plot"))
-        with gr.Tab(TABS["mix"], id="mix"):
+        with gr.Tab(texts.TABS["mix"], id="mix"):
             add(gr.Markdown(elem_id="mix_note"))
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))
-        with gr.Tab(TABS["attribution"], id="attribution"):
+        with gr.Tab(texts.TABS["attribution"], id="attribution"):
             with gr.Row():
                 add(gr.Dropdown([(label, method) for method, label in an.ATTRIBUTION_METHODS.items()],
                                 value="saliency", label="method", elem_id="method"))
                 add(gr.Textbox("", label="class (empty = predicted)", elem_id="target"))
                 add(gr.Button("Compute attribution", variant="primary", elem_id="attribution_button"))
                 add(gr.Button("Cancel", elem_id="attribution_cancel"))
-            add(gr.Markdown(ATTRIBUTION_PROMPT, elem_id="attribution_note"))
+            add(gr.Markdown(texts.ATTRIBUTION_PROMPT, elem_id="attribution_note"))
             add(gr.Plot(label="attribution", elem_id="attribution_plot"))
-        with gr.Tab(TABS["spectrum"], id="spectrum"):
+        with gr.Tab(texts.TABS["spectrum"], id="spectrum"):
             add(gr.Plot(label="spectrum", elem_id="spectrum_plot"))
             add(gr.Button("Place every shipped model on this image", elem_id="spectrum_models_button"))
             add(gr.Plot(label="every model", elem_id="spectrum_models_plot"))
-        with add(gr.Tab(TABS["compare"], id="compare", elem_id="compare_tab")):
+        with add(gr.Tab(texts.TABS["compare"], id="compare", elem_id="compare_tab")):
             with gr.Row():
                 compare_choices = ex.choices([])
                 add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,  # past the limit:
                                 label=f"models, one column each (2–{an.MAX_COMPARED})",  # on_compare_pick
                                 elem_id="compare_models", scale=3))
-                add(control(ViewState, "compare_depth", scale=2, min_width=200))
+                add(control(ex.state_type, "compare_depth", scale=2, min_width=200))
             with gr.Row():
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
@@ -668,18 +572,17 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.HTML(None, elem_id="compare", html_template='<div class="cc"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("compare.js"),
                         padding=False))
-        with gr.Tab(TABS["equivalence"], id="equivalence"):
+        with gr.Tab(texts.TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
-            add(gr.Markdown(EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
+            add(gr.Markdown(texts.EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
             add(gr.Plot(label="ConvNN vs the operation it equals", elem_id="equivalence_plot"))
-        with gr.Tab(TABS["hops"], id="hops"):
-            gr.Markdown("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through "
-                        "consecutive layers' selections (follows the click above).")
+        with gr.Tab(texts.TABS["hops"], id="hops"):
+            gr.Markdown(texts.HOPS_INTRO)
             add(CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)", elem_id="hops"))
             add(gr.HTML(None, elem_id="hop_view", html_template='<div class="cx-hops"></div>',
                         css_template=_web("explorer.css"), js_on_load=_web("hops.js"), padding=False))
-        with gr.Tab(TABS["pixels"], id="pixels"):
-            gr.Markdown("No trained model: each pixel's colour (+ position) is its feature. Click a pixel.")
+        with gr.Tab(texts.TABS["pixels"], id="pixels"):
+            gr.Markdown(texts.PIXELS_INTRO)
             with gr.Row():
                 add(gr.Image(type="numpy", format="png", interactive=False, show_label=False, buttons=[],
                              elem_id="pixel_image"))
@@ -693,70 +596,21 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
     return ui
 
 
-def control_setting(view: type, name: str) -> an.Setting:
-    """The :class:`analysis.Setting` of the field ``name`` of ``view`` (a Query or ViewState class)."""
-    return next(how for item, how in settings(view) if item.name == name)
-
-
-def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
-    """The control of the number field ``name`` of ``view``, from its setting (label, bounds, a slider's step) and
-    default: a number box, or a slider; ``layout``: Gradio's layout arguments (``min_width``, ``scale``)."""
-    how, default = control_setting(view, name), next(f.default for f in dataclasses.fields(view) if f.name == name)
-    if how.step:
-        return CheckedSlider(how.minimum, how.maximum, value=default, step=how.step, label=how.label,
-                             elem_id=name, visible=how.visible, **layout)
-    return CheckedNumber(default, precision=0 if how.kind == "whole" else None, minimum=how.minimum,
-                         maximum=how.maximum, label=how.label, elem_id=name, visible=how.visible, **layout)
-
-
 @functools.cache
 def _web(name: str) -> str:
     """A file of the page's own JavaScript or CSS, from the ``web/`` folder beside this file."""
     return (WEB_DIR / name).read_text(encoding="utf-8")
 
 
-def wire(ex: Explorer, ui: dict, fn_name: str, inputs: list[str], outputs: list[str]):
-    """The ``fn``, ``inputs`` and ``outputs`` keywords of a Gradio event: the Explorer method ``fn_name``, called
-    with each input value as the keyword of its component's name in ``ui`` (its ``elem_id``), those of the view
-    gathered in one place: an :class:`analysis.Query` of the inputs among its fields as ``query`` (its other fields
-    at their defaults), and that query in an :class:`analysis.ViewState` with the tab and compare mode's inputs as
-    ``state``; plus the request and, if it takes them, the event data (``evt``) and Gradio's progress tracker
-    (``progress``). Gradio passes inputs given as a set as one ``{component: value}`` dict; a handler of several
-    outputs returns ``{name: value}``."""
-    fn = getattr(ex, fn_name)
-    params = inspect.signature(fn).parameters
-    extra = [p for p in ("evt", "progress") if p in params]
-    names = {block._id: name for name, block in ui.items() if name in inputs}
-
-    def handler(*args):
-        values, request, *special = args if inputs else ({}, *args)
-        kwargs = dict(zip(extra, special, strict=True))
-        page = {names[block._id]: value for block, value in values.items()}
-        if "query" in params or "state" in params:
-            query = Query(**{name: page.pop(name) for name in QUERY if name in page})
-            if "state" in params:
-                query = ViewState(query=query, **{name: page.pop(name) for name in VIEW if name in page})
-            page["query" if "query" in params else "state"] = query
-        result = fn(**page, request=request, **kwargs)
-        return {ui[name]: value for name, value in result.items()} if len(outputs) > 1 else result
-
-    annotations = {"values": dict, "request": gr.Request, "evt": gr.SelectData, "progress": gr.Progress}
-    order = (["values"] if inputs else []) + ["request", *extra]
-    handler.__signature__ = inspect.Signature([
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[name],
-                          default=gr.Progress(track_tqdm=True) if name == "progress" else inspect.Parameter.empty)
-        for name in order])
-    handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
-    handler.__name__ = fn_name
-    return {"fn": handler, "inputs": {ui[name] for name in inputs} or None, "outputs": [ui[name] for name in outputs]}
-
-
 def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     """The page (:func:`build_layout`) and its events: the refresh policy (:data:`REFRESH`), then the actions."""
     ex = explorer or Explorer()
-    with gr.Blocks(title="ConvNN Explorer", delete_cache=(FILE_SWEEP_S, FILE_MAX_AGE_S)) as demo:
+    query, table_views = query_fields(ex.state_type), views(ex.state_type)  # the explorer's view, as ex shows it
+    knob_fields = knob_names(ex.state_type().query)
+    with gr.Blocks(title="ConvNN Explorer", delete_cache=(limits.FILE_SWEEP_S, limits.FILE_MAX_AGE_S)) as demo:
         ui = build_layout(ex)
         ui["demo"] = demo
+        wired = functools.partial(wire, ex, ui, state_type=ex.state_type)
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
@@ -764,56 +618,56 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # of it on the server: a new model, image, fit or layer in the slow_reset step that ends its chain (no
         # request of its own), a new method or class beside it; so does Cancel. A dropped run's event ends with no
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(SLOW_CONCURRENCY, functools.partial(waiting_events, demo, SLOW_GROUP))
+        runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(waiting_events, demo, limits.SLOW_GROUP))
 
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
             for view in views:
-                step = wire(ex, ui, *VIEWS[view])
+                step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                     step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
                 event = event.then(**step, api_visibility="private")
 
-        knobs = [ui[name] for name in KNOBS]
-        for (source, trigger), views in REFRESH.items():
-            first, *rest = views
-            event = getattr(ui[source], trigger)(**wire(ex, ui, *VIEWS[first]), trigger_mode="always_last",
+        knobs = [ui[name] for name in knob_fields]
+        for (source, trigger), chain in refresh_table(ex.state_type).items():
+            first, *rest = chain
+            event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
             run(rest, event)
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
-            if source in KNOBS:  # a refused knob value goes back to the one the table shown was made from
-                event.failure(None, knobs, knobs, js=RESTORE_KNOBS_JS, api_visibility="private")
+            if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
+                event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
                 # kept also when the table did not change (R = 5 where auto gives 5), else a later refusal of
                 # another knob put R back to 0
-                event.success(None, knobs, None, js=KEEP_KNOBS_JS, api_visibility="private")
-        ui["explorer"].change(None, knobs, None, js=KEEP_KNOBS_JS, api_visibility="private")
+                event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
+        ui["explorer"].change(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
         # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the
         # α animation (explorer.click).
-        ui["explorer"].select(**wire(ex, ui, "on_table_row", [n for n in QUERY if n not in ("row_px", "col_px")],
-                                     ["explorer"]),
-                              api_visibility="private")
-        ui["explorer"].click(**wire(ex, ui, "on_sweep", QUERY, ["sweep"]), api_visibility="private")  # ▶ α
-        ui["hop_view"].select(**wire(ex, ui, "on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops",
-                                                             "head"], ["hop_view"]), api_visibility="private")
+        ui["explorer"].select(**wired("on_table_row", [n for n in query if n not in ("row_px", "col_px")],
+                                ["explorer"]), api_visibility="private")
+        ui["explorer"].click(**wired("on_sweep", query, ["sweep"]), api_visibility="private")  # ▶ α
+        ui["hop_view"].select(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head"],
+                                      ["hop_view"]), api_visibility="private")
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
-        link_copy = ui["link_button"].click(**wire(ex, ui, "on_link_copy", VIEW, ["link", "link_note"]),
+        link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
+                                                         ["link", "link_note"]),
                                             api_visibility="private")
-        link_copy.then(None, ui["link"], ui["link"], js=COPY_LINK_JS, api_visibility="private")
-        ui["export_button"].click(**wire(ex, ui, "on_export", QUERY, ["exports", "neighbors_data"]),
+        link_copy.then(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
+        ui["export_button"].click(**wired("on_export", query, ["exports", "neighbors_data"]),
                                   api_visibility="private")
         pixel_click = ui["pixel_image"].select(ex.on_pixel_click, ui["image_file"],
                                                [ui["pixel_row"], ui["pixel_col"]], api_visibility="private")
         run(["pixels"], pixel_click)
 
-        slow = dict(concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY, trigger_mode="always_last",
-                    api_visibility="private")
+        slow = dict(concurrency_id=limits.SLOW_GROUP, concurrency_limit=limits.SLOW_CONCURRENCY,
+                    trigger_mode="always_last", api_visibility="private")
 
         def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]) -> None:
-            event = wire(ex, ui, fn_name, inputs, outputs)
+            event = wired(fn_name, inputs, outputs)
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
             ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
 
@@ -824,27 +678,23 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                   ["equivalence_text", "equivalence_plot"])
         gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
               api_visibility="private")
-        cancel = wire(ex, ui, "on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
+        cancel = wired("on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
         ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"])},
                                        api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.
-        for fn, api_name in ((ex.api_layers, "layers"), (ex.api_predict, "predict"),
-                             (endpoint(ex.api_neighbors, Query), "neighbors"),
-                             (endpoint(ex.api_table, Query, pixel_default=True), "table"),
-                             (ex.api_export, "export"), (ex.api_spectrum, "spectrum"),
-                             (ex.api_multihop, "multihop"), (ex.api_weights, "weights"), (ex.api_mix, "mix"),
-                             (ex.api_pixels, "pixels"), (ex.api_compare, "compare")):
-            gr.api(fn, api_name=api_name)
-        for fn, api_name in ((ex.api_attribution, "attribution"), (ex.api_equivalence, "equivalence")):
-            gr.api(runs.wrap(fn), api_name=api_name, concurrency_id=SLOW_GROUP, concurrency_limit=SLOW_CONCURRENCY)
-    demo.queue(max_size=MAX_QUEUED_EVENTS, default_concurrency_limit=FAST_CONCURRENCY)
-    Admission(demo, SLOW_GROUP, MAX_SLOW_WAITING)
+        for name in API:
+            gr.api(endpoint(getattr(ex, f"api_{name}"), ex.state_type), api_name=name)
+        for name in SLOW_API:
+            gr.api(runs.wrap(endpoint(getattr(ex, f"api_{name}"), ex.state_type)), api_name=name,
+                   concurrency_id=limits.SLOW_GROUP, concurrency_limit=limits.SLOW_CONCURRENCY)
+    demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
+    Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING)
     return demo
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None):
+           max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None):
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
     page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
     uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
@@ -852,30 +702,30 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
     documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
     URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission."""
     workspace = workspace or default_workspace()
-    size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + REQUEST_SLACK_MB) * 2**20,
+    size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
     app_kwargs = {"middleware": [size_limit],
-                  "lifespan": workspace.lifespan(FILE_SWEEP_S)}
+                  "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
     with app_mcp.serving(mcp_schema or {}):
         return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
                            allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
-                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=MAX_SESSIONS,
-                           max_threads=MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
+                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=limits.MAX_SESSIONS,
+                           max_threads=limits.MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
                            js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp_schema is not None)
 
 
 def main() -> None:
-    an.limit_malloc_arenas(MALLOC_ARENAS)
+    an.limit_malloc_arenas(limits.MALLOC_ARENAS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT
+    env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or limits.DEFAULT_PORT
     parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")
     parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR,
                         help="folder of checkpoints to list (*.json cards + *.safetensors; default: checkpoints/)")
     env_cache = os.environ.get("CONVNN_CACHE_MB") or an.DEFAULT_CACHE_BYTES // 2**20
     parser.add_argument("--cache-mb", type=int, default=int(env_cache),
                         help="bytes all analysis caches may hold together, in MB (default: $CONVNN_CACHE_MB or 512)")
-    parser.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB,
-                        help=f"largest uploaded file (checkpoint or image), MB (default: {MAX_UPLOAD_MB})")
+    parser.add_argument("--max-upload-mb", type=int, default=limits.MAX_UPLOAD_MB,
+                        help=f"largest uploaded file (checkpoint or image), MB (default: {limits.MAX_UPLOAD_MB})")
     parser.add_argument("--mcp", action="store_true",
                         help="also serve the API as MCP tools at /gradio_api/mcp/ (Gradio's MCP server)")
     args = parser.parse_args()

@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import reprlib
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import gradio as gr
@@ -29,7 +30,7 @@ EXAMPLES_DIR = REPO / "examples"
 WEB_DIR = REPO / "web"  # the page's own JavaScript and CSS (the explorer and the multi-hop view)
 DEFAULT_CHECKPOINT = "cnn-l0.5"  # the paper's hybrid layer: the most to see on first load
 COMPARE_DEFAULT = ("cnn-l0", "cnn-l0.5", "cnn-l1")  # compare mode's first columns: convolution, hybrid, pure ConvNN
-API_TYPES = {"text": str, "whole": int, "real": float}  # a setting's kind → its parameter's type in the API
+API_TYPES = {"text": str, "names": list[str], "whole": int, "real": float}  # a setting's kind → its API type
 
 # Gradio's private parts this file touches (tests/server/test_gradio_private.py checks each on the installed Gradio;
 # requirements.txt pins Gradio to the minor versions it passed on).
@@ -39,34 +40,68 @@ GRADIO_PRIVATE = {
 }
 
 
-def endpoint(method, query_type: type = an.Query, pixel_default: bool = False):
-    """``method`` (an ``api_*`` method taking ``query`` and ``request``) as a ``gr.api`` function of plain values:
-    one parameter per field of ``query_type`` (:func:`analysis.settings`: its type from the field's kind), the
-    image as ``image`` (a file uploaded with the request: :meth:`ExplorerAPI.uploaded`), those without a default
-    first (the pixel too, unless ``pixel_default``), then ``request``. Errors a user can cause are messages
-    (:func:`server.user_errors`)."""
-    fields = [(item, how) for item, how in an.settings(query_type)]
-    required = {"checkpoint", "image_file", "layer"} | (set() if pixel_default else {"row_px", "col_px"})
-    parameters = [inspect.Parameter("image" if item.name == "image_file" else item.name,
-                                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                    annotation=FileData if item.name == "image_file" else API_TYPES[how.kind],
-                                    default=inspect.Parameter.empty if item.name in required else item.default)
-                  for item, how in sorted(fields, key=lambda pair: pair[0].name not in required)]
+EVERY_FIELD = "*"  # in an api_* method's parameters (:func:`takes`): every field of the query, in order
+WIRE_NAMES = {"image_file": "image", "compare_models": "checkpoints", "compare_depth": "depth"}  # field → API name
+
+
+def takes(*names: str, required: Iterable[str] = ()) -> Callable:
+    """Declares the parameters an ``api_*`` method has in the API (:func:`endpoint`), in order: fields of the view
+    (:class:`analysis.ViewState`, its query's included; :data:`EVERY_FIELD`: every field of the query, those in
+    ``required`` first), or the method's own keyword parameters. ``required``: the names without a default (the
+    others take the field's default, or the method's own)."""
+    def declare(method: Callable) -> Callable:
+        method.api_parameters = names, frozenset(required)
+        return method
+    return declare
+
+
+def endpoint(method: Callable, state_type: type = an.ViewState) -> Callable:
+    """``method`` (an ``api_*`` method taking ``query`` (an :class:`analysis.Query`) or ``state`` (an
+    :class:`analysis.ViewState`), its own keyword parameters and ``request``) as a ``gr.api`` function of plain
+    values: one parameter per name :func:`takes` declared, a field's type from its kind (:func:`analysis.settings`),
+    a field named in the API by :data:`WIRE_NAMES` (the image: a file uploaded with the request,
+    :meth:`ExplorerAPI.uploaded`), then ``request``; the fields ``state_type`` declares (a new knob included, under
+    :data:`EVERY_FIELD`). Its docstring and its return annotation are ``method``'s, as Gradio reads them from the
+    method itself: a ``tuple[…]`` annotation, once evaluated, would make /export two outputs (two MCP answers, not
+    one list of two files). Errors a user can cause are messages (:func:`server.user_errors`). A method without
+    :func:`takes` is returned as it is."""
+    if not hasattr(method, "api_parameters"):
+        return method
+    names, required = method.api_parameters
+    query_type = next(item.default_factory for item in dataclasses.fields(state_type) if item.name == "query")
+    fields = {item.name: (item, how) for item, how in an.settings(state_type)}
+    in_query = [item.name for item, _ in an.settings(query_type)]
+    if EVERY_FIELD in names:
+        names = sorted(in_query, key=lambda name: name not in required)
+    own, hints = inspect.signature(method).parameters, typing.get_type_hints(method)
+    parameters = []
+    for name in names:
+        if name in fields:
+            item, how = fields[name]
+            annotation = FileData if name == "image_file" else API_TYPES[how.kind]
+            default = inspect.Parameter.empty if name in required else item.default
+        else:
+            annotation, default = hints[name], own[name].default
+        parameters.append(inspect.Parameter(WIRE_NAMES.get(name, name), inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            annotation=annotation, default=default))
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         annotation=gr.Request | None, default=None))
-    returns = typing.get_type_hints(method)["return"]
-    signature = inspect.Signature(parameters, return_annotation=returns)
+    signature = inspect.Signature(parameters, return_annotation=inspect.signature(method).return_annotation)
+    view = [name for name in names if name in fields and name not in in_query]
 
     def call(*args, **kwargs):
         values = signature.bind(*args, **kwargs)
         values.apply_defaults()
-        named = dict(values.arguments)
-        request = named.pop("request")
-        query = query_type(image_file=method.__self__.uploaded(named.pop("image")), **named)
-        return method(query, request=request)
+        named = {name: values.arguments[WIRE_NAMES.get(name, name)] for name in names}
+        if "image_file" in named:
+            named["image_file"] = method.__self__.uploaded(named["image_file"])
+        query = query_type(**{name: named.pop(name) for name in in_query if name in named})
+        state = {name: named.pop(name) for name in view}
+        taken = {"state": state_type(query=query, **state)} if "state" in own else {"query": query}
+        return method(**taken, **named, request=values.arguments["request"])
 
     call.__name__, call.__doc__, call.__signature__ = method.__name__, method.__doc__, signature
-    call.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters} | {"return": returns}
+    call.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
     return user_errors(call)
 
 
@@ -79,7 +114,13 @@ class ExplorerAPI:
         checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
         device (str, optional): where models run; None: CUDA if available, else CPU.
         workspace (an.Workspace): where uploads and exports are kept.
+
+    Attributes:
+        state_type (type): the class of the view the page shows and the API reads (:class:`analysis.ViewState`, or a
+            subclass with more fields: its query's fields become controls, link keys and API parameters).
     """
+
+    state_type: type = an.ViewState
 
     def __init__(self, checkpoint_dir: Path, device: str | None, workspace: an.Workspace) -> None:
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
@@ -206,103 +247,140 @@ class ExplorerAPI:
                                                                   image, result)],
                 "neighbors_data": an.page_json(an.query_record(loaded, image, result))}  # a seed shown exactly
 
-    # -- the API: plain values -------------------------------------------------------------------------------------
-    @user_errors
-    def api_layers(self, checkpoint: str, request: gr.Request | None = None) -> list[dict]:
+    def example_name(self, image_file: str | None) -> str | None:
+        """The example an image file holds (compared by content: an upload may share an example's file name), or
+        None: an uploaded photo, which a link cannot carry."""
+        if not image_file or not isinstance(image_file, str) or not Path(image_file).is_file():
+            return None
+        if Path(image_file).stat().st_size > 2**20:  # the examples are small PNGs
+            return None
+        return self.example_digests.get(hashlib.sha256(Path(image_file).read_bytes()).hexdigest())
+
+    def link(self, state: an.ViewState, tabs: list[str]) -> dict[str, str]:
+        """The query string of ``state`` (:func:`analysis.write_link`: knobs left at their defaults are left out; with
+        compare mode open (``tabs``: the tabs a link may name), its models and depth too) as ``link``, and as
+        ``link_note`` page markup naming what cannot travel in it: an uploaded model or photo, uploaded models
+        compared ("" when everything travels)."""
+        shipped, query, models = self.shipped(), state.query, state.compare_models
+        example = self.example_name(query.image_file)
+        comparing = state.tab == "compare" and isinstance(models, list)
+        compared = comparing and all(name in shipped for name in models)
+        left = [what for what, missing in (("the uploaded model", query.checkpoint not in shipped),
+                                           ("the uploaded photo", example is None),
+                                           ("the uploaded models compared", comparing and not compared)) if missing]
+        note = (f"**This link leaves out {' and '.join(left)}:** it stays on this server, so the link opens "
+                "whatever model or image the opening page has." if left else "")
+        travels = {"model": query.checkpoint if query.checkpoint in shipped else None, "image": example,
+                   "tab": state.tab if state.tab in tabs else None, "compare": models if compared else None,
+                   "depth": state.compare_depth if compared else None}
+        return {"link": an.write_link(state, travels), "link_note": note}
+
+    @staticmethod
+    def hop_fields(loaded: an.LoadedModel, image: an.InputImage, query: an.Query, hops) -> dict:
+        """The multi-hop view's value: the fields of every query where they fit one table
+        (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query's pixel."""
+        probe = loaded.probe(query.layer)
+        queries = None
+        if not an.fits_field_table(probe):
+            row, col = an.query_cell(probe, *query.pixel)
+            queries = (row * probe.width + col,)
+        fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries)
+        return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
+
+    def spectra(self, image: an.InputImage) -> tuple[dict[str, list], list[str]]:
+        """Every shipped model's spectrum on ``image`` (:func:`analysis.selection_spectrum`; loads each model once),
+        by name, and the names of those that cannot be loaded: one broken card in a ``--checkpoints`` folder leaves
+        out only itself."""
+        spectra, refused = {}, []
+        for _, path in an.list_checkpoints(self.checkpoint_dir).found:
+            try:
+                spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
+            except CheckpointError:
+                refused.append(path.stem)
+        return spectra, refused
+
+    # -- the API: plain values (app.build_demo registers each through endpoint(): its parameters are what takes()
+    # -- declares, the method gets them as one query, or view state) --------------------------------------------------
+    @takes("checkpoint", required=["checkpoint"])
+    def api_layers(self, query: an.Query, request: gr.Request | None = None) -> list[dict]:
         """The layers a model's views open, in forward order: ``name``, ``label``, grid ``height``/``width``, K, R,
         r, heads, λ, selection rule… (:class:`analysis.LayerInfo`)."""
-        return [dataclasses.asdict(p) | {"label": an.layer_label(p)} for p in self.model(checkpoint, request).probes]
+        return [dataclasses.asdict(p) | {"label": an.layer_label(p)}
+                for p in self.model(query.checkpoint, request).probes]
 
-    @user_errors
-    def api_predict(self, checkpoint: str, image: FileData, fit: str = "crop",
-                    request: gr.Request | None = None) -> dict[str, float]:
+    @takes("checkpoint", "image_file", "fit", required=["checkpoint", "image_file"])
+    def api_predict(self, query: an.Query, request: gr.Request | None = None) -> dict[str, float]:
         """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability."""
-        image = self.uploaded(image)
-        return an.top_classes(self.model(checkpoint, request), self.image(image, fit))
+        return an.top_classes(*self.loaded(query, request))
 
+    @takes(EVERY_FIELD, required=["checkpoint", "image_file", "layer", "row_px", "col_px"])
     def api_neighbors(self, query: an.Query, request: gr.Request | None = None) -> dict:
         """One query's neighbours under every rule (:func:`analysis.query_record`: cells, ranks, similarities,
         distances, Jaccard overlaps); 0 for K, R, r or the seed means the layer's own."""
         loaded, image, result = self.neighbors(query, request)
         return an.query_record(loaded, image, result)
 
-    @user_errors
-    def api_export(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
-                   num_neighbors: int = 0, window_size: int = 0, num_candidates: int = 0, seed: int = 0,
-                   blend_alpha: float = 0.5, head: int = 0, fit: str = "crop",
-                   request: gr.Request | None = None) -> tuple[FileData, FileData]:
+    @takes(EVERY_FIELD, required=["checkpoint", "image_file", "layer", "row_px", "col_px"])
+    def api_export(self, query: an.Query, request: gr.Request | None = None) -> tuple[FileData, FileData]:
         """One query's overlay (PNG, every rule side by side) and neighbours (JSON), as files to download."""
-        # Its parameters are written out: made by endpoint(), its two files reached MCP clients as one list (#36)
-        query = an.Query(checkpoint, self.uploaded(image), layer, row_px, col_px, num_neighbors, window_size,
-                         num_candidates, seed, blend_alpha, head, fit)
         files = self.export(query, request)["exports"]
         cached = [processing_utils.save_file_to_cache(path, get_upload_folder()) for path in files]  # served from
         return FileData(path=cached[0]), FileData(path=cached[1])  # Gradio's cache: the work dir is never served
 
+    @takes(EVERY_FIELD, required=["checkpoint", "image_file", "layer"])
     def api_table(self, query: an.Query, request: gr.Request | None = None) -> dict:
         """What the page receives for a layer: every query's neighbours, statistics and contributions
         (:func:`analysis.page_table`; arrays base64-packed, little-endian)."""
         return self.table(query, request)
 
-    @user_errors
-    def api_spectrum(self, checkpoint: str, image: FileData, fit: str = "crop",
-                     request: gr.Request | None = None) -> list[dict]:
+    @takes("checkpoint", "image_file", "fit", required=["checkpoint", "image_file"])
+    def api_spectrum(self, query: an.Query, request: gr.Request | None = None) -> list[dict]:
         """Every layer's place on the convolution ↔ attention spectrum on this image: ``layer``,
         ``mean_distance`` (cells), ``window_share`` (in [0, 1]) and ``window_size`` R."""
-        image = self.uploaded(image)
-        rows = an.selection_spectrum(self.model(checkpoint, request), self.image(image, fit))
-        return [dataclasses.asdict(row) for row in rows]
+        return [dataclasses.asdict(row) for row in an.selection_spectrum(*self.loaded(query, request))]
 
-    @user_errors
-    def api_multihop(self, checkpoint: str, image: FileData, layer: str, row_px: int, col_px: int,
-                     num_hops: int = 2, head: int = 0, fit: str = "crop",
-                     request: gr.Request | None = None) -> dict:
+    @takes("checkpoint", "image_file", "layer", "row_px", "col_px", "num_hops", "head", "fit",
+           required=["checkpoint", "image_file", "layer", "row_px", "col_px"])
+    def api_multihop(self, query: an.Query, num_hops: int = 2, request: gr.Request | None = None) -> dict:
         """The query's receptive field through ``num_hops`` layers: ``hops`` (S × S, the first hop reaching each
         model-input pixel, −1 for none), ``layers`` (the layer of each hop ≥ 1) and ``pixel_counts``."""
-        image = self.uploaded(image)
-        field = an.receptive_field(self.model(checkpoint, request), self.image(image, fit), layer,
-                                   an.Query(row_px=row_px, col_px=col_px).pixel, num_hops, head)
+        field = an.receptive_field(*self.loaded(query, request), query.layer, query.pixel, num_hops, query.head)
         return {"hops": field.hops.tolist(), "layers": field.layers, "pixel_counts": field.pixel_counts}
 
-    @user_errors
-    def api_attribution(self, checkpoint: str, image: FileData, method: str = "saliency", target: str = "",
-                        fit: str = "crop", request: gr.Request | None = None) -> dict:
+    @takes("checkpoint", "image_file", "method", "target", "fit", required=["checkpoint", "image_file"])
+    def api_attribution(self, query: an.Query, method: str = "saliency", target: str = "",
+                        request: gr.Request | None = None) -> dict:
         """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
         |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
-        image = self.uploaded(image)
         method, target = self.text(method, "method"), self.text(target, "class")
-        result = an.attribution_map(self.model(checkpoint, request), self.image(image, fit), method, target or None)
+        result = an.attribution_map(*self.loaded(query, request), method, target or None)
         return {"values": result.values.tolist(), "target": result.target, "method": result.method,
                 "note": result.note}
 
-    @user_errors
-    def api_equivalence(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
-                        request: gr.Request | None = None) -> list[dict]:
+    @takes("checkpoint", "image_file", "layer", "fit", required=["checkpoint", "image_file", "layer"])
+    def api_equivalence(self, query: an.Query, request: gr.Request | None = None) -> list[dict]:
         """The equivalence demos of the layer (window ConvNN vs ``conv2d``; ConvNN-attention with K = N vs
         SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``, ``backend``, and the pictures over the
         layer's grid: ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
         (H × W, max |difference| over channels)."""
-        image = self.uploaded(image)
-        results = an.equivalences(self.model(checkpoint, request), self.image(image, fit), layer)
+        results = an.equivalences(*self.loaded(query, request), query.layer)
         return [{name: value.tolist() if isinstance(value, np.ndarray) else value
                  for name, value in dataclasses.asdict(result).items()} for result in results]
 
-    @user_errors
-    def api_weights(self, checkpoint: str, layer: str, request: gr.Request | None = None) -> dict:
+    @takes("checkpoint", "layer", required=["checkpoint", "layer"])
+    def api_weights(self, query: an.Query, request: gr.Request | None = None) -> dict:
         """The layer's learned aggregation kernel over rank slots: ``kernel`` (C_out × K: the L2 norm over input
         channels, or the signed tap of a depthwise kernel, ``signed``), ``slot_norms`` (K: how much the t-th
         neighbour matters) and ``description``."""
-        kernel = an.aggregation_kernel(self.model(checkpoint, request), layer)
+        kernel = an.aggregation_kernel(self.model(query.checkpoint, request), query.layer)
         return {"kernel": kernel.kernel.tolist(), "slot_norms": kernel.slot_norms.tolist(), "signed": kernel.signed,
                 "description": kernel.description}
 
-    @user_errors
-    def api_mix(self, checkpoint: str, image: FileData, layer: str, fit: str = "crop",
-                request: gr.Request | None = None) -> dict:
+    @takes("checkpoint", "image_file", "layer", "fit", required=["checkpoint", "image_file", "layer"])
+    def api_mix(self, query: an.Query, request: gr.Request | None = None) -> dict:
         """A hybrid layer's λ mix on this image: ``branch_ratio`` λ, the channel split, and per cell (H × W) the
         ConvNN ``share`` of the 1×1 mix output and the two branches' norms."""
-        image = self.uploaded(image)
-        mix = an.branch_mix(self.model(checkpoint, request), self.image(image, fit), layer)
+        mix = an.branch_mix(*self.loaded(query, request), query.layer)
         return {"branch_ratio": mix.branch_ratio, "knn_channels": mix.knn_channels,
                 "conv_channels": mix.conv_channels, "share": mix.share.tolist(), "knn_norm": mix.knn_norm.tolist(),
                 "conv_norm": mix.conv_norm.tolist()}
@@ -313,24 +391,27 @@ class ExplorerAPI:
         """The input-level view (no model): the pixel's K most similar pixels by colour (+ position) and the K of
         its window, as boolean masks over the view (``like``, ``near``), their mean distances (pixels) and
         overlap."""
+        # Not the explorer's view: no model, a pixel of the photo itself and a K of its own (the page's pixel_row,
+        # pixel_col and pixel_k), so it takes no Query: its parameters are written out.
         image = an.load_image(self.uploaded(image))
         result = an.pixel_neighbors(image, an.Query(row_px=row_px, col_px=col_px).pixel, num_neighbors, position_weight)
         return {"like": result.like.tolist(), "near": result.near.tolist(), "like_distance": result.like_distance,
                 "near_distance": result.near_distance, "overlap": result.overlap, "window_size": result.window_size}
 
-    @user_errors
-    def api_compare(self, checkpoints: list[str], image: FileData, row_px: int, col_px: int, depth: float = 0.5,
-                    layers: list[str] | None = None, fit: str = "crop",
+    @takes("compare_models", "image_file", "row_px", "col_px", "compare_depth", "layers", "fit",
+           required=["compare_models", "image_file", "row_px", "col_px"])
+    def api_compare(self, state: an.ViewState, layers: list[str] | None = None,
                     request: gr.Request | None = None) -> list[dict]:
         """Compare mode: 2–4 models' neighbours of one query, the pixel given in the first model's input and mapped
         onto each (:func:`analysis.compare_neighbors`); each column's layer from ``layers``, else the layer ``depth``
         of the way through the model. One :func:`analysis.query_record` per column."""
-        image = self.image(self.uploaded(image), fit)
-        models = self.compared(checkpoints, request)
-        names = layers or [an.layer_at_depth(loaded, depth).name for loaded in models]
+        query = state.query
+        image = self.image(query.image_file, query.fit)
+        models = self.compared(state.compare_models, request)
+        names = layers or [an.layer_at_depth(loaded, state.compare_depth).name for loaded in models]
         if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
             raise ValueError("layers must be a list of layer names, one per model")
-        results = an.compare_neighbors(models, image, names, an.Query(row_px=row_px, col_px=col_px).pixel)
+        results = an.compare_neighbors(models, image, names, query.pixel)
         return [an.query_record(loaded, image, result) for loaded, result in zip(models, results, strict=True)]
 
     # -- compare mode -------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The page's inputs as the server checks them: number boxes and sliders that take only what they show
-(:class:`CheckedNumber`, :class:`CheckedSlider`), and the errors a user can cause shown as messages
-(:func:`user_errors`).
+(:class:`CheckedNumber`, :class:`CheckedSlider`; :func:`control` makes one from a field of the view), and the errors
+a user can cause shown as messages (:func:`user_errors`).
 
 Gradio's private parts this module touches are listed in :data:`GRADIO_PRIVATE`, right below the imports
 (``tests/server/test_gradio_private.py`` checks each on the installed Gradio; ``requirements.txt`` pins Gradio to
@@ -17,7 +17,7 @@ from gradio import component_meta
 
 import analysis as an
 
-__all__ = ["GRADIO_PRIVATE", "CheckedNumber", "CheckedSlider", "checked_number", "user_errors"]
+__all__ = ["GRADIO_PRIVATE", "CheckedNumber", "CheckedSlider", "checked_number", "control", "user_errors"]
 
 GRADIO_PRIVATE = {
     "component_meta.create_or_modify_pyi": "called by Gradio's component metaclass to write a .pyi stub beside the "
@@ -82,3 +82,20 @@ with mock.patch.object(component_meta, "create_or_modify_pyi", lambda *args: Non
             return super().preprocess(checked_number(payload, self))
 
 
+
+
+def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
+    """The control of the number field ``name`` of ``view`` (a :class:`analysis.Query` or :class:`analysis.ViewState`
+    class), made from its :class:`analysis.Setting` (label, bounds, a slider's step, whether it shows) and its
+    default: a slider where the setting has a step, else a number box (whole numbers for a "whole" field), its
+    ``elem_id`` the field's name; ``layout``: Gradio's layout arguments (``min_width``, ``scale``).
+
+    Raises:
+        StopIteration: ``view`` has no field ``name``.
+    """
+    item, how = next((item, how) for item, how in an.settings(view) if item.name == name)
+    if how.step:
+        return CheckedSlider(how.minimum, how.maximum, value=item.default, step=how.step, label=how.label,
+                             elem_id=name, visible=how.visible, **layout)
+    return CheckedNumber(item.default, precision=0 if how.kind == "whole" else None, minimum=how.minimum,
+                         maximum=how.maximum, label=how.label, elem_id=name, visible=how.visible, **layout)

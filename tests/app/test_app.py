@@ -23,6 +23,8 @@ from PIL import Image
 
 import analysis as an
 import app
+import app_limits
+import app_texts
 from convnn import load_checkpoint, save_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
@@ -194,7 +196,7 @@ def stored_files(work_dir: Path) -> list[Path]:
 def test_an_upload_with_more_tokens_than_the_budget_is_refused(checkpoint_dir, tmp_path, monkeypatch):
     """A 40 KB random-selection checkpoint at input_size 128 has a 128×128 = 16384-token layer: the "all" rule
     would have asked for 7 GB on the first click. It is refused at upload, and leaves nothing behind."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
     weights, card_path = save_checkpoint(model, tmp_path / "big", dataclasses.replace(card, input_size=128))
@@ -219,7 +221,7 @@ def test_a_card_naming_fewer_classes_than_the_model_outputs_is_refused_at_upload
 
 def test_a_refused_checkpoint_upload_leaves_no_folder_behind(checkpoint_dir, tmp_path, monkeypatch):
     """Whatever the validation raises (here an unexpected RuntimeError), the copied files are removed."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path)
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
 
     def fail(*args, **kwargs):
@@ -313,7 +315,7 @@ def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
 
 
 def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(checkpoint_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "vit-mhsa.json")
     weights, card_path = save_checkpoint(model, tmp_path / "mine8", card, dtype=torch.int8)
@@ -392,7 +394,7 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
     assert [(trigger, step.name) for trigger, step in events if step.fn] == [("select", "on_table_row"),
                                                                               ("click", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values
-    assert in_page == [("change", app.KEEP_KNOBS_JS)]
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
@@ -433,7 +435,7 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     assert values[blocks["explorer"]._id] == expected != before and expected["model"] == "cnn-random"
     hops = explorer.on_hops(**page(new, example_image, layer), hops=2)
     assert values[blocks["hop_view"]._id] == hops
-    assert values[blocks["equivalence_text"]._id] == app.EQUIVALENCE_PROMPT
+    assert values[blocks["equivalence_text"]._id] == app_texts.EQUIVALENCE_PROMPT
     assert values[blocks["attribution_plot"]._id] is None
 
     image = tmp_path / "noise.png"
@@ -513,10 +515,11 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
 def test_uploads_over_the_size_limit_are_refused(app_url):
     import httpx
 
-    too_big = b"\0" * (app.MAX_UPLOAD_MB * 1024 * 1024 + 1)
+    too_big = b"\0" * (app_limits.MAX_UPLOAD_MB * 1024 * 1024 + 1)
     response = httpx.post(f"{app_url}gradio_api/upload", files={"files": ("big.png", too_big)})
     assert response.status_code == 413
-    assert response.text == f"File size exceeded maximum allowed size of {app.MAX_UPLOAD_MB * 1024 * 1024} bytes."
+    cap = app_limits.MAX_UPLOAD_MB * 1024 * 1024
+    assert response.text == f"File size exceeded maximum allowed size of {cap} bytes."
 
 
 def test_the_upload_cap_is_a_flag(monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 
 import analysis as an
 import app
+import app_texts
 from analysis.rendering.overlay import MAX_LABELLED_RANKS
 from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
 from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, page
@@ -135,7 +136,7 @@ def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_the
     the server for that query's, and the view draws it: the pixel counts the API gives."""
     monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)  # the served app's, in this process
     with browser_page(chromium, app_url) as tab:
-        tab.get_by_role("tab", name=app.TABS["hops"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["hops"]).click()
         tab.wait_for_selector(".cx-hops[data-drawn]")
         assert tab.locator(".cx-hops").get_attribute("data-query") == "16,16"
         table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
@@ -188,7 +189,7 @@ def test_enter_in_a_slider_s_box_applies_the_value(app_url, chromium):
         box.fill("0.9")
         box.press("Enter")
         settle(tab, chain, timeout_s=30)  # the slider's event was sent and answered
-        assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app.KEEP_KNOBS_JS)
+        assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app_texts.KEEP_KNOBS_JS)
 
 
 TYPED = {"num_neighbors": ("12", "30"), "window_size": ("7", "9"), "num_candidates": ("64", "120"),
@@ -246,16 +247,16 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     with browser_page(chromium, app_url) as tab:
         errors = []
         tab.on("pageerror", lambda error: errors.append(str(error)))
-        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
         tab.locator("#attribution_button").click()
         tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=60_000)
-        tab.get_by_role("tab", name=app.TABS["equivalence"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["equivalence"]).click()
         tab.locator("#equivalence_button").click()
         tab.wait_for_function("document.querySelector('#equivalence_text').innerText.includes('max |difference|')",
                               timeout=60_000)
         tab.wait_for_selector("#equivalence_plot .js-plotly-plot", timeout=60_000)
         assert tab.locator(".toast-body.error").count() == 0 and errors == []
-        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
         tab.locator("#method input").click()  # occlusion takes seconds: Cancel drops it, and the page says so
         tab.get_by_role("option", name="Occlusion").click()
         requests = []
@@ -273,7 +274,7 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
 def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url, chromium):
     """Compare mode's list dropped a 5th model silently (its max_choices); it is not added now, with a message."""
     with browser_page(chromium, app_url) as tab:
-        tab.get_by_role("tab", name=app.TABS["compare"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
         tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
         settle(tab)
         for name in ("cnn-random", "vit-convnn", "vit-mhsa"):

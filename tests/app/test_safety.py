@@ -31,6 +31,8 @@ from PIL import Image
 import analysis as an
 import app
 import app_api
+import app_limits
+import app_texts
 import server
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
 from tests.app.browser import browser_page
@@ -54,7 +56,7 @@ def copy_checkpoint(source_dir: Path, stem: str, target_dir: Path, new_stem: str
 @pytest.fixture
 def work_dir(tmp_path, monkeypatch) -> Path:
     """A fresh app work dir for the explorers and servers this test makes, Gradio's cache in it (as app.py puts it)."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "work" / "gradio"))
     return tmp_path / "work"
 
@@ -160,16 +162,16 @@ def dependency(demo: gr.Blocks, name: str) -> list:
 
 def test_slow_views_run_in_their_own_limited_group_and_are_dropped_by_a_new_request(explorer):
     demo = app.build_demo(explorer)
-    assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
-    assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
+    assert demo._queue.max_size == app_limits.MAX_QUEUED_EVENTS
+    assert demo._queue.default_concurrency_limit == app_limits.FAST_CONCURRENCY
     slow = [fn for name in ("on_attribution", "on_equivalence", "on_spectrum_models", "api_attribution",
                             "api_equivalence") for fn in dependency(demo, name)]
     assert len(slow) == 5  # the three buttons (no refresh runs them) and the two API endpoints
     for fn in slow:
-        assert (fn.concurrency_id, fn.concurrency_limit) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY)
+        assert (fn.concurrency_id, fn.concurrency_limit) == (app_limits.SLOW_GROUP, app_limits.SLOW_CONCURRENCY)
         assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
     fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
-    assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
+    assert fast and all(fn.concurrency_id != app_limits.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
     assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (server.SlowRuns)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
     # What a slow view reads changed: its run is dropped, for a new method or class by an event of its own, for a
@@ -216,7 +218,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
                                                   blocked_equivalence):
     """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
     request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
-    monkeypatch.setattr(app, "MAX_QUEUED_EVENTS", 2, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
     stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
     started, release = blocked_equivalence
@@ -224,7 +226,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
     fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
     with served(demo) as url:
         assert not stale.exists()  # swept as the server started
-        assert demo.state_session_capacity == app.MAX_SESSIONS  # Gradio keeps the state of so many sessions
+        assert demo.state_session_capacity == app_limits.MAX_SESSIONS  # Gradio keeps the state of so many sessions
         with open(example_image, "rb") as file:
             image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
         data = ["cnn-l0.5", {"path": image, "meta": {"_type": "gradio.FileData"}},
@@ -269,7 +271,7 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
     occlusions (373 s of the shared slow group), and 100 sessions filled the queue so that a new session's click got
     "Queue is full". Now the server refuses a session's second slow request while its first waits or runs, and any
     slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
-    monkeypatch.setattr(app, "MAX_SLOW_WAITING", 2, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_SLOW_WAITING", 2, raising=False)
     started, release = blocked_equivalence
     with slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _):
         try:
@@ -369,7 +371,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
             assert ended[equivalence]["data"] == [{"__type__": "update"}] * 2  # at once: no change to the page
             ended = session_results(url, "s1")  # s1's run started once s0's event ended, and ended at once
             assert ended[attribution]["data"] == [{"__type__": "update"}] * 2
-            assert ended[cancel]["data"] == [None, app.ATTRIBUTION_CANCELLED]  # the Cancel button says so
+            assert ended[cancel]["data"] == [None, app_texts.ATTRIBUTION_CANCELLED]  # the Cancel button says so
             assert attributions == [] and not release.is_set()  # nothing computed; s0's computation still runs
         finally:
             release.set()
@@ -438,10 +440,11 @@ def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
-    part = b"\0" * ((app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB) * 2**20 // 3 + 1)
+    part = b"\0" * ((app_limits.MAX_UPLOAD_MB + app_limits.REQUEST_SLACK_MB) * 2**20 // 3 + 1)
     files = [("files", (f"part{i}-{os.getpid()}.safetensors", part)) for i in range(3)]
     response = httpx.post(f"{app_url}gradio_api/upload", files=files)
-    assert response.status_code == 413 and f"{(app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB)} MB" in response.text
+    cap = app_limits.MAX_UPLOAD_MB + app_limits.REQUEST_SLACK_MB
+    assert response.status_code == 413 and f"{cap} MB" in response.text
     # Refused before any of it was stored (look for these files: the folder holds other tests' uploads).
     assert not list(Path(get_upload_folder()).rglob(f"part*-{os.getpid()}.safetensors"))
 
@@ -449,7 +452,7 @@ def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
 def test_gradios_upload_cache_is_in_the_work_dirs_budget(checkpoint_dir, work_dir, monkeypatch):
     """Gradio's upload cache had no byte limit: 40 posts of 2 × 30 MB filled 2.5 GB in 12 s, deleted only an hour
     later. It is inside the work dir now, and an upload that would take the two past MAX_WORK_DIR_MB is refused."""
-    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_WORK_DIR_MB", 1, raising=False)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     part = b"\0" * 950_000
     with served(app.build_demo(explorer), explorer.workspace) as url:
@@ -467,7 +470,7 @@ def test_gradios_upload_cache_is_in_the_work_dirs_budget(checkpoint_dir, work_di
 
 def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, work_dir, monkeypatch):
     size = sum(p.stat().st_size for p in checkpoint_dir.glob("vit-mhsa.*"))
-    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1.5 * size / 2**20, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_WORK_DIR_MB", 1.5 * size / 2**20, raising=False)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
     explorer.on_checkpoint_upload(files, [], request=SESSION_A)
@@ -484,12 +487,13 @@ def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example
                        request=SESSION_A)
     assert len(files_under(work_dir)) == 4
     assert explorer.workspace.sweep() == 0  # nothing is old yet
-    later = os.stat(work_dir).st_mtime + app.FILE_MAX_AGE_S + 1
+    later = os.stat(work_dir).st_mtime + app_limits.FILE_MAX_AGE_S + 1
     assert explorer.workspace.sweep(now=later) == 2 and files_under(work_dir) == []  # the upload and the export
     with pytest.raises(gr.Error, match="no longer on the server"):
         explorer.on_model(update["value"], request=SESSION_A)
     demo = app.build_demo(explorer)
-    assert demo.delete_cache == (app.FILE_SWEEP_S, app.FILE_MAX_AGE_S)  # Gradio's own cache: uploads, downloads
+    # Gradio's own cache: uploads, downloads
+    assert demo.delete_cache == (app_limits.FILE_SWEEP_S, app_limits.FILE_MAX_AGE_S)
 
 
 def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir):
@@ -507,7 +511,7 @@ def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir)
 def test_the_work_dir_is_not_served_and_exports_come_through_gradios_cache(app_url, checkpoint_dir, example_image):
     from gradio_client import Client, handle_file
 
-    planted = app.WORK_DIR / "planted.json"
+    planted = app_limits.WORK_DIR / "planted.json"
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text("{}")
     try:

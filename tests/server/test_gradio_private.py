@@ -17,9 +17,9 @@ from gradio.queueing import Event, EventQueue, Queue
 
 import app
 import app_api
-from server import controls, guards
+from server import controls, guards, wiring
 
-USERS = (guards, controls, app, app_api)
+USERS = (guards, controls, wiring, app, app_api)
 
 
 @pytest.fixture(scope="module")
