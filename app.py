@@ -9,15 +9,15 @@ from the neighbour table the server sends (:func:`analysis.page_table`); the lay
 each change refreshes is :data:`REFRESH`, and the documented API (``gr.api``, plain values) is the ``api_*``
 methods of :class:`Explorer`.
 
-What one visitor can cost is bounded before work starts: the limits are :mod:`app_limits`; the page's words are
-:mod:`app_texts`; the guards, the checked controls and the events' wiring are :mod:`server`.
+What one visitor can cost is bounded before work starts: the limits are :mod:`app_limits`, how they are applied at
+launch :mod:`app_server`; the page's words are :mod:`app_texts`; the guards, the checked controls and the events'
+wiring are :mod:`server`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -28,33 +28,17 @@ import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP mo
 
 # isort: split
 import gradio as gr
-from gradio.route_utils import API_PREFIX
-from gradio.utils import get_upload_folder
-from starlette.middleware import Middleware
 
 import analysis as an
-import app_mcp
 import app_texts as texts
 from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
-from app_api import CHECKPOINT_DIR, EXAMPLES_DIR, WEB_DIR, ExplorerAPI, endpoint
-from server import Admission, CheckedNumber, CheckedSlider, RequestSizeLimit, SlowRuns, control, user_errors, wire
+from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
+from app_server import default_workspace, launch
+from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, wire
 from server.guards import waiting_events
 
-# Gradio's private parts this file touches (tests/server/test_gradio_private.py checks each on the installed Gradio;
-# requirements.txt pins Gradio to the minor versions it passed on); the server's modules list theirs.
-GRADIO_PRIVATE = {
-    "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
-    "route_utils.API_PREFIX": "the prefix of Gradio's routes (/gradio_api): the upload route's path",
-}
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
-
-
-def default_workspace() -> an.Workspace:
-    """The work dir's uploads and exports, in WORK_DIR/sessions: at most MAX_WORK_DIR_MB together with Gradio's cache
-    (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use (:mod:`app_limits`)."""
-    return an.Workspace(limits.WORK_DIR / "sessions", limits.MAX_WORK_DIR_MB * 2**20, limits.FILE_MAX_AGE_S,
-                        counted=[get_upload_folder()])
 
 
 class Explorer(ExplorerAPI):
@@ -111,11 +95,8 @@ class Explorer(ExplorerAPI):
         columns, layers = [], [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3]
         for checkpoint, loaded, layer in zip(compare_models, self.compared(compare_models, request), layers,
                                              strict=False):
-            size = loaded.card.input_size
-            row_px, col_px = an.clamp_px(query.pixel, size, size)
-            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit,
-                              layer=layer, row_px=row_px, col_px=col_px)
-            columns.append(self.table(column, request, keep_query=False))
+            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit, layer=layer)
+            columns.append(self.table(column.at(query.pixel, loaded.card.input_size), request, keep_query=False))
         return {"columns": columns}
 
     def on_compare_layers_if_open(self, compare_models, compare_depth, tab, request=None):
@@ -148,8 +129,7 @@ class Explorer(ExplorerAPI):
         """What a new model or image shows first: the explorer's table with the prediction, at the query's pixel
         moved inside the model's input (a model of another input size still answers)."""
         size = self.model(query.checkpoint, request).card.input_size
-        row_px, col_px = an.clamp_px(query.pixel, size, size)
-        return self.table(dataclasses.replace(query, row_px=row_px, col_px=col_px), request, keep_query=False)
+        return self.table(query.at(query.pixel, size), request, keep_query=False)
 
     @user_errors
     def on_table(self, query, request=None):
@@ -159,8 +139,7 @@ class Explorer(ExplorerAPI):
     @user_errors
     def on_table_row(self, query, evt: gr.SelectData, request=None):
         """A click's row when K is above the table's bound (the page asks for it, :data:`an.MAX_TABLE_NEIGHBORS`)."""
-        row_px, col_px = self.clicked(evt)
-        return self.table(dataclasses.replace(query, row_px=row_px, col_px=col_px), request)
+        return self.table(query.at(self.clicked(evt)), request)
 
     @user_errors
     def on_sweep(self, query, request=None):
@@ -270,9 +249,7 @@ class Explorer(ExplorerAPI):
         """:meth:`hop_fields` at the query's pixel, moved inside the model's input as the explorer moves a query
         kept across a change of model."""
         loaded, image = self.loaded(query, request)
-        size = loaded.card.input_size
-        row_px, col_px = an.clamp_px(query.pixel, size, size)
-        return self.hop_fields(loaded, image, dataclasses.replace(query, row_px=row_px, col_px=col_px), hops)
+        return self.hop_fields(loaded, image, query.at(query.pixel, loaded.card.input_size), hops)
 
     @user_errors
     def on_hops_row(self, query, hops, evt: gr.SelectData, request=None):
@@ -281,9 +258,7 @@ class Explorer(ExplorerAPI):
         loaded = self.model(query.checkpoint, request)
         if an.fits_field_table(loaded.probe(query.layer)):
             return gr.skip()
-        row_px, col_px = self.clicked(evt)
-        return self.hop_fields(loaded, self.image(query.image_file, query.fit),
-                               dataclasses.replace(query, row_px=row_px, col_px=col_px), hops)
+        return self.hop_fields(loaded, self.image(query.image_file, query.fit), query.at(self.clicked(evt)), hops)
 
     @user_errors
     def on_spectrum(self, query, request=None):
@@ -691,27 +666,6 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
     Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING)
     return demo
-
-
-def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None):
-    """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
-    page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
-    uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
-    while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the
-    documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
-    URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission."""
-    workspace = workspace or default_workspace()
-    size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
-                            workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
-    app_kwargs = {"middleware": [size_limit],
-                  "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
-    with app_mcp.serving(mcp_schema or {}):
-        return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
-                           allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
-                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=limits.MAX_SESSIONS,
-                           max_threads=limits.MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
-                           js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp_schema is not None)
 
 
 def main() -> None:

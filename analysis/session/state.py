@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .images import clamp_px
 from .inputs import real_number, whole_number
 from .selections import RuleOptions
 
@@ -99,6 +100,16 @@ class Query:
             ValueError: not whole numbers; the message names the query row or col.
         """
         return whole_number(self.row_px, "query row"), whole_number(self.col_px, "query col")
+
+    def at(self, pixel: tuple[int, int], size: int | None = None) -> Query:
+        """This query at ``pixel`` (``(row_px, col_px)``), moved to the nearest pixel of a ``size`` × ``size`` model
+        input when ``size`` is given (:func:`analysis.clamp_px`): a query kept across a change of model stays valid.
+
+        Raises:
+            TypeError: ``pixel`` is not a pair of numbers.
+        """
+        row_px, col_px = clamp_px(pixel, size, size) if size is not None else pixel
+        return dataclasses.replace(self, row_px=row_px, col_px=col_px)
 
     def options(self) -> RuleOptions:
         """The rule knobs as :class:`analysis.RuleOptions` (:meth:`RuleOptions.from_ui`: 0 = the layer's own).

@@ -14,6 +14,7 @@ import pytest
 
 import analysis as an
 import app
+import app_server
 import app_texts
 from analysis.rendering.overlay import MAX_LABELLED_RANKS
 from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
@@ -300,7 +301,7 @@ def shipped_url():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = app.build_demo(explorer)
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
     yield url, explorer
     demo.close()
 

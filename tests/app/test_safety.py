@@ -32,6 +32,7 @@ import analysis as an
 import app
 import app_api
 import app_limits
+import app_server
 import app_texts
 import server
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
@@ -191,7 +192,7 @@ def served(demo: gr.Blocks, workspace: an.Workspace | None = None):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=workspace)
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=workspace)
     try:
         yield url
     finally:
@@ -219,7 +220,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
     """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
     request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
     monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
-    stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
+    stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
     started, release = blocked_equivalence
     demo = app.build_demo(explorer)

@@ -1,6 +1,6 @@
-"""Each part of Gradio outside its public API that the server's guards and ``app.py`` touch (their
-``GRADIO_PRIVATE``) is still there, in the form they use. A Gradio upgrade that removes or changes one fails here,
-naming it and who uses it, before a guard quietly stops guarding; ``requirements.txt`` pins Gradio to the minor
+"""Each part of Gradio outside its public API that the server's modules, ``app_server.py`` and ``app_api.py`` touch
+(their ``GRADIO_PRIVATE``) is still there, in the form they use. A Gradio upgrade that removes or changes one fails
+here, naming it and who uses it, before a guard quietly stops guarding; ``requirements.txt`` pins Gradio to the minor
 versions these tests passed on."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from gradio import component_meta, processing_utils, route_utils, utils
 from gradio.data_classes import PredictBodyInternal
 from gradio.queueing import Event, EventQueue, Queue
 
-import app
 import app_api
+import app_server
 from server import controls, guards, wiring
 
-USERS = (guards, controls, wiring, app, app_api)
+USERS = (guards, controls, wiring, app_server, app_api)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_gradio_is_pinned_to_the_minor_versions_these_tests_passed_on():
 
 
 def test_gradios_cache_is_in_the_work_dir_from_the_moment_gradio_is_imported(tmp_path):
-    """app.py sets GRADIO_TEMP_DIR before it imports Gradio, whose MCP module reads it at import (an image sent to
-    an MCP tool went to $TMPDIR/gradio, outside the counted work dir)."""
+    """app.py imports app_limits, which sets GRADIO_TEMP_DIR, before Gradio, whose MCP module reads it at import (an
+    image sent to an MCP tool went to $TMPDIR/gradio, outside the counted work dir)."""
     import os
     import subprocess
     import sys
