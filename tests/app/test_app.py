@@ -467,6 +467,43 @@ def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
 
 
 # -- the API --------------------------------------------------------------------------------------------------------
+KNOB_PARAMETERS = [("num_neighbors", 0), ("window_size", 0), ("num_candidates", 0), ("seed", 0), ("blend_alpha", 0.5),
+                   ("head", 0), ("fit", "crop")]
+DOCUMENTED_API = {  # each endpoint's parameters: a name (required) or (name, default); every endpoint has one output
+    "/layers": ["checkpoint"], "/predict": ["checkpoint", "image", ("fit", "crop")],
+    "/neighbors": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
+    "/table": ["checkpoint", "image", "layer", ("row_px", 16), ("col_px", 16), *KNOB_PARAMETERS],
+    "/export": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
+    "/spectrum": ["checkpoint", "image", ("fit", "crop")],
+    "/multihop": ["checkpoint", "image", "layer", "row_px", "col_px", ("num_hops", 2), ("head", 0), ("fit", "crop")],
+    "/weights": ["checkpoint", "layer"], "/mix": ["checkpoint", "image", "layer", ("fit", "crop")],
+    "/pixels": ["image", "row_px", "col_px", ("num_neighbors", 64), ("position_weight", 0.0)],
+    "/compare": ["checkpoints", "image", "row_px", "col_px", ("depth", 0.5), ("layers", None), ("fit", "crop")],
+    "/attribution": ["checkpoint", "image", ("method", "saliency"), ("target", ""), ("fit", "crop")],
+    "/equivalence": ["checkpoint", "image", "layer", ("fit", "crop")],
+}
+
+
+def test_the_documented_api_keeps_its_parameters_whatever_makes_them(explorer):
+    """The api_* methods take the Query (app_api.endpoint makes their parameters from its fields); what a client
+    sees stays as documented: the names, order, defaults and types, and one output each (/export's two files are one
+    list: a return annotation evaluated by endpoint() made them two outputs, two MCP answers)."""
+    info = app.build_demo(explorer).get_api_info()["named_endpoints"]
+    assert set(info) == set(DOCUMENTED_API)
+    types = {"checkpoint": "str", "checkpoints": "list[str]", "image": "filepath", "layer": "str", "row_px": "int",
+             "col_px": "int", "blend_alpha": "float", "depth": "float", "position_weight": "float", "fit": "str",
+             "layers": "None | list[str]", "method": "str", "target": "str"}
+    for name, parameters in DOCUMENTED_API.items():
+        got = [(p["parameter_name"], p["parameter_default"]) if p["parameter_has_default"] else p["parameter_name"]
+               for p in info[name]["parameters"]]
+        assert got == parameters, name
+        assert all(p["python_type"]["type"] == types.get(p["parameter_name"], "int")
+                   for p in info[name]["parameters"]), name
+        assert len(info[name]["returns"]) == 1, name
+    assert info["/neighbors"]["returns"][0]["python_type"]["type"] == "Any"  # as the method's annotation reads
+    assert info["/layers"]["description"].startswith("The layers a model's views open")
+
+
 def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, example_image):
     from gradio_client import Client, handle_file
 
