@@ -158,18 +158,18 @@ def open_link(params: Mapping[str, object], current: ViewState, shipped: Sequenc
     state = {"compare_models": current.compare_models, "compare_depth": current.compare_depth, "tab": current.tab}
     query = {"checkpoint": current.query.checkpoint, "image_file": current.query.image_file, "fit": current.query.fit}
     named: set[str] = set()
-    if "model" in values:
-        if values["model"] in shipped:
-            query["checkpoint"] = values["model"]
-            named.add("checkpoint")
-        else:
-            problems.append(f"the link's model {echo(values['model'])} is not one of the shipped models")
-    if "image" in values:
-        if values["image"] in examples:
-            query["image_file"] = examples[values["image"]]
-            named.add("image_file")
-        else:
-            problems.append(f"the link's image {echo(values['image'])} is not one of the examples")
+
+    def choose(key: str, name: str, allowed: Mapping[str, object], into: dict, among: str) -> None:
+        """The field ``name`` set to ``allowed``'s value for the link's ``key``, if it is one of them; else a
+        problem naming them (``among``: " the shipped models", ": a, b")."""
+        if key in values and values[key] in allowed:
+            into[name] = allowed[values[key]]
+            named.add(name)
+        elif key in values:
+            problems.append(f"the link's {key} {echo(values[key])} is not one of{among}")
+
+    choose("model", "checkpoint", {name: name for name in shipped}, query, " the shipped models")
+    choose("image", "image_file", examples, query, " the examples")
     loaded = load(query["checkpoint"])
     first = loaded.first_probe
     query["layer"] = values.get("layer", first and first.name)
@@ -203,12 +203,7 @@ def open_link(params: Mapping[str, object], current: ViewState, shipped: Sequenc
             named.add("compare_depth")
         except ValueError as err:
             problems.append(f"the link's depth: {user_error_message(err)}")
-    if "tab" in values:
-        if values["tab"] in tabs:
-            state["tab"] = values["tab"]
-            named.add("tab")
-        else:
-            problems.append(f"the link's tab {echo(values['tab'])} is not one of: {', '.join(tabs)}")
+    choose("tab", "tab", {tab: tab for tab in tabs}, state, f": {', '.join(tabs)}")
     rule = values.get("rule", rules[-1])
     if rule not in rules:
         problems.append(f"the link's rule {echo(rule)} is not one of: {', '.join(rules)}")
