@@ -481,17 +481,26 @@ def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, wo
 
 
 def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example_image, work_dir):
+    """Each stored entry goes FILE_MAX_AGE_S after its own last use. The test aged both against the work dir's time
+    (set by the upload), so an export written more than 1 s after the upload (a loaded machine, the full suite on 2
+    cores) was not old enough and the test failed (1 == 2); the upload is dated a minute back here, so that gap is
+    always there."""
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
     update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
-    explorer.on_export(**page("cnn-l0.5", example_image, row_px=3, col_px=3),
-                       request=SESSION_A)
+    [upload] = explorer.workspace.root.glob("*/*/*")  # an entry: session / kind / entry
+    used = upload.lstat().st_mtime - 60
+    os.utime(upload, (used, used))  # last used a minute before the export
+    explorer.on_export(**page("cnn-l0.5", example_image, row_px=3, col_px=3), request=SESSION_A)
     assert len(files_under(work_dir)) == 4
     assert explorer.workspace.sweep() == 0  # nothing is old yet
-    later = os.stat(work_dir).st_mtime + app_limits.FILE_MAX_AGE_S + 1
-    assert explorer.workspace.sweep(now=later) == 2 and files_under(work_dir) == []  # the upload and the export
+    assert explorer.workspace.sweep(now=used + app_limits.FILE_MAX_AGE_S + 1) == 1  # the upload, not the export
+    assert len(files_under(work_dir)) == 2
     with pytest.raises(gr.Error, match="no longer on the server"):
         explorer.on_model(update["value"], request=SESSION_A)
+    [export] = explorer.workspace.root.glob("*/*/*")
+    later = export.lstat().st_mtime + app_limits.FILE_MAX_AGE_S + 1
+    assert explorer.workspace.sweep(now=later) == 1 and files_under(work_dir) == []  # then the export
     demo = app.build_demo(explorer)
     # Gradio's own cache: uploads, downloads
     assert demo.delete_cache == (app_limits.FILE_SWEEP_S, app_limits.FILE_MAX_AGE_S)
