@@ -6,8 +6,8 @@ Binds 127.0.0.1; the port comes from ``--port``, else ``$PORT`` / ``$GRADIO_SERV
 with a GPU the models run there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
 number and figure comes from :mod:`analysis`; the explorer's clicks are answered in the page by ``web/explorer.js``
 from the neighbour table the server sends (:func:`analysis.page_table`); the layout is :func:`build_layout`, what
-each change refreshes is :data:`REFRESH`, and the documented API (``gr.api``, plain values) is the ``api_*``
-methods of :class:`Explorer`.
+each change refreshes is :data:`REFRESH` (:func:`refresh_table`), and the documented API (``gr.api``, plain values)
+is the ``api_*`` methods of :class:`app_api.ExplorerAPI`, each registered through :func:`app_api.endpoint`.
 
 What one visitor can cost is bounded before work starts: the limits are :mod:`app_limits`, how they are applied at
 launch :mod:`app_server`; the page's words are :mod:`app_texts`; the guards, the checked controls and the events'
@@ -35,8 +35,7 @@ from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_server import default_workspace, launch
-from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, wire
-from server.guards import waiting_events
+from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, waiting_events, wire
 
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
 
@@ -44,10 +43,11 @@ COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each 
 class Explorer(ExplorerAPI):
     """The page's handlers: thin adapters from the page's values to :mod:`analysis`.
 
-    Handlers take the page's values by name, the ``elem_id`` of the component each comes from (:func:`wire` passes
-    them; what the explorer shows comes as one :class:`analysis.Query`, ``query``, or the whole
-    :class:`analysis.ViewState`, ``state``), and the event's ``gr.Request``, whose session owns the uploads and
-    exports it makes (a direct call without one is the one local session).
+    Handlers take the page's values by name, the ``elem_id`` of the component each comes from
+    (:func:`server.wire` passes them; what the explorer shows comes as one :class:`analysis.Query`, ``query``, or
+    the whole :class:`analysis.ViewState`, ``state``, of the class :attr:`state_type`), and the event's
+    ``gr.Request``, whose session owns the uploads and exports it makes (a direct call without one is the one local
+    session).
 
     Args:
         checkpoint_dir (Path): folder of shipped checkpoints (``*.json`` + ``*.safetensors``).
