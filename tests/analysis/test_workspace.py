@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 
@@ -10,6 +9,7 @@ import pytest
 
 from analysis import Workspace
 from analysis.session.workspace import EXPORTS, UPLOADS
+from tests.loops import run_coroutine
 
 
 def files_under(folder) -> list:
@@ -65,7 +65,7 @@ def test_the_lifespan_sweeps_as_the_server_starts(tmp_path):
         async with workspace.lifespan(every_s=3600)(None):
             return entry.exists()
 
-    assert asyncio.run(start_and_stop()) is False
+    assert run_coroutine(start_and_stop()) is False
 
 
 def test_counted_folders_and_room_held_for_other_writers_share_the_byte_bound(tmp_path):

@@ -5,13 +5,11 @@ The browser tests are in ``test_browser.py``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import inspect
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -28,6 +26,7 @@ import app_texts
 from convnn import load_checkpoint, save_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
+from tests.loops import run_coroutine
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 KNOBS = dict(num_neighbors=0, window_size=0, num_candidates=0, seed=0, blend_alpha=0.5, head=0)  # the layer's own
@@ -407,8 +406,7 @@ def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
             args.append(None)
         result = step.fn(*args)
         if inspect.isawaitable(result):  # a coroutine step, in a loop of its own (Playwright's may run in this thread)
-            with ThreadPoolExecutor(1) as pool:
-                result = pool.submit(asyncio.run, result).result()
+            result = run_coroutine(result)
         if isinstance(result, dict) and len(step.outputs) > 1:
             result = [result[block] for block in step.outputs]
         for block, value in zip(step.outputs, result if len(step.outputs) > 1 else (result,), strict=True):

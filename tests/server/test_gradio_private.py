@@ -5,7 +5,6 @@ versions these tests passed on."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import re
 
@@ -18,6 +17,7 @@ from gradio.queueing import Event, EventQueue, Queue
 import app_api
 import app_server
 from server import controls, guards, wiring
+from tests.loops import run_coroutine
 
 USERS = (guards, controls, wiring, app_server, app_api)
 
@@ -55,7 +55,7 @@ def test_the_private_parts_have_the_form_the_guards_use(parts):
     queue = parts["Queue"]
     assert isinstance(queue, Queue) and inspect.iscoroutinefunction(queue.push)
     assert list(inspect.signature(queue.push).parameters) == ["body", "request", "username"]
-    refused = asyncio.run(queue.push(PredictBodyInternal(data=[], fn_index=None), None, None))
+    refused = run_coroutine(queue.push(PredictBodyInternal(data=[], fn_index=None), None, None))
     assert refused == (False, "No function index provided.", "error")  # the answer /queue/join turns into a 400
     assert isinstance(queue.event_queue_per_concurrency_id, dict) and isinstance(queue.active_jobs, list)
     assert parts["EventQueue"].queue == []

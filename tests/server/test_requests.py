@@ -7,6 +7,7 @@ import asyncio
 from analysis import Workspace
 from server import requests
 from server.requests import RequestSizeLimit
+from tests.loops import run_coroutine
 
 
 def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload"
@@ -26,7 +27,7 @@ def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str
 
     middleware.app = app
     scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items())}
-    asyncio.run(middleware(scope, receive, send))
+    run_coroutine(middleware(scope, receive, send))
     return sent
 
 
@@ -86,7 +87,7 @@ def _upload(limit: RequestSizeLimit, length: int, chunks: list[tuple[float, int]
     limit.app = app
     scope = {"type": "http", "method": "POST", "path": "/gradio_api/upload",
              "headers": [(b"content-length", str(length).encode())]}
-    asyncio.run(limit(scope, receive, send))
+    run_coroutine(limit(scope, receive, send))
     return seen
 
 
