@@ -5,7 +5,7 @@ Gradio's server offers every ``gr.api`` endpoint as a tool and reaches it throug
 queue and admission as any call). Left as it is, its 11 tools that take an image described them as "a http or https
 url to a file" and told agents to use an ``upload_file_to_gradio`` tool that this server does not have; a URL got a
 bare 400 (the app fetches nothing), a path "Invalid file data format", and only an undocumented base64 data URI
-worked, written to ``$TMPDIR/gradio`` (read when gradio is imported, before ``app.py`` sets ``GRADIO_TEMP_DIR``),
+worked, written to ``$TMPDIR/gradio`` (Gradio's MCP module read ``GRADIO_TEMP_DIR`` when imported),
 outside the app's counted work dir and never swept; and each answer was ``str()`` of a Python value, not JSON.
 :class:`ExplorerMCPServer` changes exactly that:
 

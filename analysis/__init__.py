@@ -54,7 +54,20 @@ from .session.inputs import (
     user_error_message,
     whole_number,
 )
-from .session.links import LINK_FIELDS, echo, link_query, parse_link
+from .session.links import (
+    LESSON_END,
+    LINK_FIELDS,
+    LessonStep,
+    OpenedLink,
+    echo,
+    fit_to_model,
+    lesson_step,
+    link_fields,
+    link_query,
+    open_link,
+    parse_link,
+    write_link,
+)
 from .session.memory import limit_malloc_arenas, trim_heap
 from .session.models import (
     UPLOAD_PREFIX,
@@ -75,10 +88,21 @@ from .session.selections import (
     rule_selection,
     rule_title,
 )
+from .session.state import (
+    MAX_COMPARED,
+    Query,
+    Setting,
+    ViewState,
+    check_number,
+    compare_list,
+    field_values,
+    knob_names,
+    settings,
+)
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
-from .session.workspace import RequestSizeLimit, Workspace
+from .session.workspace import Workspace
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
-from .views.compare import MAX_COMPARED, compare_neighbors, layer_at_depth, map_pixel
+from .views.compare import compare_neighbors, layer_at_depth, map_pixel
 from .views.draws import SPREAD_DRAWS, DrawSpread, draw_spread
 from .views.equivalence import (
     Equivalence,
@@ -125,6 +149,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "FITS",
     "GRADIENT_NOTE",
+    "LESSON_END",
     "LETTERBOX_RGB",
     "LINK_FIELDS",
     "MAX_COMPARED",
@@ -146,18 +171,22 @@ __all__ = [
     "Equivalence",
     "InputImage",
     "LayerInfo",
+    "LessonStep",
     "LoadedModel",
     "NeighborSet",
     "NeighborTable",
+    "OpenedLink",
     "PixelNeighbors",
+    "Query",
     "QueryNeighbors",
     "ReceptiveField",
     "ReceptiveFields",
-    "RequestSizeLimit",
     "RuleOptions",
     "RuleTable",
     "Selection",
+    "Setting",
     "SpectrumRow",
+    "ViewState",
     "Workspace",
     "aggregation_kernel",
     "attention_equivalence",
@@ -169,9 +198,11 @@ __all__ = [
     "cache_usage",
     "card_summary",
     "cell_rect_px",
+    "check_number",
     "checkpoint_card",
     "clamp_px",
     "click_position",
+    "compare_list",
     "compare_neighbors",
     "compute_path",
     "contribution_norms",
@@ -185,14 +216,19 @@ __all__ = [
     "equivalence_summary",
     "equivalences",
     "export_query",
+    "field_values",
     "fit_image",
+    "fit_to_model",
     "fits_field_table",
     "image_from_array",
     "is_out_of_memory",
     "jaccard",
+    "knob_names",
     "layer_at_depth",
     "layer_label",
+    "lesson_step",
     "limit_malloc_arenas",
+    "link_fields",
     "link_query",
     "list_checkpoints",
     "load_image",
@@ -207,6 +243,7 @@ __all__ = [
     "neighbor_table",
     "neighbors_summary",
     "neighbors_to_dict",
+    "open_link",
     "overlay_png",
     "page_hops",
     "page_json",
@@ -227,10 +264,12 @@ __all__ = [
     "rule_title",
     "selection_spectrum",
     "set_cache_budget",
+    "settings",
     "store_upload",
     "top_classes",
     "trace_image",
     "trim_heap",
     "user_error_message",
     "whole_number",
+    "write_link",
 ]

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import analysis as an
 import app
+import app_limits
 from convnn import ModelCard, create_model, save_checkpoint
 from convnn.presets import preset
 
@@ -65,7 +66,7 @@ def main() -> int:
         upload = explorer.on_checkpoint_upload([str(weights), str(Path(folder) / "vit-b16.json")], [])
         timings["upload_s"] = time.perf_counter() - started
         assert upload["uploads"][0][1]
-    record = {"preset": PRESET, "weights_mb": round(size_mb, 1), "upload_cap_mb": app.MAX_UPLOAD_MB,
+    record = {"preset": PRESET, "weights_mb": round(size_mb, 1), "upload_cap_mb": app_limits.MAX_UPLOAD_MB,
               "layer": layer, "layers": len(shown["layer"]["choices"]),
               **{key: round(value, 2) for key, value in timings.items()},
               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,

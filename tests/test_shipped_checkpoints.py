@@ -148,7 +148,7 @@ def test_every_shipped_model_is_placed_on_one_spectrum_axis():
 
     explorer = app.Explorer(ROOT / "checkpoints", device="cpu")
     image = explorer.examples[0]
-    figure = explorer.on_spectrum_models(image, "crop")
+    figure = explorer.on_spectrum_models(an.Query(image_file=image))
     assert {trace.name for trace in figure.data} == SHIPPED
     rows = an.selection_spectrum(an.load_model(ROOT / "checkpoints" / "cnn-l0.json"), an.load_image(image))
     conv = next(trace for trace in figure.data if trace.name == "cnn-l0")

@@ -87,6 +87,18 @@ class LoadedModel:
         raise ValueError(f"layer {name!r} is not a probe layer of {self.card.name}; "
                          f"choose one of {[p.name for p in self.probes]}")
 
+    @property
+    def first_probe(self) -> LayerInfo | None:
+        """The layer the explorer opens on: the first of a coarser grid than the input (a stem at full resolution
+        says little), else the first; None for a model of no probe layers."""
+        coarser = (p for p in self.probes if p.height < self.card.input_size)
+        return next(coarser, self.probes[0]) if self.probes else None
+
+    @property
+    def max_heads(self) -> int:
+        """The most attention heads of any probe layer (1 for a model of maps only)."""
+        return max((p.num_heads for p in self.probes), default=1)
+
 
 @dataclass(frozen=True)
 class CheckpointList:

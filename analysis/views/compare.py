@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from ..session.images import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import RuleOptions
+from ..session.state import MAX_COMPARED
 from ..session.traces import LayerInfo
 from .neighbors import QueryNeighbors, query_neighbors
 
 __all__ = ["MAX_COMPARED", "compare_neighbors", "layer_at_depth", "map_pixel"]
 
-MAX_COMPARED = 4  # columns
 
 
 def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:

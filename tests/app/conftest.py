@@ -10,6 +10,7 @@ import pytest
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app
+import app_server
 from tests import small_models
 from tests.app import browser
 
@@ -30,6 +31,6 @@ def app_url(explorer):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = app.build_demo(explorer)
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
     yield url
     demo.close()

@@ -5,13 +5,11 @@ The browser tests are in ``test_browser.py``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import inspect
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -23,18 +21,27 @@ from PIL import Image
 
 import analysis as an
 import app
+import app_limits
+import app_texts
 from convnn import load_checkpoint, save_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
+from tests.loops import run_coroutine
 
 CELL_LAYER = "stages.1.0.conv1"  # 16×16 cells, 2×2 px each, on the 32×32 input
 KNOBS = dict(num_neighbors=0, window_size=0, num_candidates=0, seed=0, blend_alpha=0.5, head=0)  # the layer's own
 
 
 def page(checkpoint, image_file, layer=CELL_LAYER, row_px=16, col_px=16, fit="crop", **knobs) -> dict:
-    """The page's values a table is made from (app.QUERY), by name."""
-    return dict(checkpoint=str(checkpoint), image_file=str(image_file), fit=fit, layer=layer, row_px=row_px,
-                col_px=col_px, **{**KNOBS, **knobs})
+    """The page's values a table is made from, as the handlers take them: one query (an.Query)."""
+    return {"query": an.Query(checkpoint=str(checkpoint), image_file=image_file and str(image_file), fit=fit,
+                              layer=layer, row_px=row_px, col_px=col_px, **{**KNOBS, **knobs})}
+
+
+def view(checkpoint, tab=None, compare_models=None, compare_depth=0.5, **query) -> an.ViewState:
+    """The view shown (what a link opens from, or is copied from): ``query``'s fields and the model."""
+    return an.ViewState(an.Query(checkpoint=checkpoint, **query), tab=tab, compare_models=compare_models,
+                        compare_depth=compare_depth)
 
 
 def click(x_px: float, y_px: float) -> gr.SelectData:
@@ -78,7 +85,6 @@ def test_a_k_above_the_table_s_bound_is_answered_one_clicked_query_at_a_time(exp
     payload = explorer.on_table(**values)
     assert payload["queries"] == [16 * 32 + 16] and payload["options"]["num_candidates"] == 1024
     assert any("the random rule draws every token, so it equals the all-tokens rule" in n for n in payload["notes"])
-    del values["row_px"], values["col_px"]
     row = explorer.on_table_row(**values, evt=gr.SelectData(None, {"index": [3, 30], "value": None}))
     assert row["queries"] == [3 * 32 + 30] and len(cells(row, "all", 0)) == 1024
 
@@ -95,7 +101,7 @@ def test_bad_images_give_clear_messages(explorer, tmp_path):
         with pytest.raises(gr.Error, match=message):  # the upload button refuses it before it replaces the image
             explorer.on_image_upload(str(tmp_path / name))
     with pytest.raises(gr.Error, match="Pick an example or upload an image first"):
-        explorer.on_first_render(**{**page(checkpoint, "x"), "image_file": None})
+        explorer.on_first_render(**page(checkpoint, None))
 
 
 def test_what_was_done_to_an_image_is_said_on_the_page(explorer, checkpoint_dir, tmp_path):
@@ -144,7 +150,7 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=101)),
      r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
-    (lambda ex, ck, im: ex.on_hops(str(ck), str(im), "crop", CELL_LAYER, 16, 16, float("inf"), 0),
+    (lambda ex, ck, im: ex.on_hops(**page(ck, im), hops=float("inf")),
      "num_hops must be a whole number, got inf"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
@@ -189,7 +195,7 @@ def stored_files(work_dir: Path) -> list[Path]:
 def test_an_upload_with_more_tokens_than_the_budget_is_refused(checkpoint_dir, tmp_path, monkeypatch):
     """A 40 KB random-selection checkpoint at input_size 128 has a 128×128 = 16384-token layer: the "all" rule
     would have asked for 7 GB on the first click. It is refused at upload, and leaves nothing behind."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
     weights, card_path = save_checkpoint(model, tmp_path / "big", dataclasses.replace(card, input_size=128))
@@ -214,7 +220,7 @@ def test_a_card_naming_fewer_classes_than_the_model_outputs_is_refused_at_upload
 
 def test_a_refused_checkpoint_upload_leaves_no_folder_behind(checkpoint_dir, tmp_path, monkeypatch):
     """Whatever the validation raises (here an unexpected RuntimeError), the copied files are removed."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path)
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
 
     def fail(*args, **kwargs):
@@ -255,7 +261,7 @@ def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example
     checkpoint, image = "vit-convnn", example_image
     message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
-        explorer.on_hops(str(checkpoint), str(image), "crop", "blocks.0.attn", 16, 16, 2, 2)
+        explorer.on_hops(**page(checkpoint, image, "blocks.0.attn", head=2), hops=2)
     with pytest.raises(gr.Error, match=message):
         explorer.on_table(**page(checkpoint, image, "blocks.0.attn", head=2))
 
@@ -269,8 +275,8 @@ def test_a_layer_whose_fields_fit_no_table_sends_the_clicked_query_s_field(explo
     whole = {px: an.receptive_field(loaded, image, CELL_LAYER, px, 2, 0) for px in ((10, 20), (3, 30))}
     monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)
     assert not an.fits_field_table(loaded.probe(CELL_LAYER))  # 256 queries × 1,024 pixels
-    shown = explorer.on_hops("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 10, 20, 2, 0)
-    clicked = explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+    shown = explorer.on_hops(**page("cnn-l0.5", example_image, CELL_LAYER, 10, 20), hops=2)
+    clicked = explorer.on_hops_row(**page("cnn-l0.5", example_image, CELL_LAYER), hops=2,
                                    evt=gr.SelectData(None, {"index": [3, 30], "value": None}))
     for value, px in ((shown, (10, 20)), (clicked, (3, 30))):
         assert value["queries"] == [(px[0] // 2) * 16 + px[1] // 2]  # the one query cell of the 16×16 layer
@@ -281,11 +287,11 @@ def test_a_layer_whose_fields_fit_no_table_sends_the_clicked_query_s_field(explo
                            ([40, 3], r"query pixel \(row=40, col=3\) is outside the 32×32 model input"),
                            ([1.5, 3], "query row must be a whole number, got 1.5")):
         with pytest.raises(gr.Error, match=message) as refused:  # one message, not a message quoted in another
-            explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+            explorer.on_hops_row(**page("cnn-l0.5", example_image, CELL_LAYER), hops=2,
                                  evt=gr.SelectData(None, {"index": index, "value": None}))
         assert not refused.value.message.startswith(("'", '"'))
     monkeypatch.undo()  # the table holds every query again: a click's field is not sent a second time
-    assert explorer.on_hops_row("cnn-l0.5", str(example_image), "crop", CELL_LAYER, 2, 0,
+    assert explorer.on_hops_row(**page("cnn-l0.5", example_image, CELL_LAYER), hops=2,
                                 evt=gr.SelectData(None, {"index": [3, 30], "value": None})) == gr.skip()
 
 
@@ -308,7 +314,7 @@ def test_uploaded_checkpoint_becomes_selectable(explorer, checkpoint_dir):
 
 
 def test_an_int8_upload_says_so_and_a_too_deep_card_is_a_message(checkpoint_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     model, card = load_checkpoint(checkpoint_dir / "vit-mhsa.json")
     weights, card_path = save_checkpoint(model, tmp_path / "mine8", card, dtype=torch.int8)
@@ -387,7 +393,7 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
     assert [(trigger, step.name) for trigger, step in events if step.fn] == [("select", "on_table_row"),
                                                                               ("click", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values
-    assert in_page == [("change", app.KEEP_KNOBS_JS)]
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
@@ -400,8 +406,7 @@ def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
             args.append(None)
         result = step.fn(*args)
         if inspect.isawaitable(result):  # a coroutine step, in a loop of its own (Playwright's may run in this thread)
-            with ThreadPoolExecutor(1) as pool:
-                result = pool.submit(asyncio.run, result).result()
+            result = run_coroutine(result)
         if isinstance(result, dict) and len(step.outputs) > 1:
             result = [result[block] for block in step.outputs]
         for block, value in zip(step.outputs, result if len(step.outputs) > 1 else (result,), strict=True):
@@ -426,9 +431,9 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     assert values[blocks["layer"]._id] == layer == "stages.1.0.conv1"
     expected = explorer.on_first_render(**page(new, example_image, layer))
     assert values[blocks["explorer"]._id] == expected != before and expected["model"] == "cnn-random"
-    hops = explorer.on_hops(new, str(example_image), "crop", layer, 16, 16, 2, 0)
+    hops = explorer.on_hops(**page(new, example_image, layer), hops=2)
     assert values[blocks["hop_view"]._id] == hops
-    assert values[blocks["equivalence_text"]._id] == app.EQUIVALENCE_PROMPT
+    assert values[blocks["equivalence_text"]._id] == app_texts.EQUIVALENCE_PROMPT
     assert values[blocks["attribution_plot"]._id] is None
 
     image = tmp_path / "noise.png"
@@ -443,10 +448,10 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
 
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
     checkpoint = "vit-mhsa"
-    weights = explorer.on_weights(checkpoint, "blocks.0.attn")
+    weights = explorer.on_weights(an.Query(checkpoint=checkpoint, layer="blocks.0.attn"))
     assert "no rank-slot kernel" in weights["weights_note"]
     assert [(weights[p].value, weights[p].visible) for p in ("kernel_plot", "slot_plot")] == [(None, False)] * 2
-    mix = explorer.on_mix(checkpoint, str(example_image), "crop", "blocks.0.attn")
+    mix = explorer.on_mix(**page(checkpoint, example_image, "blocks.0.attn"))
     assert mix["mix_plot"] is None and "not a hybrid layer" in mix["mix_note"]
 
 
@@ -455,11 +460,48 @@ def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
     blocks = blocks_by_id(app.build_demo(explorer))
     assert blocks["method"].choices == [("Saliency", "saliency"), ("Integrated Gradients", "integrated_gradients"),
                                         ("Occlusion", "occlusion")]
-    figure = explorer.on_attribution("cnn-l0.5", str(example_image), "crop", "integrated_gradients", "cat")
+    figure = explorer.on_attribution(**page("cnn-l0.5", example_image), method="integrated_gradients", target="cat")
     assert figure["attribution_plot"].layout.title.text.startswith("Integrated Gradients, class 'cat'")
 
 
 # -- the API --------------------------------------------------------------------------------------------------------
+KNOB_PARAMETERS = [("num_neighbors", 0), ("window_size", 0), ("num_candidates", 0), ("seed", 0), ("blend_alpha", 0.5),
+                   ("head", 0), ("fit", "crop")]
+DOCUMENTED_API = {  # each endpoint's parameters: a name (required) or (name, default); every endpoint has one output
+    "/layers": ["checkpoint"], "/predict": ["checkpoint", "image", ("fit", "crop")],
+    "/neighbors": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
+    "/table": ["checkpoint", "image", "layer", ("row_px", 16), ("col_px", 16), *KNOB_PARAMETERS],
+    "/export": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
+    "/spectrum": ["checkpoint", "image", ("fit", "crop")],
+    "/multihop": ["checkpoint", "image", "layer", "row_px", "col_px", ("num_hops", 2), ("head", 0), ("fit", "crop")],
+    "/weights": ["checkpoint", "layer"], "/mix": ["checkpoint", "image", "layer", ("fit", "crop")],
+    "/pixels": ["image", "row_px", "col_px", ("num_neighbors", 64), ("position_weight", 0.0)],
+    "/compare": ["checkpoints", "image", "row_px", "col_px", ("depth", 0.5), ("layers", None), ("fit", "crop")],
+    "/attribution": ["checkpoint", "image", ("method", "saliency"), ("target", ""), ("fit", "crop")],
+    "/equivalence": ["checkpoint", "image", "layer", ("fit", "crop")],
+}
+
+
+def test_the_documented_api_keeps_its_parameters_whatever_makes_them(explorer):
+    """The api_* methods take the Query (app_api.endpoint makes their parameters from its fields); what a client
+    sees stays as documented: the names, order, defaults and types, and one output each (/export's two files are one
+    list: a return annotation evaluated by endpoint() made them two outputs, two MCP answers)."""
+    info = app.build_demo(explorer).get_api_info()["named_endpoints"]
+    assert set(info) == set(DOCUMENTED_API)
+    types = {"checkpoint": "str", "checkpoints": "list[str]", "image": "filepath", "layer": "str", "row_px": "int",
+             "col_px": "int", "blend_alpha": "float", "depth": "float", "position_weight": "float", "fit": "str",
+             "layers": "None | list[str]", "method": "str", "target": "str"}
+    for name, parameters in DOCUMENTED_API.items():
+        got = [(p["parameter_name"], p["parameter_default"]) if p["parameter_has_default"] else p["parameter_name"]
+               for p in info[name]["parameters"]]
+        assert got == parameters, name
+        assert all(p["python_type"]["type"] == types.get(p["parameter_name"], "int")
+                   for p in info[name]["parameters"]), name
+        assert len(info[name]["returns"]) == 1, name
+    assert info["/neighbors"]["returns"][0]["python_type"]["type"] == "Any"  # as the method's annotation reads
+    assert info["/layers"]["description"].startswith("The layers a model's views open")
+
+
 def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, example_image):
     from gradio_client import Client, handle_file
 
@@ -508,10 +550,11 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
 def test_uploads_over_the_size_limit_are_refused(app_url):
     import httpx
 
-    too_big = b"\0" * (app.MAX_UPLOAD_MB * 1024 * 1024 + 1)
+    too_big = b"\0" * (app_limits.MAX_UPLOAD_MB * 1024 * 1024 + 1)
     response = httpx.post(f"{app_url}gradio_api/upload", files={"files": ("big.png", too_big)})
     assert response.status_code == 413
-    assert response.text == f"File size exceeded maximum allowed size of {app.MAX_UPLOAD_MB * 1024 * 1024} bytes."
+    cap = app_limits.MAX_UPLOAD_MB * 1024 * 1024
+    assert response.text == f"File size exceeded maximum allowed size of {cap} bytes."
 
 
 def test_the_upload_cap_is_a_flag(monkeypatch):
@@ -580,13 +623,14 @@ def test_a_link_that_could_not_set_everything_says_so_until_the_message_is_close
     monkeypatch.setattr(gr, "Warning", lambda message, **kwargs: warned.append(kwargs))
     request = gr.Request(session_hash="link")
     request.query_params = {"model": "nope"}
-    assert shipped.on_link("cnn-l0.5", request)["link_note"]
+    assert shipped.on_link(view("cnn-l0.5"), request)["link_note"]
     assert warned == [{"duration": None}]
 
 
 def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     out = shipped.view({"model": "vit-convnn16", "layer": "blocks.2.attn", "image": "dog_0", "row": "5",
-                        "col": "40", "k": "-1", "alpha": "2", "head": "3", "tab": "spectrum", "zzz": "1"}, "cnn-l0.5")
+                        "col": "40", "k": "-1", "alpha": "2", "head": "3", "tab": "spectrum", "zzz": "1"},
+                       view("cnn-l0.5"))
     assert out["checkpoint"] == "vit-convnn16" and out["layer"]["value"] == "blocks.2.attn"
     assert Path(out["image_file"]).name == "dog_0.png" and out["row_px"] == 5 and out["tab"] == "spectrum"
     assert out["head"]["value"] == 3 and out["head"]["maximum"] == 3  # 4 heads
@@ -594,27 +638,27 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     assert (out["col_px"], out["num_neighbors"], out["blend_alpha"], out["seed"]) == (16, 0, 0.5, 0)
     for named in ("col must be below 32", "K (0 = layer's) must be in [0", "blend α", "`zzz`"):
         assert named in out["link_note"], named
-    bad = shipped.view({"model": "../../etc/passwd", "layer": "nope", "image": "x", "tab": "secret"}, "cnn-l0.5")
+    bad = shipped.view({"model": "../../etc/passwd", "layer": "nope", "image": "x", "tab": "secret"}, view("cnn-l0.5"))
     assert "checkpoint" not in bad or bad["checkpoint"] == gr.update()
     assert all(word in bad["link_note"] for word in ("model", "layer", "image", "tab"))
     assert str(SHIPPED_DIR) not in bad["link_note"]
-    too_many = shipped.view({"k": "999999999999", "layer": "stages.2.0.conv1"}, "cnn-l0.5")  # K > the 8×8 grid
+    too_many = shipped.view({"k": "999999999999", "layer": "stages.2.0.conv1"}, view("cnn-l0.5"))  # K > the 8×8 grid
     assert "K (neighbours per query) must be in [1, 64]" in too_many["link_note"] and too_many["num_neighbors"] == 0
-    ruled = shipped.view({"rule": "window"}, "cnn-l0.5")  # the rule shown large goes to the page's hidden box
+    ruled = shipped.view({"rule": "window"}, view("cnn-l0.5"))  # the rule shown large goes to the page's hidden box
     assert ruled["focus_rule"].startswith("window@") and ruled["link_note"] == ""
-    assert "rule `nope`" in shipped.view({"rule": "nope"}, "cnn-l0.5")["link_note"]
+    assert "rule `nope`" in shipped.view({"rule": "nope"}, view("cnn-l0.5"))["link_note"]
     many = shipped.view({"model": "cnn-l1", "image": "cat_9", "layer": "bogus", "row": "abc", "col": "40",
                          "k": "100000", "tab": "multihop", "rule": "foo", "depth": "7", "compare": "cnn-l0"},
-                        "cnn-l0.5")["link_note"]  # every value it could not set is named (it stopped at six)
+                        view("cnn-l0.5"))["link_note"]  # every value it could not set is named (it stopped at six)
     assert all(name in many for name in ("`bogus`", "row", "col", "`multihop`", "`foo`", "depth", "compare"))
     assert ".;" not in many and "…" not in many and many.endswith(".")
-    plain = shipped.view({}, "cnn-l0.5")  # a plain address: the model's default view, no note
+    plain = shipped.view({}, view("cnn-l0.5"))  # a plain address: the model's default view, no note
     assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
     assert plain["compare_models"] == gr.update() and plain["compare_depth"] == gr.update()  # compare stays as is
 
 
 def test_a_link_sets_compare_modes_models_and_depth(shipped):
-    out = shipped.view({"tab": "compare", "compare": "cnn-l0,vit-mhsa", "depth": "0.25"}, "cnn-l0.5")
+    out = shipped.view({"tab": "compare", "compare": "cnn-l0,vit-mhsa", "depth": "0.25"}, view("cnn-l0.5"))
     assert (out["compare_models"], out["compare_depth"], out["tab"], out["link_note"]) == (
         ["cnn-l0", "vit-mhsa"], 0.25, "compare", "")
     once = "Pick 2 to 4 models to compare, each once"
@@ -624,20 +668,21 @@ def test_a_link_sets_compare_modes_models_and_depth(shipped):
                           ({"compare": "cnn-l0,../../etc"}, "names separated by commas"),
                           ({"compare": "cnn-l0,,cnn-l1"}, "names separated by commas"),
                           ({"depth": "1.5"}, "the link's depth"), ({"depth": "nan"}, "the link's depth")):
-        refused = shipped.view(params, "cnn-l0.5")
+        refused = shipped.view(params, view("cnn-l0.5"))
         assert named in refused["link_note"], params
         assert refused["compare_models"] == gr.update() and refused["compare_depth"] == gr.update(), params
 
 
 def test_a_copied_link_reopens_the_same_view(shipped):
     image = next(path for path in shipped.examples if Path(path).stem == "ship_1")
-    copied = shipped.on_link_copy("cnn-l0.5-random32", image, "stages.2.0.conv1", 3, 30, 4, 0, 64, 7, 0.25, 0,
-                                  "hops")
+    copied = shipped.on_link_copy(view("cnn-l0.5-random32", "hops", image_file=image, layer="stages.2.0.conv1",
+                                       row_px=3, col_px=30, num_neighbors=4, num_candidates=64, seed=7,
+                                       blend_alpha=0.25))
     query = copied["link"]
     assert copied["link_note"] == ""
     assert query == ("model=cnn-l0.5-random32&image=ship_1&layer=stages.2.0.conv1&row=3&col=30&k=4&r=64&seed=7"
                      "&alpha=0.25&tab=hops")
-    out = shipped.view(dict(pair.split("=") for pair in query.split("&")), "cnn-l0.5")
+    out = shipped.view(dict(pair.split("=") for pair in query.split("&")), view("cnn-l0.5"))
     assert out["link_note"] == ""
     assert (out["checkpoint"], out["layer"]["value"], Path(out["image_file"]).stem) == ("cnn-l0.5-random32",
                                                                                          "stages.2.0.conv1", "ship_1")
@@ -649,21 +694,22 @@ def test_a_copied_link_reopens_the_same_view(shipped):
     assert shipped.example_name(str(upload)) == "ship_1"
     upload.write_bytes(Path(image).read_bytes() + b"x")
     assert shipped.example_name(str(upload)) is None  # another image: a link leaves it out, and says so
-    copied = shipped.on_link_copy("upload:abc", str(upload), "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 1e-5, 0, "hops")
+    copied = shipped.on_link_copy(view("upload:abc", "hops", image_file=str(upload), layer="stages.2.0.conv1",
+                                       row_px=3, col_px=30, blend_alpha=1e-5))
     assert "uploaded model and the uploaded photo" in copied["link_note"] and "image=" not in copied["link"]
     values, problems = an.parse_link(dict(pair.split("=") for pair in copied["link"].split("&")))
     assert problems == [] and values["alpha"] == 1e-5  # what repr writes reads back
     compared = ["cnn-l0", "cnn-l0.5", "cnn-l1"]  # compare mode open: its models and depth travel too
-    copied = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "compare",
-                                  compared, 0.75)
+    copied = shipped.on_link_copy(view("cnn-l0.5", "compare", compared, 0.75, image_file=image,
+                                       layer="stages.2.0.conv1", row_px=3, col_px=30))
     assert copied["link"].endswith("&tab=compare&compare=cnn-l0,cnn-l0.5,cnn-l1&depth=0.75")
-    out = shipped.view(dict(parse_qsl(copied["link"])), "vit-mhsa")
+    out = shipped.view(dict(parse_qsl(copied["link"])), view("vit-mhsa"))
     assert (out["compare_models"], out["compare_depth"], out["link_note"]) == (compared, 0.75, "")
-    hidden = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "hops",
-                                  compared, 0.75)
+    hidden = shipped.on_link_copy(view("cnn-l0.5", "hops", compared, 0.75, image_file=image,
+                                       layer="stages.2.0.conv1", row_px=3, col_px=30))
     assert "compare=" not in hidden["link"] and "depth=" not in hidden["link"]  # only the open tab's view
-    uploaded = shipped.on_link_copy("cnn-l0.5", image, "stages.2.0.conv1", 3, 30, 0, 0, 0, 0, 0.5, 0, "compare",
-                                    ["cnn-l0", "upload:abc"], 0.75)
+    uploaded = shipped.on_link_copy(view("cnn-l0.5", "compare", ["cnn-l0", "upload:abc"], 0.75, image_file=image,
+                                         layer="stages.2.0.conv1", row_px=3, col_px=30))
     assert "uploaded models compared" in uploaded["link_note"] and "compare=" not in uploaded["link"]
 
 
@@ -674,7 +720,7 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
     for lesson in shipped.lessons:
         steps = lesson["steps"]
         for index, step in enumerate(steps):
-            out = shipped.lesson_step(lesson["title"], index, "cnn-l0.5")
+            out = shipped.lesson_step(lesson["title"], index, view("cnn-l0.5"))
             link = dict(pair.split("=") for pair in step["link"].split("&"))
             assert out["link_note"] == "", (lesson["title"], index, out["link_note"])
             assert out["checkpoint"] == link["model"] and out["layer"]["value"] == link["layer"]
@@ -683,9 +729,9 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
             assert out["lesson_text"].startswith(f"**Step {index + 1} of {len(steps)}.**")
             assert out["lesson_step"] == index
             assert out["lesson_text"].endswith("explore from here.*") == (index == len(steps) - 1)  # the end, said
-        assert shipped.lesson_step(lesson["title"], len(steps) + 3, "cnn-l0.5")["lesson_step"] == len(steps) - 1
-        assert shipped.lesson_step(lesson["title"], -1, "cnn-l0.5")["lesson_step"] == 0
-    unpicked = shipped.lesson_step("Lesson 99", 0, "cnn-l0.5")  # Next before a lesson: a note, no error on every box
+        assert shipped.lesson_step(lesson["title"], len(steps) + 3, view("cnn-l0.5"))["lesson_step"] == len(steps) - 1
+        assert shipped.lesson_step(lesson["title"], -1, view("cnn-l0.5"))["lesson_step"] == 0
+    unpicked = shipped.lesson_step("Lesson 99", 0, view("cnn-l0.5"))  # Next before a lesson: a note, no error
     assert unpicked["lesson_text"].startswith("Pick a lesson first") and unpicked["layer"] == gr.skip()
     words = " ".join(step["text"] for lesson in shipped.lessons for step in lesson["steps"])
     for term in ("mean distance", "Jaccard overlap", "What the layer used", "in R×R"):  # the terms the page uses
@@ -701,17 +747,18 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     assert updates[app.COMPARE_LAYERS[3]]["visible"] is False and updates[app.COMPARE_LAYERS[0]]["label"].startswith(
         "cnn-l0: layer")
     layers = [updates[name].get("value") for name in app.COMPARE_LAYERS]
-    value = explorer.on_compare(models, *layers, str(example_image), "crop", 31, 0)
+    value = explorer.on_compare(models, *layers, **page("-", example_image, row_px=31, col_px=0))
     assert [column["model"] for column in value["columns"]] == models
     assert [column["layer"] for column in value["columns"]] == layers[:3]
     assert all(column["query_px"] == [31, 0] for column in value["columns"])
-    assert explorer.on_compare_if_open(models, *layers, str(example_image), "crop", 31, 0, "weights") == gr.skip()
+    shown = page("-", example_image, row_px=31, col_px=0)
+    assert explorer.on_compare_if_open(models, *layers, **shown, tab="weights") == gr.skip()
     opened = explorer.on_compare_layers_if_open(models, 1.0, "compare")  # a link or a step opening compare mode
     assert [opened[name]["value"] for name in app.COMPARE_LAYERS[:3]] == layers[:3]
     assert explorer.on_compare_layers_if_open(models, 1.0, "hops")[app.COMPARE_LAYERS[0]] == gr.skip()
     for picked in ([], ["cnn-l0"]):  # the user removing models: no columns and a note, not an error
         assert all(update == gr.update(visible=False) for update in explorer.on_compare_layers(picked, 0.5).values())
-        value = explorer.on_compare(picked, *layers, str(example_image), "crop", 31, 0)
+        value = explorer.on_compare(picked, *layers, **page("-", example_image, row_px=31, col_px=0))
         assert value == {"columns": [], "note": "Pick 2 to 4 models to compare."}
     for picked, message in ((["cnn-l0"] * 5, "Pick 2 to 4 models"), ("cnn-l0", "Pick 2 to 4 models"),
                             (["cnn-l0", "../../etc/passwd"], "")):
@@ -720,4 +767,4 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     with pytest.raises(gr.Error, match="depth must be a fraction in \\[0, 1\\]"):
         explorer.on_compare_layers(models, 1.5)
     with pytest.raises(gr.Error, match="is not a probe layer of cnn-l0"):  # a column's layer of another model
-        explorer.on_compare(models, "blocks.0.attn", *layers[1:], str(example_image), "crop", 16, 16)
+        explorer.on_compare(models, "blocks.0.attn", *layers[1:], **page("-", example_image))

@@ -14,6 +14,8 @@ import pytest
 
 import analysis as an
 import app
+import app_server
+import app_texts
 from analysis.rendering.overlay import MAX_LABELLED_RANKS
 from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
 from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, page
@@ -39,12 +41,9 @@ def shown(page_) -> dict:
 
 def api_cells(explorer, values: dict, rule: str) -> list:
     """The query's neighbour cells under ``rule`` as the Python API gives them (None for CLS)."""
-    loaded, image = explorer.model(values["checkpoint"]), explorer.image(values["image_file"])
-    result = an.query_neighbors(loaded, image, values["layer"], (values["row_px"], values["col_px"]),
-                                explorer.options(*(values[k] for k in ("num_neighbors", "window_size",
-                                                                       "num_candidates", "seed", "blend_alpha",
-                                                                       "head"))))
-    nset = result.sets[rule]
+    query = values["query"]
+    loaded, image = explorer.loaded(query)
+    nset = an.query_neighbors(loaded, image, query.layer, query.pixel, query.options()).sets[rule]
     return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
 
 
@@ -138,7 +137,7 @@ def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_the
     the server for that query's, and the view draws it: the pixel counts the API gives."""
     monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)  # the served app's, in this process
     with browser_page(chromium, app_url) as tab:
-        tab.get_by_role("tab", name=app.TABS["hops"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["hops"]).click()
         tab.wait_for_selector(".cx-hops[data-drawn]")
         assert tab.locator(".cx-hops").get_attribute("data-query") == "16,16"
         table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
@@ -191,7 +190,7 @@ def test_enter_in_a_slider_s_box_applies_the_value(app_url, chromium):
         box.fill("0.9")
         box.press("Enter")
         settle(tab, chain, timeout_s=30)  # the slider's event was sent and answered
-        assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app.KEEP_KNOBS_JS)
+        assert 0.9 in tab.evaluate("window.convnnKnobs")  # the knobs its table was made from (app_texts.KEEP_KNOBS_JS)
 
 
 TYPED = {"num_neighbors": ("12", "30"), "window_size": ("7", "9"), "num_candidates": ("64", "120"),
@@ -242,23 +241,23 @@ def test_what_a_typed_knob_shows_is_what_the_view_shows(app_url, explorer, chrom
 
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
-    handlers are coroutines that compute in a thread of their own (app.SlowRuns), Gradio's progress included; a
+    handlers are coroutines that compute in a thread of their own (server.SlowRuns), Gradio's progress included; a
     cancelled attribution clears its chart and says it was cancelled, with no "Error" mark: the server drops the
     run, the page cancels nothing through Gradio's /cancel (whose late message ending the event left the note and
     the chart marked "Error" with no message, 3 of 18 tries)."""
     with browser_page(chromium, app_url) as tab:
         errors = []
         tab.on("pageerror", lambda error: errors.append(str(error)))
-        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
         tab.locator("#attribution_button").click()
         tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=60_000)
-        tab.get_by_role("tab", name=app.TABS["equivalence"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["equivalence"]).click()
         tab.locator("#equivalence_button").click()
         tab.wait_for_function("document.querySelector('#equivalence_text').innerText.includes('max |difference|')",
                               timeout=60_000)
         tab.wait_for_selector("#equivalence_plot .js-plotly-plot", timeout=60_000)
         assert tab.locator(".toast-body.error").count() == 0 and errors == []
-        tab.get_by_role("tab", name=app.TABS["attribution"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
         tab.locator("#method input").click()  # occlusion takes seconds: Cancel drops it, and the page says so
         tab.get_by_role("option", name="Occlusion").click()
         requests = []
@@ -276,7 +275,7 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
 def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url, chromium):
     """Compare mode's list dropped a 5th model silently (its max_choices); it is not added now, with a message."""
     with browser_page(chromium, app_url) as tab:
-        tab.get_by_role("tab", name=app.TABS["compare"]).click()
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
         tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
         settle(tab)
         for name in ("cnn-random", "vit-convnn", "vit-mhsa"):
@@ -302,7 +301,7 @@ def shipped_url():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = app.build_demo(explorer)
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
     yield url, explorer
     demo.close()
 
@@ -312,8 +311,8 @@ def linked_values(explorer, link: str) -> dict:
     fields = dict(parse_qsl(link))
     image = next(path for path in explorer.examples if Path(path).stem == fields["image"])
     return page(fields["model"], image, fields["layer"], int(fields["row"]), int(fields["col"]),
-                **{control: int(fields[key]) for key, control in app.LINK_CONTROLS.items()
-                   if key in fields and key not in ("row", "col")})
+                **{item.name: int(fields[how.link]) for item, how in an.settings(an.Query)
+                   if how.is_knob and how.link in fields})
 
 
 def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chromium):
@@ -368,8 +367,8 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
                     " && document.querySelector('.cx').dataset.model === model"
                     " && document.querySelector('.cx').dataset.layer === layer"
                     " && document.querySelector('.cx').dataset.query === query",
-                    arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["checkpoint"], values["layer"],
-                         f"{values['row_px']},{values['col_px']}"], timeout=60_000)
+                    arg=[f"Step {index + 1} of {len(lesson['steps'])}", values["query"].checkpoint,
+                         values["query"].layer, "{},{}".format(*values["query"].pixel)], timeout=60_000)
                 settle(tab)  # the knobs the step resets fetch their table too: the last one drawn is the step's
                 rule = dict(parse_qsl(step["link"])).get("rule", "layer")  # a step may name the rule shown large
                 cells = api_cells(explorer, values, rule)

@@ -3,12 +3,10 @@ arguments built from its schema alone answers JSON, and an image argument is kep
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import socket
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,8 @@ from PIL import Image
 
 import app
 import app_mcp
+import app_server
+from tests.loops import run_coroutine
 
 mcp = pytest.importorskip("mcp")
 from mcp.client.streamable_http import streamablehttp_client  # noqa: E402
@@ -68,11 +68,10 @@ def test_every_tool_answers_json_to_a_call_built_from_its_schema(explorer, tmp_p
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = app.build_demo(explorer)
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace,
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace,
                            mcp_schema=explorer.tool_schema())
     try:
-        with ThreadPoolExecutor(1) as pool:  # a loop of its own: Playwright's sync API runs one in this thread
-            tools, results = pool.submit(asyncio.run, call_every_tool(url, image)).result()
+        tools, results = run_coroutine(call_every_tool(url, image))
     finally:
         demo.close()
     assert set(tools) == TOOLS

@@ -64,7 +64,7 @@ def test_a_torchvision_resnet18_answers_with_the_window_its_convolution_reads(ex
         shown_model["layer"]["choices"]
     for px in ((13, 22), (0, 31), (31, 4)):
         values = page(uploaded["tv-resnet18"], example_image, STRIDED, *px)
-        loaded, image = explorer.model(values["checkpoint"]), explorer.image(values["image_file"])
+        loaded, image = explorer.loaded(values["query"])
         got = an.query_neighbors(loaded, image, STRIDED, px).sets["layer"]
         assert got.cells.tolist() == strided_window(*px)
     stem = an.query_neighbors(loaded, image, "conv1", (5, 7)).sets["layer"]  # 7×7, stride 2, padding 3
@@ -141,5 +141,5 @@ def test_one_broken_card_in_a_folder_leaves_out_only_itself_from_the_spectrum_of
     shutil.copy(plain_checkpoint_dir / "tv-vit.safetensors", tmp_path / "tv-resnet18.safetensors")
     explorer = app.Explorer(tmp_path, device="cpu")
     with pytest.warns(UserWarning, match="Left out, as they cannot be loaded: tv-resnet18"):
-        figure = explorer.on_spectrum_models(str(example_image), "crop")
+        figure = explorer.on_spectrum_models(an.Query(image_file=str(example_image)))
     assert [trace.name for trace in figure.data] == ["tv-vit"]

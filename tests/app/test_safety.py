@@ -30,6 +30,11 @@ from PIL import Image
 
 import analysis as an
 import app
+import app_api
+import app_limits
+import app_server
+import app_texts
+import server
 from convnn import CheckpointError, load_checkpoint, save_checkpoint
 from tests.app.browser import browser_page
 from tests.app.test_app import CELL_LAYER, page
@@ -52,7 +57,7 @@ def copy_checkpoint(source_dir: Path, stem: str, target_dir: Path, new_stem: str
 @pytest.fixture
 def work_dir(tmp_path, monkeypatch) -> Path:
     """A fresh app work dir for the explorers and servers this test makes, Gradio's cache in it (as app.py puts it)."""
-    monkeypatch.setattr(app, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(app_limits, "WORK_DIR", tmp_path / "work")
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "work" / "gradio"))
     return tmp_path / "work"
 
@@ -63,7 +68,7 @@ def files_under(folder: Path) -> list[Path]:
 
 def server_paths_in(message: str) -> list[str]:
     """The absolute folders of this machine that ``message`` names (none may appear in the page)."""
-    roots = {str(Path(tempfile.gettempdir())), str(app.REPO), str(Path.home()), os.getcwd()}
+    roots = {str(Path(tempfile.gettempdir())), str(app_api.REPO), str(Path.home()), os.getcwd()}
     return [root for root in roots if root in message]
 
 
@@ -125,8 +130,8 @@ def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says
     skipped), and the app starts and serves."""
     folder = tmp_path / "runs"
     copy_checkpoint(checkpoint_dir, "cnn-l0", folder)
-    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app.DEFAULT_CHECKPOINT, weights_sha256="")
-    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app.DEFAULT_CHECKPOINT}.safetensors")
+    copy_checkpoint(checkpoint_dir, "cnn-l0", folder, app_api.DEFAULT_CHECKPOINT, weights_sha256="")
+    shutil.copyfile(checkpoint_dir / "vit-mhsa.safetensors", folder / f"{app_api.DEFAULT_CHECKPOINT}.safetensors")
     surrogate = copy_checkpoint(checkpoint_dir, "cnn-l0", folder, "surrogate", name="\ud800")
     os.mkfifo(folder / "x.json")
     shutil.copyfile(checkpoint_dir / "cnn-l0.safetensors", folder / "x.safetensors")
@@ -135,7 +140,7 @@ def test_a_checkpoint_folder_with_bad_files_opens_on_a_model_that_loads_and_says
     demo = app.build_demo(explorer)
     blocks = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
     assert blocks["checkpoint"].value == "cnn-l0"  # the default's weights do not fit its card: skipped
-    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app.DEFAULT_CHECKPOINT]
+    assert [choice for _, choice in blocks["checkpoint"].choices] == ["cnn-l0", app_api.DEFAULT_CHECKPOINT]
     left_out = blocks["left_out"].value
     assert blocks["left_out"].visible and left_out.splitlines() == [
         "surrogate.json: the model card holds text that is not valid Unicode (a lone surrogate, such as \\ud800 in "
@@ -158,17 +163,17 @@ def dependency(demo: gr.Blocks, name: str) -> list:
 
 def test_slow_views_run_in_their_own_limited_group_and_are_dropped_by_a_new_request(explorer):
     demo = app.build_demo(explorer)
-    assert demo._queue.max_size == app.MAX_QUEUED_EVENTS
-    assert demo._queue.default_concurrency_limit == app.FAST_CONCURRENCY
+    assert demo._queue.max_size == app_limits.MAX_QUEUED_EVENTS
+    assert demo._queue.default_concurrency_limit == app_limits.FAST_CONCURRENCY
     slow = [fn for name in ("on_attribution", "on_equivalence", "on_spectrum_models", "api_attribution",
                             "api_equivalence") for fn in dependency(demo, name)]
     assert len(slow) == 5  # the three buttons (no refresh runs them) and the two API endpoints
     for fn in slow:
-        assert (fn.concurrency_id, fn.concurrency_limit) == (app.SLOW_GROUP, app.SLOW_CONCURRENCY)
+        assert (fn.concurrency_id, fn.concurrency_limit) == (app_limits.SLOW_GROUP, app_limits.SLOW_CONCURRENCY)
         assert fn.trigger_mode == ("always_last" if fn.name.startswith("on_") else "once")  # a button: its last
     fast = [fn for fn in demo.fns.values() if fn.fn is not None and fn not in slow]
-    assert fast and all(fn.concurrency_id != app.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
-    assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (app.SlowRuns)
+    assert fast and all(fn.concurrency_id != app_limits.SLOW_GROUP and fn.concurrency_limit == "default" for fn in fast)
+    assert not any(fn.is_cancel_function for fn in demo.fns.values())  # Gradio's cancels: none (server.SlowRuns)
     blocks = {getattr(b, "elem_id", None) or getattr(b, "label", None): b for b in demo.blocks.values()}
     # What a slow view reads changed: its run is dropped, for a new method or class by an event of its own, for a
     # new model, image, fit or layer by the slow_reset step that ends the change's chain (which resets the views)
@@ -187,7 +192,7 @@ def served(demo: gr.Blocks, workspace: an.Workspace | None = None):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    _, url, _ = app.launch(demo, port, prevent_thread_lock=True, workspace=workspace)
+    _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=workspace)
     try:
         yield url
     finally:
@@ -214,15 +219,15 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
                                                   blocked_equivalence):
     """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
     request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
-    monkeypatch.setattr(app, "MAX_QUEUED_EVENTS", 2, raising=False)
-    stale = app.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
+    monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
+    stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
     started, release = blocked_equivalence
     demo = app.build_demo(explorer)
     fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
     with served(demo) as url:
         assert not stale.exists()  # swept as the server started
-        assert demo.state_session_capacity == app.MAX_SESSIONS  # Gradio keeps the state of so many sessions
+        assert demo.state_session_capacity == app_limits.MAX_SESSIONS  # Gradio keeps the state of so many sessions
         with open(example_image, "rb") as file:
             image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
         data = ["cnn-l0.5", {"path": image, "meta": {"_type": "gradio.FileData"}},
@@ -267,7 +272,7 @@ def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, m
     occlusions (373 s of the shared slow group), and 100 sessions filled the queue so that a new session's click got
     "Queue is full". Now the server refuses a session's second slow request while its first waits or runs, and any
     slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
-    monkeypatch.setattr(app, "MAX_SLOW_WAITING", 2, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_SLOW_WAITING", 2, raising=False)
     started, release = blocked_equivalence
     with slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _):
         try:
@@ -367,7 +372,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
             assert ended[equivalence]["data"] == [{"__type__": "update"}] * 2  # at once: no change to the page
             ended = session_results(url, "s1")  # s1's run started once s0's event ended, and ended at once
             assert ended[attribution]["data"] == [{"__type__": "update"}] * 2
-            assert ended[cancel]["data"] == [None, app.ATTRIBUTION_CANCELLED]  # the Cancel button says so
+            assert ended[cancel]["data"] == [None, app_texts.ATTRIBUTION_CANCELLED]  # the Cancel button says so
             assert attributions == [] and not release.is_set()  # nothing computed; s0's computation still runs
         finally:
             release.set()
@@ -393,7 +398,7 @@ def test_a_file_given_by_a_web_address_is_refused_before_gradio_fetches_it(explo
             assert refused.status_code == 400 and refused.json()["detail"].startswith(
                 "Files must be uploaded from your device: a file given as a web address")
     assert fetched == []
-    assert not app.names_a_web_address(["cnn-l0.5", {"path": "/tmp/gradio/abc/cat.png",
+    assert not server.names_a_web_address(["cnn-l0.5", {"path": "/tmp/gradio/abc/cat.png",
                                                      "url": "http://127.0.0.1:7860/gradio_api/file=/tmp/cat.png"}])
 
 
@@ -436,10 +441,11 @@ def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_
 # -- 4 · uploads and exports are bounded, deleted after a time and served to their session only -------------------
 def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
     """Three 45 MB files in one request were accepted and stayed on disk."""
-    part = b"\0" * ((app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB) * 2**20 // 3 + 1)
+    part = b"\0" * ((app_limits.MAX_UPLOAD_MB + app_limits.REQUEST_SLACK_MB) * 2**20 // 3 + 1)
     files = [("files", (f"part{i}-{os.getpid()}.safetensors", part)) for i in range(3)]
     response = httpx.post(f"{app_url}gradio_api/upload", files=files)
-    assert response.status_code == 413 and f"{(app.MAX_UPLOAD_MB + app.REQUEST_SLACK_MB)} MB" in response.text
+    cap = app_limits.MAX_UPLOAD_MB + app_limits.REQUEST_SLACK_MB
+    assert response.status_code == 413 and f"{cap} MB" in response.text
     # Refused before any of it was stored (look for these files: the folder holds other tests' uploads).
     assert not list(Path(get_upload_folder()).rglob(f"part*-{os.getpid()}.safetensors"))
 
@@ -447,7 +453,7 @@ def test_one_upload_request_may_not_carry_more_than_the_request_limit(app_url):
 def test_gradios_upload_cache_is_in_the_work_dirs_budget(checkpoint_dir, work_dir, monkeypatch):
     """Gradio's upload cache had no byte limit: 40 posts of 2 × 30 MB filled 2.5 GB in 12 s, deleted only an hour
     later. It is inside the work dir now, and an upload that would take the two past MAX_WORK_DIR_MB is refused."""
-    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_WORK_DIR_MB", 1, raising=False)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     part = b"\0" * 950_000
     with served(app.build_demo(explorer), explorer.workspace) as url:
@@ -465,7 +471,7 @@ def test_gradios_upload_cache_is_in_the_work_dirs_budget(checkpoint_dir, work_di
 
 def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, work_dir, monkeypatch):
     size = sum(p.stat().st_size for p in checkpoint_dir.glob("vit-mhsa.*"))
-    monkeypatch.setattr(app, "MAX_WORK_DIR_MB", 1.5 * size / 2**20, raising=False)
+    monkeypatch.setattr(app_limits, "MAX_WORK_DIR_MB", 1.5 * size / 2**20, raising=False)
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
     explorer.on_checkpoint_upload(files, [], request=SESSION_A)
@@ -475,19 +481,29 @@ def test_the_work_dir_refuses_uploads_past_its_size(checkpoint_dir, tmp_path, wo
 
 
 def test_uploads_and_exports_are_deleted_after_their_age(checkpoint_dir, example_image, work_dir):
+    """Each stored entry goes FILE_MAX_AGE_S after its own last use. The test aged both against the work dir's time
+    (set by the upload), so an export written more than 1 s after the upload (a loaded machine, the full suite on 2
+    cores) was not old enough and the test failed (1 == 2); the upload is dated a minute back here, so that gap is
+    always there."""
     explorer = app.Explorer(checkpoint_dir, device="cpu")
     files = [str(checkpoint_dir / "vit-mhsa.json"), str(checkpoint_dir / "vit-mhsa.safetensors")]
     update = explorer.on_checkpoint_upload(files, [], request=SESSION_A)["checkpoint"]
-    explorer.on_export(**page("cnn-l0.5", example_image, row_px=3, col_px=3),
-                       request=SESSION_A)
+    [upload] = explorer.workspace.root.glob("*/*/*")  # an entry: session / kind / entry
+    used = upload.lstat().st_mtime - 60
+    os.utime(upload, (used, used))  # last used a minute before the export
+    explorer.on_export(**page("cnn-l0.5", example_image, row_px=3, col_px=3), request=SESSION_A)
     assert len(files_under(work_dir)) == 4
     assert explorer.workspace.sweep() == 0  # nothing is old yet
-    later = os.stat(work_dir).st_mtime + app.FILE_MAX_AGE_S + 1
-    assert explorer.workspace.sweep(now=later) == 2 and files_under(work_dir) == []  # the upload and the export
+    assert explorer.workspace.sweep(now=used + app_limits.FILE_MAX_AGE_S + 1) == 1  # the upload, not the export
+    assert len(files_under(work_dir)) == 2
     with pytest.raises(gr.Error, match="no longer on the server"):
         explorer.on_model(update["value"], request=SESSION_A)
+    [export] = explorer.workspace.root.glob("*/*/*")
+    later = export.lstat().st_mtime + app_limits.FILE_MAX_AGE_S + 1
+    assert explorer.workspace.sweep(now=later) == 1 and files_under(work_dir) == []  # then the export
     demo = app.build_demo(explorer)
-    assert demo.delete_cache == (app.FILE_SWEEP_S, app.FILE_MAX_AGE_S)  # Gradio's own cache: uploads, downloads
+    # Gradio's own cache: uploads, downloads
+    assert demo.delete_cache == (app_limits.FILE_SWEEP_S, app_limits.FILE_MAX_AGE_S)
 
 
 def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir):
@@ -505,7 +521,7 @@ def test_a_session_cannot_open_another_sessions_upload(checkpoint_dir, work_dir)
 def test_the_work_dir_is_not_served_and_exports_come_through_gradios_cache(app_url, checkpoint_dir, example_image):
     from gradio_client import Client, handle_file
 
-    planted = app.WORK_DIR / "planted.json"
+    planted = app_limits.WORK_DIR / "planted.json"
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text("{}")
     try:
@@ -531,7 +547,8 @@ def test_card_text_is_plain_text_in_the_card_the_errors_and_the_figures(checkpoi
     with pytest.raises(gr.Error) as refused:  # the message names the card: its markup is escaped for the page
         explorer.on_table(**page(card_path.stem, example_image, "no-such-layer"))
     assert "<img" not in refused.value.message and '&lt;img id="evil-img"' in refused.value.message
-    figure = explorer.on_attribution(card_path.stem, str(example_image), "crop", "saliency", "")["attribution_plot"]
+    figure = explorer.on_attribution(**page(card_path.stem, example_image), method="saliency",
+                                     target="")["attribution_plot"]
     assert "<a" not in figure.layout.title.text and "&lt;a href=" in figure.layout.title.text
 
 
@@ -649,8 +666,8 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
 
 def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
     """The page renders them as Gradio's number box and slider: the same type and properties (and defining them
-    wrote no app.pyi stub, as Gradio does for component classes, into the repository)."""
-    assert not (app.REPO / "app.pyi").exists()
+    wrote no server/controls.pyi stub, as Gradio does for component classes, into the repository)."""
+    assert not (app_api.REPO / "server" / "controls.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
             "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width", "scale")
@@ -665,7 +682,7 @@ def test_a_bad_number_through_the_api_gets_a_message(app_url, checkpoint_dir):
 
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match=r"query row must be a whole number, got 'abc'"):
-        client.predict("cnn-l0.5", handle_file(str(app.EXAMPLES_DIR / "cat_0.png")),
+        client.predict("cnn-l0.5", handle_file(str(app_api.EXAMPLES_DIR / "cat_0.png")),
                        CELL_LAYER, "abc", 3, api_name="/neighbors")
 
 
@@ -721,7 +738,6 @@ def test_a_select_event_without_a_position_is_a_click_outside_the_image(explorer
                                                                         index):
     event = gr.SelectData(None, {"index": index, "value": None})
     values = page("cnn-l0.5", example_image, "stages.0.0.conv1", num_neighbors=100)
-    del values["row_px"], values["col_px"]
     with pytest.raises(gr.Error, match=r"query (row|col) must be a whole number|query pixel .* is outside|a clicked "
                                        r"pixel is \[row, col\], got"):
         explorer.on_table_row(**values, evt=event)  # the page's request for a clicked query's row (K > 64)

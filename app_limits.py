@@ -1,0 +1,45 @@
+"""What one visitor can cost the explorer, bounded before work starts (``app.py`` applies these; the README's
+"Limits" table says where each is enforced).
+
+A queue of at most MAX_QUEUED_EVENTS waiting events; the slow views (attribution, the equivalence demo, every model's
+spectrum) in a group of their own that computes SLOW_CONCURRENCY at a time, dropped runs included
+(:class:`server.SlowRuns`), and admits one request per session and MAX_SLOW_WAITING waiting in all
+(:class:`server.Admission`); a request body of at most the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB;
+uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB together with Gradio's own cache of uploads
+and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use); the analysis caches within
+``--cache-mb`` (``$CONVNN_CACHE_MB``); Gradio's per-session state to MAX_SESSIONS sessions.
+
+Importing this module sets ``GRADIO_TEMP_DIR`` (unless it is set): ``app.py`` imports it before Gradio, whose MCP
+module reads it at import.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
+#                                                             one folder per session) and gradio/ (Gradio's cache)
+# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
+# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
+os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
+
+DEFAULT_PORT = 7860
+MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
+REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
+MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
+#                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
+FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
+FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
+MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; the next one is refused ("Queue is full")
+FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
+SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
+SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click
+MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
+#                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
+MAX_THREADS = 6  # worker threads running handlers (Gradio's max_threads, 40 by default): more add no speed on a few
+#                   cores, only memory (each thread's allocations keep a malloc arena of their own)
+MALLOC_ARENAS = 2  # glibc malloc arenas (by default up to 8 per core, one per allocating thread, rarely returned)
+MAX_SESSIONS = 32  # sessions whose state Gradio keeps (each holds its last outputs, ≈ 0.3 MB of figure JSON); the
+#                    least recently used goes first (its uploads stay reachable: they are found by its session id)

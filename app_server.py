@@ -1,0 +1,62 @@
+"""How the explorer is served: its work dir (:func:`default_workspace`) and Gradio's launch with the limits of
+:mod:`app_limits`, the request-size middleware (:class:`server.RequestSizeLimit`) and, when asked, the MCP tools
+(:mod:`app_mcp`). ``app.py`` builds the page and calls :func:`launch`.
+
+Gradio's private parts this module touches are listed in :data:`GRADIO_PRIVATE` (``tests/server/test_gradio_private.py``
+checks each on the installed Gradio; ``requirements.txt`` pins Gradio to the minor versions it passed on).
+"""
+
+from __future__ import annotations
+
+import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP module reads it at import
+
+# isort: split
+import gradio as gr
+from gradio.route_utils import API_PREFIX
+from gradio.utils import get_upload_folder
+from starlette.middleware import Middleware
+
+import analysis as an
+import app_mcp
+from app_api import EXAMPLES_DIR, WEB_DIR
+from server import RequestSizeLimit
+
+__all__ = ["GRADIO_PRIVATE", "default_workspace", "launch"]
+
+GRADIO_PRIVATE = {
+    "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
+    "route_utils.API_PREFIX": "the prefix of Gradio's routes (/gradio_api): the upload route's path",
+}
+
+
+def default_workspace() -> an.Workspace:
+    """The work dir's uploads and exports, in WORK_DIR/sessions: at most MAX_WORK_DIR_MB together with Gradio's cache
+    (``GRADIO_TEMP_DIR``), each FILE_MAX_AGE_S after its last use (:mod:`app_limits`)."""
+    return an.Workspace(limits.WORK_DIR / "sessions", limits.MAX_WORK_DIR_MB * 2**20, limits.FILE_MAX_AGE_S,
+                        counted=[get_upload_folder()])
+
+
+
+def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
+           max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None) -> tuple:
+    """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
+    page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
+    uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
+    while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the
+    documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
+    URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission.
+
+    Returns:
+        tuple: what :meth:`gradio.Blocks.launch` returns (the app, its local URL, its share URL).
+    """
+    workspace = workspace or default_workspace()
+    size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
+                            workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
+    app_kwargs = {"middleware": [size_limit],
+                  "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
+    with app_mcp.serving(mcp_schema or {}):
+        return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
+                           allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
+                           max_file_size=f"{max_upload_mb}mb", state_session_capacity=limits.MAX_SESSIONS,
+                           max_threads=limits.MAX_THREADS, css_paths=[WEB_DIR / "page.css"],
+                           js=(WEB_DIR / "page.js").read_text(encoding="utf-8"), mcp_server=mcp_schema is not None)

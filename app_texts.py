@@ -1,0 +1,44 @@
+"""The explorer page's own words and snippets: the guided mode's steps, the tabs' labels, the slow views' prompts,
+the link's note, and the few lines of JavaScript its events run in the page (``app.py`` lays them out)."""
+
+from __future__ import annotations
+
+from analysis import GRADIENT_NOTE
+
+GUIDE = [
+    "**1 · Pick a model and an image.** Each card says how much of the network is ConvNN (λ) and how it selects.",
+    "**2 · Read the prediction** beside the image: the five most probable classes for what the model sees.",
+    "**3 · Click or tap a pixel.** The large panel outlines the K cells one rule picks for it, rank 0 darkest; "
+    "hover a cell for its rank, score and contribution.",
+    "**4 · Compare rules.** Window = convolution, all tokens = attention, random = r sampled candidates, blend = α: "
+    "switch the large panel, or read the small ones.",
+    "**5 · Open the tabs** below: how neighbours are weighed, how the branches mix, and where the model looks.",
+]
+TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
+        "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
+        "pixels": "Input-level view"}  # id → label
+LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
+LESSON_PROMPT = ("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says in plain words "
+                 "what to look at.")
+LESSON_MISSING = "Pick a lesson first, in the list beside Back and Next."
+LINK_WARNING = ("This link could not set everything it names: the note under “Copy a link to this view” says what. "
+                "The rest of the view is open.")
+ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "
+                      f"occlusion and integrated gradients) and is kept for this model and image. {GRADIENT_NOTE}")
+ATTRIBUTION_CANCELLED = "Cancelled. Press **Compute attribution** to run it again."
+EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
+HOPS_INTRO = ("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through consecutive "
+              "layers' selections (follows the click above).")
+PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its feature. Click a pixel."
+
+# The knob values each drawn table was made from, kept in the page (the explorer's .change, run in the page); a
+# refused knob value is put back to them, so that the next change of another knob is not refused for it again.
+KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
+RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
+# The page's address with a view's query string, copied to the clipboard where the browser allows it.
+COPY_LINK_JS = """(query) => {
+  const rule = document.querySelector("#explorer .cx")?.dataset.rule;
+  const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
+  return url;
+}"""

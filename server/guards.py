@@ -1,0 +1,245 @@
+"""The server's guards in front of the handlers: what the queue admits (:class:`Admission`) and how the slow views
+compute (:class:`SlowRuns`), whatever the client sends.
+
+Gradio offers no hook for either, so they read and wrap parts of its queue that are not its public API, listed in
+:data:`GRADIO_PRIVATE` right below the imports (``tests/server/test_gradio_private.py`` checks each on the installed
+Gradio; ``requirements.txt`` pins Gradio to the minor versions it passed on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+
+import gradio as gr
+
+__all__ = ["GRADIO_PRIVATE", "Admission", "SlowRuns", "names_a_web_address", "waiting_events"]
+
+GRADIO_PRIVATE = {
+    "Blocks._queue": "the app's queue (gradio.queueing.Queue), made by demo.queue()",
+    "Queue.push": "async push(body, request, username) → (queued, message, status): every /queue/join and /call "
+                  "passes it before its event is queued; Admission wraps it",
+    "Queue.event_queue_per_concurrency_id": "concurrency id → EventQueue: each group's waiting events",
+    "Queue.active_jobs": "the running events: a list of None or a list of Event",
+    "EventQueue.queue": "a group's waiting events, oldest first",
+    "Event.session_hash": "the session an event belongs to (its own id for a call without one)",
+    "Event.fn": "the BlockFunction an event runs (its name is the handler's)",
+    "Event.request": "the request that joined the queue (a dropped run's, remembered)",
+    "Event.concurrency_id": "the concurrency group an event runs in",
+    "BlockFunction._id": "an event handler's index: the fn_index of a request",
+    "PredictBodyInternal.fn_index": "which handler a request asks for",
+    "PredictBodyInternal.session_hash": "the session a request names",
+    "PredictBodyInternal.data": "a request's input values",
+}
+
+
+def names_a_web_address(data) -> bool:
+    """Whether an event's input values hold a file given by a web address (a ``"path"`` that is an http(s) URL),
+    which Gradio would fetch, unbounded, before the handler runs; uploaded files have server paths. Walks nested
+    lists and dicts without recursion (any depth the request size allows)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            path = item.get("path")
+            if isinstance(path, str) and path.strip().lower().startswith(("http://", "https://")):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+_DROPPED = object()  # how a dropped run ends (SlowRuns)
+
+
+def waiting_events(demo: gr.Blocks, group: str) -> list:
+    """The events of the concurrency group ``group`` waiting in ``demo``'s queue (not started yet), oldest first."""
+    waiting = demo._queue.event_queue_per_concurrency_id.get(group)
+    return list(waiting.queue) if waiting else []
+
+
+class SlowRuns:
+    """The slow views' computations: at most ``limit`` at a time over all sessions, dropped ones included; a
+    session's run of a view can be dropped (the Cancel button, or a change of what the view reads).
+
+    A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
+    thread of its own and gives the place back when that computation ends, whether its run was dropped or not: a
+    thread cannot be stopped, so a run asked for after a drop, by any session, waits for the dropped computation
+    (Gradio frees a cancelled event's place in its group at once: a client that asked, cancelled and asked again
+    stacked one computation per cancel on the cores). Its threads are not daemons: the interpreter waits for a
+    computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the process,
+    "terminate called without an active exception").
+
+    :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
+    completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
+    button's server step had answered, and the server's message that ends a cancelled event, arriving after the
+    page had cleaned up that event, made the page mark its outputs "Error" with no message.
+
+    Args:
+        limit (int): computations at a time.
+        waiting (Callable[[], list]): the slow group's events waiting in Gradio's queue (:func:`waiting_events`),
+            so that a run dropped before it started ends when it starts.
+    """
+
+    def __init__(self, limit: int, waiting: Callable[[], list]) -> None:
+        self.limit = limit
+        self.waiting = waiting
+        self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+        self._runs: dict[tuple[str | None, str], set[asyncio.Future]] = {}  # (session, view) → started runs' ends
+        self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
+
+    def wrap(self, handler, dropped=None):
+        """``handler`` (a blocking function with a ``request`` parameter) as a coroutine function of the same
+        signature that computes through this limit and, dropped, returns ``dropped``."""
+        view, signature = handler.__name__, inspect.signature(handler)
+
+        @functools.wraps(handler)
+        async def slow(*args, **kwargs):
+            request = signature.bind(*args, **kwargs).arguments.get("request")
+            if getattr(request, "request", None) in self._dropped_joins:
+                return dropped  # dropped while it waited in Gradio's queue
+            if self._places is None:
+                self._places = asyncio.Semaphore(self.limit)
+            end = asyncio.get_running_loop().create_future()  # (result, error), or _DROPPED
+            key = (getattr(request, "session_hash", None), view)
+            self._runs.setdefault(key, set()).add(end)
+            try:
+                if await self._take_place(end):
+                    self._compute(functools.partial(handler, *args, **kwargs), end, view)
+                ended = await end
+            finally:
+                self._runs[key].discard(end)
+                if not self._runs[key]:
+                    del self._runs[key]
+            if ended is _DROPPED:
+                return dropped
+            result, error = ended
+            if error is not None:
+                raise error
+            return result
+        return slow
+
+    async def _take_place(self, end: asyncio.Future) -> bool:
+        """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
+        cancelled through Gradio's ``/cancel``, while it waits takes nothing."""
+        place = asyncio.ensure_future(self._places.acquire())
+        try:
+            await asyncio.wait([place, end], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._give_back(place)
+            raise
+        if end.done():
+            self._give_back(place)
+            return False
+        return True
+
+    def _give_back(self, place: asyncio.Future) -> None:
+        """The place a run that will not compute asked for: released if it was taken, else no longer asked for."""
+        if not place.cancel():
+            self._places.release()
+
+    def _compute(self, work, end: asyncio.Future, view: str) -> None:
+        """``work()`` in a thread of its own (Gradio's progress tracker reads the context; not a daemon, as the
+        server's thread may be one); when it ends, its place is given back and ``end`` gets ``(result, error)``
+        unless the run was dropped or cancelled meanwhile."""
+        loop = end.get_loop()
+
+        def deliver(outcome: tuple) -> None:
+            self._places.release()
+            if not end.done():
+                end.set_result(outcome)
+
+        def compute() -> None:
+            try:
+                outcome = (work(), None)
+            except BaseException as err:  # handed to the event, raised there
+                outcome = (None, err)
+            with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
+                         daemon=False).start()
+
+    def drop(self, session: str | None, view: str) -> None:
+        """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
+        returns its ``dropped`` value at once, one still in Gradio's queue when it starts. Runs in the server's
+        event loop."""
+        for end in self._runs.get((session, view), ()):
+            if not end.done():
+                end.set_result(_DROPPED)
+        for event in self.waiting():
+            if event.session_hash == session and event.fn.name == view:
+                self._dropped_joins.add(event.request)
+
+    def dropping(self, views: tuple[str, ...], handler=None):
+        """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
+        (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
+        async def drop(request: gr.Request):
+            for view in views:
+                self.drop(getattr(request, "session_hash", None), view)
+            return None if handler is None else handler(request)
+        drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
+        return drop
+
+
+class Admission:
+    """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
+    download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
+    or running per session (over all slow views) and at most ``max_waiting`` slow runs waiting over all sessions.
+    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
+    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
+
+    Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
+    inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
+    before its event is queued, and reads the queue's waiting and running events.
+
+    Args:
+        demo (gr.Blocks): the app, after ``demo.queue()``.
+        group (str): the slow views' concurrency group.
+        max_waiting (int): slow runs waiting at most, all sessions together.
+    """
+
+    def __init__(self, demo: gr.Blocks, group: str, max_waiting: int) -> None:
+        self.demo, self.group, self.max_waiting = demo, group, max_waiting
+        self.queue = demo._queue
+        self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == group}
+        self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
+        self._push = self.queue.push
+        self.queue.push = self.push
+
+    def refusal(self, session: str | None) -> str | None:
+        """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
+        waiting = [event.session_hash for event in waiting_events(self.demo, self.group)]
+        running = [event.session_hash for job in self.queue.active_jobs if job for event in job
+                   if event.concurrency_id == self.group]
+        if session is not None and session in (*waiting, *running, *self.joining):
+            return ("This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
+                    "waiting or running: its result comes first. Ask again once it is shown.")
+        if len(waiting) + len(self.joining) >= self.max_waiting:
+            return (f"The slow views (attribution, equivalence demo) are busy: {self.max_waiting} requests are "
+                    "waiting for them. Try again in a minute; everything else still answers.")
+        return None
+
+    async def push(self, body, request, username):
+        """Gradio's ``Queue.push`` for a request that is admitted; else ``(False, message, "error")``, which
+        ``/queue/join`` answers 400 with the message."""
+        if names_a_web_address(body.data):
+            return False, ("Files must be uploaded from your device: a file given as a web address (http:// or "
+                           "https://) is not fetched by the server."), "error"
+        if body.fn_index not in self.slow_fns:
+            return await self._push(body=body, request=request, username=username)
+        session = body.session_hash  # push gives a request without one (a /call) its event's id
+        if (message := self.refusal(session)) is not None:
+            return False, message, "error"
+        self.joining.append(session)
+        try:
+            return await self._push(body=body, request=request, username=username)
+        finally:
+            self.joining.remove(session)

@@ -1,0 +1,118 @@
+"""How much one request may bring: an ASGI middleware in front of the app (:class:`RequestSizeLimit`).
+
+It refuses a request body larger than a limit from its declared length, before any of it is read or stored: a
+server's per-file upload limit does not bound a request of many files. On the upload routes it also holds the
+body's length in the workspace's byte bound (:class:`analysis.Workspace`) while the request runs, and refuses the
+request (507) when the bound has no room for it. Plain ASGI: no Gradio attribute is read here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from analysis import Workspace
+
+__all__ = ["UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
+
+UPLOAD_IDLE_S = 20.0  # an upload whose body stops arriving for this long is dropped, and its room let go
+UPLOAD_MIN_BYTES_PER_S = 128 * 1024  # … and one slower than this on average, after UPLOAD_IDLE_S of grace
+
+
+class RequestSizeLimit:
+    """ASGI middleware: a request whose body is larger than ``max_bytes`` is answered 413 from its declared
+    ``Content-Length``, and one with a body of undeclared length (chunked) 411, before any of the body is read.
+
+    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound
+    (:meth:`Workspace.reserve`) until it is answered, and is answered 507 with the workspace's message when the
+    bound has no room for it: uploads beyond the bound are refused before they are stored. Its body must then keep
+    arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
+    :data:`UPLOAD_MIN_BYTES_PER_S` in all, the application is told the client left (``http.disconnect``) and the
+    room is let go, so connections that declare a large body and send none cannot hold the bound for everyone.
+
+    Args:
+        app: the ASGI application it wraps.
+        max_bytes (int): the largest body a request may carry, in bytes.
+        workspace (Workspace, optional): whose byte bound the uploads count against. Default: None (no check)
+        upload_paths (Iterable[str]): the request paths that store their body (Gradio's ``/gradio_api/upload``).
+            Default: none
+    """
+
+    def __init__(self, app: Callable, max_bytes: int, workspace: Workspace | None = None,
+                 upload_paths: Iterable[str] = ()) -> None:
+        self.app = app
+        self.max_bytes = int(max_bytes)
+        self.workspace = workspace
+        self.upload_paths = frozenset(upload_paths)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        release = None
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            refusal = None
+            if length is None and b"transfer-encoding" in headers:
+                refusal = 411, "a request body must declare its length (Content-Length)"
+            elif length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+                refusal = 413, (f"one request may carry at most {self.max_bytes / 2**20:g} MB ({self.max_bytes} "
+                                f"bytes); this one declares {length.decode(errors='replace')} bytes")
+            elif length is not None and self.workspace is not None and scope["path"] in self.upload_paths:
+                try:
+                    release = await asyncio.to_thread(self.workspace.reserve, int(length))
+                except ValueError as err:
+                    refusal = 507, str(err)
+            if refusal is not None:
+                await _answer(send, *refusal)
+                return
+        if release is None:
+            await self.app(scope, receive, send)
+            return
+        arrival, started = _Arrival(receive, int(length)), []
+
+        async def sending(message: dict) -> None:
+            started.append(True)
+            await send(message)
+
+        try:
+            await self.app(scope, arrival.receive, sending)
+        except Exception:
+            if not arrival.dropped or started:
+                raise
+            await _answer(send, 408, f"the upload's body stopped arriving (nothing for {UPLOAD_IDLE_S:g} s, or "
+                                     f"slower than {UPLOAD_MIN_BYTES_PER_S // 1024} KB/s): send it again")
+        finally:
+            release()
+
+
+async def _answer(send: Callable, status: int, text: str) -> None:
+    """Answer an HTTP request with ``status`` and the plain ``text``, and close the connection."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": text.encode()})
+
+
+class _Arrival:
+    """``receive`` of a request body of ``length`` bytes that must keep arriving (:class:`RequestSizeLimit`): a
+    wait past its deadlines returns ``http.disconnect`` instead of a body chunk, and ``dropped`` says so. Once the
+    body is in, ``receive`` as it was."""
+
+    def __init__(self, receive: Callable, length: int) -> None:
+        self._receive = receive
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + UPLOAD_IDLE_S + length / UPLOAD_MIN_BYTES_PER_S
+        self._in = False
+        self.dropped = False
+
+    async def receive(self) -> dict:
+        if self._in:
+            return await self._receive()
+        if self.dropped:
+            return {"type": "http.disconnect"}
+        wait = max(0.0, min(UPLOAD_IDLE_S, self._deadline - self._loop.time()))
+        try:
+            message = await asyncio.wait_for(self._receive(), wait)
+        except TimeoutError:
+            self.dropped = True
+            return {"type": "http.disconnect"}
+        self._in = message["type"] != "http.request" or not message.get("more_body", False)
+        return message

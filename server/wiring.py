@@ -1,0 +1,76 @@
+"""The page's events as the explorer's handlers take them (:func:`wire`): each input by the ``elem_id`` of its
+component, what the explorer shows gathered into one :class:`analysis.Query` or :class:`analysis.ViewState`.
+
+Gradio's private parts this module touches are listed in :data:`GRADIO_PRIVATE`, right below the imports
+(``tests/server/test_gradio_private.py`` checks each on the installed Gradio; ``requirements.txt`` pins Gradio to
+the minor versions it passed on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+
+import gradio as gr
+
+import analysis as an
+
+__all__ = ["GRADIO_PRIVATE", "wire"]
+
+GRADIO_PRIVATE = {
+    "Block._id": "a component's id: the key of its value in a set of inputs' values (wire)",
+}
+
+
+def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: str, inputs: Sequence[str],
+         outputs: Sequence[str], state_type: type = an.ViewState) -> dict:
+    """The ``fn``, ``inputs`` and ``outputs`` keywords of a Gradio event.
+
+    ``fn`` calls the method ``fn_name`` of ``handlers`` with each input value as the keyword of its component's name
+    in ``ui`` (its ``elem_id``), those of the view gathered in one place: a query (``state_type``'s query class) of the
+    inputs among its fields as ``query`` (its other fields at their defaults), and that query in a ``state_type``
+    with the inputs among its own fields (tab, compare mode's models and depth) as ``state``; plus the request and,
+    if it takes them, the event data (``evt``) and Gradio's progress tracker (``progress``). Gradio passes inputs
+    given as a set as one ``{component: value}`` dict; a handler of several outputs returns ``{name: value}``.
+
+    Args:
+        handlers (object): the page's handlers (``app.Explorer``).
+        ui (Mapping[str, gr.components.Component]): the page's components by ``elem_id``.
+        fn_name (str): the handler's method name.
+        inputs, outputs (Sequence[str]): the names in ``ui`` of its inputs and outputs.
+        state_type (type): the view's class (:class:`analysis.ViewState` or a subclass). Default: ViewState
+
+    Raises:
+        AttributeError: ``handlers`` has no method ``fn_name``.
+        KeyError: a name not in ``ui``.
+    """
+    fn: Callable = getattr(handlers, fn_name)
+    params = inspect.signature(fn).parameters
+    extra = [p for p in ("evt", "progress") if p in params]
+    names = {block._id: name for name, block in ui.items() if name in inputs}
+    query_type = type(state_type().query)
+    in_query = {item.name for item in dataclasses.fields(query_type)}
+    in_state = {item.name for item in dataclasses.fields(state_type)} - {"query"}
+
+    def handler(*args):
+        values, request, *special = args if inputs else ({}, *args)
+        kwargs = dict(zip(extra, special, strict=True))
+        page = {names[block._id]: value for block, value in values.items()}
+        if "query" in params or "state" in params:
+            query = query_type(**{name: page.pop(name) for name in in_query if name in page})
+            if "state" in params:
+                query = state_type(query=query, **{name: page.pop(name) for name in in_state if name in page})
+            page["query" if "query" in params else "state"] = query
+        result = fn(**page, request=request, **kwargs)
+        return {ui[name]: value for name, value in result.items()} if len(outputs) > 1 else result
+
+    annotations = {"values": dict, "request": gr.Request, "evt": gr.SelectData, "progress": gr.Progress}
+    order = (["values"] if inputs else []) + ["request", *extra]
+    handler.__signature__ = inspect.Signature([
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[name],
+                          default=gr.Progress(track_tqdm=True) if name == "progress" else inspect.Parameter.empty)
+        for name in order])
+    handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
+    handler.__name__ = fn_name
+    return {"fn": handler, "inputs": {ui[name] for name in inputs} or None, "outputs": [ui[name] for name in outputs]}

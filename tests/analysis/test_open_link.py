@@ -1,0 +1,98 @@
+"""What opening a link or a lesson's step does to the view (analysis.session.links): open_link from the view shown,
+fit_to_model against the model, lesson_step from the lessons; pure functions, checked on small models."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis import LESSON_END, LessonStep, Query, ViewState, fit_to_model, lesson_step, open_link
+
+TABS = ["weights", "mix", "hops", "compare"]
+RULES = ["window", "all", "random", "blend", "layer"]  # the last one is the default
+SHIPPED = ["cnn-l0.5", "vit-convnn"]
+EXAMPLES = {"cat_0": "/examples/cat_0.png"}
+
+
+@pytest.fixture(scope="module")
+def models(load_small) -> dict:
+    return {name: load_small(name) for name in SHIPPED}
+
+
+def shown() -> ViewState:
+    """The view a page shows before the link: an upload, a knob, compare mode's columns."""
+    return ViewState(query=Query(checkpoint="cnn-l0.5", image_file="/uploads/photo.png", layer="stages.2.0.conv1",
+                                 row_px=3, col_px=4, num_neighbors=5, fit="letterbox"),
+                     tab="mix", compare_models=("cnn-l0", "cnn-l0.5"), compare_depth=0.25)
+
+
+def test_a_link_sets_what_it_names_keeps_model_image_and_tab_and_defaults_the_rest(models):
+    params = {"model": "vit-convnn", "layer": "blocks.1.attn", "row": "10", "k": "16", "head": "1", "tab": "hops",
+              "rule": "window"}
+    opened = open_link(params, shown(), SHIPPED, EXAMPLES, models.__getitem__, TABS, RULES)
+    assert opened.state == ViewState(
+        query=Query(checkpoint="vit-convnn", image_file="/uploads/photo.png", layer="blocks.1.attn", row_px=10,
+                    col_px=16, num_neighbors=16, head=1, fit="letterbox"),  # col and K: the defaults, not 4 and 5
+        tab="hops", compare_models=("cnn-l0", "cnn-l0.5"), compare_depth=0.25, rule="window")
+    assert opened.named == {"checkpoint", "layer", "row_px", "num_neighbors", "head", "tab"}
+    assert opened.note == ""
+    assert opened.focus_rule == "window@model=vit-convnn&layer=blocks.1.attn&row=10&k=16&head=1&tab=hops&rule=window"
+
+
+def test_a_plain_address_opens_the_model_s_own_first_layer_at_the_defaults(models):
+    opened = open_link({}, shown(), SHIPPED, EXAMPLES, models.__getitem__, TABS, RULES)
+    assert opened.state.query == Query(checkpoint="cnn-l0.5", image_file="/uploads/photo.png",
+                                       layer="stages.1.0.conv1", fit="letterbox")
+    assert (opened.state.tab, opened.state.rule, opened.named, opened.note) == ("mix", "layer", frozenset(), "")
+    assert opened.focus_rule == "layer@"
+
+
+def test_every_value_a_link_cannot_set_is_named_and_the_rest_still_opens(models):
+    params = {"model": "nope", "image": "dog_9", "layer": "blocks.7", "row": "32", "k": "-1", "alpha": "0.75",
+              "tab": "secret", "rule": "bogus", "compare": "cnn-l0.5,unknown", "depth": "2"}
+    opened = open_link(params, shown(), SHIPPED, EXAMPLES, models.__getitem__, TABS, RULES)
+    assert opened.state == ViewState(  # all the page's or the defaults, but α, which the link could set
+        query=Query(checkpoint="cnn-l0.5", image_file="/uploads/photo.png", layer="stages.1.0.conv1",
+                    blend_alpha=0.75, fit="letterbox"),
+        tab="mix", compare_models=("cnn-l0", "cnn-l0.5"), compare_depth=0.25, rule="layer")
+    assert opened.note.startswith("**This link could not set everything:** the link's model `nope` is not one of")
+    for part in ("image `dog_9`", "layer `blocks.7` is not a layer", "row must be below 32 for this model, got 32",
+                 "the link's k:", "tab `secret` is not one of: weights, mix, hops, compare",
+                 "rule `bogus` is not one of", "compare must name shipped models only", "the link's depth:"):
+        assert part in opened.note, part
+    assert opened.note.count(";") == 8 and opened.note.endswith(".")  # nine problems, one sentence
+
+
+def test_fit_to_model_replaces_only_what_the_model_cannot_show(models):
+    loaded = models["vit-convnn"]  # 32 px input, 8×8 grid, 2 heads
+    fine = Query(checkpoint="vit-convnn", layer="blocks.1.attn", row_px=31, col_px=0, num_neighbors=64, head=1)
+    assert fit_to_model(fine, loaded, {"layer", "row_px", "col_px", "head"}) == (fine, [])
+    wrong = Query(checkpoint="vit-convnn", layer="blocks.9", row_px=32, col_px=40, num_neighbors=65, seed=7,
+                  head=2)
+    fitted, problems = fit_to_model(wrong, loaded, {"layer", "row_px", "head"})
+    assert fitted == Query(checkpoint="vit-convnn", layer="blocks.0.attn", col_px=40)  # col: not named, kept
+    assert problems == [
+        "the link's layer `blocks.9` is not a layer of this model",
+        "the link's row must be below 32 for this model, got 32",
+        "the link's head must be below 2 for this model, got 2",
+        "the link's knobs: K (neighbours per query) must be in [1, 64] for the 8×8 grid of blocks.0.attn, got 65"]
+    kept, problems = fit_to_model(Query(layer="blocks.0.attn", num_neighbors=999, head=1), loaded)
+    assert kept == Query(layer="blocks.0.attn", head=1) and len(problems) == 1  # the knobs but the head go back
+
+
+LESSONS = [{"title": "Windows", "steps": [{"link": "model=cnn-l0&row=3&tab=mix", "text": "Look at the window."},
+                                          {"link": "k=16", "text": "Now K = 16."}]},
+           {"title": "Other", "steps": [{"link": "", "text": "Only step."}]}]
+
+
+def test_a_lesson_step_is_its_link_s_parameters_and_its_numbered_text():
+    assert lesson_step(LESSONS, "Windows", 0) == LessonStep({"model": "cnn-l0", "row": "3", "tab": "mix"},
+                                                            "**Step 1 of 2.** Look at the window.", 0)
+    last = LessonStep({"k": "16"}, f"**Step 2 of 2.** Now K = 16.\n\n*{LESSON_END}*", 1)
+    assert lesson_step(LESSONS, "Windows", 1) == last
+    assert lesson_step(LESSONS, "Windows", 7) == last  # Next past the end stays on the last step
+    assert lesson_step(LESSONS, "Windows", -1).step == 0  # Back before the first stays on the first
+    assert lesson_step(LESSONS, "Other", 0) == LessonStep({}, f"**Step 1 of 1.** Only step.\n\n*{LESSON_END}*", 0)
+    assert lesson_step(LESSONS, "Lesson 99", 0) is None and lesson_step(LESSONS, None, 0) is None
+    for step in ("1", 1.5, None):
+        with pytest.raises(ValueError, match="the lesson's step"):
+            lesson_step(LESSONS, "Windows", step)
