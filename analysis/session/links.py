@@ -220,7 +220,7 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
     """``query`` checked against its model in one place: a layer the model does not have, a pixel outside its input
     or a head it does not have (each only if ``named``: the fields a link set), and knobs that do not resolve on the
     layer (:func:`analysis.resolve_options`), each replaced by its default (the model's first layer, the field's
-    default) and named in a message.
+    default) and named in a message; the knobs that resolve are kept (each checked with those kept before it).
 
     Returns:
         tuple[Query, list[str]]: the query the model can show, and the messages.
@@ -242,12 +242,20 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
             changes[name] = getattr(defaults, name)
     query = dataclasses.replace(query, **changes)
     if query.layer in probes:  # the knobs together, as the table will check them for this layer
+        probe = probes[query.layer]
         try:
-            resolve_options(probes[query.layer], query.options())
-        except ValueError as err:
-            problems.append(f"the link's knobs: {err}")
-            query = dataclasses.replace(query, **{name: getattr(defaults, name) for name in knob_names(query)
-                                                  if name != "head"})
+            resolve_options(probe, query.options())
+        except ValueError:  # keep each knob that resolves with those kept before it; name each one that does not
+            knobs = [name for name in knob_names(query) if name != "head"]
+            kept = dataclasses.replace(query, **{name: getattr(defaults, name) for name in knobs})
+            for name in knobs:
+                trial = dataclasses.replace(kept, **{name: getattr(query, name)})
+                try:
+                    resolve_options(probe, trial.options())
+                    kept = trial
+                except ValueError as err:
+                    problems.append(f"the link's knobs: {err}")
+            query = kept
     return query, problems
 
 

@@ -3,6 +3,8 @@ fit_to_model against the model, lesson_step from the lessons; pure functions, ch
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from analysis import LESSON_END, LessonStep, Query, ViewState, fit_to_model, lesson_step, open_link
@@ -69,14 +71,24 @@ def test_fit_to_model_replaces_only_what_the_model_cannot_show(models):
     wrong = Query(checkpoint="vit-convnn", layer="blocks.9", row_px=32, col_px=40, num_neighbors=65, seed=7,
                   head=2)
     fitted, problems = fit_to_model(wrong, loaded, {"layer", "row_px", "head"})
-    assert fitted == Query(checkpoint="vit-convnn", layer="blocks.0.attn", col_px=40)  # col: not named, kept
+    assert fitted == Query(checkpoint="vit-convnn", layer="blocks.0.attn", col_px=40, seed=7)  # col: not named
     assert problems == [
         "the link's layer `blocks.9` is not a layer of this model",
         "the link's row must be below 32 for this model, got 32",
         "the link's head must be below 2 for this model, got 2",
         "the link's knobs: K (neighbours per query) must be in [1, 64] for the 8×8 grid of blocks.0.attn, got 65"]
     kept, problems = fit_to_model(Query(layer="blocks.0.attn", num_neighbors=999, head=1), loaded)
-    assert kept == Query(layer="blocks.0.attn", head=1) and len(problems) == 1  # the knobs but the head go back
+    assert kept == Query(layer="blocks.0.attn", head=1) and len(problems) == 1  # K goes back, the head stays
+
+
+def test_one_knob_a_layer_cannot_take_resets_that_knob_alone(models):
+    """A link with a valid K, r and α and one bad knob keeps the valid ones and names the bad one."""
+    loaded = models["cnn-l0.5"]
+    asked = Query(checkpoint="cnn-l0.5", layer="stages.1.0.conv1", num_neighbors=16, blend_alpha=0.25,
+                  num_candidates=20, seed=2**63)
+    fitted, problems = fit_to_model(asked, loaded)
+    assert fitted == dataclasses.replace(asked, seed=0)
+    assert len(problems) == 1 and "seed" in problems[0]
 
 
 LESSONS = [{"title": "Windows", "steps": [{"link": "model=cnn-l0&row=3&tab=mix", "text": "Look at the window."},
