@@ -64,8 +64,9 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
     """This process's run folder ``work_dir/name`` (created if needed), locked for as long as the process lives (the
     lock is the file ``name.lock`` beside it), after deleting the run folders of processes that ended: their lock
     is free, as the kernel lets go of it however the process ended, ``kill -9`` included. Folders of runs still
-    going, and anything not named like a run folder, are left alone. Claiming a folder this process holds again
-    changes nothing.
+    going, and anything not named like a run folder, are left alone; a run folder with no lock (its process never
+    claimed it, only wrote Gradio's cache there) goes once the process its name gives has ended. Claiming a folder
+    this process holds again changes nothing.
 
     Args:
         work_dir (str or Path): the folder that holds the run folders.
@@ -91,11 +92,16 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
         raise ValueError(f"the run folder {name} is held by another process")
     _held_runs[run] = descriptor
     run.mkdir(exist_ok=True)
-    for lock in work_dir.glob(RUN_PREFIX + "*" + _LOCK_SUFFIX):
+    for other in work_dir.glob(RUN_PREFIX + "*"):
+        lock = other.with_name(other.name.removesuffix(_LOCK_SUFFIX) + _LOCK_SUFFIX)
         other = lock.with_name(lock.name.removesuffix(_LOCK_SUFFIX))
         if other in _held_runs:
             continue
         with contextlib.suppress(OSError):
+            if not lock.exists():  # never claimed (a process that only imported Gradio): gone with its process
+                if not _process_alive(other.name):
+                    shutil.rmtree(other, ignore_errors=True)
+                continue
             probe = os.open(lock, os.O_RDWR)
             try:
                 if _lock(probe):  # nobody holds it: what an ended process left
@@ -104,6 +110,20 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
             finally:
                 os.close(probe)
     return run
+
+
+def _process_alive(run_name: str) -> bool:
+    """Whether the process a run folder's name gives (``run-<pid>-…``) is running; True if the name gives none."""
+    pid = run_name.removeprefix(RUN_PREFIX).split("-")[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True
 
 
 def _lock(descriptor: int) -> bool:

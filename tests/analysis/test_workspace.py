@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -165,6 +166,12 @@ def test_an_entry_is_written_under_a_temporary_name_and_a_full_disk_leaves_nothi
     assert files_under(tmp_path / "work") == sorted(entry.iterdir()) and workspace.used_bytes() == 102
 
 
+def _ended_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
 def test_run_folders_of_ended_processes_are_deleted_when_the_next_starts(tmp_path):
     """After a kill -9 and restart the previous process's Gradio cache (1.8 GB) was never deleted and kept counting;
     a partial 60 MiB upload stayed forever. A run folder is locked while its process lives; the kernel lets go of
@@ -177,15 +184,18 @@ def test_run_folders_of_ended_processes_are_deleted_when_the_next_starts(tmp_pat
     held = os.open(tmp_path / "run-live.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock (another open file: the same test)
     (tmp_path / "sessions").mkdir()  # not a run folder (an older layout, or someone else's): left alone
+    ended_pid = _ended_pid()
+    (tmp_path / f"run-{ended_pid}-0" / "gradio").mkdir(parents=True)  # never claimed, its process ended
+    (tmp_path / f"run-{os.getpid()}-1" / "gradio").mkdir(parents=True)  # never claimed, its process runs
     try:
         run = claim_run_dir(tmp_path, "run-mine")
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["run-live", "run-live.lock", "run-mine",
-                                                               "run-mine.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-live", "run-live.lock",
+                                                               "run-mine", "run-mine.lock", "sessions"]
         assert claim_run_dir(tmp_path, "run-mine") == run == tmp_path / "run-mine"  # held already: unchanged
         os.close(held)  # the live process ends
         claim_run_dir(tmp_path, "run-next")
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["run-mine", "run-mine.lock", "run-next",
-                                                               "run-next.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-mine", "run-mine.lock",
+                                                               "run-next", "run-next.lock", "sessions"]
     finally:
         for path in (tmp_path / "run-mine", tmp_path / "run-next"):
             os.close(workspace_module._held_runs.pop(path))
