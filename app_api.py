@@ -22,7 +22,7 @@ from gradio.utils import get_upload_folder
 
 import analysis as an
 from convnn import CheckpointError
-from server import user_errors
+from server import user_errors, visitor
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -136,6 +136,11 @@ class ExplorerAPI:
     def session(request: gr.Request | None) -> str | None:
         return getattr(request, "session_hash", None)
 
+    @staticmethod
+    def visitor(request: gr.Request | None) -> str:
+        """Whose storage share a request's files count against (:func:`server.visitor`)."""
+        return visitor(request)
+
     def model(self, checkpoint: str | None, request: gr.Request | None = None) -> an.LoadedModel:
         card = an.checkpoint_card(checkpoint, self.checkpoint_dir, self.workspace, self.session(request))
         return an.load_model(card, self.device)
@@ -244,7 +249,7 @@ class ExplorerAPI:
         JSON as the page shows it (``neighbors_data``)."""
         loaded, image, result = self.neighbors(query, request)
         return {"exports": [str(path) for path in an.export_query(self.workspace, self.session(request), loaded,
-                                                                  image, result)],
+                                                                  image, result, self.visitor(request))],
                 "neighbors_data": an.page_json(an.query_record(loaded, image, result))}  # a seed shown exactly
 
     def example_name(self, image_file: str | None) -> str | None:

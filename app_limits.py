@@ -6,7 +6,8 @@ spectrum) in a group of their own that computes SLOW_CONCURRENCY at a time, drop
 (:class:`server.SlowRuns`), and admits one request per session and MAX_SLOW_WAITING waiting in all
 (:class:`server.Admission`); a request body of at most the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB;
 uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB together with Gradio's own cache of uploads
-and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use); the analysis caches within
+and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use), VISITOR_SHARE_MB of it per
+visitor; the analysis caches within
 ``--cache-mb`` (``$CONVNN_CACHE_MB``); Gradio's per-session state to MAX_SESSIONS sessions.
 
 Importing this module sets ``GRADIO_TEMP_DIR`` (unless it is set): ``app.py`` imports it before Gradio, whose MCP
@@ -16,20 +17,25 @@ module reads it at import.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
-WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # all the app stores: sessions/ (uploads and exports,
-#                                                             one folder per session) and gradio/ (Gradio's cache)
-# Gradio's cache of uploads and downloads goes inside the work dir, in a folder of this app's own, so that one byte
-# budget covers it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
-os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / "gradio"))
+WORK_DIR = Path(tempfile.gettempdir()) / "convnn-explorer"  # the run folders of the servers on this machine
+RUN_DIR_NAME = f"run-{os.getpid()}-{secrets.token_hex(4)}"  # this process's: all it stores, sessions/ (uploads and
+#   exports, one folder per session) and gradio/ (Gradio's cache, MCP images included), locked while it runs; those
+#   of ended processes are deleted when a server starts (analysis.claim_run_dir, app_server.default_workspace)
+# Gradio's cache of uploads and downloads goes inside the run folder, so that one byte budget covers it and a crash
+# cannot leak it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
+os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / RUN_DIR_NAME / "gradio"))
 
 DEFAULT_PORT = 7860
 MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
 REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
 MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's cache of uploads and downloads
 #                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
+VISITOR_SHARE_MB = 256  # of MAX_WORK_DIR_MB, what one visitor's uploads (in Gradio's cache and stored) and exports
+#                          may hold: one checkpoint of the largest size, as uploaded and as stored (2 × 110 MB)
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
 FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
 MAX_QUEUED_EVENTS = 64  # events waiting in the queue, all sessions together; the next one is refused ("Queue is full")

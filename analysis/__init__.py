@@ -100,7 +100,7 @@ from .session.state import (
     settings,
 )
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
-from .session.workspace import Workspace
+from .session.workspace import Workspace, claim_run_dir
 from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
 from .views.compare import compare_neighbors, layer_at_depth, map_pixel
 from .views.draws import SPREAD_DRAWS, DrawSpread, draw_spread
@@ -200,6 +200,7 @@ __all__ = [
     "cell_rect_px",
     "check_number",
     "checkpoint_card",
+    "claim_run_dir",
     "clamp_px",
     "click_position",
     "compare_list",

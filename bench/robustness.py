@@ -13,6 +13,8 @@ measures two things; the Markdown it writes has both tables, the hardware, the v
    same ``--requests`` requests every round (predictions, clicks at several K, tables, multi-hop, spectrum,
    saliency, model switches, exports). The server's resident set size (``VmRSS``) after each round. Target: after the
    last round within 10 % of after the first (the caches are full after the first round; what follows must not grow).
+3. **Storage shares** (``--storage-only`` runs just this): one visitor uploads 95 MiB files until refused, then halving
+   ones; another visitor's upload and export must still succeed (:func:`storage_shares`).
 """
 
 from __future__ import annotations
@@ -206,6 +208,48 @@ def memory_rounds(url: str, pid: int, folder: Path, rounds: int, clients: int, r
     return {"rss": rss, "failures": failures, "seconds": seconds, "clients": clients, "requests": requests}
 
 
+def _visitor_client(address: str) -> httpx.Client:
+    """An HTTP client whose connections come from ``address`` (a loopback address: 127.0.0.0/8 is all local on Linux),
+    so that the server sees a visitor of its own (``server.visitor``: the client's address)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120)
+
+
+def _upload(http: httpx.Client, url: str, name: str, data: bytes) -> httpx.Response:
+    return http.post(f"{url}gradio_api/upload", files=[("files", (name, data))])
+
+
+def _export(http: httpx.Client, url: str, image_path: str) -> str:
+    """One ``/export`` call through Gradio's REST API: the last event of its stream (``complete`` with the files'
+    data, or ``error`` with the message)."""
+    image = {"path": image_path, "meta": {"_type": "gradio.FileData"}}
+    data = [CHECKPOINT, image, LAYERS[CHECKPOINT][1], 10, 20, 0, 0, 0, 0, 0.5, 0, "crop"]
+    event = http.post(f"{url}gradio_api/call/export", json={"data": data}).json()["event_id"]
+    lines = http.get(f"{url}gradio_api/call/export/{event}").text.strip().splitlines()
+    return "\n".join(lines[-2:])
+
+
+def storage_shares(url: str, upload_mb: int = 95) -> dict:
+    """One visitor (127.0.0.2) uploads ``upload_mb`` MiB files until refused, then halves the size down to 1 MiB (the
+    attack that filled the shared 2 GB bound in ≈ 2 s); then another visitor (127.0.0.3) uploads an image and exports
+    a query. Returns what each got."""
+    attacker, other = _visitor_client("127.0.0.2"), _visitor_client("127.0.0.3")
+    stored, refusal, size = 0, "", upload_mb * 2**20
+    start = time.perf_counter()
+    while size >= 2**20:
+        answer = _upload(attacker, url, "fill.bin", b"\0" * size)
+        if answer.status_code == 200:
+            stored += size
+        else:
+            refusal = f"{answer.status_code}: {answer.text[:160]}"
+            size //= 2
+    fill_s = time.perf_counter() - start
+    image = (ROOT / "examples" / "cat_0.png").read_bytes()
+    upload = _upload(other, url, "cat.png", image)
+    export = _export(other, url, upload.json()[0]) if upload.status_code == 200 else ""
+    return {"attacker_mb": stored / 2**20, "fill_s": fill_s, "refusal": refusal, "upload": upload.status_code,
+            "export": export}
+
+
 def hardware() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown CPU")
@@ -271,8 +315,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=25, help="requests per client and round")
+    parser.add_argument("--storage-only", action="store_true",
+                        help="only the storage case: one visitor fills its share, another uploads and exports")
     args = parser.parse_args()
     app_args = shlex.split(args.app_args)
+    if args.storage_only:
+        with served_app(app_args) as (url, _):
+            result = storage_shares(url)
+        print(f"one visitor stored {result['attacker_mb']:.0f} MiB in {result['fill_s']:.1f} s, then was refused "
+              f"({result['refusal']}); another visitor's upload: {result['upload']}, export: {result['export']}")
+        ok = result["upload"] == 200 and result["export"].startswith("event: complete")
+        sys.exit(0 if ok else 1)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory() as folder:
         with served_app(app_args) as (url, _):

@@ -8,7 +8,8 @@
   (:func:`user_errors`);
 * :mod:`server.wiring` — the page's events as the handlers take them: inputs by name, the view as one value
   (:func:`wire`);
-* :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`).
+* :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`);
+* :mod:`server.visitors` — who sent a request (:func:`visitor`), whose storage share it is charged to.
 
 Each module that touches a part of Gradio outside its public API lists it in its ``GRADIO_PRIVATE``.
 """
@@ -16,6 +17,7 @@ Each module that touches a part of Gradio outside its public API lists it in its
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
 from .guards import Admission, SlowRuns, names_a_web_address, waiting_events
 from .requests import RequestSizeLimit
+from .visitors import visitor
 from .wiring import wire
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "control",
     "names_a_web_address",
     "user_errors",
+    "visitor",
     "waiting_events",
     "wire",
 ]

@@ -9,9 +9,12 @@ request (507) when the bound has no room for it. Plain ASGI: no Gradio attribute
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable, Iterable
 
 from analysis import Workspace
+
+from .visitors import visitor
 
 __all__ = ["UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
 
@@ -23,9 +26,11 @@ class RequestSizeLimit:
     """ASGI middleware: a request whose body is larger than ``max_bytes`` is answered 413 from its declared
     ``Content-Length``, and one with a body of undeclared length (chunked) 411, before any of the body is read.
 
-    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound
-    (:meth:`Workspace.reserve`) until it is answered, and is answered 507 with the workspace's message when the
-    bound has no room for it: uploads beyond the bound are refused before they are stored. Its body must then keep
+    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound and in its
+    visitor's share (:meth:`Workspace.reserve`, :func:`server.visitor`) until it is answered, and is answered 507
+    with the workspace's message when either has no room for it: uploads beyond them are refused before they are
+    stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files); one that meets a full disk
+    is answered 507 with a message. Its body must then keep
     arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
     :data:`UPLOAD_MIN_BYTES_PER_S` in all, the application is told the client left (``http.disconnect``) and the
     room is let go, so connections that declare a large body and send none cannot hold the bound for everyone.
@@ -58,7 +63,7 @@ class RequestSizeLimit:
                                 f"bytes); this one declares {length.decode(errors='replace')} bytes")
             elif length is not None and self.workspace is not None and scope["path"] in self.upload_paths:
                 try:
-                    release = await asyncio.to_thread(self.workspace.reserve, int(length))
+                    release = await asyncio.to_thread(self.workspace.reserve, int(length), visitor(scope))
                 except ValueError as err:
                     refusal = 507, str(err)
             if refusal is not None:
@@ -70,18 +75,24 @@ class RequestSizeLimit:
         arrival, started = _Arrival(receive, int(length)), []
 
         async def sending(message: dict) -> None:
-            started.append(True)
+            if message["type"] == "http.response.start":
+                started.append(message["status"])
             await send(message)
 
         try:
             await self.app(scope, arrival.receive, sending)
-        except Exception:
-            if not arrival.dropped or started:
+        except Exception as err:
+            if started:
                 raise
-            await _answer(send, 408, f"the upload's body stopped arriving (nothing for {UPLOAD_IDLE_S:g} s, or "
-                                     f"slower than {UPLOAD_MIN_BYTES_PER_S // 1024} KB/s): send it again")
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                await _answer(send, 507, "the server's disk is full: the upload was not stored; try again later")
+            elif arrival.dropped:
+                await _answer(send, 408, f"the upload's body stopped arriving (nothing for {UPLOAD_IDLE_S:g} s, or "
+                                         f"slower than {UPLOAD_MIN_BYTES_PER_S // 1024} KB/s): send it again")
+            else:
+                raise
         finally:
-            release()
+            release(started[:1] == [200])
 
 
 async def _answer(send: Callable, status: int, text: str) -> None:

@@ -5,15 +5,24 @@ every part of those names is made here: the session folder is a digest of the se
 the file names are the caller's constants (plain ASCII, checked). So nothing a card, an upload or a request says
 ever names a path, and a session reaches only its own entries (:meth:`Workspace.open`). The workspace is bounded in
 bytes, checked before anything is written (:meth:`Workspace.add`), and in time: entries unused for ``max_age_s`` are
-deleted by :meth:`Workspace.sweep`, which runs before every write and, while a server runs, on a schedule
-(:meth:`Workspace.lifespan`). The byte bound can cover folders that others write too (Gradio's cache of uploads
-and downloads): their files count, and a writer there holds room first (:meth:`Workspace.reserve`).
+deleted by :meth:`Workspace.sweep`, which runs on a schedule while a server runs (:meth:`Workspace.lifespan`), and
+before a write that would not fit. The byte bound can cover folders that others write too (Gradio's cache of
+uploads and downloads): their files count, and a writer there holds room first (:meth:`Workspace.reserve`).
+
+The bytes held are counted as they change (each write, removal and held room), not by walking the folders per
+request: the folders are walked when the workspace is made and by each sweep. Each visitor (a string the server
+gives: :func:`server.visitor`) also has a share of the bound (``share_bytes``), so that one visitor cannot fill it
+for everyone. An entry is written under a temporary name and renamed once complete, and a full disk leaves nothing
+behind (:meth:`Workspace.add`). A server's files live in a run folder of its own (:func:`claim_run_dir`), locked while
+it runs; the run folders of servers that ended, cleanly or not, are deleted when the next one starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -25,11 +34,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPORTS", "UPLOADS", "Workspace"]
+__all__ = ["EXPORTS", "UPLOADS", "Workspace", "claim_run_dir"]
 
 UPLOADS, EXPORTS = "uploads", "exports"  # the kinds of entries the app keeps
 _ENTRY_ID = re.compile(r"[0-9a-f]{32}")  # what secrets.token_hex(16) makes
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # the names add() writes: plain ASCII, no leading dot
+_PARTIAL = ".part-"  # an entry being written: renamed to its id once complete (swept like an entry if left)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+RUN_PREFIX = "run-"  # a server's run folder in the work dir (claim_run_dir)
+_LOCK_SUFFIX = ".lock"  # a run folder's lock: a file of its name and this suffix, beside it
+_held_runs: dict[Path, int] = {}  # run folders this process holds → the open descriptor of their lock
 
 
 def _mb(num_bytes: float) -> str:
@@ -46,8 +60,87 @@ def _folder_bytes(folder: Path) -> int:
     return total
 
 
+def claim_run_dir(work_dir: str | Path, name: str) -> Path:
+    """This process's run folder ``work_dir/name`` (created if needed), locked for as long as the process lives (the
+    lock is the file ``name.lock`` beside it), after deleting the run folders of processes that ended: their lock
+    is free, as the kernel lets go of it however the process ended, ``kill -9`` included. Folders of runs still
+    going, and anything not named like a run folder, are left alone; a run folder with no lock (its process never
+    claimed it, only wrote Gradio's cache there) goes once the process its name gives has ended. Claiming a folder
+    this process holds again changes nothing.
+
+    Args:
+        work_dir (str or Path): the folder that holds the run folders.
+        name (str): this run's folder, :data:`RUN_PREFIX` then a name unique to the process.
+
+    Returns:
+        Path: the run folder.
+
+    Raises:
+        ValueError: ``name`` is not a run folder's name (a bug in the caller), or another process holds it.
+        OSError: the work dir cannot be written.
+    """
+    if not name.startswith(RUN_PREFIX) or not _FILE_NAME.fullmatch(name):
+        raise ValueError(f"not a run folder's name: {name!r}")
+    work_dir = Path(work_dir)
+    run = work_dir / name
+    if run in _held_runs:
+        return run
+    work_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(work_dir / (name + _LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o600)
+    if not _lock(descriptor):
+        os.close(descriptor)
+        raise ValueError(f"the run folder {name} is held by another process")
+    _held_runs[run] = descriptor
+    run.mkdir(exist_ok=True)
+    for other in work_dir.glob(RUN_PREFIX + "*"):
+        lock = other.with_name(other.name.removesuffix(_LOCK_SUFFIX) + _LOCK_SUFFIX)
+        other = lock.with_name(lock.name.removesuffix(_LOCK_SUFFIX))
+        if other in _held_runs:
+            continue
+        with contextlib.suppress(OSError):
+            if not lock.exists():  # never claimed (a process that only imported Gradio): gone with its process
+                if not _process_alive(other.name):
+                    shutil.rmtree(other, ignore_errors=True)
+                continue
+            probe = os.open(lock, os.O_RDWR)
+            try:
+                if _lock(probe):  # nobody holds it: what an ended process left
+                    shutil.rmtree(other, ignore_errors=True)
+                    lock.unlink()
+            finally:
+                os.close(probe)
+    return run
+
+
+def _process_alive(run_name: str) -> bool:
+    """Whether the process a run folder's name gives (``run-<pid>-…``) is running; True if the name gives none."""
+    pid = run_name.removeprefix(RUN_PREFIX).split("-")[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process
+        return True
+    return True
+
+
+def _lock(descriptor: int) -> bool:
+    """Take the exclusive lock of an open file without waiting; False if another open file holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): every run folder counts as held, none is deleted
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 class Workspace:
-    """Per-session folders of uploaded checkpoints and exports, bounded in bytes and in time.
+    """Per-session folders of uploaded checkpoints and exports, bounded in bytes (in all and per visitor) and in time.
 
     Args:
         root (str or Path): the folder (created on the first write).
@@ -57,94 +150,158 @@ class Workspace:
         counted (Iterable[str or Path]): other folders whose files count against ``max_bytes`` (Gradio's cache),
             written by others, who hold room first (:meth:`reserve`); never written or swept here, and not inside
             ``root``. Default: none
+        share_bytes (int, optional): most bytes one visitor's entries, room held and stored uploads of the last
+            ``max_age_s`` may hold together. Default: None (``max_bytes``)
 
     Sessions are strings (Gradio's session hash); ``None`` is the one session of callers that have none (a direct
-    Python call). Thread-safe.
+    Python call). A visitor is who the server says sent a request (:func:`server.visitor`); a write that names
+    none is charged to its session. Thread-safe.
     """
 
-    def __init__(self, root: str | Path, max_bytes: int, max_age_s: float, counted: Iterable[str | Path] = ()) -> None:
+    def __init__(self, root: str | Path, max_bytes: int, max_age_s: float, counted: Iterable[str | Path] = (),
+                 share_bytes: int | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
         self.counted = tuple(Path(folder) for folder in counted)
-        self._lock = threading.Lock()  # held by every write, open and sweep
-        self._reserved = 0  # bytes held by reserve() for writes in progress elsewhere
-        self._reserved_lock = threading.Lock()
+        self.share_bytes = self.max_bytes if share_bytes is None else int(share_bytes)
+        self._lock = threading.Lock()  # held by every write, open, sweep and change of the counts
+        self._entries: dict[Path, tuple[str, int]] = {}  # entry folder → (its visitor, its bytes)
+        self._entry_bytes = 0  # their sum
+        self._counted_bytes = 0  # the counted folders' bytes at the last walk
+        self._stored: collections.deque = collections.deque()  # (time, visitor, bytes) of uploads stored there
+        self._stored_bytes = 0  # … the sum of those since the last walk
+        self._reserved: collections.Counter = collections.Counter()  # visitor → bytes held by reserve()
+        self._charged: collections.Counter = collections.Counter()  # visitor → its entries' and stored uploads' bytes
+        self._recount()
 
     def _session_dir(self, session: str | None) -> Path:
         return self.root / hashlib.sha256((session or "").encode()).hexdigest()[:32]
 
-    def used_bytes(self) -> int:
-        """Bytes held by the files under :attr:`root` and the ``counted`` folders now."""
-        return sum(_folder_bytes(folder) for folder in (self.root, *self.counted))
+    def _recount(self) -> None:
+        """Walk the folders once: the entries on disk and the counted folders' bytes (call with the lock, or alone)."""
+        known = {entry: self._entries.get(entry, ("", 0))[0] for entry in self.root.glob("*/*/*")}
+        for visitor, size in self._entries.values():
+            self._charged[visitor] -= size
+        self._entries = {entry: (visitor, _folder_bytes(entry)) for entry, visitor in known.items()}
+        self._entry_bytes = sum(size for _, size in self._entries.values())
+        for visitor, size in self._entries.values():
+            self._charged[visitor] += size
+        self._counted_bytes = sum(_folder_bytes(folder) for folder in self.counted)
+        self._stored_bytes = 0
 
-    def _make_room(self, size: int) -> None:
-        """Sweep, then check that ``size`` more bytes fit beside what is held and reserved (call with the lock)."""
-        self._sweep(time.time())
-        used = self.used_bytes() + self._reserved
-        if used + size > self.max_bytes:
+    def used_bytes(self) -> int:
+        """Bytes held by the files under :attr:`root` and the ``counted`` folders, as counted: each entry as written,
+        the counted folders as walked by the last sweep plus the uploads stored there since."""
+        with self._lock:
+            return self._entry_bytes + self._counted_bytes + self._stored_bytes
+
+    def visitor_bytes(self, visitor: str) -> int:
+        """Bytes charged to ``visitor`` now: its entries, room held and uploads stored in the last ``max_age_s``."""
+        with self._lock:
+            return self._visitor_bytes(visitor, time.time())
+
+    def _visitor_bytes(self, visitor: str, now: float) -> int:
+        while self._stored and now - self._stored[0][0] > self.max_age_s:
+            _, owner, size = self._stored.popleft()
+            self._charged[owner] -= size
+        return self._charged[visitor] + self._reserved[visitor]
+
+    def _make_room(self, size: int, visitor: str) -> None:
+        """Check that ``size`` more bytes fit in ``visitor``'s share and beside what is held and reserved, sweeping
+        first if they do not (call with the lock)."""
+        now = time.time()
+        mine = self._visitor_bytes(visitor, now)
+        if mine + size > self.share_bytes:
+            raise ValueError(f"each visitor may keep at most {_mb(self.share_bytes)} of uploads and exports on the "
+                             f"server, and you hold {_mb(mine)} now, too much for {_mb(size)} more: try again later "
+                             f"(files are deleted {self.max_age_s / 60:.0f} min after their last use)")
+        held = self._entry_bytes + self._counted_bytes + self._stored_bytes + sum(self._reserved.values())
+        if held + size > self.max_bytes:
+            self._sweep(now)
+            held = self._entry_bytes + self._counted_bytes + self._stored_bytes + sum(self._reserved.values())
+        if held + size > self.max_bytes:
             raise ValueError(f"the server keeps at most {_mb(self.max_bytes)} of uploads and exports and holds "
-                             f"{_mb(used)} now, too much for {_mb(size)} more: try again later (files are deleted "
+                             f"{_mb(held)} now, too much for {_mb(size)} more: try again later (files are deleted "
                              f"{self.max_age_s / 60:.0f} min after their last use)")
 
-    def reserve(self, size: int) -> Callable[[], None]:
-        """Hold ``size`` bytes of the bound for files another writer is about to put in a ``counted`` folder (an
-        upload Gradio is receiving), after sweeping expired entries, so that writers at the same time cannot
-        together pass the bound. While the files are written they count twice (held and on disk): the bound errs on
-        the safe side.
+    def reserve(self, size: int, visitor: str = "") -> Callable[[bool], None]:
+        """Hold ``size`` bytes of the bound and of ``visitor``'s share for files another writer is about to put in a
+        ``counted`` folder (an upload Gradio is receiving), so that writers at the same time cannot together pass
+        either.
 
         Returns:
-            Callable[[], None]: lets go of the room once the writer is done (its files, if any, count from then);
-            call it once.
+            Callable[[bool], None]: lets go of the room once the writer is done; call it once, with True if the
+            files were stored: then ``size`` stays charged to ``visitor`` for ``max_age_s`` (how long they are
+            kept) and to the bound until the next sweep counts them.
 
         Raises:
-            ValueError: no room for ``size`` bytes (the message of :meth:`add`).
+            ValueError: no room for ``size`` bytes in ``visitor``'s share (the message names the share) or in the
+                bound (the message of :meth:`add`).
         """
         with self._lock:
-            self._make_room(size)
-            with self._reserved_lock:
-                self._reserved += size
+            self._make_room(size, visitor)
+            self._reserved[visitor] += size
 
-        def release() -> None:
-            with self._reserved_lock:
-                self._reserved -= size
+        def release(stored: bool = False) -> None:
+            with self._lock:
+                self._reserved[visitor] -= size
+                if not self._reserved[visitor]:
+                    del self._reserved[visitor]
+                if stored:
+                    self._stored.append((time.time(), visitor, size))
+                    self._stored_bytes += size
+                    self._charged[visitor] += size
         return release
 
-    def add(self, session: str | None, kind: str, files: Mapping[str, bytes | str | os.PathLike]) -> Path:
-        """Store ``files`` as a new entry of ``session``, after sweeping expired entries.
+    def add(self, session: str | None, kind: str, files: Mapping[str, bytes | str | os.PathLike],
+            visitor: str | None = None) -> Path:
+        """Store ``files`` as a new entry of ``session``: written in a folder of a temporary name, renamed to the
+        entry's once complete.
 
         Args:
             session (str or None): the session the entry belongs to.
             kind (str): :data:`UPLOADS` or :data:`EXPORTS`.
             files (Mapping[str, bytes | str | PathLike]): file name → contents, or the path of a file to copy. The
                 names are the caller's constants (ASCII letters, digits, ``.``, ``_``, ``-``; at most 128).
+            visitor (str, optional): whose share the entry counts against. Default: the session
 
         Returns:
             Path: the entry's folder, holding exactly ``files``.
 
         Raises:
-            ValueError: the files would take the workspace (its entries, the ``counted`` folders and the room
-                reserved) past ``max_bytes`` (nothing is written; the message gives the limit and what is held), or a
+            ValueError: the files would take ``visitor`` past its share (the message names the share), or the
+                workspace (its entries, the ``counted`` folders and the room reserved) past ``max_bytes`` (the
+                message gives the limit and what is held); the disk is full (nothing is left of the entry); or a
                 name that is not a plain file name (a bug in the caller).
         """
         for name in files:
             if not _FILE_NAME.fullmatch(name):
                 raise ValueError(f"not a plain file name: {name!r}")
+        visitor = session or "" if visitor is None else visitor
         size = sum(len(data) if isinstance(data, bytes) else os.stat(data).st_size for data in files.values())
         with self._lock:
-            self._make_room(size)
-            entry = self._session_dir(session) / kind / secrets.token_hex(16)
-            entry.mkdir(parents=True)
+            self._make_room(size, visitor)
+            entry_id = secrets.token_hex(16)
+            folder = self._session_dir(session) / kind
+            partial = folder / (_PARTIAL + entry_id)
             try:
+                partial.mkdir(parents=True)
                 for name, data in files.items():
                     if isinstance(data, bytes):
-                        (entry / name).write_bytes(data)
+                        (partial / name).write_bytes(data)
                     else:
-                        shutil.copyfile(data, entry / name)
-            except BaseException:
-                shutil.rmtree(entry, ignore_errors=True)
+                        shutil.copyfile(data, partial / name)
+                partial.rename(folder / entry_id)
+            except BaseException as err:
+                shutil.rmtree(partial, ignore_errors=True)
+                if isinstance(err, OSError) and err.errno in _DISK_FULL:
+                    raise ValueError("the server's disk is full: nothing was stored; try again later") from None
                 raise
-        return entry
+            self._entries[folder / entry_id] = (visitor, size)
+            self._entry_bytes += size
+            self._charged[visitor] += size
+        return folder / entry_id
 
     def open(self, session: str | None, kind: str, entry_id: str) -> Path:
         """The folder of ``session``'s entry ``entry_id`` (the name of a folder :meth:`add` returned), its last use
@@ -166,10 +323,18 @@ class Workspace:
     def remove(self, entry: Path) -> None:
         """Delete an entry folder :meth:`add` returned (and nothing outside :attr:`root`)."""
         if Path(entry).resolve().is_relative_to(self.root.resolve()):
-            shutil.rmtree(entry, ignore_errors=True)
+            with self._lock:
+                shutil.rmtree(entry, ignore_errors=True)
+                self._forget(Path(entry))
+
+    def _forget(self, entry: Path) -> None:
+        visitor, size = self._entries.pop(entry, ("", 0))
+        self._entry_bytes -= size
+        self._charged[visitor] -= size
 
     def sweep(self, now: float | None = None) -> int:
-        """Delete the entries unused for more than ``max_age_s`` and the session folders left empty as long.
+        """Delete the entries unused for more than ``max_age_s`` and the session folders left empty as long, then
+        count what the folders hold (the counted folders' files, written by others, are counted, never deleted).
 
         Args:
             now (float, optional): the time to age entries against, in seconds since the epoch. Default: now
@@ -178,7 +343,9 @@ class Workspace:
             int: how many entries were deleted.
         """
         with self._lock:
-            return self._sweep(time.time() if now is None else now)
+            removed = self._sweep(time.time() if now is None else now)
+            self._recount()
+            return removed
 
     def _sweep(self, now: float) -> int:
         removed = 0
@@ -186,6 +353,7 @@ class Workspace:
             with contextlib.suppress(OSError):  # gone meanwhile, or not removable: the next sweep tries again
                 if now - entry.lstat().st_mtime > self.max_age_s:
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                    self._forget(entry)
                     removed += 1
         for folder in (*self.root.glob("*/*"), *self.root.glob("*")):  # session and kind folders left empty
             with contextlib.suppress(OSError):  # not empty, or gone

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import shutil
+import subprocess
 import time
 
 import pytest
 
 from analysis import Workspace
-from analysis.session.workspace import EXPORTS, UPLOADS
+from analysis.session import workspace as workspace_module
+from analysis.session.workspace import EXPORTS, UPLOADS, claim_run_dir
 from tests.loops import run_coroutine
 
 
@@ -73,9 +78,9 @@ def test_counted_folders_and_room_held_for_other_writers_share_the_byte_bound(tm
     covered only the app's own files. Files of a counted folder count against it, and so does room held for a write
     in progress there, until it is let go."""
     cache = tmp_path / "gradio"
-    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60, counted=[cache])
     (cache / "0f").mkdir(parents=True)
     (cache / "0f" / "upload.png").write_bytes(b"x" * 600)
+    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60, counted=[cache])
     assert workspace.used_bytes() == 600
     with pytest.raises(ValueError, match="the server keeps at most"):
         workspace.add("alice", EXPORTS, {"a.json": b"x" * 401})
@@ -90,3 +95,109 @@ def test_counted_folders_and_room_held_for_other_writers_share_the_byte_bound(tm
     assert [p.name for p in files_under(tmp_path / "work")] == ["a.json"]
     assert files_under(cache) == [cache / "0f" / "upload.png"]  # the counted folder is never written or swept here
     assert workspace.sweep(now=time.time() + 61) == 1 and files_under(cache) == [cache / "0f" / "upload.png"]
+
+
+def test_the_count_is_kept_as_it_changes_not_walked_per_write(tmp_path, monkeypatch):
+    """Every upload walked every file of the work dir under a lock (30,000 small files: uploads 21× slower). The
+    folders are walked when the workspace is made and by a sweep; writes, removals and held room change the count."""
+    cache = tmp_path / "gradio"
+    cache.mkdir()
+    (cache / "old.png").write_bytes(b"x" * 50)
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache])
+    walks = []
+    real = workspace_module._folder_bytes
+    monkeypatch.setattr(workspace_module, "_folder_bytes", lambda folder: walks.append(folder) or real(folder))
+    entry = workspace.add("alice", EXPORTS, {"a.json": b"x" * 100})
+    workspace.reserve(300, "alice")(True)  # an upload of 300 bytes declared, stored in Gradio's cache
+    workspace.reserve(200, "alice")(False)  # one refused by Gradio: nothing stays charged
+    assert workspace.used_bytes() == 450 and workspace.visitor_bytes("alice") == 400 and walks == []
+    workspace.remove(entry)
+    assert workspace.used_bytes() == 350 and workspace.visitor_bytes("alice") == 300 and walks == []
+    (cache / "new.png").write_bytes(b"x" * 280)  # what the stored upload really took
+    workspace.sweep()
+    assert workspace.used_bytes() == 330 and walks == [cache]  # the sweep walks the cache (and the entries: none)
+    assert workspace.visitor_bytes("alice") == 300  # kept as long as Gradio keeps the upload
+
+
+def test_a_visitor_past_their_share_is_refused_naming_it_and_others_are_not(tmp_path):
+    """One anonymous client filled the shared 2 GB bound in ≈ 2 s; then everyone's uploads and exports got 507."""
+    workspace = Workspace(tmp_path / "work", max_bytes=2000, max_age_s=60, share_bytes=500)
+    workspace.add("tab-1", EXPORTS, {"a.json": b"x" * 200}, visitor="mallory")
+    release = workspace.reserve(250, "mallory")
+    share = (r"each visitor may keep at most 0\.0 MB of uploads and exports on the server, and you hold 0\.0 MB now, "
+             r"too much for 0\.0 MB more")
+    with pytest.raises(ValueError, match=share):
+        workspace.add("tab-2", EXPORTS, {"b.json": b"x" * 51}, visitor="mallory")  # another tab, the same visitor
+    with pytest.raises(ValueError, match=share):
+        workspace.reserve(51, "mallory")
+    release(True)
+    with pytest.raises(ValueError, match=share):  # the stored upload stays charged
+        workspace.reserve(51, "mallory")
+    workspace.add("tab-3", EXPORTS, {"c.json": b"x" * 500}, visitor="alice")
+    workspace.reserve(400, "bob")(True)
+    assert workspace.visitor_bytes("mallory") == 450 and workspace.visitor_bytes("alice") == 500
+    assert workspace.add("tab-4", UPLOADS, {"d.json": b"x" * 10}).parent.parent.exists()  # no visitor: its session
+
+
+def test_an_entry_is_written_under_a_temporary_name_and_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
+    """Disk full gave a bare 500 and left zero-length files behind."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
+    source = tmp_path / "weights.bin"
+    source.write_bytes(b"w" * 100)
+    written_in = []
+    real_copy = shutil.copyfile
+
+    def copy(src, dst):
+        written_in.append(os.path.basename(os.path.dirname(dst)))
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(shutil, "copyfile", copy)
+    entry = workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}", "checkpoint.safetensors": source})
+    assert written_in == [".part-" + entry.name] and sorted(p.name for p in entry.iterdir()) == [
+        "checkpoint.json", "checkpoint.safetensors"]
+
+    def full(src, dst):
+        open(dst, "wb").close()  # what a full disk leaves: a file of zero length
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    with pytest.raises(ValueError, match=r"^the server's disk is full: nothing was stored; try again later$"):
+        workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}", "checkpoint.safetensors": source})
+    assert files_under(tmp_path / "work") == sorted(entry.iterdir()) and workspace.used_bytes() == 102
+
+
+def _ended_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_run_folders_of_ended_processes_are_deleted_when_the_next_starts(tmp_path):
+    """After a kill -9 and restart the previous process's Gradio cache (1.8 GB) was never deleted and kept counting;
+    a partial 60 MiB upload stayed forever. A run folder is locked while its process lives; the kernel lets go of
+    the lock however the process ended, so the next start deletes what it left."""
+    ended = tmp_path / "run-ended"
+    (ended / "gradio" / "0f").mkdir(parents=True)
+    (tmp_path / "run-ended.lock").touch()
+    (ended / "gradio" / "0f" / "part.safetensors").write_bytes(b"x" * 100)  # an upload cut off by the kill
+    (tmp_path / "run-live").mkdir()
+    held = os.open(tmp_path / "run-live.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock (another open file: the same test)
+    (tmp_path / "sessions").mkdir()  # not a run folder (an older layout, or someone else's): left alone
+    ended_pid = _ended_pid()
+    (tmp_path / f"run-{ended_pid}-0" / "gradio").mkdir(parents=True)  # never claimed, its process ended
+    (tmp_path / f"run-{os.getpid()}-1" / "gradio").mkdir(parents=True)  # never claimed, its process runs
+    try:
+        run = claim_run_dir(tmp_path, "run-mine")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-live", "run-live.lock",
+                                                               "run-mine", "run-mine.lock", "sessions"]
+        assert claim_run_dir(tmp_path, "run-mine") == run == tmp_path / "run-mine"  # held already: unchanged
+        os.close(held)  # the live process ends
+        claim_run_dir(tmp_path, "run-next")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-mine", "run-mine.lock",
+                                                               "run-next", "run-next.lock", "sessions"]
+    finally:
+        for path in (tmp_path / "run-mine", tmp_path / "run-next"):
+            os.close(workspace_module._held_runs.pop(path))
+    with pytest.raises(ValueError, match="not a run folder's name"):
+        claim_run_dir(tmp_path, "../run-x")

@@ -189,7 +189,8 @@ def test_a_bug_is_not_disguised_as_a_user_error(explorer, checkpoint_dir, exampl
 
 def stored_files(work_dir: Path) -> list[Path]:
     """The files an explorer's work dir holds (uploads and exports, in per-session folders)."""
-    return [path for path in work_dir.rglob("*") if path.is_file()]
+    return [path for path in work_dir.rglob("*")  # not the run folders' locks beside them (analysis.claim_run_dir)
+            if path.is_file() and not (path.parent == work_dir and path.suffix == ".lock")]
 
 
 def test_an_upload_with_more_tokens_than_the_budget_is_refused(checkpoint_dir, tmp_path, monkeypatch):

@@ -63,7 +63,9 @@ def work_dir(tmp_path, monkeypatch) -> Path:
 
 
 def files_under(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file())
+    """The files stored under ``folder`` (not the run folders' locks beside them: analysis.claim_run_dir)."""
+    return sorted(p for p in folder.rglob("*")
+                  if p.is_file() and not (p.name.startswith("run-") and p.suffix == ".lock"))
 
 
 def server_paths_in(message: str) -> list[str]:
@@ -84,8 +86,9 @@ def test_exports_are_named_by_the_server_whatever_the_card_name(checkpoint_dir, 
     explorer = app.Explorer(card_path.parent, device="cpu")
     files = explorer.on_export(**page(card_path.stem, example_image, row_px=10, col_px=20))["exports"]
     assert not outside.exists()
-    written = files_under(tmp_path)
+    written = files_under(tmp_path)  # but the run folder's lock, beside it in the work dir (claim_run_dir)
     assert written == sorted([*files_under(tmp_path / "ckpt"), *map(Path, files)])  # nothing else anywhere
+    assert [p.name for p in work_dir.iterdir() if p.is_file()] == [f"{app_limits.RUN_DIR_NAME}.lock"]
     for path in map(Path, files):
         assert path.is_relative_to(work_dir) and path.name.isascii() and "pwn" not in path.name
         assert len(path.name) < 100 and path.name.startswith("neighbors-")

@@ -97,6 +97,7 @@ def test_gradios_cache_is_in_the_work_dir_from_the_moment_gradio_is_imported(tmp
     from tests.small_models import REPO_ROOT
 
     env = {name: value for name, value in os.environ.items() if name != "GRADIO_TEMP_DIR"} | {"TMPDIR": str(tmp_path)}
-    shown = subprocess.run([sys.executable, "-c", "import app, gradio.mcp; print(gradio.mcp.DEFAULT_TEMP_DIR)"],
-                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True).stdout.split()[-1]
-    assert shown == str(tmp_path / "convnn-explorer" / "gradio")
+    shown = subprocess.run([sys.executable, "-c", "import app, gradio.mcp; print(app.limits.RUN_DIR_NAME, "
+                            "gradio.mcp.DEFAULT_TEMP_DIR)"],
+                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True).stdout.split()[-2:]
+    assert shown[0].startswith("run-") and shown[1] == str(tmp_path / "convnn-explorer" / shown[0] / "gradio")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 
 from analysis import Workspace
 from server import requests
@@ -10,14 +11,16 @@ from server.requests import RequestSizeLimit
 from tests.loops import run_coroutine
 
 
-def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload"
-            ) -> list[dict]:
-    """What ``middleware`` sends for a POST to ``path`` with ``headers`` (the app behind it answers 200 and reads
-    nothing)."""
+def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload",
+            client: str = "10.0.0.1", status: int = 200, error: Exception | None = None) -> list[dict]:
+    """What ``middleware`` sends for a POST to ``path`` with ``headers`` from ``client`` (the app behind it answers
+    ``status``, or raises ``error``, and reads nothing)."""
     sent = []
 
     async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if error is not None:
+            raise error
+        await send({"type": "http.response.start", "status": status, "headers": []})
 
     async def receive():
         raise AssertionError("the body was read")
@@ -26,7 +29,7 @@ def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str
         sent.append(message)
 
     middleware.app = app
-    scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items())}
+    scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items()), "client": (client, 5000)}
     run_coroutine(middleware(scope, receive, send))
     return sent
 
@@ -43,11 +46,13 @@ def test_a_request_body_over_the_limit_is_refused_from_its_declared_length():
 
 
 def test_an_upload_past_the_workspace_bound_is_refused_before_it_is_read(tmp_path):
-    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60)
+    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60, share_bytes=5000)
     limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
-    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200
-    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200  # its room was let go once answered
-    refused = respond(limit, {b"content-length": b"1001"})
+    assert respond(limit, {b"content-length": b"1000"}, status=400)[0]["status"] == 400
+    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200  # a refused one's room was let go
+    assert workspace.used_bytes() == 1000  # a stored one's stays counted
+    workspace.sweep()  # … until a sweep counts what Gradio stored (nothing, here)
+    refused = respond(limit, {b"content-length": b"1001"}, client="10.0.0.2")
     assert refused[0]["status"] == 507
     assert refused[1]["body"].decode().startswith("the server keeps at most 0.0 MB of uploads and exports and holds")
     assert respond(limit, {b"content-length": b"1001"}, path="/gradio_api/queue/join")[0]["status"] == 200
@@ -95,9 +100,31 @@ def test_an_upload_whose_body_stops_arriving_is_dropped_and_its_room_let_go(tmp_
     """22 connections declaring 110 MB each and sending no byte held the 2 GB bound: every other upload got 507."""
     monkeypatch.setattr(requests, "UPLOAD_IDLE_S", 0.5)
     monkeypatch.setattr(requests, "UPLOAD_MIN_BYTES_PER_S", 1000)  # 1000 bytes: 0.5 + 1 s in all
-    workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60)
+    workspace = Workspace(tmp_path / "work", max_bytes=2000, max_age_s=60)
     limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
-    assert _upload(limit, 1000, [(0.0, 400), (0.05, 600)]) == [400, 600, 200]  # a body that arrives: answered
+    assert _upload(limit, 1000, [(0.0, 400), (0.05, 600)]) == [400, 600, 200]  # a body that arrives: stored
     assert _upload(limit, 1000, [(0.0, 400)]) == [400, "left", 408]  # then silence: dropped after 0.5 s
     assert _upload(limit, 1000, [(0.4, 1)] * 5) == [1, 1, 1, "left", 408]  # a byte every 0.4 s: dropped at 1.5 s
     workspace.reserve(1000)()  # the dropped uploads' room was let go: all of it is free again
+
+
+def test_an_upload_past_its_visitors_share_is_refused_and_another_visitors_is_not(tmp_path):
+    """One anonymous client filled the shared 2 GB bound in ≈ 2 s (5 × 95 MiB); then everyone's uploads got 507."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, share_bytes=1000)
+    limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
+    assert respond(limit, {b"content-length": b"900"}, client="10.0.0.66")[0]["status"] == 200
+    refused = respond(limit, {b"content-length": b"101"}, client="10.0.0.66")
+    assert refused[0]["status"] == 507 and refused[1]["body"].decode().startswith(
+        "each visitor may keep at most 0.0 MB of uploads and exports on the server, and you hold 0.0 MB now")
+    assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7")[0]["status"] == 200
+    assert workspace.visitor_bytes("10.0.0.66") == 900 and workspace.visitor_bytes("10.0.0.7") == 1000
+
+
+def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_path):
+    """Disk full was a bare 500."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
+    limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
+    full = respond(limit, {b"content-length": b"900"}, error=OSError(errno.ENOSPC, "No space left on device"))
+    assert full[0]["status"] == 507
+    assert full[1]["body"] == b"the server's disk is full: the upload was not stored; try again later"
+    assert workspace.used_bytes() == 0 and workspace.visitor_bytes("10.0.0.1") == 0
