@@ -210,6 +210,8 @@ def window_indices(height: int, width: int, window_size: int, num_neighbors: int
     geometry = geometry or WindowGeometry(window_size, padding=window_size // 2)
     if geometry.window_size != window_size:
         raise ValueError(f"geometry.window_size must be window_size = {window_size}, got {geometry.window_size}")
+    if torch.compiler.is_compiling():  # traced as the integer ops it is (Dynamo does not trace a cache)
+        return _window_indices_cpu.__wrapped__(height, width, num_neighbors, geometry).to(device)
     return _window_indices_cpu(height, width, num_neighbors, geometry).to(device)
 
 
