@@ -60,7 +60,7 @@ def _assert_same(got, expected):
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_compiled_layer_matches_eager_with_its_gradient(name, mode):
     """Planted defects this catches: the tie check's ``.any()`` back in ``select_topk`` (fullgraph raises), a
-    training draw that does not advance the layer's own stream (the compiled step draws otherwise)."""
+    compiled training draw from torch's global generator instead of the layer's own stream."""
     factory, shape = LAYERS[name]
     torch.manual_seed(0)
     layer = factory()
@@ -132,8 +132,8 @@ def test_a_compiled_random_model_draws_what_eager_draws_for_every_draw_index(nam
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_exported_layer_runs_inference_on_new_inputs(name):
-    """``torch.export`` of the eval layer, run on an input it was not traced with. Planted defect: eval keys
-    computed outside the graph (a constant): the random rule's new input then draws the traced input's candidates."""
+    """``torch.export`` of the eval layer, run on an input it was not traced with. Planted defect: eval keys read
+    back into Python (``tolist``) and made a tensor again: a constant of the traced input, or no export at all."""
     factory, shape = LAYERS[name]
     torch.manual_seed(0)
     layer = factory().eval()
