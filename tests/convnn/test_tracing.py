@@ -132,8 +132,8 @@ def test_a_compiled_random_model_draws_what_eager_draws_for_every_draw_index(nam
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_exported_layer_runs_inference_on_new_inputs(name):
-    """``torch.export`` of the eval layer, run on an input it was not traced with. Planted defect: eval keys read
-    back into Python (``tolist``) and made a tensor again: a constant of the traced input, or no export at all."""
+    """``torch.export`` of the eval layer, run on an input it was not traced with. Planted defect: a traced eval
+    draw keyed on something other than the input (zeros): the random rules then draw other candidates than eager."""
     factory, shape = LAYERS[name]
     torch.manual_seed(0)
     layer = factory().eval()
