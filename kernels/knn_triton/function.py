@@ -488,7 +488,9 @@ def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
                          candidates: Tensor | None, self_first: bool, blend: BlendGrid | None = None) -> KnnResult:
     """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
     :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
-    Same arguments, result and gradients; arguments that would fail the checks give undefined results."""
+    Same arguments, result and gradients; arguments that would fail the checks give undefined results. Eager mode
+    runs :class:`KnnAggregate`; inside ``torch.compile`` or ``torch.export`` the registered operator
+    :func:`knn_fused` (docs/method.md §9), so that the graph calls the kernel without a break."""
     note_backend("triton")
     candidates = candidates_on(candidates, q.device)
     if not torch.compiler.is_compiling():
