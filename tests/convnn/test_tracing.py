@@ -38,6 +38,15 @@ LAYERS = {  # name → (layer factory, input shape); softmax where q/k get a gra
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from an empty cache: Dynamo's recompile limit (8 graphs per code object) counts every
+    layer compiled in the process, so the tests of one pytest worker would reach it together."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _run(module, x):
     """Output and the gradients of a fixed loss w.r.t. the parameters and the input."""
     x = x.detach().clone().requires_grad_()
