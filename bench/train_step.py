@@ -16,6 +16,14 @@ default, ``"<preset> warm=W selection=S"`` for the others). Prints a table and w
 ``--json``; the per-epoch estimate is steps per epoch (50,000 / batch) × the step. ``--profile`` also puts each
 step under ``torch.profiler`` (``kernel.gpu_breakdown``: wall vs GPU-busy time, the largest kernels).
 
+``--compile`` also times each step with the model under ``torch.compile(fullgraph=True)`` (Inductor; keys
+``"<key> compiled"``), after checking that the compiled step's loss and gradients match the eager step's (bf16:
+within 2e-2 relative) and that the graph calls the fused kernel as the operator ``convnn::knn_fused``
+(docs/method.md §9): the GPU check of Library II, e.g.
+
+    python bench/train_step.py --data-root DIR --presets cnn3-l0.5 cnn3-l0.5-blend0.5 cnn3-l0 --warm default \
+        --selections auto rounds --compile --json bench/results/train_step.json
+
 ``--device cpu`` times the same step in fp32 (no autocast) on ``--batch-size`` seeded random 32×32 images (64 by
 default; no data needed) with ``--threads`` threads (2): one warm-up step, then the best of ``--repeats`` (2) steps
 by the wall clock, and the 60-epoch estimate, 50,000 / batch steps per epoch (what bench/RESULTS.md §5 states for
@@ -26,6 +34,7 @@ slows the steps.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -49,23 +58,60 @@ from kernels.knn_triton import function, use_selection
 TRAIN_IMAGES, CPU_EPOCHS = 50_000, 60
 
 
-def _step_fn(name: str, images: torch.Tensor, labels: torch.Tensor):
+def _step_fn(name: str, images: torch.Tensor, labels: torch.Tensor, compiled: bool = False):
     """One training step of preset ``name``'s model on the first images of the batch, on the images' device (bf16
-    autocast on a GPU, fp32 on the CPU); returns (step, batch size)."""
+    autocast on a GPU, fp32 on the CPU), the model under ``torch.compile(fullgraph=True)`` if ``compiled``; returns
+    (step, batch size, model)."""
     recipe = preset(name)
+    torch.manual_seed(0)  # the same weights for the eager and the compiled step
     model = create_model(recipe["model"], **recipe["model_args"], num_classes=10).to(images.device).train()
+    forward = torch.compile(model, fullgraph=True) if compiled else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = images[:recipe["batch_size"]], labels[:recipe["batch_size"]]
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
-            logits = model(x)
+            logits = forward(x)
         loss = F.cross_entropy(logits.float(), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        return loss
 
-    return step, len(x)
+    return step, len(x), model
+
+
+def _check_compiled(name: str, images: torch.Tensor, labels: torch.Tensor) -> None:
+    """Raise ``AssertionError`` unless preset ``name``'s first compiled training step (fullgraph: no graph break)
+    has the eager step's loss and gradients (bf16: 2e-2 relative) and, where the eager step ran the fused kernel,
+    its graph calls ``convnn::knn_fused`` (``--compile``; docs/method.md §9)."""
+    from kernels import record_backends
+
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        step, _, model = _step_fn(name, images, labels, compiled)
+        with record_backends() as used:
+            loss = step().item()
+        grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
+        results.append((loss, grads, used))
+    (loss, grads, used), (loss_c, grads_c, _) = results
+    assert abs(loss - loss_c) <= 2e-2 * abs(loss), f"{name}: compiled loss {loss_c} vs eager {loss}"
+    error = ((grads_c - grads).norm() / grads.norm()).item()
+    assert error <= 2e-2, f"{name}: compiled gradients differ from eager by {error:.3g} (relative norm)"
+    targets: set = set()
+
+    def capture(gm, example_inputs):
+        targets.update(node.target for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        torch.compile(model, fullgraph=True, backend=capture)(images[:8])
+    if "triton" in used:
+        assert torch.ops.convnn.knn_fused.default in targets, f"{name}: the graph does not call convnn::knn_fused"
+    print(f"{name}: compiled step = eager step (loss {loss:.4f}, gradients within {error:.1e}); fused operator in "
+          f"the graph: {torch.ops.convnn.knn_fused.default in targets}", flush=True)
 
 
 def main() -> None:
@@ -83,6 +129,8 @@ def main() -> None:
     parser.add_argument("--rep-ms", type=float, default=2000)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--profile", action="store_true", help="also profile each step: wall vs GPU busy, kernels")
+    parser.add_argument("--compile", action="store_true",
+                        help="GPU: also check and time each step under torch.compile(fullgraph=True)")
     args = parser.parse_args()
     if args.device == "cpu":
         return _cpu(args)
@@ -98,15 +146,19 @@ def main() -> None:
         for warm in args.warm:
             function.fwd_config = default_config if warm == "default" else (
                 lambda *sizes, warm=int(warm), **options: default_config(*sizes, **options) | {"WARM": warm})
-            for selection in args.selections:
+            for selection, compiled in itertools.product(args.selections, (False, True) if args.compile else (False,)):
                 key = f"{name} warm={warm}" + ("" if selection == "auto" else f" selection={selection}")
+                key += " compiled" if compiled else ""
                 with use_selection(selection):
-                    step, batch = _step_fn(name, images, labels)
+                    if compiled and warm == args.warm[0] and selection == args.selections[0]:
+                        _check_compiled(name, images, labels)
+                    torch._dynamo.reset()
+                    step, batch, _ = _step_fn(name, images, labels, compiled)
                     step()  # compiles
                     ms = triton.testing.do_bench(step, warmup=200, rep=args.rep_ms)
                     results[key] = ms
-                    print(f"| {name} | {warm} | {selection} | {ms:.2f} | {ms * TRAIN_IMAGES / batch / 1000:.2f} |",
-                          flush=True)
+                    print(f"| {name} | {warm} | {selection}{' compiled' if compiled else ''} | {ms:.2f} | "
+                          f"{ms * TRAIN_IMAGES / batch / 1000:.2f} |", flush=True)
                     if args.profile:
                         results.setdefault("profile", {})[key] = gpu_breakdown(step, calls=10)
     function.fwd_config = default_config
@@ -127,7 +179,7 @@ def _cpu(args: argparse.Namespace) -> None:
                "load_average_1min": {"start": round(os.getloadavg()[0], 2)}}  # other work on the cores skews it
     print(f"| preset | step s (best of {args.repeats}) | {CPU_EPOCHS}-epoch estimate h |\n|---|---:|---:|")
     for name in args.presets:
-        step, batch = _step_fn(name, images, labels)
+        step, batch, _ = _step_fn(name, images, labels)
         step()  # warm-up
         seconds = []
         for _ in range(args.repeats):

@@ -23,11 +23,21 @@ The rules, for every layer with ``selection="random"`` (:class:`~convnn.ConvNN2d
   keys on its own input.
 
 ``r ≥ N`` means every token is a candidate (no draw).
+
+**In a traced graph** (``torch.compile(fullgraph=True)``, ``torch.export``; METHOD §9) the same draws run as graph
+ops: a training draw is the operator ``convnn::stream_candidates``, which draws from the layer's own generator when
+the graph runs (so a compiled training run draws what an eager one draws); an eval draw's keys are computed in the
+graph from the model input, pushed by the model's hook onto a plain list that the graph may mutate (a
+``ContextVar`` may only be read there), and stay on the input's device. The draw index :func:`candidate_draw` sets
+is read at trace time and guarded: a compiled model recompiles for a new index (or takes it as a graph input once
+Dynamo sees it vary); an exported model keeps the index it was exported with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -52,6 +62,7 @@ __all__ = [
     "load_candidate_states",
     "sample_keys",
     "splitmix64",
+    "stream_candidates",
 ]
 
 CANDIDATE_SAMPLINGS = ("batch", "sample")
@@ -69,6 +80,12 @@ _BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  #
 _KEY_STACK: ContextVar[tuple[torch.Tensor | None, ...]] = ContextVar("convnn_sample_keys", default=())
 # The eval draw index of the model forwards in this context (candidate_draw): an int, or one per sample.
 _DRAW: ContextVar[int | torch.Tensor] = ContextVar("convnn_eval_draw", default=0)
+# The keys of the model inputs whose forward is being traced (torch.compile, torch.export), innermost last: a graph
+# may push and pop a plain list but not set a ContextVar. Empty whenever no trace is running.
+_TRACED_KEYS: list[torch.Tensor | None] = []
+# Every sampler's training stream by its id, for the convnn::stream_candidates operator (module docstring).
+_STREAMS: weakref.WeakValueDictionary[int, CandidateSampler] = weakref.WeakValueDictionary()
+_STREAM_IDS = itertools.count()
 
 
 def layer_seed(model_seed: int, name: str) -> int:
@@ -187,7 +204,18 @@ class CandidateSampler:
     def __init__(self, num_candidates: int | None, candidate_sampling: str, seed: int) -> None:
         check_choice("candidate_sampling", candidate_sampling, CANDIDATE_SAMPLINGS)
         self.num_candidates, self.candidate_sampling = num_candidates, candidate_sampling
+        self._register_stream()
         self.reseed(seed)
+
+    def _register_stream(self) -> None:
+        """Give this sampler its own id in the registry of :func:`stream_candidates` (also a copy: a deep copy
+        or an unpickled sampler draws from its own generator, not the original's)."""
+        self.stream_id = next(_STREAM_IDS)
+        _STREAMS[self.stream_id] = self
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._register_stream()
 
     @classmethod
     def for_rule(cls, rule: SelectionRule, num_candidates: int | None, num_neighbors: int, candidate_sampling: str,
@@ -235,16 +263,53 @@ class CandidateSampler:
         batch = x.shape[0]
         if training:
             draws = batch if self.candidate_sampling == "sample" else 1
-            return sample_candidates(num_tokens, self.num_candidates, draws, self.generator)
-        stack = _KEY_STACK.get()
-        keys = stack[-1] if stack and stack[-1] is not None and len(stack[-1]) == batch else _eval_keys(x)
-        return keyed_candidates(keys, self.seed, num_tokens, self.num_candidates)
+            return stream_candidates(self.stream_id, num_tokens, self.num_candidates, draws)
+        keys = _model_keys(batch)
+        return keyed_candidates(_eval_keys(x) if keys is None else keys, self.seed, num_tokens, self.num_candidates)
+
+
+def _model_keys(batch: int) -> Tensor | None:
+    """The keys of the innermost model input running (traced first, then eager), if it has ``batch`` samples."""
+    for stack in (_TRACED_KEYS, _KEY_STACK.get()):
+        if stack:
+            keys = stack[-1]
+            return keys if keys is not None and len(keys) == batch else None
+    return None
 
 
 def _eval_keys(x: Tensor) -> Tensor:
-    """The keys of ``x``'s samples for this context's draw index (:func:`candidate_draw`), on the CPU, where the
-    layers draw their candidates (one (B,) copy per model call; the kernels check candidates without a sync)."""
-    return sample_keys(x, _DRAW.get()).cpu()
+    """The keys of ``x``'s samples for this context's draw index (:func:`candidate_draw`). Eager: on the CPU, where
+    the layers draw their candidates (one (B,) copy per model call; the kernels check candidates without a sync);
+    in a traced graph on ``x``'s device (no copy, no sync; the draws are the same integers)."""
+    keys = sample_keys(x, _DRAW.get())
+    return keys if torch.compiler.is_compiling() else keys.cpu()
+
+
+@torch.library.custom_op("convnn::stream_candidates", mutates_args=(), tags=torch.Tag.nondeterministic_seeded)
+def stream_candidates(stream: int, num_tokens: int, num_candidates: int, draws: int) -> Tensor:
+    """A training draw of the layer whose sampler has id ``stream`` (``CandidateSampler.stream_id``): the next
+    :func:`convnn.functional.sample_candidates` of its generator, as an operator, so that a compiled graph draws
+    from the layer's own stream when it runs (module docstring; METHOD §3, §9). Not pure: every call advances the
+    stream (tagged ``nondeterministic_seeded``, so a graph neither merges nor recomputes calls).
+
+    Args:
+        stream (int): a live sampler's ``stream_id``.
+        num_tokens (int): N.
+        num_candidates (int): r, 1 ≤ r ≤ N.
+        draws (int): 1 (one draw shared by the batch) or B (one per sample).
+
+    Returns:
+        Tensor: (draws, r) int64 on the CPU, distinct within a row.
+
+    Raises:
+        KeyError: no live sampler has id ``stream``.
+    """
+    return sample_candidates(num_tokens, num_candidates, draws, _STREAMS[stream].generator)
+
+
+@stream_candidates.register_fake
+def _stream_candidates_fake(stream: int, num_tokens: int, num_candidates: int, draws: int) -> Tensor:
+    return torch.empty(draws, num_candidates, dtype=torch.int64)
 
 
 @contextlib.contextmanager
@@ -292,9 +357,13 @@ def _samplers(model: nn.Module) -> Iterator[tuple[str, CandidateSampler]]:
 
 
 def _push_sample_keys(model: nn.Module, args: tuple) -> None:
-    """Forward pre-hook of a model: the per-sample keys of its input, for its layers' eval draws."""
+    """Forward pre-hook of a model: the per-sample keys of its input, for its layers' eval draws (on the traced
+    list inside a graph, else on this context's stack: module docstring)."""
     x = args[0] if args else None
     real = isinstance(x, Tensor) and x.dim() > 0 and x.device.type != "meta"
+    if torch.compiler.is_compiling():
+        _TRACED_KEYS.append(_eval_keys(x) if real and not model.training else None)
+        return
     _KEY_STACK.set((*_KEY_STACK.get(), None))  # pushed first: the pop hook runs even when the keys raise
     if real and not model.training:
         _KEY_STACK.set((*_KEY_STACK.get()[:-1], _eval_keys(x)))
@@ -302,6 +371,9 @@ def _push_sample_keys(model: nn.Module, args: tuple) -> None:
 
 def _pop_sample_keys(model: nn.Module, args: tuple, output: object) -> None:
     """Forward hook of a model (always called, also when the forward raises): drop its input's keys."""
+    if torch.compiler.is_compiling():
+        _TRACED_KEYS.pop()
+        return
     _KEY_STACK.set(_KEY_STACK.get()[:-1])
 
 

@@ -96,10 +96,10 @@ class WindowGeometry:
         Raises:
             ValueError: a query outside that padded map (``pad`` smaller than the padding it lies in).
         """
-        rows, cols = self.query_positions(height, device) + pad, self.query_positions(width, device) + pad
-        if min(int(rows[0]), int(cols[0])) < 0:
+        if self.first_query + pad < 0:  # the first query per axis (from the sizes alone: no tensor read to trace)
             raise ValueError(f"queries lie {-self.first_query} cells into the zero padding, outside the map padded "
                              f"by {pad}")
+        rows, cols = self.query_positions(height, device) + pad, self.query_positions(width, device) + pad
         return (rows[:, None] * (width + 2 * pad) + cols[None, :]).reshape(-1)
 
     def covering_query(self, size: int, device=None) -> Tensor:
@@ -210,6 +210,8 @@ def window_indices(height: int, width: int, window_size: int, num_neighbors: int
     geometry = geometry or WindowGeometry(window_size, padding=window_size // 2)
     if geometry.window_size != window_size:
         raise ValueError(f"geometry.window_size must be window_size = {window_size}, got {geometry.window_size}")
+    if torch.compiler.is_compiling():  # traced as the integer ops it is (Dynamo does not trace a cache)
+        return _window_indices_cpu.__wrapped__(height, width, num_neighbors, geometry).to(device)
     return _window_indices_cpu(height, width, num_neighbors, geometry).to(device)
 
 

@@ -50,7 +50,9 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
     """Raise ``ValueError`` for arguments of :func:`kernels.knn_aggregate` that no backend can run.
 
     Checks ranks and shapes (q, k, v, weight, bias, candidates), the option names, ``temperature > 0``, that
-    ``groups`` divides C_in = H·Dv, and ``1 ≤ K ≤`` the number of candidates; the message names the argument.
+    ``groups`` divides C_in = H·Dv, and ``1 ≤ K ≤`` the number of candidates; the message names the argument. The
+    candidates' values (key indices in range) are checked in eager mode only: inside ``torch.compile`` or
+    ``torch.export`` a check of values would be a data-dependent branch (docs/method.md §9).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (B, H, N, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -97,7 +99,8 @@ def check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weight
         if candidates.dim() != 2 or candidates.shape[0] not in (1, B) or candidates.dtype != torch.long:
             raise ValueError(f"candidates must be int64 (B={B} or 1, r), got {candidates.dtype} "
                              f"{tuple(candidates.shape)}")
-        if candidates.numel():
+        if candidates.numel() and not torch.compiler.is_compiling():  # a value check: eager only (no graph can
+            # branch on data; in a traced model the layers' draws are key indices by construction, METHOD §9)
             low, high = (int(x) for x in torch.aminmax(candidates))  # free on the CPU, one sync on a device
             if low < 0 or high >= num_keys:
                 raise ValueError(f"candidates must be key indices in [0, Nk={num_keys}), got values in "

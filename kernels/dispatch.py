@@ -45,9 +45,14 @@ def use_backend(backend: str) -> Iterator[None]:
         yield
 
 
-@functools.cache
+@torch.compiler.assume_constant_result  # a traced graph takes the answer as a constant
 def triton_available() -> bool:
     """Whether the fused kernel module imports (Triton installed and usable)."""
+    return _triton_imports()
+
+
+@functools.cache
+def _triton_imports() -> bool:
     try:
         from . import knn_triton  # noqa: F401
     except ImportError:

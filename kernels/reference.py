@@ -222,8 +222,15 @@ def neighbor_scores(q: Tensor, k: Tensor, topk_idx: Tensor, similarity: str = "c
 def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The K best candidates per query, most similar first, ties to the lower index (METHOD §2 step 2).
 
+    The result is what a stable descending sort gives, computed without a data-dependent branch or a stable sort
+    (so it traces into one graph: ``torch.compile(fullgraph=True)``, ``torch.export``, ONNX; docs/method.md §9):
+    ``torch.topk`` finds the K-th best score ``v``; the keys scoring above ``v`` are all among its K (put in
+    (score, index) order), and the rest of the K are the lowest-index keys scoring exactly ``v`` (a second top-K,
+    over the tied keys' negated indices).
+
     Args:
-        scores (Tensor): (..., Nq, M) candidate scores; ``−∞`` marks a forbidden candidate.
+        scores (Tensor): (..., Nq, M) candidate scores, without NaN (:func:`canonical_scores`); ``−∞`` marks a
+            forbidden candidate. M < 2**24 (the tied keys' indices are ranked as fp32).
         num_neighbors (int): K, 1 ≤ K ≤ M.
         self_index (Tensor, optional): (Nq,) int64 column of each query's own token; that column is ranked first
             whatever its score (its real score is still returned). Default: None (rank by score alone).
@@ -236,17 +243,20 @@ def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = 
         forced = torch.zeros_like(ranking, dtype=torch.bool)
         forced[..., torch.arange(scores.shape[-2], device=scores.device), self_index] = True
         ranking = ranking.masked_fill(forced, math.inf)
-    # The result is what a stable descending sort gives (equal scores in index order, METHOD §2); torch.topk is
-    # much faster but leaves ties unordered, so its K are re-ordered by (score, index) and the rare rows with ties
-    # across the K-th place fall back to the full stable sort.
+    # torch.topk is much faster than a sort but leaves ties unordered: its K are re-ordered by (score, index), which
+    # is exact for every key above the K-th score; the slots of keys tied with the K-th score are refilled with the
+    # lowest-index tied keys, in index order. Branch-free: every row takes the same ops. The re-ordering sorts the
+    # distinct integers (number of the K scoring higher)·M + index, so no stable sort is needed (ONNX has none).
     topk_vals, topk_idx = torch.topk(ranking, num_neighbors, dim=-1)
-    by_index, perm = topk_idx.sort(dim=-1)
-    order = topk_vals.gather(-1, perm).sort(dim=-1, descending=True, stable=True).indices
-    topk_idx = by_index.gather(-1, order)
-    boundary_ties = (ranking >= topk_vals[..., -1:]).sum(-1) > num_neighbors  # (..., Nq)
-    if boundary_ties.any():
-        rows = ranking[boundary_ties]  # (R, M)
-        topk_idx[boundary_ties] = torch.sort(rows, dim=-1, descending=True, stable=True).indices[:, :num_neighbors]
+    higher = (topk_vals.unsqueeze(-2) > topk_vals.unsqueeze(-1)).sum(-1)  # (..., Nq, K): of the K, how many above
+    num_keys = ranking.shape[-1]
+    topk_idx = torch.remainder((higher * num_keys + topk_idx).sort(dim=-1).values, num_keys)
+    kth = topk_vals[..., -1:]
+    above = (topk_vals > kth).sum(-1, keepdim=True)  # (..., Nq, 1) keys strictly above the K-th score, < K
+    negated = -torch.arange(ranking.shape[-1], device=scores.device, dtype=torch.float32)
+    tied = torch.where(ranking == kth, negated, -math.inf).topk(num_neighbors, dim=-1).indices  # lowest first
+    slots = torch.arange(num_neighbors, device=scores.device)
+    topk_idx = torch.where(slots < above, topk_idx, tied.gather(-1, (slots - above).clamp_min(0)))
     return scores.gather(-1, topk_idx), topk_idx
 
 
@@ -328,11 +338,12 @@ def candidates_on(candidates: Tensor | None, device: torch.device) -> Tensor | N
         device (torch.device): where q and k are.
 
     Returns:
-        Tensor or None: the same indices on ``device`` (``candidates`` itself when already there).
+        Tensor or None: the same indices on ``device`` (``candidates`` itself when already there; in a traced graph
+        a plain copy, which the compiler schedules).
     """
     if candidates is None or candidates.device == device:
         return candidates
-    if candidates.device.type == "cpu" and device.type == "cuda":
+    if candidates.device.type == "cpu" and device.type == "cuda" and not torch.compiler.is_compiling():
         return candidates.pin_memory().to(device, non_blocking=True)
     return candidates.to(device)
 

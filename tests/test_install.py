@@ -52,6 +52,9 @@ def test_pip_install_gives_the_library_and_the_readme_snippets_run_from_any_fold
     assert {"torch>=2.4", "torchvision", "numpy", "safetensors", "pillow", "tqdm"} <= set(requires)
     assert any(r.startswith("gradio[mcp]") and "extra == \"app\"" in r for r in requires)
     assert any(r.startswith("pytest") and "extra == \"test\"" in r for r in requires)
+    assert {"onnx", "onnxscript", "onnxruntime"} <= {r.split(";")[0].strip() for r in requires
+                                                     if "extra == \"onnx\"" in r}  # ONNX export (METHOD §9)
+    assert any(r.startswith("convnn-explorer[app,onnx]") and "extra == \"test\"" in r for r in requires)
 
     script = tmp_path / "snippets.py"
     script.write_text("".join(f"exec(compile({code!r}, 'README.md', 'exec'), {{}})\n" for code in readme_snippets()))
