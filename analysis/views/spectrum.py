@@ -73,7 +73,6 @@ class SpectrumRow:
         return self.mean_distance / self.grid_side
 
 
-@bounded_cache(16)
 def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3, draw: int = 0
                        ) -> tuple[SpectrumRow, ...]:
     """Every probe layer's mean neighbour distance and in-window share on ``image`` in eval draw ``draw`` (cached).
@@ -92,6 +91,13 @@ def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int 
     """
     if window_size < 1 or window_size % 2 == 0:
         raise ValueError(f"window_size must be odd and ≥ 1, got {window_size}")
+    return _selection_spectrum(loaded, image, window_size, effective_draw(loaded, draw))
+
+
+@bounded_cache(16)
+def _selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int, draw: int
+                        ) -> tuple[SpectrumRow, ...]:
+    """:func:`selection_spectrum` of a checked ``window_size`` and an effective ``draw``."""
     rows = []
     for probe in loaded.probes:
         grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
