@@ -17,7 +17,7 @@ import analysis as an
 import app
 import app_texts
 from app_api import endpoint
-from tests.app.test_app import CELL_LAYER, blocks_by_id, page, run_event
+from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, blocks_by_id, page, run_event
 
 RANDOM = "cnn-random"  # its ConvNN layers draw r = 12 candidates
 
@@ -131,3 +131,24 @@ def test_the_slow_views_say_which_draw_they_show(explorer, example_image):
     text = explorer.on_equivalence(**page(RANDOM, example_image, draw=4))["equivalence_text"]
     assert text.endswith(app_texts.DRAW_SHOWN.format(draw=4))
     assert "draw" not in explorer.on_equivalence(**page("cnn-l0.5", example_image))["equivalence_text"]
+
+
+def test_lesson_3_steps_through_the_draws_of_a_shipped_random_model():
+    """Lesson 3's last step opens draw 1 of cnn-l0.5-random32 with its draw box shown, and what the layer used at
+    the step's pixel is another set than at draw 0: the step shows what its text says."""
+    shipped = app.Explorer(SHIPPED_DIR, device="cpu")
+    app.build_demo(shipped)
+    lesson = next(lesson for lesson in shipped.lessons if lesson["title"].startswith("3 "))
+    index = next(i for i, step in enumerate(lesson["steps"]) if "draw=" in step["link"])
+    out = shipped.lesson_step(lesson["title"], index, an.ViewState(an.Query(checkpoint="cnn-l0.5")))
+    assert out["link_note"] == "" and out["draw"]["value"] == 1 and out["draw"]["visible"]
+    assert "◀ ▶" in out["lesson_text"]
+    query = an.Query(checkpoint=out["checkpoint"], image_file=out["image_file"], layer=out["layer"]["value"],
+                     row_px=out["row_px"], col_px=out["col_px"])
+    loaded, image = shipped.loaded(query)
+    row, col = an.query_cell(loaded.probe(query.layer), *query.pixel)
+    used = [an.neighbor_table(loaded, image, query.layer, draw=draw).rules["layer"].selection.cells[
+        row * loaded.probe(query.layer).width + col] for draw in (0, 1)]
+    assert not np.array_equal(*used)
+    table = shipped.on_table(dataclasses.replace(query, draw=1))
+    assert table["draw"] == 1 and table["spread"]["draws"] == an.SPREAD_DRAWS
