@@ -125,6 +125,20 @@ function drawRules() {
   }
 }
 
+function classBar(name, fraction, text) { // one class's bar: its name, a bar of the fraction, the text
+  const item = document.createElement("div");
+  item.className = "cx-bar";
+  const label = document.createElement("span");
+  label.textContent = name;
+  const bar = document.createElement("span");
+  bar.className = "cx-bar-fill cx-bar-class";
+  bar.style.width = `${100 * fraction}%`;
+  const value = document.createElement("span");
+  value.textContent = text;
+  item.append(label, bar, value);
+  return item;
+}
+
 function drawPrediction() {
   const box = $(".cx-prediction");
   const shown = `${table.image.src}${table.model}|${table.draw}`;
@@ -135,19 +149,8 @@ function drawPrediction() {
   title.className = "cx-predicted";
   title.textContent = best ? `${best[0]} · ${(100 * best[1]).toFixed(1)}%` : "";
   if (table.draw !== null && table.draw !== undefined) title.textContent += ` (draw ${table.draw})`;
-  const bars = table.prediction.map(([name, probability]) => {
-    const item = document.createElement("div");
-    item.className = "cx-bar";
-    const label = document.createElement("span");
-    label.textContent = name;
-    const bar = document.createElement("span");
-    bar.className = "cx-bar-fill cx-bar-class";
-    bar.style.width = `${100 * probability}%`;
-    const value = document.createElement("span");
-    value.textContent = `${(100 * probability).toFixed(1)}%`;
-    item.append(label, bar, value);
-    return item;
-  });
+  const bars = table.prediction.map(([name, probability]) =>
+    classBar(name, probability, `${(100 * probability).toFixed(1)}%`));
   const known = document.createElement("div");
   known.className = "cx-known";
   known.textContent = `This model knows ${table.classes.length} classes: ${table.classes.join(", ")}; ` +
@@ -164,19 +167,8 @@ function drawSpread() {
   box.className = "cx-spread";
   const head = document.createElement("div");
   head.textContent = `Over ${spread.draws} eval draws (each an equally valid answer), top-1 is:`;
-  const bars = spread.shares.map(([name, share]) => {
-    const item = document.createElement("div");
-    item.className = "cx-bar";
-    const label = document.createElement("span");
-    label.textContent = name;
-    const bar = document.createElement("span");
-    bar.className = "cx-bar-fill cx-bar-class";
-    bar.style.width = `${100 * share}%`;
-    const value = document.createElement("span");
-    value.textContent = `${Math.round(share * spread.draws)}/${spread.draws}`;
-    item.append(label, bar, value);
-    return item;
-  });
+  const bars = spread.shares.map(([name, share]) =>
+    classBar(name, share, `${Math.round(share * spread.draws)}/${spread.draws}`));
   const range = document.createElement("div");
   range.className = "cx-spread-range";
   const [low, high] = spread.top_probability;
