@@ -35,9 +35,12 @@ from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_server import default_workspace, launch
+from convnn.candidates import draws_candidates
 from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, waiting_events, wire
 
 COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
+MODEL_KNOBS = ("head", "draw")  # the knobs whose control the model shapes (Explorer.on_model: range, shown or not)
+DRAW_STEPS = ("draw_back", "draw_next")  # the buttons stepping the eval draw, beside its box
 
 
 class Explorer(ExplorerAPI):
@@ -118,11 +121,23 @@ class Explorer(ExplorerAPI):
     @user_errors
     def on_model(self, checkpoint, request=None):
         loaded = self.model(checkpoint, request)
-        first, heads = loaded.first_probe, loaded.max_heads
+        first, heads, draws = loaded.first_probe, loaded.max_heads, draws_candidates(loaded.model)
         return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
                 "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
                                    value=first and first.name),
-                "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1)}
+                "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1),
+                "draw": gr.update(value=0, visible=draws),  # a model without random candidates has one answer
+                **{button: gr.update(visible=draws) for button in DRAW_STEPS}}
+
+    @user_errors
+    def on_draw_back(self, draw, request=None):
+        """The eval draw before the one shown (none before draw 0)."""
+        return max(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) - 1, 0)
+
+    @user_errors
+    def on_draw_next(self, draw, request=None):
+        """The eval draw after the one shown (none after :data:`analysis.MAX_DRAW`)."""
+        return min(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) + 1, an.MAX_DRAW)
 
     @user_errors
     def on_first_render(self, query, request=None):
@@ -145,7 +160,7 @@ class Explorer(ExplorerAPI):
     def on_sweep(self, query, request=None):
         """The α animation's frames for the table shown (the page asks once, when ▶ α is pressed)."""
         loaded, image = self.loaded(query, request)
-        return an.page_sweep(an.blend_sweep(loaded, image, query.layer, query.options()))
+        return an.page_sweep(an.blend_sweep(loaded, image, query.layer, query.options(), draw=query.draw))
 
     @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
@@ -166,8 +181,10 @@ class Explorer(ExplorerAPI):
                               lambda name: self.model(name, request), list(texts.TABS), an.page_rules())
         query, named = opened.state.query, opened.named
         out = {name: gr.update() for name in link_outputs(type(state))} | self.on_model(query.checkpoint, request)
-        out["layer"]["value"], out["head"]["value"] = query.layer, query.head  # the model's update holds their range
-        out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names(query)) if name != "head"}
+        out["layer"]["value"] = query.layer  # the model's update holds the layers, the heads' range, the draw's box
+        out |= {name: out[name] | {"value": getattr(query, name)} for name in MODEL_KNOBS}
+        out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names(query))
+                if name not in MODEL_KNOBS}
         out |= {name: getattr(query, name) for name in named & {"checkpoint", "image_file"}}
         if "compare_models" in named:
             out["compare_models"] = list(opened.state.compare_models)
@@ -242,7 +259,7 @@ class Explorer(ExplorerAPI):
         if not probe.is_hybrid:
             return {"mix_plot": None, "mix_note": f"{probe.name} is not a hybrid layer: the λ mix exists only in "
                                                   "hybrid ConvNN layers."}
-        mix = an.branch_mix(loaded, self.image(query.image_file, query.fit), query.layer)
+        mix = an.branch_mix(loaded, self.image(query.image_file, query.fit), query.layer, query.draw)
         return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
 
     @user_errors
@@ -263,7 +280,7 @@ class Explorer(ExplorerAPI):
 
     @user_errors
     def on_spectrum(self, query, request=None):
-        return figures.spectrum_figure(an.selection_spectrum(*self.loaded(query, request)))
+        return figures.spectrum_figure(an.selection_spectrum(*self.loaded(query, request), draw=query.draw))
 
     @user_errors
     def on_spectrum_models(self, query, request=None):
@@ -279,15 +296,22 @@ class Explorer(ExplorerAPI):
         loaded, image = self.loaded(query, request)
         if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
             progress(0, desc=f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…")
-        result = an.attribution_map(loaded, image, method, target or None)
+        result = an.attribution_map(loaded, image, method, target or None, query.draw)
         return {"attribution_plot": figures.attribution_figure(an.model_view(image, loaded.card.input_size), result),
-                "attribution_note": result.note}
+                "attribution_note": " ".join(filter(None, [result.note, self.draw_shown(loaded, query)]))}
 
     @user_errors
     def on_equivalence(self, query, request=None):
         loaded, image = self.loaded(query, request)
-        return {"equivalence_text": an.equivalence_summary(loaded, image, query.layer),
-                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, query.layer))}
+        summary = an.equivalence_summary(loaded, image, query.layer, query.draw)
+        return {"equivalence_text": "\n\n".join(filter(None, [summary, self.draw_shown(loaded, query)])),
+                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, query.layer,
+                                                                               query.draw))}
+
+    @staticmethod
+    def draw_shown(loaded: an.LoadedModel, query: an.Query) -> str:
+        """The sentence naming the eval draw a view of a random-candidate model shows ("" for any other model)."""
+        return texts.DRAW_SHOWN.format(draw=query.draw) if draws_candidates(loaded.model) else ""
 
     @staticmethod
     def on_slow_reset(request=None):
@@ -348,9 +372,9 @@ def query_fields(state_type: type = ViewState) -> list[str]:
 
 def link_outputs(state_type: type = ViewState) -> list[str]:
     """What a link or a lesson's step sets (:meth:`Explorer.view`)."""
-    return ["checkpoint", "card", "layer", "head", "image_file", "row_px", "col_px",
-            *[name for name in knob_names(state_type().query) if name != "head"], "tabs", "tab", "focus_rule",
-            "compare_models", "compare_depth", "link_note"]
+    return ["checkpoint", "card", "layer", *MODEL_KNOBS, *DRAW_STEPS, "image_file", "row_px", "col_px",
+            *[name for name in knob_names(state_type().query) if name not in MODEL_KNOBS], "tabs", "tab",
+            "focus_rule", "compare_models", "compare_depth", "link_note"]
 
 
 def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[str]]]:
@@ -358,7 +382,8 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
     whose query's fields a table is made from)."""
     query, links = query_fields(state_type), link_outputs(state_type)
     return {
-        "model": ("on_model", ["checkpoint"], ["card", "layer", "head"]),
+        "model": ("on_model", ["checkpoint"], ["card", "layer", *MODEL_KNOBS, *DRAW_STEPS]),
+        **{step: (f"on_{step}", ["draw"], ["draw"]) for step in DRAW_STEPS},
         "link": ("on_link", KEPT, links),
         "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*links, "lesson_text", "lesson_step"]),
         "lesson_next": ("on_lesson_next", ["lesson", "lesson_step", *KEPT], [*links, "lesson_text", "lesson_step"]),
@@ -376,10 +401,10 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "first_render": ("on_first_render", query, ["explorer"]),
         "table": ("on_table", query, ["explorer"]),
         "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
-        "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer"], ["mix_plot", "mix_note"]),
-        "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", "hops", "head"],
+        "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer", "draw"], ["mix_plot", "mix_note"]),
+        "hops": ("on_hops", ["checkpoint", "image_file", "fit", "layer", "row_px", "col_px", "hops", "head", "draw"],
                  ["hop_view"]),
-        "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit"], ["spectrum_plot"]),
+        "spectrum": ("on_spectrum", ["checkpoint", "image_file", "fit", "draw"], ["spectrum_plot"]),
         "slow_reset": ("on_slow_reset", [], ["attribution_plot", "attribution_note", "equivalence_text",
                                              "equivalence_plot", "spectrum_models_plot"]),
         "pixel_image": ("on_pixel_image", ["image_file"], ["pixel_image"]),
@@ -402,6 +427,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
+DRAW_CHAIN = ["table", "mix", "spectrum", "hops", "slow_reset"]  # every view of the image is of one eval draw
 VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels",  # after a link or a lesson's step: anything
               "compare_layers_if_open", "compare_if_open"]
 
@@ -425,7 +451,9 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
         **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
         ("layer", "input"): ["table", "weights", "mix", "hops", "slow_reset"],
         **{(item.name, "release" if how.step else "blur"): ["table", *(["hops"] if item.name == "head" else [])]
-           for item, how in settings(state_type().query) if how.is_knob},
+           for item, how in settings(state_type().query) if how.is_knob and item.name != "draw"},
+        ("draw", "blur"): DRAW_CHAIN,
+        **{(step, "click"): [step, *DRAW_CHAIN] for step in DRAW_STEPS},
         ("hops", "release"): ["hops"],
         ("pixel_k", "release"): ["pixels"],
         ("position_weight", "release"): ["pixels"],
@@ -470,13 +498,17 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             # boxes two to a row, then the sliders.
             with gr.Group(elem_id="knobs"):
                 knobs = [(item.name, how) for item, how in settings(query_type) if how.is_knob]
-                boxes = [name for name, how in knobs if not how.step]
+                boxes = [name for name, how in knobs if not how.step and name != "draw"]
                 for index in range(0, len(boxes), 2):
                     with gr.Row() if len(boxes[index:index + 2]) == 2 else contextlib.nullcontext():
                         for name in boxes[index:index + 2]:
                             add(control(query_type, name, min_width=130))
-                for name in (name for name, _ in knobs if name not in boxes):
+                for name in (name for name, how in knobs if how.step):
                     add(control(query_type, name, min_width=200))
+                with gr.Row(elem_id="draw_row"):  # a random-candidate model's eval draw, stepped (on_model shows it)
+                    add(gr.Button("◀", size="sm", visible=False, elem_id="draw_back", scale=0, min_width=40))
+                    add(control(query_type, "draw", min_width=130))
+                    add(gr.Button("▶", size="sm", visible=False, elem_id="draw_next", scale=0, min_width=40))
             add(gr.File(ex.examples[0] if ex.examples else None, file_types=["image"], elem_id="image_file",
                         label="Image", visible=False))  # the file every view reads (the explorer shows it)
             with gr.Row(elem_id="link_row"):
@@ -625,8 +657,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].select(**wired("on_table_row", [n for n in query if n not in ("row_px", "col_px")],
                                 ["explorer"]), api_visibility="private")
         ui["explorer"].click(**wired("on_sweep", query, ["sweep"]), api_visibility="private")  # ▶ α
-        ui["hop_view"].select(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head"],
-                                      ["hop_view"]), api_visibility="private")
+        ui["hop_view"].select(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head",
+                                                      "draw"], ["hop_view"]), api_visibility="private")
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
@@ -647,10 +679,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
             ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
 
-        slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target"],
+        slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target",
+                                                           "draw"],
                   ["attribution_plot", "attribution_note"])
         slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"], ["spectrum_models_plot"])
-        slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer"],
+        slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer", "draw"],
                   ["equivalence_text", "equivalence_plot"])
         gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
               api_visibility="private")

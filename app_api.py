@@ -22,6 +22,7 @@ from gradio.utils import get_upload_folder
 
 import analysis as an
 from convnn import CheckpointError
+from convnn.candidates import draws_candidates
 from server import user_errors, visitor
 
 REPO = Path(__file__).resolve().parent
@@ -232,17 +233,21 @@ class ExplorerAPI:
 
     def table(self, query: an.Query, request=None, keep_query: bool = True) -> dict:
         """The explorer page's value (:func:`analysis.page_table`: the table, the prediction and the image's note)
-        for ``query``."""
+        for ``query``, in its eval draw; for a model with random candidates, with the draw and the model's answer
+        over :data:`analysis.SPREAD_DRAWS` draws (:func:`analysis.draw_spread`)."""
         loaded, image = self.loaded(query, request)
         an.query_cell(loaded.probe(query.layer), *query.pixel)  # a pixel outside the model input is a message
-        table = an.neighbor_table(loaded, image, query.layer, query.options(), query.pixel)
+        table = an.neighbor_table(loaded, image, query.layer, query.options(), query.pixel, query.draw)
+        draws = draws_candidates(loaded.model)
         return an.page_table(an.model_view(image, loaded.card.input_size), table, query.pixel, loaded.card,
-                             an.top_classes(loaded, image), image, keep_query)
+                             an.top_classes(loaded, image, draw=query.draw), image, keep_query,
+                             query.draw if draws else None, an.draw_spread(loaded, image) if draws else None)
 
     def neighbors(self, query: an.Query, request=None) -> tuple[an.LoadedModel, an.InputImage, an.QueryNeighbors]:
         """The model, the image and the query's neighbours under every rule (:func:`analysis.query_neighbors`)."""
         loaded, image = self.loaded(query, request)
-        return loaded, image, an.query_neighbors(loaded, image, query.layer, query.pixel, query.options())
+        return loaded, image, an.query_neighbors(loaded, image, query.layer, query.pixel, query.options(),
+                                                 draw=query.draw)
 
     def export(self, query: an.Query, request=None) -> dict:
         """The query's overlay (PNG) and neighbours (JSON) written for download (``exports``: their paths), and the
@@ -289,7 +294,7 @@ class ExplorerAPI:
         if not an.fits_field_table(probe):
             row, col = an.query_cell(probe, *query.pixel)
             queries = (row * probe.width + col,)
-        fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries)
+        fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries, query.draw)
         return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
 
     def spectra(self, image: an.InputImage) -> tuple[dict[str, list], list[str]]:
@@ -313,10 +318,11 @@ class ExplorerAPI:
         return [dataclasses.asdict(p) | {"label": an.layer_label(p)}
                 for p in self.model(query.checkpoint, request).probes]
 
-    @takes("checkpoint", "image_file", "fit", required=["checkpoint", "image_file"])
+    @takes("checkpoint", "image_file", "fit", "draw", required=["checkpoint", "image_file"])
     def api_predict(self, query: an.Query, request: gr.Request | None = None) -> dict[str, float]:
-        """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability."""
-        return an.top_classes(*self.loaded(query, request))
+        """The five most probable classes of the image (``fit``: crop, letterbox or stretch) → probability, in eval
+        draw ``draw`` of a model with random candidates (/table's ``spread``: its answer over 16 draws)."""
+        return an.top_classes(*self.loaded(query, request), draw=query.draw)
 
     @takes(EVERY_FIELD, required=["checkpoint", "image_file", "layer", "row_px", "col_px"])
     def api_neighbors(self, query: an.Query, request: gr.Request | None = None) -> dict:
@@ -338,38 +344,40 @@ class ExplorerAPI:
         (:func:`analysis.page_table`; arrays base64-packed, little-endian)."""
         return self.table(query, request)
 
-    @takes("checkpoint", "image_file", "fit", required=["checkpoint", "image_file"])
+    @takes("checkpoint", "image_file", "fit", "draw", required=["checkpoint", "image_file"])
     def api_spectrum(self, query: an.Query, request: gr.Request | None = None) -> list[dict]:
         """Every layer's place on the convolution ↔ attention spectrum on this image: ``layer``,
         ``mean_distance`` (cells), ``window_share`` (in [0, 1]) and ``window_size`` R."""
-        return [dataclasses.asdict(row) for row in an.selection_spectrum(*self.loaded(query, request))]
+        return [dataclasses.asdict(row) for row in an.selection_spectrum(*self.loaded(query, request),
+                                                                         draw=query.draw)]
 
-    @takes("checkpoint", "image_file", "layer", "row_px", "col_px", "num_hops", "head", "fit",
+    @takes("checkpoint", "image_file", "layer", "row_px", "col_px", "num_hops", "head", "fit", "draw",
            required=["checkpoint", "image_file", "layer", "row_px", "col_px"])
     def api_multihop(self, query: an.Query, num_hops: int = 2, request: gr.Request | None = None) -> dict:
         """The query's receptive field through ``num_hops`` layers: ``hops`` (S × S, the first hop reaching each
         model-input pixel, −1 for none), ``layers`` (the layer of each hop ≥ 1) and ``pixel_counts``."""
-        field = an.receptive_field(*self.loaded(query, request), query.layer, query.pixel, num_hops, query.head)
+        field = an.receptive_field(*self.loaded(query, request), query.layer, query.pixel, num_hops, query.head,
+                                   query.draw)
         return {"hops": field.hops.tolist(), "layers": field.layers, "pixel_counts": field.pixel_counts}
 
-    @takes("checkpoint", "image_file", "method", "target", "fit", required=["checkpoint", "image_file"])
+    @takes("checkpoint", "image_file", "method", "target", "fit", "draw", required=["checkpoint", "image_file"])
     def api_attribution(self, query: an.Query, method: str = "saliency", target: str = "",
                         request: gr.Request | None = None) -> dict:
         """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
         |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
         method, target = self.text(method, "method"), self.text(target, "class")
-        result = an.attribution_map(*self.loaded(query, request), method, target or None)
+        result = an.attribution_map(*self.loaded(query, request), method, target or None, query.draw)
         return {"values": result.values.tolist(), "target": result.target, "method": result.method,
                 "note": result.note}
 
-    @takes("checkpoint", "image_file", "layer", "fit", required=["checkpoint", "image_file", "layer"])
+    @takes("checkpoint", "image_file", "layer", "fit", "draw", required=["checkpoint", "image_file", "layer"])
     def api_equivalence(self, query: an.Query, request: gr.Request | None = None) -> list[dict]:
         """The equivalence demos of the layer (window ConvNN, standard and depthwise, as select → gather → Conv1D vs
         ``conv2d``; ConvNN-attention with K = N vs SDPA): ``description``, ``max_abs_diff``, ``max_abs_output``,
         ``convnn_path`` and ``reference_path`` (what each side ran), and the pictures over the layer's grid:
         ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
         (H × W, max |difference| over channels)."""
-        results = an.equivalences(*self.loaded(query, request), query.layer)
+        results = an.equivalences(*self.loaded(query, request), query.layer, query.draw)
         return [{name: value.tolist() if isinstance(value, np.ndarray) else value
                  for name, value in dataclasses.asdict(result).items()} for result in results]
 
@@ -382,11 +390,11 @@ class ExplorerAPI:
         return {"kernel": kernel.kernel.tolist(), "slot_norms": kernel.slot_norms.tolist(), "signed": kernel.signed,
                 "description": kernel.description}
 
-    @takes("checkpoint", "image_file", "layer", "fit", required=["checkpoint", "image_file", "layer"])
+    @takes("checkpoint", "image_file", "layer", "fit", "draw", required=["checkpoint", "image_file", "layer"])
     def api_mix(self, query: an.Query, request: gr.Request | None = None) -> dict:
         """A hybrid layer's λ mix on this image: ``branch_ratio`` λ, the channel split, and per cell (H × W) the
         ConvNN ``share`` of the 1×1 mix output and the two branches' norms."""
-        mix = an.branch_mix(*self.loaded(query, request), query.layer)
+        mix = an.branch_mix(*self.loaded(query, request), query.layer, query.draw)
         return {"branch_ratio": mix.branch_ratio, "knn_channels": mix.knn_channels,
                 "conv_channels": mix.conv_channels, "share": mix.share.tolist(), "knn_norm": mix.knn_norm.tolist(),
                 "conv_norm": mix.conv_norm.tolist()}

@@ -27,6 +27,9 @@ ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs
                       f"occlusion and integrated gradients) and is kept for this model and image. {GRADIENT_NOTE}")
 ATTRIBUTION_CANCELLED = "Cancelled. Press **Compute attribution** to run it again."
 EQUIVALENCE_PROMPT = "Press the button to compare on the chosen layer's features of this model and image."
+# Said by a view of a random-candidate model, whose every view shows one eval draw (the draw box beside the explorer)
+DRAW_SHOWN = ("This model draws random candidates: this is its eval draw {draw}, one of many equally valid answers "
+              "(◀ ▶ beside the explorer step through them).")
 HOPS_INTRO = ("Neighbours of neighbours, towards the input: the pixels the clicked query reaches through consecutive "
               "layers' selections (follows the click above).")
 PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its feature. Click a pixel."

@@ -90,6 +90,7 @@ from .session.selections import (
 )
 from .session.state import (
     MAX_COMPARED,
+    MAX_DRAW,
     Query,
     Setting,
     ViewState,
@@ -153,6 +154,7 @@ __all__ = [
     "LETTERBOX_RGB",
     "LINK_FIELDS",
     "MAX_COMPARED",
+    "MAX_DRAW",
     "MAX_FIELD_TABLE",
     "MAX_MESSAGE_CHARS",
     "MAX_SEED",

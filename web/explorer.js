@@ -97,6 +97,7 @@ function draw() {
   root.dataset.image = table.image_sha256 || "";
   root.dataset.model = table.model;
   root.dataset.options = JSON.stringify(table.options); // the knob values this table was made with
+  root.dataset.draw = table.draw === null || table.draw === undefined ? "" : String(table.draw);
   root.dataset.alpha = sweepFrame === null ? "" : String(sweep.alphas[sweepFrame]);
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.ranks = focus.ranks;
@@ -124,32 +125,57 @@ function drawRules() {
   }
 }
 
+function classBar(name, fraction, text) { // one class's bar: its name, a bar of the fraction, the text
+  const item = document.createElement("div");
+  item.className = "cx-bar";
+  const label = document.createElement("span");
+  label.textContent = name;
+  const bar = document.createElement("span");
+  bar.className = "cx-bar-fill cx-bar-class";
+  bar.style.width = `${100 * fraction}%`;
+  const value = document.createElement("span");
+  value.textContent = text;
+  item.append(label, bar, value);
+  return item;
+}
+
 function drawPrediction() {
   const box = $(".cx-prediction");
-  if (box.dataset.for === table.image.src + table.model) return; // the same image and model
-  box.dataset.for = table.image.src + table.model;
+  const shown = `${table.image.src}${table.model}|${table.draw}`;
+  if (box.dataset.for === shown) return; // the same image, model and draw
+  box.dataset.for = shown;
   const best = table.prediction[0];
   const title = document.createElement("div");
   title.className = "cx-predicted";
   title.textContent = best ? `${best[0]} · ${(100 * best[1]).toFixed(1)}%` : "";
-  const bars = table.prediction.map(([name, probability]) => {
-    const item = document.createElement("div");
-    item.className = "cx-bar";
-    const label = document.createElement("span");
-    label.textContent = name;
-    const bar = document.createElement("span");
-    bar.className = "cx-bar-fill cx-bar-class";
-    bar.style.width = `${100 * probability}%`;
-    const value = document.createElement("span");
-    value.textContent = `${(100 * probability).toFixed(1)}%`;
-    item.append(label, bar, value);
-    return item;
-  });
+  if (table.draw !== null && table.draw !== undefined) title.textContent += ` (draw ${table.draw})`;
+  const bars = table.prediction.map(([name, probability]) =>
+    classBar(name, probability, `${(100 * probability).toFixed(1)}%`));
   const known = document.createElement("div");
   known.className = "cx-known";
   known.textContent = `This model knows ${table.classes.length} classes: ${table.classes.join(", ")}; ` +
     "whatever the photo, it answers with one of them.";
-  box.replaceChildren(title, ...bars, known);
+  box.replaceChildren(title, ...bars, ...drawSpread(), known);
+}
+
+// A random-candidate model's answer over its eval draws, beside the prediction of the draw shown: each class's
+// share of top-1 and the range of the top class's probability (analysis.draw_spread); nothing for another model.
+function drawSpread() {
+  const spread = table.spread;
+  if (!spread) return [];
+  const box = document.createElement("div");
+  box.className = "cx-spread";
+  const head = document.createElement("div");
+  head.textContent = `Over ${spread.draws} eval draws (each an equally valid answer), top-1 is:`;
+  const bars = spread.shares.map(([name, share]) =>
+    classBar(name, share, `${Math.round(share * spread.draws)}/${spread.draws}`));
+  const range = document.createElement("div");
+  range.className = "cx-spread-range";
+  const [low, high] = spread.top_probability;
+  range.textContent = `${spread.top_class}: ${(100 * low).toFixed(1)}–${(100 * high).toFixed(1)}% over the draws.`;
+  box.append(head, ...bars, range);
+  box.dataset.shares = JSON.stringify(spread.shares); // for tests: what the page shows, as the server sent it
+  return [box];
 }
 
 function drawSide(row) {

@@ -22,6 +22,7 @@ from convnn import ModelCard
 from ..session.images import InputImage
 from ..session.selections import Selection, rule_title
 from ..session.traces import LayerInfo, cell_rect_px, layer_label
+from ..views.draws import DrawSpread
 from ..views.spectrum import ReceptiveFields
 from ..views.table import BlendSweep, NeighborTable
 from .export import blend_window_note, neighbor_notes
@@ -80,7 +81,8 @@ def _png(view: np.ndarray) -> str:
 
 
 def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int], card: ModelCard,
-               prediction: dict[str, float], image: InputImage | None = None, keep_query: bool = False) -> dict:
+               prediction: dict[str, float], image: InputImage | None = None, keep_query: bool = False,
+               draw: int | None = None, spread: DrawSpread | None = None) -> dict:
     """The explorer page's value for one (model, image, layer, options): the table and how to draw it.
 
     Args:
@@ -88,16 +90,22 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         table (NeighborTable): the layer's table (:func:`analysis.neighbor_table`).
         query_px (tuple[int, int]): the query pixel to show first, ``(row_px, col_px)`` in model-input pixels.
         card (ModelCard): the model's card: its name for the caption, the classes it knows.
-        prediction (dict[str, float]): the top classes → probability (:func:`analysis.top_classes`).
+        prediction (dict[str, float]): the top classes → probability (:func:`analysis.top_classes`, in ``draw``).
         image (InputImage, optional): the image ``view`` shows: its note (what was done to it on arrival) and its
             digest go to the page. Default: None
         keep_query (bool): whether the page keeps the query it shows (a new table for the same image: other
             knobs or another layer) rather than take ``query_px`` (a new image or model). Default: False
+        draw (int, optional): the eval draw the table and the prediction come from, for a model with random
+            candidates; None for any other (every draw is the same). Default: None
+        spread (DrawSpread, optional): the model's answer over its eval draws (:func:`analysis.draw_spread`),
+            for a model with random candidates. Default: None
 
     Returns:
         dict: JSON-ready. ``version``, ``model``, ``classes`` (all the model knows), ``prediction`` (a list of
-        ``[class, probability]``, most probable first), ``image_note``, ``image_sha256``, ``layer``, ``label``,
-        ``input_size`` S, ``grid`` [H, W], ``padding`` (cells drawn around the grid), ``row_edges_px`` /
+        ``[class, probability]``, most probable first), ``draw`` and ``spread`` (None, or ``draws``, ``shares``: a
+        list of ``[class, share of top-1]`` most frequent first, ``top_class`` and ``top_probability`` [min, max]),
+        ``image_note``, ``image_sha256``, ``layer``, ``label``, ``input_size`` S, ``grid`` [H, W], ``padding``
+        (cells drawn around the grid), ``row_edges_px`` /
         ``col_edges_px``, ``row_cell_of_px`` / ``col_cell_of_px`` (S entries: the cell covering each pixel, as
         :func:`analysis.query_cell`), ``image`` (PNG data URL of ``view``), ``query_px``, ``queries`` (the
         rows' cells when the table holds some queries, else None), ``keep_query``, ``options``, ``rules`` (a list:
@@ -124,6 +132,10 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         "model": card.name,
         "classes": list(card.classes),
         "prediction": [[name, probability] for name, probability in prediction.items()],
+        "draw": draw,
+        "spread": None if spread is None else {
+            "draws": spread.draws, "shares": [[name, float(share)] for name, share in spread.shares.items()],
+            "top_class": spread.top_class, "top_probability": [float(p) for p in spread.top_probability]},
         "image_note": image.note if image else "",
         "image_sha256": image.digest if image else None,
         "layer": probe.name,

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
+from convnn.candidates import draws_candidates
+
 from .inputs import user_error_message, whole_number
 from .models import LoadedModel
 from .selections import resolve_options
@@ -217,10 +219,11 @@ def open_link(params: Mapping[str, object], current: ViewState, shipped: Sequenc
 
 def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[str] = frozenset()
                  ) -> tuple[Query, list[str]]:
-    """``query`` checked against its model in one place: a layer the model does not have, a pixel outside its input
-    or a head it does not have (each only if ``named``: the fields a link set), and knobs that do not resolve on the
-    layer (:func:`analysis.resolve_options`), each replaced by its default (the model's first layer, the field's
-    default) and named in a message; the knobs that resolve are kept (each checked with those kept before it).
+    """``query`` checked against its model in one place: a layer the model does not have, a pixel outside its input,
+    a head it does not have or a draw other than 0 of a model without random candidates (each only if ``named``: the
+    fields a link set), and knobs that do not resolve on the layer (:func:`analysis.resolve_options`), each replaced
+    by its default (the model's first layer, the field's default) and named in a message; the knobs that resolve are
+    kept (each checked with those kept before it).
 
     Returns:
         tuple[Query, list[str]]: the query the model can show, and the messages.
@@ -235,6 +238,9 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
             problems.append(f"the link's layer {echo(query.layer)} is not a layer of this model")
         first = loaded.first_probe
         changes["layer"] = first and first.name
+    if "draw" in named and query.draw and not draws_candidates(loaded.model):  # every draw of it is the same
+        problems.append(f"the link's draw: {loaded.card.name} draws no random candidates, so it has draw 0 only")
+        changes["draw"] = defaults.draw
     bounds = {"row_px": loaded.card.input_size, "col_px": loaded.card.input_size, "head": loaded.max_heads}
     for name, bound in bounds.items():
         if name in named and (number := getattr(query, name)) >= bound:
@@ -246,7 +252,7 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
         try:
             resolve_options(probe, query.options())
         except ValueError:  # keep each knob that resolves with those kept before it; name each one that does not
-            knobs = [name for name in knob_names(query) if name != "head"]
+            knobs = [name for name in knob_names(query) if name not in ("head", "draw")]
             kept = dataclasses.replace(query, **{name: getattr(defaults, name) for name in knobs})
             for name in knobs:
                 trial = dataclasses.replace(kept, **{name: getattr(query, name)})

@@ -19,11 +19,11 @@ from .images import clamp_px
 from .inputs import real_number, whole_number
 from .selections import RuleOptions
 
-__all__ = ["MAX_COMPARED", "Query", "Setting", "ViewState", "check_number", "compare_list", "field_values", "knob",
-           "knob_names",
-           "setting", "settings"]
+__all__ = ["MAX_COMPARED", "MAX_DRAW", "Query", "Setting", "ViewState", "check_number", "compare_list", "field_values",
+           "knob", "knob_names", "setting", "settings"]
 
 MAX_COMPARED = 4  # compare mode's columns at most
+MAX_DRAW = 9999  # the largest eval draw index the draw box and a link take (any index ≥ 0 is a valid draw)
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class Query:
         blend_alpha (float): α of the blend rule. Default: 0.5
         head (int): the attention head. Default: 0
         fit (str): how a photo that is not square is made square (:data:`analysis.FITS`). Default: "crop"
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the forward pass every view of the
+            image shows, from the table and the prediction to the attribution. Its control shows for such a model
+            only (any other computes the same in every draw). Default: 0
     """
 
     checkpoint: str | None = setting(None, "model", "text")
@@ -91,6 +94,7 @@ class Query:
     blend_alpha: float = knob(0.5, "alpha", "blend α (0 = window, 1 = features)", "real", maximum=1, step=0.05)
     head: int = knob(0, "head", "attention head", visible=False)
     fit: str = setting("crop", None, "text")
+    draw: int = knob(0, "draw", "eval draw (random candidates)", maximum=MAX_DRAW, visible=False)
 
     @property
     def pixel(self) -> tuple[int, int]:

@@ -235,22 +235,25 @@ def _trace(loaded: LoadedModel, image: InputImage, draw: int) -> Trace:
     return trace
 
 
-def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES) -> dict[str, float]:
-    """The ``count`` most probable classes with their softmax probabilities, most probable first.
+def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES, draw: int = 0
+                ) -> dict[str, float]:
+    """The ``count`` most probable classes with their softmax probabilities, most probable first, in eval draw
+    ``draw`` (METHOD §3b; the same for every draw of a model without random candidates).
 
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
         count (int): how many classes (clipped to the number of classes). Default: 5
+        draw (int): the eval draw of a model with random candidates (:func:`trace_image`). Default: 0
 
     Returns:
         dict[str, float]: class name → probability in [0, 1], in descending order.
 
     Raises:
         ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input), or a class
-            count that does not match the card (:func:`trace_image`).
+            count that does not match the card, or a ``draw`` that is not an integer ≥ 0 (:func:`trace_image`).
     """
-    logits = trace_image(loaded, image).logits
+    logits = trace_image(loaded, image, draw).logits
     if not torch.isfinite(logits).all():
         raise ValueError(f"{loaded.card.name}: the model's output is not finite: the checkpoint's weights or the "
                          f"card's mean/std are broken")

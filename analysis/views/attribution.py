@@ -20,12 +20,13 @@ import numpy as np
 import torch
 from captum.attr import IntegratedGradients, Occlusion, Saliency
 
+from convnn.candidates import candidate_draw
 from convnn.models import model_cost
 
 from ..session.caching import bounded_cache
 from ..session.images import InputImage, model_input
 from ..session.models import LoadedModel
-from ..session.traces import trace_image
+from ..session.traces import effective_draw, trace_image
 
 __all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
 
@@ -59,8 +60,10 @@ class Attribution:
 
 
 @bounded_cache(16)
-def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target: str | None = None) -> Attribution:
-    """Attribute the score of ``target`` (default: the predicted class) to the input pixels (cached).
+def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target: str | None = None, draw: int = 0
+                    ) -> Attribution:
+    """Attribute the score of ``target`` (default: the class predicted in eval draw ``draw``) to the input pixels,
+    every forward pass in that draw (cached).
 
     The baseline of Integrated Gradients and the occluding value is 0 in normalised space: the mean colour.
 
@@ -70,14 +73,18 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         method (str): ``"saliency"``, ``"integrated_gradients"`` or ``"occlusion"``.
         target (str, optional): class name (exact, or the one class equal to it ignoring case and the spaces
             around it). Default: the predicted class
+        draw (int): the eval draw of a model with random candidates (METHOD §3b): the draw of the predicted class
+            and of the passes attributed. Default: 0
 
     Raises:
-        ValueError: unknown method or class name, or a model whose class count does not match its card.
+        ValueError: unknown method or class name, a model whose class count does not match its card, or a
+            ``draw`` that is not an integer ≥ 0.
     """
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {tuple(ATTRIBUTION_METHODS)}, got {method!r}")
     classes = loaded.card.classes
-    logits = trace_image(loaded, image).logits  # the prediction already computed; checks len(logits) = len(classes)
+    draw = effective_draw(loaded, draw)
+    logits = trace_image(loaded, image, draw).logits  # the prediction already computed; checks the class count
     if target is None:
         index = int(logits.argmax())
     elif target in classes:
@@ -88,7 +95,8 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
             raise ValueError(f"class {reprlib.repr(target)} is not one of the model's classes {classes}")
         index = folded[0]
     x = model_input(image, loaded.card).to(loaded.device)
-    values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))
+    with candidate_draw(draw):  # each pass draws as the model does in that draw (the copy keeps the key hook)
+        values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))
     return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
 
 

@@ -121,8 +121,8 @@ def _window_demo(conv: nn.Conv2d, x: Tensor, what: str, source: str, name: str) 
                      got, expected)
 
 
-def _map_input(loaded: LoadedModel, image: InputImage, layer: str):
-    """(probe, module, its input (1, C, H, W) on the CPU) of a feature-map layer.
+def _map_input(loaded: LoadedModel, image: InputImage, layer: str, draw: int):
+    """(probe, module, its input (1, C, H, W) on the CPU in eval draw ``draw``) of a feature-map layer.
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
@@ -130,17 +130,18 @@ def _map_input(loaded: LoadedModel, image: InputImage, layer: str):
     probe = loaded.probe(layer)
     if probe.is_attention:
         raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
-    return probe, probe_module(loaded.model, probe), trace_image(loaded, image).inputs[probe.name].cpu()
+    return probe, probe_module(loaded.model, probe), trace_image(loaded, image, draw).inputs[probe.name].cpu()
 
 
-def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
     """Window-selection ConvNN2d (K = R², the convolution's stride, padding and dilation), run as select → gather →
-    Conv1D, vs ``Conv2d`` on ``layer``'s input map (METHOD §4.1, §3a).
+    Conv1D, vs ``Conv2d`` on ``layer``'s input map in eval draw ``draw`` (METHOD §4.1, §3a; §3b: a random-candidate
+    model's earlier layers, hence this input, depend on the draw).
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
-    probe, module, x = _map_input(loaded, image, layer)
+    probe, module, x = _map_input(loaded, image, layer, draw)
     conv = layer_conv(module, probe)
     if _window_shaped(conv):
         conv = copy.deepcopy(conv).cpu()
@@ -152,15 +153,15 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equi
     return _window_demo(conv, x, "", source, probe.name)
 
 
-def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
+def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
     """Depthwise window-selection ConvNN2d (``groups = C``, K = R²), run as select → gather → Conv1D, vs a seeded
-    random depthwise ``Conv2d`` on ``layer``'s input map (METHOD §4.2): R = 3 and the geometry of the layer's own
-    convolution when it has a window-shaped one, else "same" padding.
+    random depthwise ``Conv2d`` on ``layer``'s input map in eval draw ``draw`` (METHOD §4.2): R = 3 and the geometry
+    of the layer's own convolution when it has a window-shaped one, else "same" padding.
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
-    probe, module, x = _map_input(loaded, image, layer)
+    probe, module, x = _map_input(loaded, image, layer, draw)
     own = layer_conv(module, probe)
     geometry = dict(stride=own.stride, padding=own.padding, dilation=own.dilation) if _window_shaped(own) and (
         own.kernel_size[0] == 3) else dict(padding=1)
@@ -170,11 +171,12 @@ def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
                         probe.name)
 
 
-def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) -> Equivalence:
-    """ConvNN-attention with K = N vs SDPA multi-head attention on ``layer``'s input tokens (METHOD §4.3)."""
+def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
+    """ConvNN-attention with K = N vs SDPA multi-head attention on ``layer``'s input tokens in eval draw ``draw``
+    (METHOD §4.3)."""
     probe = loaded.probe(layer)
     module = probe_module(loaded.model, probe)
-    x = trace_image(loaded, image).inputs[probe.name].cpu()
+    x = trace_image(loaded, image, draw).inputs[probe.name].cpu()
     if probe.is_attention:
         own = as_self_attention(module)  # the library's MHSA, or one holding nn.MultiheadAttention's weights
         tokens, dim, heads, source = x, own.dim, own.num_heads, "the layer's own q, k, v and output projections"
@@ -199,23 +201,25 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str) ->
                      f"with {source}, on the input tokens of {probe.name}", paths, *pictured, (got, expected))
 
 
-def equivalences(loaded: LoadedModel, image: InputImage, layer: str) -> list[Equivalence]:
-    """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention.
+def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> list[Equivalence]:
+    """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention,
+    each on the layer's input in eval draw ``draw`` (METHOD §3b; the same input in every draw of a model without
+    random candidates).
 
     Raises:
-        ValueError: unknown layer.
+        ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
     maps = () if loaded.probe(layer).is_attention else (conv_equivalence, depthwise_equivalence)
-    return [demo(loaded, image, layer) for demo in (*maps, attention_equivalence)]
+    return [demo(loaded, image, layer, draw) for demo in (*maps, attention_equivalence)]
 
 
-def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str) -> str:
+def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> str:
     """:func:`equivalences` as Markdown paragraphs.
 
     Raises:
-        ValueError: unknown layer.
+        ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
-    results = equivalences(loaded, image, layer)
+    results = equivalences(loaded, image, layer, draw)
     return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
                         f"{r.max_abs_output:.2e}). ConvNN side: {r.convnn_path}; reference: {r.reference_path}."
                         for r in results)

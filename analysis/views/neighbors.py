@@ -175,7 +175,8 @@ def query_row(probe: LayerInfo, options: RuleOptions, query_px: tuple[int, int],
 
 
 def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
-                    options: RuleOptions | None = None, rules: tuple[str, ...] | None = None) -> QueryNeighbors:
+                    options: RuleOptions | None = None, rules: tuple[str, ...] | None = None, draw: int = 0
+                    ) -> QueryNeighbors:
     """The neighbours of the query pixel ``query_px`` in ``layer`` under ``rules`` and under the layer itself.
 
     Args:
@@ -186,16 +187,19 @@ def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px
         options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
         rules (tuple[str, ...], optional): registered rules to compute. Default: every registered rule
             (:func:`convnn.selection.rule_names`)
+        draw (int): the eval draw of a model with random candidates (:func:`rule_selection`). Default: 0
 
     Returns:
         QueryNeighbors: per rule sets with distances, plus ``"layer"``, and pairwise Jaccard overlaps.
 
     Raises:
-        ValueError: unknown layer or rule, a pixel outside the image, or options outside their ranges.
+        ValueError: unknown layer or rule, a pixel outside the image, options outside their ranges, or a ``draw``
+            that is not an integer ≥ 0.
     """
     probe = loaded.probe(layer)
     options = resolve_options(probe, options or RuleOptions())
     row, col = query_cell(probe, *query_px)
     rules = (*(rule_names() if rules is None else rules), LAYER_RULE)
-    tables, overlaps = rule_rows(loaded, image, probe, options, rules, np.array([row * probe.width + col]))
+    tables, overlaps = rule_rows(loaded, image, probe, options, rules, np.array([row * probe.width + col]),
+                                draw)
     return query_row(probe, options, query_px, tables, overlaps, 0)

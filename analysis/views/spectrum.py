@@ -27,7 +27,7 @@ from ..session.images import InputImage
 from ..session.inputs import whole_number
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_selection
-from ..session.traces import LayerInfo, cell_rect_px, query_cell
+from ..session.traces import LayerInfo, cell_rect_px, effective_draw, query_cell
 
 __all__ = [
     "MAX_FIELD_TABLE",
@@ -73,29 +73,37 @@ class SpectrumRow:
         return self.mean_distance / self.grid_side
 
 
-@bounded_cache(16)
-def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3) -> tuple[SpectrumRow, ...]:
-    """Every probe layer's mean neighbour distance and in-window share on ``image`` (cached).
+def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3, draw: int = 0
+                       ) -> tuple[SpectrumRow, ...]:
+    """Every probe layer's mean neighbour distance and in-window share on ``image`` in eval draw ``draw`` (cached).
 
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
         window_size (int): R of the in-window share, odd. Default: 3
+        draw (int): the eval draw of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
         tuple[SpectrumRow, ...]: one row per probe layer, forward order.
 
     Raises:
-        ValueError: an even or non-positive ``window_size``.
+        ValueError: an even or non-positive ``window_size``, or a ``draw`` that is not an integer ≥ 0.
     """
     if window_size < 1 or window_size % 2 == 0:
         raise ValueError(f"window_size must be odd and ≥ 1, got {window_size}")
+    return _selection_spectrum(loaded, image, window_size, effective_draw(loaded, draw))
+
+
+@bounded_cache(16)
+def _selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int, draw: int
+                        ) -> tuple[SpectrumRow, ...]:
+    """:func:`selection_spectrum` of a checked ``window_size`` and an effective ``draw``."""
     rows = []
     for probe in loaded.probes:
         grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
         means, shares = [], []
         for head in range(probe.num_heads):
-            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
+            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head), draw)
             mean, share = distance_stats(sel.cells, sel.is_prefix, grid, window_size)
             means.append(np.nanmean(mean))
             shares.append(share.mean())
@@ -178,7 +186,7 @@ def fits_field_table(probe: LayerInfo, queries: int | None = None) -> bool:
 
 
 def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0,
-                     queries: tuple[int, ...] | None = None) -> ReceptiveFields:
+                     queries: tuple[int, ...] | None = None, draw: int = 0) -> ReceptiveFields:
     """The pixels reached from query cells of ``layer`` by ``num_hops`` hops of selection (cached).
 
     Hop 0 is the query's cell; hop h ≥ 1 takes every cell, of the h-th probe layer counting back from ``layer``,
@@ -195,10 +203,12 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
         head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
             Default: 0
         queries (tuple[int, ...] or None): raster cells of ``layer`` to follow; None: all of them. Default: None
+        draw (int): the eval draw of a model with random candidates (METHOD §3b). Default: 0
 
     Raises:
         ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range, a query cell
-            outside the layer, or more queries × pixels than :data:`MAX_FIELD_TABLE` (before any work).
+            outside the layer, more queries × pixels than :data:`MAX_FIELD_TABLE` (before any work), or a ``draw``
+            that is not an integer ≥ 0.
     """
     num_hops = _check_hops(num_hops)
     probe = loaded.probe(layer)
@@ -212,13 +222,13 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
     if not fits_field_table(probe, count):
         raise ValueError(f"the receptive fields of {count} queries on a {size}×{size} px input are more than the "
                          f"multi-hop view's {MAX_FIELD_TABLE:,} query-pixels: ask for fewer queries")
-    return _receptive_fields(loaded, image, probe.name, num_hops, head, queries)
+    return _receptive_fields(loaded, image, probe.name, num_hops, head, queries, effective_draw(loaded, draw))
 
 
 @bounded_cache(8)
 def _receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int, head: int,
-                      queries: tuple[int, ...] | None) -> ReceptiveFields:
-    """:func:`receptive_fields` of checked arguments."""
+                      queries: tuple[int, ...] | None, draw: int) -> ReceptiveFields:
+    """:func:`receptive_fields` of checked arguments and an effective ``draw``."""
     names = [p.name for p in loaded.probes]
     start = names.index(layer)
     probe = loaded.probes[start]
@@ -233,7 +243,7 @@ def _receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_ho
     for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
         probe = loaded.probes[index]
         row_cover, col_cover = _covers(probe)
-        selection = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
+        selection = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head), draw)
         touched = (row_cover @ frontier.float() @ col_cover.T) > 0  # (Q, H_l, W_l)
         selected = (touched.flatten(1).float() @ _adjacency(probe, selection)) > 0  # (Q, N_l)
         frontier = (row_cover.T @ selected.view(-1, probe.height, probe.width).float() @ col_cover) > 0
@@ -244,7 +254,7 @@ def _receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_ho
 
 
 def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
-                    num_hops: int = 2, head: int = 0) -> ReceptiveField:
+                    num_hops: int = 2, head: int = 0, draw: int = 0) -> ReceptiveField:
     """The pixels reached from ``query_px`` by ``num_hops`` hops of selection, starting at ``layer``: the query's
     row of :func:`receptive_fields` (of every query where they fit one table, else of this query alone).
 
@@ -256,15 +266,17 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
         num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
         head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
             Default: 0
+        draw (int): the eval draw of a model with random candidates (METHOD §3b). Default: 0
 
     Raises:
-        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range or a pixel outside
-            the image.
+        ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range, a pixel outside
+            the image, or a ``draw`` that is not an integer ≥ 0.
     """
     probe = loaded.probe(layer)
     row, col = query_cell(probe, *query_px)
     index = row * probe.width + col
     whole = fits_field_table(probe)  # the table of every query, which the page gets too, or this one's alone
-    fields = receptive_fields(loaded, image, probe.name, num_hops, head, None if whole else (index,))
+    fields = receptive_fields(loaded, image, probe.name, num_hops, head, None if whole else (index,),
+                              draw)
     at = index if whole else 0
     return ReceptiveField(fields.hops[at].astype(np.int64), fields.layers, fields.pixel_counts[at].tolist())

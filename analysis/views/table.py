@@ -158,7 +158,7 @@ class BlendSweep:
 
 
 def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: RuleOptions | None = None,
-                steps: int = SWEEP_STEPS) -> BlendSweep:
+                steps: int = SWEEP_STEPS, draw: int = 0) -> BlendSweep:
     """Every query's blend selection in ``layer`` at ``steps`` α values from 0 to 1 (each cached as a selection).
 
     Args:
@@ -167,6 +167,7 @@ def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: Rul
         layer (str): probe layer name.
         options (RuleOptions, optional): K, R, head (α is swept). Default: the layer's
         steps (int): α values, ≥ 2, evenly spaced. Default: :data:`SWEEP_STEPS`
+        draw (int): the eval draw of a model with random candidates, as :func:`neighbor_table`'s. Default: 0
 
     Returns:
         BlendSweep: one :class:`RuleTable` per α.
@@ -181,6 +182,7 @@ def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: Rul
     if options.num_neighbors > MAX_TABLE_NEIGHBORS:
         raise ValueError(f"the α animation covers K ≤ {MAX_TABLE_NEIGHBORS}, got K = {options.num_neighbors}")
     alphas = np.linspace(0.0, 1.0, steps)
-    rules = [rule_rows(loaded, image, probe, replace(options, blend_alpha=float(alpha)), ("blend",))[0]["blend"]
+    rules = [rule_rows(loaded, image, probe, replace(options, blend_alpha=float(alpha)), ("blend",),
+                       draw=draw)[0]["blend"]
              for alpha in alphas]
     return BlendSweep(probe, options, alphas, tuple(rules))

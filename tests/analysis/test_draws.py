@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import draw_spread, neighbor_table, top_classes, trace_image
+from analysis import attribution_map, conv_equivalence, draw_spread, neighbor_table, top_classes, trace_image
 from analysis.session.images import model_input
 from convnn import record_neighbors
 from convnn.candidates import candidate_draw
@@ -71,3 +71,25 @@ def test_the_neighbour_table_of_a_draw_is_what_the_layer_selected_in_that_draw(l
     assert trace_image(load_small("cnn-l0.5"), image, 5) is trace_image(load_small("cnn-l0.5"), image)
     with pytest.raises(ValueError, match="draw"):
         neighbor_table(loaded, image, LAYER, draw=-1)
+
+
+def test_attribution_and_the_equivalence_demo_show_the_draw_asked_for(load_small, image):
+    """Saliency in draw 3 is the gradient of the class predicted in draw 3, every pass run in draw 3 (computed here,
+    and not draw 0's); the equivalence demo of a layer after random layers runs on that layer's input of draw 3,
+    and the theorem holds there too. Defects it catches: the draw dropped before the attributed passes, or before
+    the trace the demo reads its input from."""
+    loaded = load_small("cnn-random")
+    maps = {}
+    for draw in (0, 3):
+        x = model_input(image, loaded.card).requires_grad_()
+        with candidate_draw(draw):
+            logits = loaded.model(x)[0]
+            logits[int(logits.argmax())].backward()
+        expected = x.grad[0].abs().sum(0).numpy()
+        maps[draw] = attribution_map(loaded, image, "saliency", None, draw)
+        assert maps[draw].target == loaded.card.classes[int(logits.argmax())]
+        np.testing.assert_allclose(maps[draw].values, expected, rtol=1e-4, atol=1e-4 * expected.max())
+    assert np.abs(maps[0].values - maps[3].values).max() > 0.1 * maps[0].values.max()  # the tiny model's scale
+    demos = {draw: conv_equivalence(loaded, image, LAYER, draw) for draw in (0, 3)}
+    assert np.abs(demos[0].reference - demos[3].reference).max() > 0.01 * np.abs(demos[0].reference).max()
+    assert all(demo.max_abs_diff <= 1e-4 * max(demo.max_abs_output, 1.0) for demo in demos.values())

@@ -467,19 +467,20 @@ def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
 
 # -- the API --------------------------------------------------------------------------------------------------------
 KNOB_PARAMETERS = [("num_neighbors", 0), ("window_size", 0), ("num_candidates", 0), ("seed", 0), ("blend_alpha", 0.5),
-                   ("head", 0), ("fit", "crop")]
+                   ("head", 0), ("fit", "crop"), ("draw", 0)]
 DOCUMENTED_API = {  # each endpoint's parameters: a name (required) or (name, default); every endpoint has one output
-    "/layers": ["checkpoint"], "/predict": ["checkpoint", "image", ("fit", "crop")],
+    "/layers": ["checkpoint"], "/predict": ["checkpoint", "image", ("fit", "crop"), ("draw", 0)],
     "/neighbors": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
     "/table": ["checkpoint", "image", "layer", ("row_px", 16), ("col_px", 16), *KNOB_PARAMETERS],
     "/export": ["checkpoint", "image", "layer", "row_px", "col_px", *KNOB_PARAMETERS],
-    "/spectrum": ["checkpoint", "image", ("fit", "crop")],
-    "/multihop": ["checkpoint", "image", "layer", "row_px", "col_px", ("num_hops", 2), ("head", 0), ("fit", "crop")],
-    "/weights": ["checkpoint", "layer"], "/mix": ["checkpoint", "image", "layer", ("fit", "crop")],
+    "/spectrum": ["checkpoint", "image", ("fit", "crop"), ("draw", 0)],
+    "/multihop": ["checkpoint", "image", "layer", "row_px", "col_px", ("num_hops", 2), ("head", 0), ("fit", "crop"),
+                  ("draw", 0)],
+    "/weights": ["checkpoint", "layer"], "/mix": ["checkpoint", "image", "layer", ("fit", "crop"), ("draw", 0)],
     "/pixels": ["image", "row_px", "col_px", ("num_neighbors", 64), ("position_weight", 0.0)],
     "/compare": ["checkpoints", "image", "row_px", "col_px", ("depth", 0.5), ("layers", None), ("fit", "crop")],
-    "/attribution": ["checkpoint", "image", ("method", "saliency"), ("target", ""), ("fit", "crop")],
-    "/equivalence": ["checkpoint", "image", "layer", ("fit", "crop")],
+    "/attribution": ["checkpoint", "image", ("method", "saliency"), ("target", ""), ("fit", "crop"), ("draw", 0)],
+    "/equivalence": ["checkpoint", "image", "layer", ("fit", "crop"), ("draw", 0)],
 }
 
 
@@ -514,7 +515,7 @@ def test_the_api_answers_with_plain_named_values(app_url, checkpoint_dir, exampl
         assert name in info
     assert [p["parameter_name"] for p in info["/neighbors"]["parameters"]] == [
         "checkpoint", "image", "layer", "row_px", "col_px", "num_neighbors", "window_size", "num_candidates", "seed",
-        "blend_alpha", "head", "fit"]
+        "blend_alpha", "head", "fit", "draw"]
     layers = client.predict(checkpoint, api_name="/layers")
     assert [layer["name"] for layer in layers] == ["blocks.0.attn", "blocks.1.attn"]
     assert layers[0]["height"] == 8 and layers[0]["num_heads"] == 2 and layers[0]["label"].startswith("blocks.0.attn")

@@ -43,7 +43,7 @@ def api_cells(explorer, values: dict, rule: str) -> list:
     """The query's neighbour cells under ``rule`` as the Python API gives them (None for CLS)."""
     query = values["query"]
     loaded, image = explorer.loaded(query)
-    nset = an.query_neighbors(loaded, image, query.layer, query.pixel, query.options()).sets[rule]
+    nset = an.query_neighbors(loaded, image, query.layer, query.pixel, query.options(), draw=query.draw).sets[rule]
     return [None if prefix else cell for cell, prefix in zip(nset.cells.tolist(), nset.is_prefix, strict=True)]
 
 
@@ -432,3 +432,23 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     with browser_page(chromium, f"{url}?image=dog_0&row=3&col=30&tab=compare") as linked:
         linked.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
         assert linked.locator(".cc-col:nth-child(1)").get_attribute("data-query") == "3,30"
+
+
+def test_a_random_candidate_model_shows_its_draws_and_steps_through_them(app_url, explorer, chromium):
+    """A link's draw opens that draw: the explorer says it and shows the answer over 16 draws as draw_spread gives
+    it; ▶ steps to the next draw and the neighbours shown follow, as the API gives them for that draw. Each wait is
+    for a value the page writes once the table arrives (data-draw), never for a time."""
+    link = f"model=cnn-random&image=cat_0&layer={CELL_LAYER}&row=10&col=20&draw=2"
+    with browser_page(chromium, f"{app_url}?{link}") as tab:
+        tab.wait_for_function("document.querySelector('.cx')?.dataset.draw === '2'", timeout=60_000)
+        image = explorer.example_paths["cat_0"]
+        spread = an.draw_spread(*explorer.loaded(an.Query(checkpoint="cnn-random", image_file=image)))
+        shares = json.loads(tab.locator(".cx-spread").get_attribute("data-shares"))
+        assert [name for name, _ in shares] == list(spread.shares)
+        assert [share for _, share in shares] == pytest.approx(list(spread.shares.values()))
+        assert tab.locator("#draw_next").is_visible()
+        tab.locator("#draw_next").click()
+        tab.wait_for_function("document.querySelector('.cx')?.dataset.draw === '3'", timeout=60_000)
+        values = page("cnn-random", image, row_px=10, col_px=20, draw=3)
+        assert shown(tab)["query"] == "10,20"  # the query stays; its neighbours are draw 3's
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "layer")

@@ -234,7 +234,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
         with open(example_image, "rb") as file:
             image = httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0]
         data = ["cnn-l0.5", {"path": image, "meta": {"_type": "gradio.FileData"}},
-                CELL_LAYER, "crop"]
+                CELL_LAYER, "crop", 0]
 
         def join(session: str) -> httpx.Response:
             return httpx.post(f"{url}gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
@@ -259,9 +259,9 @@ def slow_queue(explorer, example_image, attribution_method: str):
         with open(example_image, "rb") as file:
             image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
                      "meta": {"_type": "gradio.FileData"}}
-        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop"],
-                  "attribution": ["cnn-l0.5", image, attribution_method, "", "crop"],
-                  "predict": ["cnn-l0.5", image, "crop"]}
+        inputs = {"equivalence": ["cnn-l0.5", image, CELL_LAYER, "crop", 0],  # the eval draw last
+                  "attribution": ["cnn-l0.5", image, attribution_method, "", "crop", 0],
+                  "predict": ["cnn-l0.5", image, "crop", 0]}
 
         def join(api_name: str, session: str) -> httpx.Response:
             return httpx.post(f"{url}gradio_api/queue/join", json={
@@ -356,7 +356,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
             image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
                      "meta": {"_type": "gradio.FileData"}}
         values = {"checkpoint": "cnn-l0.5", "image_file": image, "fit": "crop", "layer": CELL_LAYER,
-                  "method": "occlusion", "target": ""}
+                  "method": "occlusion", "target": "", "draw": 0}
 
         def join(name: str, session: str) -> str:
             fn = dependency(demo, name)[0]
@@ -425,9 +425,9 @@ def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_
         for path in (str(outside), str(example_image), str(checkpoint_dir / "cnn-l0.json"), "/etc/passwd",
                      "/nonexistent", str(link)):
             for image in ({"path": path}, path):
-                knobs = [0, 0, 0, 0, 0.5, 0, "crop"]  # K, R, r, seed, α, head, fit (a raw call sends every one)
-                for api_name, rest in (("predict", ["crop"]), ("table", [CELL_LAYER, 16, 16, *knobs]),
-                                       ("export", [CELL_LAYER, 3, 3, *knobs]), ("spectrum", ["crop"])):
+                knobs = [0, 0, 0, 0, 0.5, 0, "crop", 0]  # K, R, r, seed, α, head, fit, draw (a raw call sends all)
+                for api_name, rest in (("predict", ["crop", 0]), ("table", [CELL_LAYER, 16, 16, *knobs]),
+                                       ("export", [CELL_LAYER, 3, 3, *knobs]), ("spectrum", ["crop", 0])):
                     answer = call(app_url, api_name, ["cnn-l0.5", image, *rest])
                     assert refused in answer and "200, 10, 10" not in answer, (api_name, path, answer)
     finally:
@@ -437,7 +437,7 @@ def test_the_api_opens_only_files_uploaded_with_the_request(app_url, checkpoint_
     client = Client(app_url, verbose=False)
     assert client.predict("cnn-l0.5", handle_file(str(outside)), api_name="/predict")
     answer = call(app_url, "attribution", ["cnn-l0.5", {"path": str(outside)}, "saliency",
-                                           "", "crop"])
+                                           "", "crop", 0])
     assert refused in answer
 
 
@@ -649,7 +649,7 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
     """NaN, inf, strings or lists for a number box through the API came back as {"error": null} (Gradio's own check
     failed), and 2.5 was rounded to 2 before the app's checks; strings for a slider too."""
     inputs = number_inputs(app.build_demo(explorer))
-    assert len(inputs) == 14  # 9 number boxes, 5 sliders (compare mode's depth among them)
+    assert len(inputs) == 15  # 10 number boxes (the eval draw among them), 5 sliders (compare mode's depth too)
     for label, component in inputs.items():
         whole = isinstance(component, gr.Number)
         if (value == 2.5 and not whole) or (value is None and whole):

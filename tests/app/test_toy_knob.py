@@ -89,7 +89,7 @@ def test_a_toy_knob_travels_in_a_link(toy, example_image):
 def test_a_toy_knob_is_a_parameter_of_the_api(toy, example_image):
     call = endpoint(toy.api_neighbors, ToyState)
     parameters = inspect.signature(call).parameters
-    assert list(parameters)[-3:] == ["fit", "toy", "request"]
+    assert list(parameters)[-4:] == ["fit", "draw", "toy", "request"]  # after the explorer's own fields
     assert (parameters["toy"].annotation, parameters["toy"].default) == (int, 0)
     assert "toy" not in inspect.signature(endpoint(toy.api_neighbors)).parameters
     stored = Path(get_upload_folder()) / "toy-knob-test" / "cat_0.png"  # an upload in Gradio's cache
