@@ -493,9 +493,9 @@ def load_image(path: str | Path) -> InputImage:
     return _load_cached(path.resolve(), (stat.st_size, stat.st_mtime_ns))
 
 
-@bounded_cache(32)
 def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
-    """``image`` made square as the user chose, before the model's resize (cached per image and fit).
+    """``image`` made square as the user chose, before the model's resize (the pixels cached per image and fit; the
+    note is ``image``'s own, never that of an earlier image with the same pixels).
 
     Args:
         image (InputImage): any shape.
@@ -504,8 +504,9 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
             model is fed a training image, which is square already). Default: ``"crop"``
 
     Returns:
-        InputImage: square for crop and letterbox (the same object when ``image`` is square or ``fit`` is stretch);
-        its note adds what was done ("the model sees the centre 683×683 px of the 1024×683 px image").
+        InputImage: square for crop and letterbox (the same object when ``image`` is square; the same pixels for
+        stretch); its note is ``image``'s and what was done ("the model sees the centre 683×683 px of the
+        1024×683 px image").
 
     Raises:
         ValueError: ``fit`` not one of :data:`FITS`.
@@ -513,11 +514,20 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
     if fit not in FITS:
         raise ValueError(f"the fit must be one of {FITS}, got {fit!r}")
     height, width = image.pixels.shape[:2]
-    if height == width or fit == "stretch":
-        if height == width:
-            return image
-        note = f"the {width}×{height} px image is squashed to a square (stretch)"
-        return InputImage(image.pixels, image.digest, "; ".join(filter(None, [image.note, note])))
+    if height == width:
+        return image
+    fitted = _fitted(image, fit)  # keyed by the pixels: its note is the fit's alone
+    return InputImage(fitted.pixels, fitted.digest, "; ".join(filter(None, [image.note, fitted.note])))
+
+
+@bounded_cache(32)
+def _fitted(image: InputImage, fit: str) -> InputImage:
+    """The pixels of a ``image`` that is not square made square by ``fit`` (:func:`fit_image`), with a note of
+    what the fit did only."""
+    height, width = image.pixels.shape[:2]
+    if fit == "stretch":
+        return InputImage(image.pixels, image.digest, f"the {width}×{height} px image is squashed to a square "
+                                                      "(stretch)")
     side = min(height, width) if fit == "crop" else max(height, width)
     if fit == "crop":
         top, left = (height - side) // 2, (width - side) // 2
@@ -530,8 +540,7 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
         pixels[top:top + height, left:left + width] = image.pixels
         note = f"the {width}×{height} px image is shown whole on a {side}×{side} px square with bars (letterbox)"
     pixels = np.ascontiguousarray(pixels)
-    digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
-    return InputImage(pixels, digest, "; ".join(filter(None, [image.note, note])))
+    return InputImage(pixels, hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest(), note)
 
 
 def model_input(image: InputImage, card: ModelCard) -> Tensor:

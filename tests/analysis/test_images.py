@@ -401,3 +401,22 @@ def test_an_image_too_large_to_decode_in_memory_gets_a_message_about_the_image(t
                        "read: downscale it (a few thousand px a side is plenty: the models see 32 px) and upload it "
                        "again")
     assert message != OUT_OF_MEMORY_MESSAGE
+
+
+def test_an_images_note_is_its_own_not_that_of_an_earlier_image_with_the_same_pixels(tmp_path):
+    """A TIFF's "only frame 1" and a composited PNG's note were taken from an earlier image with the same pixels."""
+    from analysis import fit_image
+
+    red = Image.new("RGB", (40, 30), RED)
+    red.save(tmp_path / "plain.png")
+    red.save(tmp_path / "pages.tiff", save_all=True, append_images=[Image.new("RGB", (40, 30), (0, 0, 255))])
+    plain, pages = load_image(tmp_path / "plain.png"), load_image(tmp_path / "pages.tiff")
+    assert plain == pages and plain.note == "" and "only frame 1" in pages.note
+    for fit in ("crop", "letterbox", "stretch"):
+        fitted_plain, fitted_pages = fit_image(plain, fit), fit_image(pages, fit)
+        assert fitted_plain == fitted_pages
+        assert "only frame 1" not in fitted_plain.note and "only frame 1" in fitted_pages.note, fit
+        assert fit_image(plain, fit).note == fitted_plain.note, fit  # and the plain one's stays its own
+    square = image_from_array(np.zeros((8, 8, 3), np.uint8))
+    noted = image_from_array(np.zeros((8, 8, 3), np.uint8), note="a note of its own")
+    assert fit_image(square).note == "" and fit_image(noted).note == "a note of its own"
