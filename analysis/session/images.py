@@ -1,7 +1,8 @@
 """Reading user images safely, the model's view of them, and nearest-neighbour upscaling for display.
 
 Intake: :func:`load_image` (files) and :func:`image_from_array` (arrays) accept any image of at most
-:data:`MAX_IMAGE_PIXELS` (Pillow's decompression-bomb limit), HEIC/HEIF photos included (read by ``pillow-heif``).
+:data:`MAX_IMAGE_PIXELS` (Pillow's decompression-bomb limit) and :data:`MAX_IMAGE_SIDE_PX` a side, HEIC/HEIF photos
+included (read by ``pillow-heif``); a file's bytes are decoded once (cached by their sha256).
 An image more than twice the working size is first reduced by an integer factor without being decoded or copied at
 full size (JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale; an array is averaged over blocks through a view), then
 resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then ends in the same steps
@@ -29,7 +30,7 @@ import struct
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ __all__ = [
     "LARGE_DECODE_PIXELS",
     "LETTERBOX_RGB",
     "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_SIDE_PX",
     "WORKING_SIDE_PX",
     "InputImage",
     "clamp_px",
@@ -68,6 +70,9 @@ _PILLOW_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # Pillow's default Imag
 MAX_IMAGE_PIXELS = 2 * _PILLOW_MAX_IMAGE_PIXELS  # width × height above which Pillow raises DecompressionBombError by
 #                                                  default (≈ 179 MP): larger images are refused, whatever another
 #                                                  library has set Image.MAX_IMAGE_PIXELS to (None lifts it)
+MAX_IMAGE_SIDE_PX = 65_535  # an image's longer side, at most (JPEG's largest): a decode's cost grows with its rows
+#                             as well as its pixels (a PNG of 1 × 178,956,970 px took 4.3 s, one of 2,730 × 65,535 px
+#                             0.7 s), so both bounds together bound a decode's time before it starts
 LARGE_DECODE_PIXELS = 4096 * 4096  # decodes of more pixels (16.8 MP, ≤ 64 MB as 8-bit RGBA) run one at a time
 _LARGE_DECODES_WAITING = 1  # large decodes that may wait for the one running; one more is refused
 _LARGE_DECODE_TURNS = threading.BoundedSemaphore(1 + _LARGE_DECODES_WAITING)  # the one running and those waiting
@@ -127,9 +132,14 @@ class InputImage:
 
 
 def _check_pixels(width: int, height: int, what: str = "the image") -> None:
-    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_PIXELS` (``what`` names the image)."""
+    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_PIXELS` or a side
+    :data:`MAX_IMAGE_SIDE_PX` (``what`` names the image): what a decode may cost, known before it starts."""
     if width * height > MAX_IMAGE_PIXELS:
         raise ValueError(f"{what} is {width}×{height} px ({width * height / 1e6:.0f} MP); {_PIXEL_LIMIT}")
+    if max(width, height) > MAX_IMAGE_SIDE_PX:
+        raise ValueError(f"{what} is {width}×{height} px: images of at most {MAX_IMAGE_SIDE_PX:,} px a side are "
+                         "accepted (a longer side costs time to decode however few its pixels): please crop or "
+                         "downscale it first")
 
 
 def _reduction_factor(width: int, height: int) -> int:
@@ -453,8 +463,32 @@ def _check_png_chunks(path: Path) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
+    """The image in the file at ``path`` as it is now (``stamp``: its size and modification time): the decode of
+    its bytes (:func:`_decoded`), so the same bytes sent again (a new upload, or the same one written anew) are
+    not decoded again."""
     if stamp[0] == 0:
         raise ValueError(f"{path.name} is empty (0 bytes)")
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return _decoded(_Bytes(digest.hexdigest(), path))
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    """A file's bytes as a cache key: their sha256 ``content``; ``path`` (where they are now, to read them and name
+    them in a message) is not compared."""
+
+    content: str
+    path: Path = field(compare=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _decoded(source: _Bytes) -> InputImage:
+    """The image in ``source``'s bytes (decoded once per bytes: a copy elsewhere reuses it); its note is what the
+    bytes say, and a message names the file they are in."""
+    path = source.path
     try:
         _check_png_chunks(path)
         with warnings.catch_warnings():

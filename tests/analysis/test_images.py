@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import itertools
+import os
 import struct
 import sys
 import threading
@@ -420,3 +421,31 @@ def test_an_images_note_is_its_own_not_that_of_an_earlier_image_with_the_same_pi
     square = image_from_array(np.zeros((8, 8, 3), np.uint8))
     noted = image_from_array(np.zeros((8, 8, 3), np.uint8), note="a note of its own")
     assert fit_image(square).note == "" and fit_image(noted).note == "a note of its own"
+
+
+def test_a_decodes_cost_is_bounded_before_it_starts_and_a_decode_is_reused(tmp_path, monkeypatch):
+    """A 348 KB PNG of 1 × 178,956,970 px (within the pixel limit) took 4.3 s to decode, on every use: a new upload
+    of the same bytes (a new file, or the same one written anew) was decoded again."""
+    column = png_claiming_size(tmp_path / "column.png", 1, MAX_IMAGE_PIXELS)
+    with pytest.raises(ValueError, match=r"^column\.png is 1×178956970 px: images of at most 65,535 px a side are "
+                                         r"accepted .*: please crop or downscale it first$"):
+        load_image(column)  # refused from its header: the file holds one pixel, so a decode would say "truncated"
+    with pytest.raises(ValueError, match="at most 65,535 px a side"):
+        image_from_array(np.broadcast_to(np.uint8(0), (1, 65_536)))
+    assert image_from_array(np.broadcast_to(np.uint8(0), (1, 65_535))).pixels.shape == (1, 1024, 3)
+
+    images._load_cached.cache_clear()
+    images._decoded.cache_clear()  # bytes another test decoded would not be decoded here
+    decodes = []
+    accept_file = images._accept_file
+    monkeypatch.setattr(images, "_accept_file", lambda image, name: decodes.append(name) or accept_file(image, name))
+    Image.new("RGB", (40, 30), RED).save(tmp_path / "first.png")
+    first = load_image(tmp_path / "first.png")
+    data = (tmp_path / "first.png").read_bytes()
+    (tmp_path / "again.png").write_bytes(data)  # another upload of the same bytes
+    (tmp_path / "first.png").write_bytes(data)  # the same file written anew (a new modification time)
+    os.utime(tmp_path / "first.png", ns=(1, 1))
+    assert load_image(tmp_path / "again.png") == first and load_image(tmp_path / "first.png") == first
+    assert decodes == ["first.png"]
+    Image.new("RGB", (40, 30), (0, 0, 255)).save(tmp_path / "first.png")  # other bytes: decoded
+    assert load_image(tmp_path / "first.png") != first and decodes == ["first.png", "first.png"]
