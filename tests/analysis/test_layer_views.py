@@ -336,3 +336,22 @@ def test_attention_without_biases_is_compared_with_sdpa_on_its_own_projections(i
     assert [probe.name for probe in loaded.probes] == ["embed", "attn"]
     result = attention_equivalence(loaded, image, "attn")
     assert "the layer's own q, k, v" in result.description and result.max_abs_diff <= 1e-5
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "occlusion"])
+def test_an_attribution_reports_the_passes_it_makes(load_small, fresh_image, method):
+    """Each batch of forward passes is reported as (passes made, passes in all); a cached answer reports none."""
+    from analysis import attribution_passes, reporting_passes
+
+    loaded, reports = load_small("vit-convnn"), []
+    with reporting_passes(lambda done, total: reports.append((done, total))):
+        attribution_map(loaded, fresh_image, method)
+        total = attribution_passes(method)
+        assert total == {"saliency": 1, "integrated_gradients": 16, "occlusion": 65}[method]
+        assert reports[-1] == (total, total) and all(report[1] == total for report in reports)
+        assert [done for done, _ in reports] == sorted({done for done, _ in reports})
+        reports.clear()
+        attribution_map(loaded, fresh_image, method)
+    assert reports == []
+    attribution_map(loaded, fresh_image, "occlusion" if method != "occlusion" else "saliency")  # outside: none
+    assert reports == []
