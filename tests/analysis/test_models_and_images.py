@@ -221,8 +221,8 @@ def test_a_model_whose_output_is_not_finite_is_a_clear_error(load_small, image):
     loaded = load_small("cnn-l0.5")
     broken = copy.deepcopy(loaded.model)
     broken.head.bias.data.fill_(float("inf"))
-    with pytest.raises(ValueError, match="the model's output is not finite: the checkpoint's weights or the card's "
-                                         "mean/std are broken"):
+    with pytest.raises(ValueError, match=r"gives numbers that are not finite \(inf or NaN\) on this image, in the "
+                                         "class scores: its weights or its card's mean/std overflow"):
         top_classes(dataclasses.replace(loaded, model=broken, probes=()), image)
 
 
