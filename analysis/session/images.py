@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pillow_heif
-from PIL import ExifTags, Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageCms, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
@@ -45,6 +45,24 @@ from .caching import bounded_cache
 from .memory import trim_heap
 
 pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
+
+
+def _text_chunk_or_none(read_text):
+    """Pillow's reader of a PNG text chunk (tEXt, zTXt, iTXt), made to pass over one that Pillow refuses as too
+    large (over ``MAX_TEXT_CHUNK`` once decompressed, or past ``MAX_TEXT_MEMORY`` in all): the text is metadata
+    this app never shows, and the pixels are fine (a 50 MB zTXt comment refused the whole image)."""
+    @functools.wraps(read_text)
+    def read(stream: PngImagePlugin.PngStream, pos: int, length: int) -> bytes:
+        try:
+            return read_text(stream, pos, length)
+        except ValueError:  # "Decompressed data too large…", "Too much memory used in text chunks"
+            stream.fp.seek(pos)
+            return ImageFile._safe_read(stream.fp, length)  # the chunk's bytes, for its CRC; its text not kept
+    return read
+
+
+for _chunk in ("chunk_tEXt", "chunk_zTXt", "chunk_iTXt"):
+    setattr(PngImagePlugin.PngStream, _chunk, _text_chunk_or_none(getattr(PngImagePlugin.PngStream, _chunk)))
 
 __all__ = [
     "FITS",

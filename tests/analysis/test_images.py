@@ -449,3 +449,20 @@ def test_a_decodes_cost_is_bounded_before_it_starts_and_a_decode_is_reused(tmp_p
     assert decodes == ["first.png"]
     Image.new("RGB", (40, 30), (0, 0, 255)).save(tmp_path / "first.png")  # other bytes: decoded
     assert load_image(tmp_path / "first.png") != first and decodes == ["first.png", "first.png"]
+
+
+@pytest.mark.parametrize("kind", ["zTXt", "iTXt", "tEXt"])
+def test_a_png_with_a_huge_text_chunk_is_read_passing_over_the_text(tmp_path, kind):
+    """A 50 MB text chunk (a zTXt comment of 50 KB) refused the whole image with Pillow's "Decompressed data too
+    large for PngImagePlugin.MAX_TEXT_CHUNK", naming no file; the pixels are fine."""
+    def chunk(name: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + name + data + struct.pack(">I", zlib.crc32(name + data))
+
+    text = b"x" * 70_000_000 if kind == "tEXt" else zlib.compress(b"x" * 50_000_000)
+    payload = {"tEXt": b"Comment\0", "zTXt": b"Comment\0\0", "iTXt": b"Comment\0\1\0\0\0"}[kind] + text
+    picture = io.BytesIO()
+    Image.new("RGB", (8, 8), RED).save(picture, "PNG")
+    data = picture.getvalue()
+    (tmp_path / "noted.png").write_bytes(data[:33] + chunk(kind.encode(), payload) + data[33:])
+    image = load_image(tmp_path / "noted.png")
+    assert (image.pixels == RED).all() and image.note == ""
