@@ -294,9 +294,15 @@ class Explorer(ExplorerAPI):
     @user_errors
     def on_attribution(self, query, method, target, request=None, progress=None):
         loaded, image = self.loaded(query, request)
-        if progress is not None:  # Gradio's tracker: follows Captum's progress bars (occlusion)
-            progress(0, desc=f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…")
-        result = an.attribution_map(loaded, image, method, target or None, query.draw)
+        desc = f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…"
+
+        def passes(done: int, total: int) -> None:  # the forward passes made, on Gradio's progress bar
+            if progress is not None:
+                progress((done, total), desc=desc, unit="passes")
+
+        passes(0, an.attribution_passes(method))
+        with an.reporting_passes(passes):
+            result = an.attribution_map(loaded, image, method, target or None, query.draw)
         return {"attribution_plot": figures.attribution_figure(an.model_view(image, loaded.card.input_size), result),
                 "attribution_note": " ".join(filter(None, [result.note, self.draw_shown(loaded, query)]))}
 

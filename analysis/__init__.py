@@ -102,7 +102,14 @@ from .session.state import (
 )
 from .session.traces import LayerInfo, cell_rect_px, layer_label, query_cell, top_classes, trace_image
 from .session.workspace import Workspace, claim_run_dir
-from .views.attribution import ATTRIBUTION_METHODS, GRADIENT_NOTE, Attribution, attribution_map
+from .views.attribution import (
+    ATTRIBUTION_METHODS,
+    GRADIENT_NOTE,
+    Attribution,
+    attribution_map,
+    attribution_passes,
+    reporting_passes,
+)
 from .views.compare import compare_neighbors, layer_at_depth, map_pixel
 from .views.draws import SPREAD_DRAWS, DrawSpread, draw_spread
 from .views.equivalence import (
@@ -193,6 +200,7 @@ __all__ = [
     "aggregation_kernel",
     "attention_equivalence",
     "attribution_map",
+    "attribution_passes",
     "blend_sweep",
     "blend_window_note",
     "branch_mix",
@@ -262,6 +270,7 @@ __all__ = [
     "real_number",
     "receptive_field",
     "receptive_fields",
+    "reporting_passes",
     "resolve_options",
     "rule_selection",
     "rule_title",

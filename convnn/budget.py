@@ -57,9 +57,15 @@ def check_cost(card: ModelCard, source: str) -> None:
                                ("multiply-adds per image", cost.flops, MAX_FLOPS),
                                ("activation values per image", cost.activations, MAX_ACTIVATIONS)):
         if value > limit:
-            raise CheckpointError(f"{source}: model {card.model!r} as the card describes it would have {value:,} "
+            raise CheckpointError(f"{source}: model {card.model!r} as the card describes it would have {_count(value)} "
                                   f"{what} at input_size {card.input_size}, more than the {limit:,} a checkpoint "
                                   "may have (refused before building it)")
+
+
+def _count(value: int) -> str:
+    """A count for a message: with thousands separators, or its order of magnitude past 10¹⁸ (a width of 10³⁰⁰
+    gave a count of 600 digits)."""
+    return f"{value:,}" if value < 10**18 else f"about 10^{len(str(value)) - 1}"
 
 
 def build_on_meta(card: ModelCard, source: str = "card") -> nn.Module:

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -21,6 +22,7 @@ MAX_INPUT_SIZE = 512  # pixels a side
 _MIN_STD = 1e-6  # the card's std: smaller ones blow normalised inputs up past fp32
 WEIGHTS_DTYPES = ("float32", "float16", "bfloat16", "int8")  # the card's weights_dtype: torch dtype names
 MAX_CARD_BYTES = 256 * 1024  # a card's JSON, at most (cards are ≈ 2.5 KB): parsing costs ≈ 3 s and 300 MB per MB
+_PLACEMENT_ARGS = frozenset({"device", "dtype"})  # constructor arguments a card may not give (the loader places)
 _MAX_CARD_NESTING = 16  # JSON levels a card may nest; cards use 4 (card → recipe → model_args → widths)
 
 
@@ -109,7 +111,12 @@ class ModelCard:
             raise CheckpointError(_too_large(source, size))
         try:
             data = json.loads(text)
-        except (ValueError, RecursionError) as err:  # ValueError: also an integer of over 4,300 digits
+        except ValueError as err:
+            if "integer string conversion" in str(err):  # Python's bound on int("…") (sys.get_int_max_str_digits)
+                raise CheckpointError(f"{source}: the model card holds an integer of more than "
+                                      f"{sys.get_int_max_str_digits():,} digits: no field needs one") from err
+            raise CheckpointError(f"{source}: not a readable JSON model card ({type(err).__name__}: {err})") from err
+        except RecursionError as err:
             raise CheckpointError(f"{source}: not a readable JSON model card ({type(err).__name__}: {err})") from err
         return cls.from_dict(data, source)
 
@@ -158,6 +165,10 @@ class ModelCard:
         if (not isinstance(self.classes, list) or not self.classes or len(set(self.classes)) != len(self.classes)
                 or not all(isinstance(c, str) for c in self.classes)):
             fail("classes", "a non-empty list of distinct class names")
+        placed = sorted(_PLACEMENT_ARGS & self.model_args.keys())
+        if placed:
+            raise CheckpointError(f"{source}: model_args may not set {', '.join(placed)}: where a model is built and "
+                                  "its number type are the loader's to choose, not the card's")
         num_classes = self.model_args.get("num_classes", len(self.classes))
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise CheckpointError(f"{source}: model_args.num_classes must be a positive integer, got "

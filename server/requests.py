@@ -16,15 +16,20 @@ from analysis import Workspace
 
 from .visitors import visitor
 
-__all__ = ["UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
+__all__ = ["MAX_URL_BYTES", "UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
+
+MAX_URL_BYTES = 16 * 1024  # a request's path and query string, at most (a link is under 2 KB; Gradio's own routes
+#                            far less; past 64 KB Gradio's request handling raised httpx.InvalidURL: a bare 500)
 
 UPLOAD_IDLE_S = 20.0  # an upload whose body stops arriving for this long is dropped, and its room let go
 UPLOAD_MIN_BYTES_PER_S = 128 * 1024  # … and one slower than this on average, after UPLOAD_IDLE_S of grace
 
 
 class RequestSizeLimit:
-    """ASGI middleware: a request whose body is larger than ``max_bytes`` is answered 413 from its declared
-    ``Content-Length``, and one with a body of undeclared length (chunked) 411, before any of the body is read.
+    """ASGI middleware: a request whose path and query string are longer than :data:`MAX_URL_BYTES` is answered 414
+    with a short page, before the application sees it; a request whose body is larger than ``max_bytes`` is
+    answered 413 from its declared ``Content-Length``, and one with a body of undeclared length (chunked) 411,
+    before any of the body is read.
 
     A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound and in its
     visitor's share (:meth:`Workspace.reserve`, :func:`server.visitor`) until it is answered, and is answered 507
@@ -56,7 +61,12 @@ class RequestSizeLimit:
             headers = dict(scope["headers"])
             length = headers.get(b"content-length")
             refusal = None
-            if length is None and b"transfer-encoding" in headers:
+            url_bytes = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+            if url_bytes > MAX_URL_BYTES:
+                refusal = 414, (f"this address is too long ({url_bytes:,} bytes; the server reads at most "
+                                f"{MAX_URL_BYTES:,}): a link to the explorer is far shorter, so check where it came "
+                                "from")
+            elif length is None and b"transfer-encoding" in headers:
                 refusal = 411, "a request body must declare its length (Content-Length)"
             elif length is not None and (not length.isdigit() or int(length) > self.max_bytes):
                 refusal = 413, (f"one request may carry at most {self.max_bytes / 2**20:g} MB ({self.max_bytes} "

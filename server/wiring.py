@@ -69,7 +69,7 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
     order = (["values"] if inputs else []) + ["request", *extra]
     handler.__signature__ = inspect.Signature([
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[name],
-                          default=gr.Progress(track_tqdm=True) if name == "progress" else inspect.Parameter.empty)
+                          default=gr.Progress() if name == "progress" else inspect.Parameter.empty)
         for name in order])
     handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
     handler.__name__ = fn_name

@@ -1,7 +1,8 @@
 """Reading user images safely, the model's view of them, and nearest-neighbour upscaling for display.
 
 Intake: :func:`load_image` (files) and :func:`image_from_array` (arrays) accept any image of at most
-:data:`MAX_IMAGE_PIXELS` (Pillow's decompression-bomb limit), HEIC/HEIF photos included (read by ``pillow-heif``).
+:data:`MAX_IMAGE_PIXELS` (Pillow's decompression-bomb limit) and :data:`MAX_IMAGE_SIDE_PX` a side, HEIC/HEIF photos
+included (read by ``pillow-heif``); a file's bytes are decoded once (cached by their sha256).
 An image more than twice the working size is first reduced by an integer factor without being decoded or copied at
 full size (JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale; an array is averaged over blocks through a view), then
 resampled exactly to at most :data:`WORKING_SIDE_PX` a side. Every image then ends in the same steps
@@ -29,12 +30,12 @@ import struct
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pillow_heif
-from PIL import ExifTags, Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageCms, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageError
 from torch import Tensor
 
 from convnn import ModelCard
@@ -45,11 +46,30 @@ from .memory import trim_heap
 
 pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
 
+
+def _text_chunk_or_none(read_text):
+    """Pillow's reader of a PNG text chunk (tEXt, zTXt, iTXt), made to pass over one that Pillow refuses as too
+    large (over ``MAX_TEXT_CHUNK`` once decompressed, or past ``MAX_TEXT_MEMORY`` in all): the text is metadata
+    this app never shows, and the pixels are fine (a 50 MB zTXt comment refused the whole image)."""
+    @functools.wraps(read_text)
+    def read(stream: PngImagePlugin.PngStream, pos: int, length: int) -> bytes:
+        try:
+            return read_text(stream, pos, length)
+        except ValueError:  # "Decompressed data too large…", "Too much memory used in text chunks"
+            stream.fp.seek(pos)
+            return ImageFile._safe_read(stream.fp, length)  # the chunk's bytes, for its CRC; its text not kept
+    return read
+
+
+for _chunk in ("chunk_tEXt", "chunk_zTXt", "chunk_iTXt"):
+    setattr(PngImagePlugin.PngStream, _chunk, _text_chunk_or_none(getattr(PngImagePlugin.PngStream, _chunk)))
+
 __all__ = [
     "FITS",
     "LARGE_DECODE_PIXELS",
     "LETTERBOX_RGB",
     "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_SIDE_PX",
     "WORKING_SIDE_PX",
     "InputImage",
     "clamp_px",
@@ -68,6 +88,9 @@ _PILLOW_MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # Pillow's default Imag
 MAX_IMAGE_PIXELS = 2 * _PILLOW_MAX_IMAGE_PIXELS  # width × height above which Pillow raises DecompressionBombError by
 #                                                  default (≈ 179 MP): larger images are refused, whatever another
 #                                                  library has set Image.MAX_IMAGE_PIXELS to (None lifts it)
+MAX_IMAGE_SIDE_PX = 65_535  # an image's longer side, at most (JPEG's largest): a decode's cost grows with its rows
+#                             as well as its pixels (a PNG of 1 × 178,956,970 px took 4.3 s, one of 2,730 × 65,535 px
+#                             0.7 s), so both bounds together bound a decode's time before it starts
 LARGE_DECODE_PIXELS = 4096 * 4096  # decodes of more pixels (16.8 MP, ≤ 64 MB as 8-bit RGBA) run one at a time
 _LARGE_DECODES_WAITING = 1  # large decodes that may wait for the one running; one more is refused
 _LARGE_DECODE_TURNS = threading.BoundedSemaphore(1 + _LARGE_DECODES_WAITING)  # the one running and those waiting
@@ -127,9 +150,14 @@ class InputImage:
 
 
 def _check_pixels(width: int, height: int, what: str = "the image") -> None:
-    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_PIXELS` (``what`` names the image)."""
+    """Raise ``ValueError`` when ``width``×``height`` exceeds :data:`MAX_IMAGE_PIXELS` or a side
+    :data:`MAX_IMAGE_SIDE_PX` (``what`` names the image): what a decode may cost, known before it starts."""
     if width * height > MAX_IMAGE_PIXELS:
         raise ValueError(f"{what} is {width}×{height} px ({width * height / 1e6:.0f} MP); {_PIXEL_LIMIT}")
+    if max(width, height) > MAX_IMAGE_SIDE_PX:
+        raise ValueError(f"{what} is {width}×{height} px: images of at most {MAX_IMAGE_SIDE_PX:,} px a side are "
+                         "accepted (a longer side costs time to decode however few its pixels): please crop or "
+                         "downscale it first")
 
 
 def _reduction_factor(width: int, height: int) -> int:
@@ -453,8 +481,32 @@ def _check_png_chunks(path: Path) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _load_cached(path: Path, stamp: tuple[int, int]) -> InputImage:
+    """The image in the file at ``path`` as it is now (``stamp``: its size and modification time): the decode of
+    its bytes (:func:`_decoded`), so the same bytes sent again (a new upload, or the same one written anew) are
+    not decoded again."""
     if stamp[0] == 0:
         raise ValueError(f"{path.name} is empty (0 bytes)")
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return _decoded(_Bytes(digest.hexdigest(), path))
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    """A file's bytes as a cache key: their sha256 ``content``; ``path`` (where they are now, to read them and name
+    them in a message) is not compared."""
+
+    content: str
+    path: Path = field(compare=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _decoded(source: _Bytes) -> InputImage:
+    """The image in ``source``'s bytes (decoded once per bytes: a copy elsewhere reuses it); its note is what the
+    bytes say, and a message names the file they are in."""
+    path = source.path
     try:
         _check_png_chunks(path)
         with warnings.catch_warnings():
@@ -493,9 +545,9 @@ def load_image(path: str | Path) -> InputImage:
     return _load_cached(path.resolve(), (stat.st_size, stat.st_mtime_ns))
 
 
-@bounded_cache(32)
 def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
-    """``image`` made square as the user chose, before the model's resize (cached per image and fit).
+    """``image`` made square as the user chose, before the model's resize (the pixels cached per image and fit; the
+    note is ``image``'s own, never that of an earlier image with the same pixels).
 
     Args:
         image (InputImage): any shape.
@@ -504,8 +556,9 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
             model is fed a training image, which is square already). Default: ``"crop"``
 
     Returns:
-        InputImage: square for crop and letterbox (the same object when ``image`` is square or ``fit`` is stretch);
-        its note adds what was done ("the model sees the centre 683×683 px of the 1024×683 px image").
+        InputImage: square for crop and letterbox (the same object when ``image`` is square; the same pixels for
+        stretch); its note is ``image``'s and what was done ("the model sees the centre 683×683 px of the
+        1024×683 px image").
 
     Raises:
         ValueError: ``fit`` not one of :data:`FITS`.
@@ -513,11 +566,20 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
     if fit not in FITS:
         raise ValueError(f"the fit must be one of {FITS}, got {fit!r}")
     height, width = image.pixels.shape[:2]
-    if height == width or fit == "stretch":
-        if height == width:
-            return image
-        note = f"the {width}×{height} px image is squashed to a square (stretch)"
-        return InputImage(image.pixels, image.digest, "; ".join(filter(None, [image.note, note])))
+    if height == width:
+        return image
+    fitted = _fitted(image, fit)  # keyed by the pixels: its note is the fit's alone
+    return InputImage(fitted.pixels, fitted.digest, "; ".join(filter(None, [image.note, fitted.note])))
+
+
+@bounded_cache(32)
+def _fitted(image: InputImage, fit: str) -> InputImage:
+    """The pixels of a ``image`` that is not square made square by ``fit`` (:func:`fit_image`), with a note of
+    what the fit did only."""
+    height, width = image.pixels.shape[:2]
+    if fit == "stretch":
+        return InputImage(image.pixels, image.digest, f"the {width}×{height} px image is squashed to a square "
+                                                      "(stretch)")
     side = min(height, width) if fit == "crop" else max(height, width)
     if fit == "crop":
         top, left = (height - side) // 2, (width - side) // 2
@@ -530,8 +592,7 @@ def fit_image(image: InputImage, fit: str = "crop") -> InputImage:
         pixels[top:top + height, left:left + width] = image.pixels
         note = f"the {width}×{height} px image is shown whole on a {side}×{side} px square with bars (letterbox)"
     pixels = np.ascontiguousarray(pixels)
-    digest = hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest()
-    return InputImage(pixels, digest, "; ".join(filter(None, [image.note, note])))
+    return InputImage(pixels, hashlib.sha256(pixels.tobytes() + str(pixels.shape).encode()).hexdigest(), note)
 
 
 def model_input(image: InputImage, card: ModelCard) -> Tensor:

@@ -43,6 +43,7 @@ _TEXT = re.compile(r"[A-Za-z0-9_.:\-]+")  # model stems, example names, layer pa
 _NAMES = re.compile(r"[A-Za-z0-9_.:\-]+(,[A-Za-z0-9_.:\-]+)*")  # compare mode's models
 _WHOLE = re.compile(r"[+-]?\d{1,19}")  # a seed may be as large as 2**63 − 1
 _REAL = re.compile(r"[+-]?(\d{1,12}(\.\d{0,17})?|\.\d{1,17})([eE][+-]?\d{1,3})?")  # what repr(float) writes
+MAX_UNKNOWN_NAMED = 5  # a link's unknown names echoed in its note, at most; the rest are counted
 _IGNORED = re.compile(r"__.*|utm_.*|fbclid|gclid|view")  # Gradio's own (__theme, view=api) and trackers' fields
 _KINDS = {  # kind → (the text it accepts, what the message calls it, the value read from that text)
     "text": (_TEXT, "a name", str),
@@ -65,20 +66,21 @@ def parse_link(params: Mapping[str, object], fields: Mapping[str, str] = LINK_FI
     Returns:
         tuple[dict, list[str]]: the fields read (``{"model": "cnn-l0.5", "row": 10, "alpha": 0.25, "compare":
         ["cnn-l0", "cnn-l1"], …}``, absent fields left out) and, for each unknown name or unreadable value, a
-        message naming it. The messages are shown as markup in the page: a name or value is echoed
-        (:func:`echo`) only when it is plain (letters, digits, ``_.:-``, at most 40 characters), as a code span;
-        anything else is described, not shown. Gradio's own fields (``__theme``, ``view``) and trackers'
-        (``utm_*``, ``fbclid``, ``gclid``) are passed over.
+        message naming it (the unknown names in one message: at most :data:`MAX_UNKNOWN_NAMED` echoed, the rest
+        counted, so the messages are bounded however many names a link holds). The messages are shown as markup
+        in the page: a name or value is echoed (:func:`echo`) only when it is plain (letters, digits, ``_.:-``,
+        at most 40 characters), as a code span; anything else is described, not shown. Gradio's own fields
+        (``__theme``, ``view``) and trackers' (``utm_*``, ``fbclid``, ``gclid``) are passed over.
     """
     values: dict[str, str | int | float | list[str]] = {}
     problems: list[str] = []
+    unknown: list[object] = []
     for name, raw in params.items():
         kind = fields.get(name)
         if kind is None and isinstance(name, str) and _IGNORED.fullmatch(name):
             continue
         if kind is None:
-            problems.append(f"the link's {echo(name)} is not something a link sets (it can set: "
-                            f"{', '.join(fields)})")
+            unknown.append(name)
             continue
         text = raw if isinstance(raw, str) else ""
         pattern, what, read = _KINDS[kind]
@@ -86,6 +88,12 @@ def parse_link(params: Mapping[str, object], fields: Mapping[str, str] = LINK_FI
             problems.append(f"the link's {name} must be {what}, got {echo(text)}")
             continue
         values[name] = read(text)
+    if unknown:
+        named = ", ".join(echo(name) for name in unknown[:MAX_UNKNOWN_NAMED])
+        more = len(unknown) - MAX_UNKNOWN_NAMED
+        named += f" and {more:,} more" if more > 0 else ""
+        problems.insert(0, f"the link's {named} {'is' if len(unknown) == 1 else 'are'} not something a link sets "
+                           f"(it can set: {', '.join(fields)})")
     return values, problems
 
 

@@ -10,6 +10,7 @@ layer's cells; :func:`layer_label` names a layer for the page.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ __all__ = [
     "LayerInfo",
     "Trace",
     "cell_rect_px",
+    "check_finite",
     "effective_draw",
     "knn_branch",
     "layer_conv",
@@ -217,22 +219,44 @@ def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
         Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.
 
     Raises:
-        ValueError: the model gives another number of class scores than its card names classes (so no class name
-            is ever looked up past the card's list), or a ``draw`` that is not an integer ≥ 0.
+        ValueError: a number of the pass (the normalised input, a probe layer's input, what a layer selected, the
+            class scores) is inf or NaN, refused naming the model (:func:`check_finite`: every view of the image
+            starts here, so none answers with such numbers); the model gives another number of class scores than
+            its card names classes (so no class name is ever looked up past the card's list), or a ``draw`` that is
+            not an integer ≥ 0.
     """
     return _trace(loaded, image, effective_draw(loaded, draw))
 
 
 @bounded_cache(_TRACE_CACHE_SIZE)
 def _trace(loaded: LoadedModel, image: InputImage, draw: int) -> Trace:
-    """:func:`trace_image` for an effective ``draw``."""
+    """:func:`trace_image` for an effective ``draw``: the boundary every view of an image starts from, so the one
+    place its numbers are checked finite (:func:`check_finite`)."""
     x = model_input(image, loaded.card).to(loaded.device)
+    check_finite(loaded, {"the normalised input (the card's mean/std)": x})
     with loaded.lock:
         trace = run_trace(loaded.model, loaded.probes, x, draw)
     if trace.logits.numel() != len(loaded.card.classes):
         raise ValueError(f"{loaded.card.name}: the model gives {trace.logits.numel()} class scores but its card names "
                          f"{len(loaded.card.classes)} classes: the card does not belong to these weights")
+    recorded = {f"what {name} selected": getattr(record, item.name) for name, record in trace.records.items()
+                for item in dataclasses.fields(record) if isinstance(getattr(record, item.name), Tensor)}
+    check_finite(loaded, {**{f"the input of {name}": value for name, value in trace.inputs.items()}, **recorded,
+                          "the class scores": trace.logits})
     return trace
+
+
+def check_finite(loaded: LoadedModel, values: dict[str, Tensor]) -> None:
+    """Refuse an answer of ``loaded`` holding an inf or NaN: ``values`` (what it is → the numbers), checked in order.
+
+    Raises:
+        ValueError: the first that is not finite, named with the model: the answer is refused, not shown.
+    """
+    for what, value in values.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{loaded.card.name} gives numbers that are not finite (inf or NaN) on this image, in "
+                             f"{what}: its weights or its card's mean/std overflow float32 on these colours, so its "
+                             "answers are refused")
 
 
 def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES, draw: int = 0
@@ -250,13 +274,9 @@ def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES
         dict[str, float]: class name → probability in [0, 1], in descending order.
 
     Raises:
-        ValueError: a logit is inf or NaN (broken weights, or a card whose mean/std overflow the input), or a class
-            count that does not match the card, or a ``draw`` that is not an integer ≥ 0 (:func:`trace_image`).
+        ValueError: as :func:`trace_image` (also a ``draw`` that is not an integer ≥ 0).
     """
     logits = trace_image(loaded, image, draw).logits
-    if not torch.isfinite(logits).all():
-        raise ValueError(f"{loaded.card.name}: the model's output is not finite: the checkpoint's weights or the "
-                         f"card's mean/std are broken")
     probabilities = torch.softmax(logits, dim=0)
     values, indices = probabilities.topk(min(count, probabilities.numel()))
     return {loaded.card.classes[i]: float(v) for v, i in zip(values.tolist(), indices.tolist(), strict=True)}

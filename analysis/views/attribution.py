@@ -12,8 +12,11 @@ click or a prediction never queues behind an attribution.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import reprlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +31,8 @@ from ..session.images import InputImage, model_input
 from ..session.models import LoadedModel
 from ..session.traces import effective_draw, trace_image
 
-__all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map"]
+__all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map", "attribution_passes",
+           "reporting_passes"]
 
 ATTRIBUTION_METHODS = {"saliency": "Saliency", "integrated_gradients": "Integrated Gradients",
                        "occlusion": "Occlusion"}  # id → the name a page shows
@@ -40,6 +44,7 @@ OCCLUSION_SQUARES = 8  # occluding squares per side, not overlapping: 64 forward
 _BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion, at most
 _BATCH_VALUES = 100_000_000  # activation values a batch's passes may hold together (0.4 GB in fp32, before gradients)
 _MODEL_COPIES = 2  # models with an attribution copy kept (each as large as its model)
+_PASS_REPORT: ContextVar[Callable[[int, int], None] | None] = ContextVar("attribution_passes", default=None)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,24 @@ class Attribution:
     target: str
     method: str
     note: str
+
+
+def attribution_passes(method: str) -> int:
+    """The forward passes an attribution by ``method`` makes (batched): 1 for saliency, :data:`IG_STEPS` for
+    Integrated Gradients, Captum's unoccluded pass and the :data:`OCCLUSION_SQUARES`² occluded ones for occlusion."""
+    return {"saliency": 1, "integrated_gradients": IG_STEPS}.get(method, 1 + OCCLUSION_SQUARES**2)
+
+
+@contextlib.contextmanager
+def reporting_passes(report: Callable[[int, int], None]) -> Iterator[None]:
+    """Within the block (this thread or task), an attribution that is computed (not one cached) calls ``report(done,
+    total)`` after each batch of forward passes: the passes made so far and :func:`attribution_passes` (what a page's
+    progress bar shows)."""
+    token = _PASS_REPORT.set(report)
+    try:
+        yield
+    finally:
+        _PASS_REPORT.reset(token)
 
 
 @bounded_cache(16)
@@ -119,8 +142,26 @@ def _batch_size(loaded: LoadedModel) -> int:
     return max(1, min(_BATCH, _BATCH_VALUES // max(per_pass, 1)))
 
 
+class _Counted(torch.nn.Module):
+    """``model`` calling ``report(done, total)`` after each batch of passes (:func:`reporting_passes`)."""
+
+    def __init__(self, model: torch.nn.Module, report: Callable[[int, int], None], total: int) -> None:
+        super().__init__()
+        self.model, self.report, self.total, self.done = model, report, total, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x)
+        self.done += x.shape[0]
+        self.report(min(self.done, self.total), self.total)
+        return out
+
+
 def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int, batch: int) -> torch.Tensor:
-    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy), ``batch`` passes at once."""
+    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy), ``batch`` passes at once;
+    each batch reported to :func:`reporting_passes`' callback, if one is set."""
+    report = _PASS_REPORT.get()
+    if report is not None:
+        model = _Counted(model, report, attribution_passes(method))
     if method == "saliency":
         values = Saliency(model).attribute(x.requires_grad_(), target=index, abs=True)
     elif method == "integrated_gradients":
@@ -130,5 +171,5 @@ def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int,
         side = -(-x.shape[-1] // OCCLUSION_SQUARES)  # ⌈S / 8⌉ px: 8 × 8 squares cover the input
         values = Occlusion(model).attribute(
             x, sliding_window_shapes=(x.shape[1], side, side), strides=(x.shape[1], side, side), baselines=0.0,
-            target=index, perturbations_per_eval=batch, show_progress=True).abs()  # a tqdm bar the page follows
+            target=index, perturbations_per_eval=batch).abs()
     return values

@@ -19,6 +19,7 @@ from convnn.candidates import candidate_draw, draws_candidates
 from ..session.caching import bounded_cache
 from ..session.images import InputImage, model_input
 from ..session.models import LoadedModel
+from ..session.traces import check_finite, trace_image
 
 __all__ = ["SPREAD_DRAWS", "DrawSpread", "draw_spread"]
 
@@ -62,18 +63,18 @@ def draw_spread(loaded: LoadedModel, image: InputImage, draws: int = SPREAD_DRAW
         DrawSpread: per-draw probabilities, each class's share of top-1 and the top class's probability range.
 
     Raises:
-        ValueError: ``draws`` < 1, or logits that are not finite or not one per class of the card.
+        ValueError: ``draws`` < 1, or what :func:`~analysis.session.traces.trace_image` refuses (numbers that are
+            not finite, logits not one per class of the card); or another draw's logits not finite.
     """
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"draws must be an integer ≥ 1, got {draws!r}")
+    trace_image(loaded, image)  # the first draw's pass: the class count, and every number checked finite
     draws = draws if draws_candidates(loaded.model) else 1
     x = model_input(image, loaded.card).to(loaded.device)
     with torch.no_grad(), loaded.lock, candidate_draw(torch.arange(draws)):
         logits = loaded.model(x.expand(draws, -1, -1, -1)).float().cpu()
     classes = loaded.card.classes
-    if logits.shape[1] != len(classes) or not torch.isfinite(logits).all():
-        raise ValueError(f"{loaded.card.name}: the model gives {logits.shape[1]} class scores, not all finite, for "
-                         f"the card's {len(classes)} classes")
+    check_finite(loaded, {"the class scores of the other draws": logits})
     probabilities = torch.softmax(logits, dim=1).numpy()
     counts = np.bincount(probabilities.argmax(1), minlength=len(classes))
     mean = probabilities.mean(0)

@@ -40,7 +40,7 @@ def register_model(fn: Callable[..., nn.Module] | None = None, *, cost: Callable
     return register if fn is None else register(fn)
 
 
-def model_cost(name: str, input_size: int, **model_args) -> ModelCost | None:
+def model_cost(name: str, input_size: int, /, **model_args) -> ModelCost | None:
     """What the registered model ``name`` with ``model_args`` costs at ``input_size``² pixels, without building it.
 
     Returns:
@@ -74,7 +74,7 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, **model_args) -> nn.Module:
+def create_model(name: str, /, **model_args) -> nn.Module:
     """Build the registered model ``name`` with ``model_args`` (check :func:`model_cost` first for untrusted arguments).
 
     Raises:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import itertools
+import os
 import struct
 import sys
 import threading
@@ -401,3 +402,67 @@ def test_an_image_too_large_to_decode_in_memory_gets_a_message_about_the_image(t
                        "read: downscale it (a few thousand px a side is plenty: the models see 32 px) and upload it "
                        "again")
     assert message != OUT_OF_MEMORY_MESSAGE
+
+
+def test_an_images_note_is_its_own_not_that_of_an_earlier_image_with_the_same_pixels(tmp_path):
+    """A TIFF's "only frame 1" and a composited PNG's note were taken from an earlier image with the same pixels."""
+    from analysis import fit_image
+
+    red = Image.new("RGB", (40, 30), RED)
+    red.save(tmp_path / "plain.png")
+    red.save(tmp_path / "pages.tiff", save_all=True, append_images=[Image.new("RGB", (40, 30), (0, 0, 255))])
+    plain, pages = load_image(tmp_path / "plain.png"), load_image(tmp_path / "pages.tiff")
+    assert plain == pages and plain.note == "" and "only frame 1" in pages.note
+    for fit in ("crop", "letterbox", "stretch"):
+        fitted_plain, fitted_pages = fit_image(plain, fit), fit_image(pages, fit)
+        assert fitted_plain == fitted_pages
+        assert "only frame 1" not in fitted_plain.note and "only frame 1" in fitted_pages.note, fit
+        assert fit_image(plain, fit).note == fitted_plain.note, fit  # and the plain one's stays its own
+    square = image_from_array(np.zeros((8, 8, 3), np.uint8))
+    noted = image_from_array(np.zeros((8, 8, 3), np.uint8), note="a note of its own")
+    assert fit_image(square).note == "" and fit_image(noted).note == "a note of its own"
+
+
+def test_a_decodes_cost_is_bounded_before_it_starts_and_a_decode_is_reused(tmp_path, monkeypatch):
+    """A 348 KB PNG of 1 × 178,956,970 px (within the pixel limit) took 4.3 s to decode, on every use: a new upload
+    of the same bytes (a new file, or the same one written anew) was decoded again."""
+    column = png_claiming_size(tmp_path / "column.png", 1, MAX_IMAGE_PIXELS)
+    with pytest.raises(ValueError, match=r"^column\.png is 1×178956970 px: images of at most 65,535 px a side are "
+                                         r"accepted .*: please crop or downscale it first$"):
+        load_image(column)  # refused from its header: the file holds one pixel, so a decode would say "truncated"
+    with pytest.raises(ValueError, match="at most 65,535 px a side"):
+        image_from_array(np.broadcast_to(np.uint8(0), (1, 65_536)))
+    assert image_from_array(np.broadcast_to(np.uint8(0), (1, 65_535))).pixels.shape == (1, 1024, 3)
+
+    images._load_cached.cache_clear()
+    images._decoded.cache_clear()  # bytes another test decoded would not be decoded here
+    decodes = []
+    accept_file = images._accept_file
+    monkeypatch.setattr(images, "_accept_file", lambda image, name: decodes.append(name) or accept_file(image, name))
+    Image.new("RGB", (40, 30), RED).save(tmp_path / "first.png")
+    first = load_image(tmp_path / "first.png")
+    data = (tmp_path / "first.png").read_bytes()
+    (tmp_path / "again.png").write_bytes(data)  # another upload of the same bytes
+    (tmp_path / "first.png").write_bytes(data)  # the same file written anew (a new modification time)
+    os.utime(tmp_path / "first.png", ns=(1, 1))
+    assert load_image(tmp_path / "again.png") == first and load_image(tmp_path / "first.png") == first
+    assert decodes == ["first.png"]
+    Image.new("RGB", (40, 30), (0, 0, 255)).save(tmp_path / "first.png")  # other bytes: decoded
+    assert load_image(tmp_path / "first.png") != first and decodes == ["first.png", "first.png"]
+
+
+@pytest.mark.parametrize("kind", ["zTXt", "iTXt", "tEXt"])
+def test_a_png_with_a_huge_text_chunk_is_read_passing_over_the_text(tmp_path, kind):
+    """A 50 MB text chunk (a zTXt comment of 50 KB) refused the whole image with Pillow's "Decompressed data too
+    large for PngImagePlugin.MAX_TEXT_CHUNK", naming no file; the pixels are fine."""
+    def chunk(name: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + name + data + struct.pack(">I", zlib.crc32(name + data))
+
+    text = b"x" * 70_000_000 if kind == "tEXt" else zlib.compress(b"x" * 50_000_000)
+    payload = {"tEXt": b"Comment\0", "zTXt": b"Comment\0\0", "iTXt": b"Comment\0\1\0\0\0"}[kind] + text
+    picture = io.BytesIO()
+    Image.new("RGB", (8, 8), RED).save(picture, "PNG")
+    data = picture.getvalue()
+    (tmp_path / "noted.png").write_bytes(data[:33] + chunk(kind.encode(), payload) + data[33:])
+    image = load_image(tmp_path / "noted.png")
+    assert (image.pixels == RED).all() and image.note == ""

@@ -336,3 +336,64 @@ def test_attention_without_biases_is_compared_with_sdpa_on_its_own_projections(i
     assert [probe.name for probe in loaded.probes] == ["embed", "attn"]
     result = attention_equivalence(loaded, image, "attn")
     assert "the layer's own q, k, v" in result.description and result.max_abs_diff <= 1e-5
+
+
+@pytest.mark.parametrize("method", ["saliency", "integrated_gradients", "occlusion"])
+def test_an_attribution_reports_the_passes_it_makes(load_small, fresh_image, method):
+    """Each batch of forward passes is reported as (passes made, passes in all); a cached answer reports none."""
+    from analysis import attribution_passes, reporting_passes
+
+    loaded, reports = load_small("vit-convnn"), []
+    with reporting_passes(lambda done, total: reports.append((done, total))):
+        attribution_map(loaded, fresh_image, method)
+        total = attribution_passes(method)
+        assert total == {"saliency": 1, "integrated_gradients": 16, "occlusion": 65}[method]
+        assert reports[-1] == (total, total) and all(report[1] == total for report in reports)
+        assert [done for done, _ in reports] == sorted({done for done, _ in reports})
+        reports.clear()
+        attribution_map(loaded, fresh_image, method)
+    assert reports == []
+    attribution_map(loaded, fresh_image, "occlusion" if method != "occlusion" else "saliency")  # outside: none
+    assert reports == []
+
+
+def test_every_view_of_an_image_refuses_numbers_that_are_not_finite_naming_the_model(load_small, fresh_image):
+    """A card whose mean makes the mid-grey probe exactly 0 passes the load-time check, and on a real image its
+    std (1e-40) makes the input inf: /predict and /table refused, 8 other views answered NaN-derived numbers."""
+    import dataclasses
+
+    from analysis import (
+        LoadedModel,
+        blend_sweep,
+        compare_neighbors,
+        contribution_norms,
+        draw_spread,
+        equivalences,
+        neighbor_table,
+    )
+
+    small = load_small("cnn-l0.5")
+    card = dataclasses.replace(small.card, name="overflowing", mean=(0.5, 0.5, 0.5), std=(1e-40, 1e-40, 1e-40))
+    loaded = LoadedModel(small.model, card, small.probes, small.device)
+    layer = "stages.1.0.conv1"
+    views = {
+        "predict": lambda: top_classes(loaded, fresh_image),
+        "table": lambda: neighbor_table(loaded, fresh_image, layer),
+        "attribution": lambda: attribution_map(loaded, fresh_image, "saliency"),
+        "mix": lambda: branch_mix(loaded, fresh_image, layer),
+        "spectrum": lambda: selection_spectrum(loaded, fresh_image),
+        "hops": lambda: receptive_fields(loaded, fresh_image, layer),
+        "hop": lambda: receptive_field(loaded, fresh_image, layer, (3, 3)),
+        "equivalence": lambda: equivalences(loaded, fresh_image, layer),
+        "contributions": lambda: neighbor_contributions(loaded, fresh_image, layer, (3, 3)),
+        "norms": lambda: contribution_norms(loaded, fresh_image, layer),
+        "draws": lambda: draw_spread(loaded, fresh_image),
+        "sweep": lambda: blend_sweep(loaded, fresh_image, layer),
+        "compare": lambda: compare_neighbors([small, loaded], fresh_image, [layer, layer], (3, 3)),
+    }
+    for name, view in views.items():
+        with pytest.raises(ValueError, match=r"^overflowing gives numbers that are not finite \(inf or NaN\) on this "
+                                             r"image, in the normalised input"):
+            view()
+            pytest.fail(f"{name} answered")
+    assert top_classes(small, fresh_image)  # the same weights with their own card answer

@@ -465,6 +465,20 @@ def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
     assert figure["attribution_plot"].layout.title.text.startswith("Integrated Gradients, class 'cat'")
 
 
+def test_the_occlusion_progress_bar_counts_the_passes_made(explorer, example_image):
+    """It showed Captum's totals ("1/238", "65/190513"), followed through tqdm: now the passes made of the 65."""
+    shown = []
+
+    def progress(value, desc=None, unit="steps"):
+        shown.append((value, unit))
+
+    explorer.on_attribution(**page("cnn-l0", example_image, fit="letterbox"), method="occlusion", target="ship",
+                            progress=progress)
+    assert shown[0] == ((0, 65), "passes") and shown[-1] == ((65, 65), "passes")
+    done = [value[0] for value, _ in shown]
+    assert done == sorted(done) and {value[1] for value, _ in shown} == {65}
+
+
 # -- the API --------------------------------------------------------------------------------------------------------
 KNOB_PARAMETERS = [("num_neighbors", 0), ("window_size", 0), ("num_candidates", 0), ("seed", 0), ("blend_alpha", 0.5),
                    ("head", 0), ("fit", "crop"), ("draw", 0)]

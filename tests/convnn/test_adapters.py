@@ -176,11 +176,27 @@ def _card(model: str, **model_args) -> ModelCard:
     ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, num_classes=10, hidden_dim=8192,
                                                   mlp_dim=8192, num_heads=8), "more than the 100,000,000"),
     ("torchvision.models.resnet18", dict(num_classes=7), "outputs \\(1, 7\\)"),
+    # the seven unclear errors of issue 37 that are the model's: a count of 600 digits, and an argument named as
+    # the registry's own parameter ("model_cost() got multiple values for argument 'name'")
+    ("torchvision.models.VisionTransformer", dict(image_size=32, patch_size=4, num_classes=10, num_heads=1,
+                                                  hidden_dim=10**300), "would have about 10\\^60\\d parameters"),
+    ("torchvision.models.resnet18", dict(num_classes=10, name="resnet18"),
+     "^mine.json: cannot build model 'torchvision.models.resnet18' \\(model 'torchvision.models.resnet18' takes no "
+     "argument 'name'; it takes \\['num_classes'\\]\\)$"),
 ])
 def test_a_card_names_only_an_allowed_constructor_with_checked_arguments(model, args, message):
     """Refused with a CheckpointError before any real model is built: no import path, no download, no callable."""
     with pytest.raises(CheckpointError, match=message):
         check_model(_card(model, **args), "mine.json")
+
+
+def test_a_card_may_not_place_its_model():
+    """``model_args: {"device": "meta"}`` built the model on the meta device: loading it raised PyTorch's
+    NotImplementedError ("Cannot copy out of meta tensor"), which no message explained."""
+    card = _card("torchvision.models.resnet18", num_classes=10)
+    for placed in ({"device": "meta"}, {"dtype": "float64"}):
+        with pytest.raises(CheckpointError, match=f"^mine.json: model_args may not set {next(iter(placed))}: where"):
+            ModelCard(**{**card.__dict__, "model_args": {**card.model_args, **placed}}).check("mine.json")
 
 
 def test_allowed_cards_pass_the_checks():

@@ -128,3 +128,36 @@ def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_pat
     assert full[0]["status"] == 507
     assert full[1]["body"] == b"the server's disk is full: the upload was not stored; try again later"
     assert workspace.used_bytes() == 0 and workspace.visitor_bytes("10.0.0.1") == 0
+
+
+def test_an_address_too_long_gets_a_short_page_before_gradio_sees_it():
+    """A URL over 64 KB was a bare 500: httpx.InvalidURL ("URL too long") from Gradio's request handling."""
+    import gradio as gr
+    from starlette.middleware import Middleware
+
+    with gr.Blocks() as demo:
+        gr.Markdown("a page")
+    app = gr.routes.App.create_app(demo, app_kwargs={"middleware": [Middleware(RequestSizeLimit, max_bytes=2**20)]})
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    def get(query: bytes, path: str = "/") -> tuple[int, bytes]:
+        sent.clear()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
+                 "headers": [(b"host", b"127.0.0.1:7860")], "client": ("127.0.0.1", 5000),
+                 "server": ("127.0.0.1", 7860)}
+        run_coroutine(app(scope, receive, send))
+        return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:])
+
+    status, page = get(b"a=1&" * 20_000)  # 80 KB
+    assert status == 414
+    assert page.decode() == ("this address is too long (80,001 bytes; the server reads at most 16,384): a link to "
+                             "the explorer is far shorter, so check where it came from")
+    assert get(b"model=cnn-l0&row=3", "/config")[0] == 200  # (the page itself needs a launched server)
+    assert get(b"a=1&" * (requests.MAX_URL_BYTES // 4 - 2), "/config")[0] == 200  # at the bound: read
