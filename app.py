@@ -34,16 +34,16 @@ import app_texts as texts
 from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
+from app_compare import COMPARE_LAYERS, CompareMode
 from app_server import default_workspace, launch
 from convnn.candidates import draws_candidates
 from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, waiting_events, wire
 
-COMPARE_LAYERS = [f"compare_layer_{i}" for i in range(an.MAX_COMPARED)]  # each column's layer
 MODEL_KNOBS = ("head", "draw")  # the knobs whose control the model shapes (Explorer.on_model: range, shown or not)
 DRAW_STEPS = ("draw_back", "draw_next")  # the buttons stepping the eval draw, beside its box
 
 
-class Explorer(ExplorerAPI):
+class Explorer(CompareMode, ExplorerAPI):
     """The page's handlers: thin adapters from the page's values to :mod:`analysis`.
 
     Handlers take the page's values by name, the ``elem_id`` of the component each comes from
@@ -64,58 +64,6 @@ class Explorer(ExplorerAPI):
         super().__init__(checkpoint_dir, device, workspace or default_workspace())
         self.lessons = json.loads((WEB_DIR / "lessons.json").read_text(encoding="utf-8"))
         self.max_upload_mb = max_upload_mb
-
-    @staticmethod
-    def on_compare_pick(compare_models, request=None):
-        """Compare mode's list as the user picked it, to :data:`analysis.MAX_COMPARED` models: a model picked past
-        them is not added, and the page says so (the list's own limit dropped it silently)."""
-        if not isinstance(compare_models, list) or len(compare_models) <= an.MAX_COMPARED:
-            return gr.skip()
-        gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
-        return compare_models[:an.MAX_COMPARED]
-
-    @user_errors
-    def on_compare_layers(self, compare_models, compare_depth, request=None):
-        """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
-        if self.too_few(compare_models):
-            return {name: gr.update(visible=False) for name in COMPARE_LAYERS}
-        models = self.compared(compare_models, request)
-        updates = {name: gr.update(visible=False) for name in COMPARE_LAYERS[len(models):]}
-        for name, loaded in zip(COMPARE_LAYERS, models, strict=False):
-            short = [(f"{p.name} · {p.height}×{p.width}", p.name) for p in loaded.probes]  # caption: the rest
-            updates[name] = gr.update(choices=short, value=an.layer_at_depth(loaded, compare_depth).name,
-                                      visible=True, label=f"{loaded.card.name}: layer")
-        return updates
-
-    @user_errors
-    def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3, query,
-                   request=None):
-        """Compare mode's value: each column's neighbour table (the page's, as the explorer gets it), each layer's
-        own K, R and r, at the query's pixel moved inside each model's input; with fewer than 2 models, no columns
-        and a note."""
-        if self.too_few(compare_models):
-            return {"columns": [], "note": f"Pick 2 to {an.MAX_COMPARED} models to compare."}
-        columns, layers = [], [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3]
-        for checkpoint, loaded, layer in zip(compare_models, self.compared(compare_models, request), layers,
-                                             strict=False):
-            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit, layer=layer)
-            columns.append(self.table(column.at(query.pixel, loaded.card.input_size), request, keep_query=False))
-        return {"columns": columns}
-
-    def on_compare_layers_if_open(self, compare_models, compare_depth, tab, request=None):
-        """:meth:`on_compare_layers` after a link or a lesson's step that opens compare mode (``tab=compare``), so
-        that the columns follow (:meth:`on_compare_if_open`); nothing when another tab is open."""
-        if tab != "compare":
-            return {name: gr.skip() for name in COMPARE_LAYERS}
-        return self.on_compare_layers(compare_models, compare_depth, request)
-
-    def on_compare_if_open(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
-                           query, tab, request=None):
-        """:meth:`on_compare` for a new image while compare mode is the open tab; nothing otherwise."""
-        if tab != "compare":
-            return gr.skip()
-        return self.on_compare(compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3,
-                               query, request)
 
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
