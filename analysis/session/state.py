@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from .images import clamp_px
 from .inputs import real_number, whole_number
 from .selections import RuleOptions
+from .traces import MAX_DRAW
 
 __all__ = ["MAX_COMPARED", "MAX_DRAW", "Query", "Setting", "ViewState", "check_number", "compare_list", "field_values",
            "knob", "knob_names", "setting", "settings"]
 
 MAX_COMPARED = 4  # compare mode's columns at most
-MAX_DRAW = 9999  # the largest eval draw index the draw box and a link take (any index ≥ 0 is a valid draw)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from .caching import bounded_cache
 from .images import InputImage, model_input
 from .models import LoadedModel
 
+MAX_DRAW = 9999  # the largest eval draw index the explorer takes: the draw box, a link, the API (METHOD §3b)
+
 __all__ = [
     "TOP_CLASSES",
     "LayerInfo",
@@ -200,9 +202,10 @@ def effective_draw(loaded: LoadedModel, draw: int) -> int:
     any other (whose every draw is the same), so the caches keep one entry for it (METHOD §3b).
 
     Raises:
-        ValueError: ``draw`` is not an integer ≥ 0.
+        ValueError: ``draw`` is not an integer in [0, :data:`MAX_DRAW`] (the explorer's draws: the box's, a link's
+            and the API's alike).
     """
-    check_int("draw", draw, 0)
+    check_int("the eval draw", draw, 0, MAX_DRAW)
     return draw if draws_candidates(loaded.model) else 0
 
 
