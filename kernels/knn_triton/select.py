@@ -91,9 +91,15 @@ def column(x, slots, t):
 
 
 @triton.jit
+def kth_key(acc, live):
+    """Per row: the smallest live key of the accumulator — its K-th key once full, EMPTY_KEY before."""
+    return tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+
+
+@triton.jit
 def threshold(acc, live):
     """Per row: the score a candidate must beat (that of the smallest live key) and whether K keys are held."""
-    kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    kth = kth_key(acc, live)
     return unpack_score(kth), kth != EMPTY_KEY
 
 
@@ -215,7 +221,7 @@ def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
         best = tl.maximum(best, first)
         first = tl.where(from_lane, first, EMPTY_KEY)
         acc = tl.where(slots[None, :] == K_PAD - 1 - r, best[:, None], acc)
-    kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    kth = kth_key(acc, live)
     full = kth != EMPTY_KEY
     certified = full & (tl.max(over, axis=1) < unpack_score(kth))
     return acc, certified, kth
@@ -230,7 +236,7 @@ def repair_tile(acc, keys, live, floor, num_neighbors):
     every key of the row's true top K does). Returns acc."""
     slots = tl.arange(0, acc.shape[1])
     keys = tl.where(keys >= floor[:, None], keys, EMPTY_KEY)
-    kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+    kth = kth_key(acc, live)
     entries = tl.minimum(tl.max(tl.sum((keys > kth[:, None]).to(tl.int32), axis=1), axis=0), num_neighbors)
     for _ in range(entries):
         best = tl.max(keys, axis=1)
@@ -238,5 +244,5 @@ def repair_tile(acc, keys, live, floor, num_neighbors):
         enter = best > kth
         acc = tl.where(enter[:, None] & (slots[None, :] == smallest[:, None]), best[:, None], acc)
         keys = tl.where(keys == best[:, None], EMPTY_KEY, keys)
-        kth = tl.min(tl.where(live[None, :], acc, _TOP_KEY), axis=1)
+        kth = kth_key(acc, live)
     return acc
