@@ -285,7 +285,7 @@ def _eval_keys(x: Tensor) -> Tensor:
     return keys if torch.compiler.is_compiling() else keys.cpu()
 
 
-@torch.library.custom_op("convnn::stream_candidates", mutates_args=(), tags=torch.Tag.nondeterministic_seeded)
+@torch.library.custom_op("convnn::stream_candidates", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def stream_candidates(stream: int, num_tokens: int, num_candidates: int, draws: int) -> Tensor:
     """A training draw of the layer whose sampler has id ``stream`` (``CandidateSampler.stream_id``): the next
     :func:`convnn.functional.sample_candidates` of its generator, as an operator, so that a compiled graph draws
