@@ -189,18 +189,21 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             offs_o = o0 + tl.arange(0, BLOCK_O)
             mask_o = offs_o < C_out
             out = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
-            for t in range(num_neighbors):
+            # One loop over (slot t, channel block c0), t-major: the innermost loop, so the compiler prefetches the
+            # next gather while this one's dot runs.
+            num_c = tl.cdiv(Dv, BLOCK_C)
+            for i in range(num_neighbors * num_c):
+                t = i // num_c
                 j_t = column(rows_idx, slots, t)
                 a_t = column(a, slots, t)
-                for c0 in range(0, Dv, BLOCK_C):
-                    offs_c = c0 + tl.arange(0, BLOCK_C)
-                    mask_c = offs_c < Dv
-                    g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
-                                mask=(mask_m & (j_t >= 0))[:, None] & mask_c[None, :], other=0.0)
-                    g = (g.to(tl.float32) * a_t[:, None]).to(dtype)
-                    w_t = tl.load(W + offs_o[None, :] * w_strides[0] + offs_c[:, None] * w_strides[1]
-                                  + t * w_strides[2], mask=mask_c[:, None] & mask_o[None, :], other=0.0)
-                    out += dot(g, w_t.to(dtype), IEEE)
+                offs_c = (i % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+                mask_c = offs_c < Dv
+                g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
+                            mask=(mask_m & (j_t >= 0))[:, None] & mask_c[None, :], other=0.0)
+                g = (g.to(tl.float32) * a_t[:, None]).to(dtype)
+                w_t = tl.load(W + offs_o[None, :] * w_strides[0] + offs_c[:, None] * w_strides[1]
+                              + t * w_strides[2], mask=mask_c[:, None] & mask_o[None, :], other=0.0)
+                out += dot(g, w_t.to(dtype), IEEE)
             if HAS_BIAS:
                 out += tl.load(Bias + offs_o, mask=mask_o, other=0.0).to(tl.float32)[None, :]
             tl.store(out_base + offs_o[None, :] * o_strides[1] + offs_m[:, None] * o_strides[2],

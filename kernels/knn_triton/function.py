@@ -113,6 +113,13 @@ def _inverse_key_norms(k: Tensor) -> Tensor:
     return norms.clamp_min_(NORM_EPS).reciprocal_().reshape(-1, k.shape[2]).contiguous()
 
 
+def _channel_major(weight: Tensor) -> Tensor:
+    """The Conv1D weight (C_out, C_in/groups, K) as a view of a copy with C_out innermost: the kernels read
+    W[:, :, t] one rank slot at a time, a coalesced [C_in, C_out] block then (the weight's own layout puts K elements
+    between two output channels)."""
+    return weight.permute(2, 1, 0).contiguous().permute(2, 1, 0)
+
+
 def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
                    self_first, blend=None, num_splits=None, config=None) -> tuple[Tensor, Tensor, Tensor]:
     """Allocate and launch the forward. Returns out (B, C_out, Nq), idx (B, H, Nq, K) int64, a fp32.
@@ -148,6 +155,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     num_splits = triton.cdiv(num_cols, cols_per_split)
     split = num_splits > 1
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
+    weight = _channel_major(weight)
     args = dict(
         inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv, spatial),
         outputs=(out, idx, a, part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
@@ -248,6 +256,7 @@ def launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weigh
         dk = (torch.empty(BH, Nq * K, D, **f32) if deterministic else torch.zeros(BH, Nk, D, **f32)) if softmax else dv
         dw_part = torch.empty(grid_m, BH, Dv, K, **f32) if depthwise else dv
         grad_a = grad_a.contiguous() if grad_a is not None and softmax else None
+        weight = _channel_major(weight)
         backward.knn_bwd_query[(grid_m, BH)](
             inputs=(q, k, v, weight, idx, a, grad_a if grad_a is not None else a, grad_out),
             grads=(dq, dk, dv, dw_part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),

@@ -198,26 +198,31 @@ def lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols):
 @triton.jit
 def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
     """Take each row's K best candidates from its lanes and ``acc`` (at most one key: the query's own), best first:
-    a round takes the row's largest key among the lanes' heads (a row maximum: the lanes' lists are sorted) and
-    moves that lane's list up by one. No sort over the lanes: K rounds of one row reduction each. Returns ``acc``
-    (ascending, [rows, K_PAD], the K keys in its top K slots as :func:`merge_tile` keeps them), whether each row
-    is certified — it holds K keys and every score a lane dropped is below its K-th score (a dropped candidate
-    ranks below the K-th then, whatever its column) — and the row's K-th key [rows] int64 (EMPTY_KEY: not full).
+    a round takes the row's best lane head — the largest score (an fp32 row maximum), then among the heads with that
+    score the lowest column (an int32 row minimum): the larger key, as :func:`pack` orders them; a lane's list is
+    sorted that way, so the row's best remaining candidate is a head — and moves that lane's list up by one (columns
+    are distinct, so the column alone finds the lane). K rounds of two 32-bit row reductions; no int64 copy of the
+    lanes. Returns ``acc`` (ascending, [rows, K_PAD], the K keys in its top K slots as :func:`merge_tile` keeps them),
+    whether each row is certified — it holds K keys and every score a lane dropped is below its K-th score (a
+    dropped candidate ranks below the K-th then, whatever its column) — and the row's K-th key [rows] int64
+    (EMPTY_KEY: not full).
     """
     K_PAD: tl.constexpr = acc.shape[1]
     slots = tl.arange(0, K_PAD)
-    head = tl.where(c1 >= 0, pack(a1, c1), EMPTY_KEY)
-    second = tl.where(c2 >= 0, pack(a2, c2), EMPTY_KEY)
-    third = tl.where(c3 >= 0, pack(a3, c3), EMPTY_KEY)
     first = tl.max(acc, axis=1)
     acc = tl.full(acc.shape, EMPTY_KEY, tl.int64)
     for r in range(num_neighbors):
-        best = tl.max(head, axis=1)
+        best_score = tl.max(a1, axis=1)
+        best_col = tl.min(tl.where(a1 == best_score[:, None], c1, INDEX_MASK), axis=1)  # −1: the lanes are empty
+        best = tl.where(best_col >= 0, pack(best_score, best_col), EMPTY_KEY)
         from_lane = best > first
-        taken = from_lane[:, None] & (head == best[:, None])  # keys are distinct: one lane at most
-        head = tl.where(taken, second, head)
-        second = tl.where(taken, third, second)
-        third = tl.where(taken, EMPTY_KEY, third)
+        taken = from_lane[:, None] & (c1 == best_col[:, None])
+        a1 = tl.where(taken, a2, a1)
+        a2 = tl.where(taken, a3, a2)
+        a3 = tl.where(taken, NEG_INF, a3)
+        c1 = tl.where(taken, c2, c1)
+        c2 = tl.where(taken, c3, c2)
+        c3 = tl.where(taken, -1, c3)
         best = tl.maximum(best, first)
         first = tl.where(from_lane, first, EMPTY_KEY)
         acc = tl.where(slots[None, :] == K_PAD - 1 - r, best[:, None], acc)
