@@ -31,6 +31,7 @@ import gradio as gr
 
 import analysis as an
 import app_texts as texts
+import server
 from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
@@ -244,7 +245,8 @@ class Explorer(CompareMode, ExplorerAPI):
         loaded, image = self.loaded(query, request)
         desc = f"{an.ATTRIBUTION_METHODS.get(method, 'attribution')}…"
 
-        def passes(done: int, total: int) -> None:  # the forward passes made, on Gradio's progress bar
+        def passes(done: int, total: int) -> None:  # after each batch: stop here if dropped; else the progress bar
+            server.check_dropped()
             if progress is not None:
                 progress((done, total), desc=desc, unit="passes")
 

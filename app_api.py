@@ -23,7 +23,7 @@ from gradio.utils import get_upload_folder
 import analysis as an
 from convnn import CheckpointError
 from convnn.candidates import draws_candidates
-from server import user_errors, visitor
+from server import check_dropped, user_errors, visitor
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -303,6 +303,7 @@ class ExplorerAPI:
         out only itself."""
         spectra, refused = {}, []
         for _, path in an.list_checkpoints(self.checkpoint_dir).found:
+            check_dropped()  # a dropped run of the slow view stops between models
             try:
                 spectra[path.stem] = an.selection_spectrum(an.load_model(path, self.device), image)
             except CheckpointError:

@@ -2,7 +2,7 @@
 :mod:`analysis` and Gradio, never ``app``).
 
 * :mod:`server.guards` — what the queue admits (:class:`Admission`) and how the slow views compute
-  (:class:`SlowRuns`);
+  (:class:`SlowRuns`; a dropped run's computation stops at its next :func:`check_dropped`);
 * :mod:`server.controls` — number boxes and sliders that check what any client sends (:class:`CheckedNumber`,
   :class:`CheckedSlider`; :func:`control` makes one from a field of the view), and user errors shown as messages
   (:func:`user_errors`);
@@ -15,7 +15,7 @@ Each module that touches a part of Gradio outside its public API lists it in its
 """
 
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
-from .guards import Admission, SlowRuns, names_a_web_address, waiting_events
+from .guards import Admission, RunDropped, SlowRuns, check_dropped, names_a_web_address, waiting_events
 from .requests import RequestSizeLimit
 from .visitors import visitor
 from .wiring import wire
@@ -25,7 +25,9 @@ __all__ = [
     "CheckedNumber",
     "CheckedSlider",
     "RequestSizeLimit",
+    "RunDropped",
     "SlowRuns",
+    "check_dropped",
     "checked_number",
     "control",
     "names_a_web_address",

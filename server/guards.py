@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import gradio as gr
 
-__all__ = ["GRADIO_PRIVATE", "Admission", "SlowRuns", "names_a_web_address", "waiting_events"]
+__all__ = ["GRADIO_PRIVATE", "Admission", "RunDropped", "SlowRuns", "check_dropped", "names_a_web_address",
+           "waiting_events"]
 
 GRADIO_PRIVATE = {
     "Blocks._queue": "the app's queue (gradio.queueing.Queue), made by demo.queue()",
@@ -57,6 +58,32 @@ def names_a_web_address(data) -> bool:
 
 
 _DROPPED = object()  # how a dropped run ends (SlowRuns)
+_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("slow_run_stop", default=None)
+
+
+class RunDropped(Exception):
+    """Raised by :func:`check_dropped` inside a slow run's computation that was dropped: it ends there."""
+
+
+def check_dropped() -> None:
+    """Raise :class:`RunDropped` if the slow run computing in this thread (:meth:`SlowRuns.wrap`) was dropped; a
+    no-op elsewhere. A computation calls it between its steps (an attribution: after each batch of forward passes),
+    so a dropped run stops at the next one instead of computing to its end.
+
+    Raises:
+        RunDropped: the run was dropped.
+    """
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        raise RunDropped
+
+
+class _Run:
+    """One started run of a slow view: ``end`` (its outcome: ``(result, error)`` or ``_DROPPED``), ``stop`` (set
+    when it is dropped: :func:`check_dropped` reads it in the computation's thread) and whether it holds a place."""
+
+    def __init__(self, end: asyncio.Future) -> None:
+        self.end, self.stop, self.holds_place = end, threading.Event(), False
 
 
 def waiting_events(demo: gr.Blocks, group: str) -> list:
@@ -66,16 +93,16 @@ def waiting_events(demo: gr.Blocks, group: str) -> list:
 
 
 class SlowRuns:
-    """The slow views' computations: at most ``limit`` at a time over all sessions, dropped ones included; a
-    session's run of a view can be dropped (the Cancel button, or a change of what the view reads).
+    """The slow views' computations: at most ``limit`` at a time over all sessions; a session's run of a view can be
+    dropped (the Cancel button, or a change of what the view reads).
 
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own and gives the place back when that computation ends, whether its run was dropped or not: a
-    thread cannot be stopped, so a run asked for after a drop, by any session, waits for the dropped computation
-    (Gradio frees a cancelled event's place in its group at once: a client that asked, cancelled and asked again
-    stacked one computation per cancel on the cores). Its threads are not daemons: the interpreter waits for a
-    computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the process,
-    "terminate called without an active exception").
+    thread of its own. A dropped run gives its place back at once and its computation stops at its next step (a
+    thread cannot be stopped from outside: the computation calls :func:`check_dropped` between steps, an attribution
+    after each batch of forward passes), so a run asked for after a drop, by any session, starts at once; it shares
+    the cores with the dropped computation for at most that one step. Its threads are not daemons: the interpreter
+    waits for a computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the
+    process, "terminate called without an active exception").
 
     :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
     completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
@@ -92,7 +119,7 @@ class SlowRuns:
         self.limit = limit
         self.waiting = waiting
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
-        self._runs: dict[tuple[str | None, str], set[asyncio.Future]] = {}  # (session, view) → started runs' ends
+        self._runs: dict[tuple[str | None, str], set[_Run]] = {}  # (session, view) → its started runs
         self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
 
     def wrap(self, handler, dropped=None):
@@ -107,15 +134,19 @@ class SlowRuns:
                 return dropped  # dropped while it waited in Gradio's queue
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
-            end = asyncio.get_running_loop().create_future()  # (result, error), or _DROPPED
+            run = _Run(asyncio.get_running_loop().create_future())
             key = (getattr(request, "session_hash", None), view)
-            self._runs.setdefault(key, set()).add(end)
+            self._runs.setdefault(key, set()).add(run)
             try:
-                if await self._take_place(end):
-                    self._compute(functools.partial(handler, *args, **kwargs), end, view)
-                ended = await end
+                if await self._take_place(run.end):
+                    run.holds_place = True
+                    self._compute(functools.partial(handler, *args, **kwargs), run, view)
+                ended = await run.end
             finally:
-                self._runs[key].discard(end)
+                if run.end.cancelled() or not run.end.done():  # Gradio's /cancel: stopped as a dropped run is
+                    run.stop.set()
+                    self._release(run)
+                self._runs[key].discard(run)
                 if not self._runs[key]:
                     del self._runs[key]
             if ended is _DROPPED:
@@ -145,18 +176,20 @@ class SlowRuns:
         if not place.cancel():
             self._places.release()
 
-    def _compute(self, work, end: asyncio.Future, view: str) -> None:
-        """``work()`` in a thread of its own (Gradio's progress tracker reads the context; not a daemon, as the
-        server's thread may be one); when it ends, its place is given back and ``end`` gets ``(result, error)``
-        unless the run was dropped or cancelled meanwhile."""
-        loop = end.get_loop()
+    def _compute(self, work, run: _Run, view: str) -> None:
+        """``work()`` in a thread of its own (Gradio's progress tracker reads the context, :func:`check_dropped` the
+        run's ``stop``; not a daemon, as the server's thread may be one); when it ends, its place is given back
+        unless a drop gave it back already, and ``run.end`` gets ``(result, error)`` unless the run was dropped or
+        cancelled meanwhile."""
+        loop = run.end.get_loop()
 
         def deliver(outcome: tuple) -> None:
-            self._places.release()
-            if not end.done():
-                end.set_result(outcome)
+            self._release(run)
+            if not run.end.done():
+                run.end.set_result(outcome)
 
         def compute() -> None:
+            _STOP.set(run.stop)
             try:
                 outcome = (work(), None)
             except BaseException as err:  # handed to the event, raised there
@@ -167,13 +200,21 @@ class SlowRuns:
         threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
                          daemon=False).start()
 
+    def _release(self, run: _Run) -> None:
+        """Give back ``run``'s place, once: when its computation ends or when it is dropped, whichever is first."""
+        if run.holds_place:
+            run.holds_place = False
+            self._places.release()
+
     def drop(self, session: str | None, view: str) -> None:
         """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
-        returns its ``dropped`` value at once, one still in Gradio's queue when it starts. Runs in the server's
-        event loop."""
-        for end in self._runs.get((session, view), ()):
-            if not end.done():
-                end.set_result(_DROPPED)
+        returns its ``dropped`` value and gives its place back at once (its computation stops at its next
+        :func:`check_dropped`), one still in Gradio's queue ends when it starts. Runs in the server's event loop."""
+        for run in self._runs.get((session, view), ()):
+            run.stop.set()
+            self._release(run)
+            if not run.end.done():
+                run.end.set_result(_DROPPED)
         for event in self.waiting():
             if event.session_hash == session and event.fn.name == view:
                 self._dropped_joins.add(event.request)

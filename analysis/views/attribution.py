@@ -43,6 +43,8 @@ OCCLUSION_SQUARES = 8  # occluding squares per side, not overlapping: 64 forward
 # a 32 px input, a ViT patch on CIFAR; 28 px at 224), so a large input costs 64 passes, not (S / 4)²
 _BATCH = 16  # forward passes per batch for Integrated Gradients and Occlusion, at most
 _BATCH_VALUES = 100_000_000  # activation values a batch's passes may hold together (0.4 GB in fp32, before gradients)
+_BATCH_FLOPS = 4_000_000_000  # multiply-adds of a batch's passes, at most: a second or so on two cores, the longest a
+#                               dropped run computes on before it stops (server.check_dropped, between batches)
 _MODEL_COPIES = 2  # models with an attribution copy kept (each as large as its model)
 _PASS_REPORT: ContextVar[Callable[[int, int], None] | None] = ContextVar("attribution_passes", default=None)
 
@@ -135,11 +137,13 @@ def _own_model(loaded: LoadedModel) -> torch.nn.Module:
 
 def _batch_size(loaded: LoadedModel) -> int:
     """Forward passes per batch: :data:`_BATCH`, fewer for a model whose one pass holds more than
-    ``_BATCH_VALUES / _BATCH`` activation values (its card's cost, :func:`convnn.models.model_cost`), at least 1."""
+    ``_BATCH_VALUES / _BATCH`` activation values or costs more than ``_BATCH_FLOPS / _BATCH`` multiply-adds (its
+    card's cost, :func:`convnn.models.model_cost`; a run that is dropped stops between batches), at least 1."""
     card = loaded.card
     cost = model_cost(card.model, card.input_size, **card.model_args)
-    per_pass = cost.activations if cost is not None else _BATCH_VALUES // _BATCH
-    return max(1, min(_BATCH, _BATCH_VALUES // max(per_pass, 1)))
+    if cost is None:
+        return _BATCH
+    return max(1, min(_BATCH, _BATCH_VALUES // max(cost.activations, 1), _BATCH_FLOPS // max(cost.flops, 1)))
 
 
 class _Counted(torch.nn.Module):

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import json
 import shutil
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -23,6 +24,8 @@ import analysis as an
 import app
 import app_limits
 import app_texts
+import server
+import server.guards as guards
 from convnn import load_checkpoint, save_checkpoint
 from convnn.budget import MAX_EXHAUSTIVE_TOKENS
 from tests.image_files import png_claiming_size
@@ -477,6 +480,28 @@ def test_the_occlusion_progress_bar_counts_the_passes_made(explorer, example_ima
     assert shown[0] == ((0, 65), "passes") and shown[-1] == ((65, 65), "passes")
     done = [value[0] for value, _ in shown]
     assert done == sorted(done) and {value[1] for value, _ in shown} == {65}
+
+
+def test_a_dropped_occlusion_stops_after_the_batch_it_is_in(explorer, example_image, monkeypatch):
+    """A cancelled occlusion computed its 65 passes to the end. The run's stop is read after each batch of passes
+    (server.check_dropped): dropped while its first batch of occluded images computes, it stops when that batch
+    ends, with 1 + 8 of the 65 passes made."""
+    monkeypatch.setattr("analysis.views.attribution._BATCH", 8)  # Captum's unoccluded pass, then batches of 8
+    stop, done = threading.Event(), []
+
+    def progress(value, desc=None, unit="steps"):
+        done.append(value[0])
+        if value[0] == 1:  # the unoccluded pass made: the run is dropped while the first batch computes
+            stop.set()
+
+    token = guards._STOP.set(stop)  # the run's stop, as SlowRuns sets it in the computation's thread
+    try:
+        with pytest.raises(server.RunDropped):
+            explorer.on_attribution(**page("cnn-l0", example_image), method="occlusion", target="cat",
+                                    progress=progress)
+    finally:
+        guards._STOP.reset(token)
+    assert done == [0, 1]  # that batch's end raised before the bar moved on to 9; no further batch ran
 
 
 # -- the API --------------------------------------------------------------------------------------------------------
