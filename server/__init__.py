@@ -8,6 +8,8 @@
   (:func:`user_errors`);
 * :mod:`server.wiring` — the page's events as the handlers take them: inputs by name, the view as one value
   (:func:`wire`);
+* :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
+  holds in the queue (:class:`FairTurns`);
 * :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`);
 * :mod:`server.visitors` — who sent a request (:func:`visitor`), whose storage share it is charged to.
 
@@ -15,6 +17,7 @@ Each module that touches a part of Gradio outside its public API lists it in its
 """
 
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
+from .fairness import FairTurns
 from .guards import Admission, RunDropped, SlowRuns, check_dropped, names_a_web_address, waiting_events
 from .requests import RequestSizeLimit
 from .visitors import visitor
@@ -24,6 +27,7 @@ __all__ = [
     "Admission",
     "CheckedNumber",
     "CheckedSlider",
+    "FairTurns",
     "RequestSizeLimit",
     "RunDropped",
     "SlowRuns",

@@ -16,10 +16,10 @@ from gradio.queueing import Event, EventQueue, Queue
 
 import app_api
 import app_server
-from server import controls, guards, wiring
+from server import controls, fairness, guards, wiring
 from tests.loops import run_coroutine
 
-USERS = (guards, controls, wiring, app_server, app_api)
+USERS = (guards, controls, wiring, fairness, app_server, app_api)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,9 @@ def test_the_private_parts_have_the_form_the_guards_use(parts):
     refused = run_coroutine(queue.push(PredictBodyInternal(data=[], fn_index=None), None, None))
     assert refused == (False, "No function index provided.", "error")  # the answer /queue/join turns into a 400
     assert isinstance(queue.event_queue_per_concurrency_id, dict) and isinstance(queue.active_jobs, list)
+    assert isinstance(queue.event_ids_to_events, dict) and isinstance(queue.process_time_per_fn, dict)
+    assert list(inspect.signature(queue.process_events).parameters) == ["events", "batch", "begin_time", "fn"]
+    assert inspect.iscoroutinefunction(queue.process_events)
     assert parts["EventQueue"].queue == []
     event, fn = parts["Event"], parts["BlockFunction"]
     assert (event.session_hash, event.fn, event.concurrency_id) == ("session", fn, "group")

@@ -1,0 +1,116 @@
+"""Fair turns between visitors inside each event group of Gradio's queue (:class:`FairTurns`), and a bound on the
+places one visitor holds in it.
+
+Gradio's queue serves each concurrency group first come, first served: one visitor's ten heavy requests delayed
+everyone's next one by all ten. Here each group's waiting events are kept in the order of start-time fair queueing:
+an event gets a start tag ``S = max(V, F[visitor])`` when it joins, where ``V`` is the smallest tag still waiting
+(the group's virtual time) and ``F[visitor]`` the visitor's finish tag, which then grows by the event's estimated
+cost (Gradio's measured mean time of that handler) and, once it has run, by what its run cost beyond that estimate.
+A visitor's first request thus waits behind at most one turn of each other visitor, whatever they queued, and a
+visitor whose requests run long (a heavy uploaded model) gets fewer turns for the same time.
+
+It reads and wraps parts of Gradio's queue outside its public API, listed in :data:`GRADIO_PRIVATE`
+(``tests/server/test_gradio_private.py`` checks each on the installed Gradio).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from .visitors import visitor
+
+__all__ = ["GRADIO_PRIVATE", "FairTurns"]
+
+GRADIO_PRIVATE = {
+    "Queue.push": "async push(body, request, username) → (queued, event id or message, status); FairTurns wraps it",
+    "Queue.process_events": "async process_events(events, batch, begin_time, fn): runs started events; FairTurns "
+                            "wraps it to charge each run's time",
+    "Queue.event_ids_to_events": "event id → Event, for events queued or running",
+    "Queue.event_queue_per_concurrency_id": "concurrency id → EventQueue: each group's waiting events",
+    "Queue.process_time_per_fn": "BlockFunction → ProcessTime: each handler's measured mean time (avg_time, s)",
+    "EventQueue.queue": "a group's waiting events; the queue starts the first one when the group has room",
+    "Event.request": "the request that joined the queue (whose visitor it is)",
+    "Event.concurrency_id": "the concurrency group an event runs in",
+    "Event.fn": "the BlockFunction an event runs",
+    "Event._id": "an event's id",
+}
+
+DEFAULT_COST_S = 0.1  # a handler's estimated time before Gradio has measured any run of it
+
+
+class FairTurns:
+    """Start-time fair queueing of each group's waiting events between visitors (module docstring), and at most
+    ``max_waiting`` events waiting per visitor over all groups: a request past that is refused before it is queued
+    (with a message the page shows), so that one client cannot fill the queue's places.
+
+    Args:
+        demo (gr.Blocks): the app, after ``demo.queue()``; its queue's ``push`` and ``process_events`` are wrapped.
+        max_waiting (int): events one visitor may have waiting (not yet running), all groups together.
+    """
+
+    def __init__(self, demo: gr.Blocks, max_waiting: int) -> None:
+        self.queue, self.max_waiting = demo._queue, max_waiting
+        self.finish: dict[str, dict[str, float]] = {}  # group → visitor → finish tag (s of estimated work)
+        self.tags: dict[str, tuple[str, float, float]] = {}  # waiting or running event id → (visitor, start, cost)
+        self.clock = time.monotonic  # what a run's time is measured with, s
+        self._push, self._process = self.queue.push, self.queue.process_events
+        self.queue.push, self.queue.process_events = self.push, self.process_events
+
+    def waiting(self, who: str) -> int:
+        """Events of visitor ``who`` waiting in the queue (not started), all groups together."""
+        return sum(visitor(event.request) == who for group in self.queue.event_queue_per_concurrency_id.values()
+                   for event in group.queue)
+
+    def estimate(self, fn) -> float:
+        """The estimated time of a run of handler ``fn``, s: Gradio's measured mean, :data:`DEFAULT_COST_S` before
+        any."""
+        measured = self.queue.process_time_per_fn.get(fn)
+        return measured.avg_time if measured is not None and measured.avg_time > 0 else DEFAULT_COST_S
+
+    async def push(self, body, request, username):
+        """Gradio's ``Queue.push``, refused with a message for a visitor who has ``max_waiting`` events waiting;
+        a queued event is then put in its fair place in its group."""
+        who = visitor(request)
+        if who and self.waiting(who) >= self.max_waiting:
+            return False, (f"You have {self.max_waiting} requests waiting already: they are answered first. Ask again "
+                           "once they are."), "error"
+        queued, answer, status = await self._push(body=body, request=request, username=username)
+        event = self.queue.event_ids_to_events.get(answer) if queued else None
+        if event is not None:
+            self.place(event, who)
+        return queued, answer, status
+
+    def place(self, event, who: str) -> None:
+        """Tag ``event`` (just queued, last of its group) for ``who`` and sort its group's waiting events by tag
+        (stable: equal tags keep their order of arrival)."""
+        self.tags = {key: tag for key, tag in self.tags.items() if key in self.queue.event_ids_to_events}  # gone
+        group = event.concurrency_id
+        waiting = self.queue.event_queue_per_concurrency_id[group].queue
+        if event not in waiting:  # answered from Gradio's cache, or started already
+            return
+        others = [self.tags[item._id][1] for item in waiting if item is not event and item._id in self.tags]
+        finish = self.finish.setdefault(group, {})
+        if not others:  # nothing waits: every visitor is served up to now, the group starts afresh
+            finish.clear()
+        now = min(others, default=0.0)
+        cost = self.estimate(event.fn)
+        start = max(now, finish.get(who, now))
+        finish[who] = start + cost
+        self.tags[event._id] = (who, start, cost)
+        waiting.sort(key=lambda item: self.tags[item._id][1] if item._id in self.tags else now)
+
+    async def process_events(self, events, batch, begin_time, fn):
+        """Gradio's ``Queue.process_events``; afterwards each event's visitor is charged what its run took beyond
+        its estimate (its finish tag moves later, or earlier for a run shorter than estimated)."""
+        started = self.clock()
+        try:
+            return await self._process(events, batch, begin_time, fn)
+        finally:
+            took = self.clock() - started
+            for event in events:
+                tag = self.tags.pop(event._id, None)
+                finish = self.finish.get(event.concurrency_id, {})
+                if tag is not None and tag[0] in finish:
+                    finish[tag[0]] += took - tag[2]

@@ -1,0 +1,75 @@
+"""Fair turns between visitors in an event group (server.FairTurns): one visitor's many requests do not delay
+another's first, a visitor's waiting places are bounded, and what a run took is charged to its visitor."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+from gradio.data_classes import PredictBodyInternal
+from starlette.requests import Request
+
+from server import FairTurns
+from tests.loops import run_coroutine
+
+
+def request_from(address: str) -> Request:
+    return Request({"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
+                    "query_string": b"", "client": (address, 5000)})
+
+
+@pytest.fixture
+def turns():
+    """An app whose one event runs one at a time, its queue not started (what is pushed stays waiting), with
+    fair turns of at most 10 waiting events a visitor."""
+    with gr.Blocks() as demo:
+        box = gr.Number(elem_id="box")
+        box.change(lambda value: value, box, box, concurrency_id="group", concurrency_limit=1)
+    demo.queue(max_size=100)
+    fn = next(iter(demo.fns.values()))
+    turns = FairTurns(demo, max_waiting=10)
+
+    def push(address: str, label: int):
+        body = PredictBodyInternal(data=[label], fn_index=fn._id, session_hash=f"{address}-{label}")
+        return run_coroutine(demo._queue.push(body, request_from(address), None))
+    return turns, push, demo._queue
+
+
+def waiting(queue) -> list[tuple[str, int]]:
+    events = queue.event_queue_per_concurrency_id["group"].queue
+    return [(event.request.client[0], event.data.data[0]) for event in events]
+
+
+def test_a_visitor_s_first_request_waits_behind_one_turn_of_each_other_visitor(turns):
+    turns, push, queue = turns
+    for label in range(10):
+        assert push("10.0.0.1", label)[0]
+    assert push("10.0.0.2", 0)[0] and push("10.0.0.3", 0)[0]
+    order = waiting(queue)
+    # estimated costs are equal (no run measured yet): A's first, then B's and C's first, then A's others in turn
+    assert order[:4] == [("10.0.0.1", 0), ("10.0.0.2", 0), ("10.0.0.3", 0), ("10.0.0.1", 1)]
+    assert [label for address, label in order if address == "10.0.0.1"] == list(range(10))  # a visitor's own order
+    refused = push("10.0.0.1", 10)  # A's 11th waiting request
+    assert refused == (False, "You have 10 requests waiting already: they are answered first. Ask again once they "
+                              "are.", "error")
+    assert push("10.0.0.2", 1)[0]  # B has room
+
+
+def test_a_visitor_is_charged_what_its_runs_took(turns):
+    turns, push, queue = turns
+    assert push("10.0.0.1", 0)[0] and push("10.0.0.2", 0)[0]
+    first = queue.event_queue_per_concurrency_id["group"].queue.pop(0)  # A's first starts …
+    clock = iter([100.0, 105.0])  # … and runs 5 s, 4.9 s beyond its estimate of 0.1 s
+    turns.clock = lambda: next(clock)
+
+    async def run(*args):
+        return None
+    turns._process = run
+    run_coroutine(turns.process_events([first], False, 0.0, first.fn))
+    assert turns.finish["group"]["10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
+    for label in (1, 2, 3):
+        assert push("10.0.0.1", label)[0]
+    for label in (1, 2, 3):
+        assert push("10.0.0.2", label)[0]
+    # B's four runs (0.1 s each, estimated) come before A's next: A has had 5 s of the group
+    assert waiting(queue) == [("10.0.0.2", 0), ("10.0.0.2", 1), ("10.0.0.2", 2), ("10.0.0.2", 3),
+                              ("10.0.0.1", 1), ("10.0.0.1", 2), ("10.0.0.1", 3)]
