@@ -27,20 +27,18 @@ _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer k
 _MAX_SPLITS = 16
 
 
-SELECTIONS = ("auto", "lanes", "rounds")
-# "auto": the insertion rounds for these K, the lane selection for every other (bench/RESULTS.md §1g: at K = 16 a
-# third of the lanes' 64-row blocks on random features go to the repair, and the rounds measured 8 % faster)
-ROUNDS_FOR_K = range(10, 17)
+SELECTIONS = ("auto", "lanes", "rounds")  # "auto": the default, now the lanes for every K (bench/RESULTS.md §1h)
+SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
     """Inside the block the forward selects with ``selection``: ``"lanes"`` (per-lane lists, a certificate and a
-    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the rounds
-    for K = 10–16, where they measured 8 % faster at K = 16; the lanes for every other K: 7 % faster at K = 9 and
-    1.7× / 1.5× at K = 32 / 64, bench/RESULTS.md §1g). Both are exact; the switch exists to measure one beside the
-    other (bench/kernel.py). Blocks nest; each thread and task sees its own.
+    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the default:
+    the lanes, for every K since their end of row works in 32-bit reductions, 1.5–3.0× faster than the rounds at
+    K = 9–64 on an H100, bench/RESULTS.md §1h). Both are exact; the switch exists to measure one beside the other
+    (bench/kernel.py). Blocks nest; each thread and task sees its own.
 
     Raises:
         ValueError: an unknown selection.
@@ -53,21 +51,24 @@ def _next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, blend: bool = False) -> dict:
-    """Block sizes of the forward: 64×64 query×key blocks; ``LANES``, the selection (:func:`use_selection`), with
-    8 warps (its lane state is 7 values per score of the tile: 187 registers a thread at 8 warps, 2 KB of
-    spills at 4; ``bench/compile_sm90.py``); the insertion rounds with 4 warps up to K = 16, 8 above (the H200
-    sweeps in bench/RESULTS.md §1), and ``WARM``: the key tiles around each query block that set its rows' floors
-    before the rounds (:func:`select.merge_tile`): 4 for the blend rule, whose best cells are the query's
-    neighbourhood by construction, none otherwise. Entries can be overridden through :func:`launch_forward`'s
-    ``config``."""
+def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, blend: bool = False) -> dict:
+    """Block sizes of the forward for K = ``num_neighbors`` over ``num_cols`` candidate columns: 64 query rows a
+    block; ``LANES``, the selection (:func:`use_selection`). The lanes stream 64-wide key tiles with 8 warps and 3
+    pipeline stages, except on a small map (≤ :data:`SMALL_MAP_COLS` columns) for K ≤ 9 or K = 17–32: 32-wide tiles
+    with 4 warps (half the lane state a thread; more blocks an SM, where the end of row and the aggregation weigh
+    most). On an H100, random features (bench/RESULTS.md §1h): at N = 1024 the 32-wide tiles took 0.52 / 1.95 ms
+    at K = 9 / 32 against 0.63 / 2.65, and 1.01 against 0.77 ms at K = 16 (where 32 lanes leave most blocks to
+    the repair); at N = 16384, K = 9, 10.9 against 9.4 ms. The insertion rounds use 4 warps up to K = 16, 8 above,
+    and ``WARM``: the key tiles around each query block that set its rows' floors before the rounds
+    (:func:`select.merge_tile`): 4 for the blend rule, none otherwise. Entries can be overridden through
+    :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
-    chosen = _SELECTION.get()
-    lanes = num_neighbors not in ROUNDS_FOR_K if chosen == "auto" else chosen == "lanes"
-    return dict(BLOCK_M=64, BLOCK_N=max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
+    lanes = _SELECTION.get() != "rounds"
+    narrow = lanes and num_cols <= SMALL_MAP_COLS and (num_neighbors <= 9 or 16 < num_neighbors <= 32)
+    return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=8 if lanes or k_pad > 16 else 4, num_stages=2, LANES=lanes,
-                WARM=4 if blend and not lanes else 0)
+                num_warps=4 if narrow or (not lanes and k_pad <= 16) else 8, num_stages=3 if lanes else 2,
+                LANES=lanes, WARM=4 if blend and not lanes else 0)
 
 
 @functools.cache
@@ -132,20 +133,21 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     B, H, Nq, D = q.shape
     Nk, Dv = k.shape[2], v.shape[3]
     C_out = weight.shape[0]
-    cfg = fwd_config(num_neighbors, D, Dv, C_out, blend=blend is not None) | (config or {})
+    # the candidate columns: sampled keys, the blend's padded map, or every key
+    num_cols = candidates.shape[1] if candidates is not None else blend.num_cells if blend is not None else Nk
+    cfg = fwd_config(num_neighbors, D, Dv, C_out, num_cols, blend=blend is not None) | (config or {})
     block_m, block_n, k_pad = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["K_PAD"]
     out = torch.empty(B, C_out, Nq, device=q.device, dtype=q.dtype)
     idx = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.int64)
     a = torch.empty(B, H, Nq, num_neighbors, device=q.device, dtype=torch.float32)
     if candidates is not None:
-        cand, num_cols, stride_cb = candidates, candidates.shape[1], (candidates.stride(0)
-                                                                     if candidates.shape[0] > 1 else 0)
+        cand, stride_cb = candidates, candidates.stride(0) if candidates.shape[0] > 1 else 0
     else:
-        cand, num_cols, stride_cb = idx, Nk, 0  # any pointer: never read
+        cand, stride_cb = idx, 0  # any pointer: never read
     kinv = _inverse_key_norms(k) if similarity == "cosine" else a  # any pointer for dot: never read
     spatial, width, pad, mix = a, 1, 0, (0.0, 0.0)  # any pointer, no padding: not the blend rule
     if blend is not None:
-        num_cols, width, pad, num_splits = blend.num_cells, blend.width, blend.pad, 1  # one pass spans the map
+        width, pad, num_splits = blend.width, blend.pad, 1  # one pass spans the map
         spatial = spatial_profile(blend.window_size, max(blend.height, blend.width) + pad, q.device)
         mix = (1.0 - blend.alpha, float(blend.alpha))
     grid_m = triton.cdiv(Nq, block_m)
