@@ -44,14 +44,16 @@ def autocast_aware(fn: F) -> F:
         if dtype is None:
             return fn(*args, **kwargs)
 
-        casts: dict[int, Tensor] = {}  # one copy per tensor: q = k = v (a layer's own input) is cast once
+        casts: list[tuple[Tensor, Tensor]] = []  # (tensor, its copy): q = k = v (a layer's own input) is cast once
 
         def cast(x):
             if not (isinstance(x, Tensor) and x.dtype in _CASTABLE):
                 return x
-            if id(x) not in casts:
-                casts[id(x)] = x.to(dtype, memory_format=torch.contiguous_format)  # token-major rows
-            return casts[id(x)]
+            for tensor, copy in casts:  # by identity, not id(): torch.compile traces `is`, not id() of a tensor
+                if tensor is x:
+                    return copy
+            casts.append((x, x.to(dtype, memory_format=torch.contiguous_format)))  # token-major rows
+            return casts[-1][1]
 
         with torch.autocast(first.device.type, enabled=False):
             return fn(*map(cast, args), **{name: cast(x) for name, x in kwargs.items()})

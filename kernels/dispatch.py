@@ -45,6 +45,22 @@ def use_backend(backend: str) -> Iterator[None]:
         yield
 
 
+@torch.compiler.assume_constant_result  # a traced graph takes it as a constant (torch 2.11 traces no ContextVar)
+def _chosen_backend() -> str:
+    """The backend :func:`use_backend` chose for this thread or task, else the one :data:`BACKEND_ENV_VAR` names
+    (``"auto"``: neither chose one).
+
+    Raises:
+        ValueError: the environment variable names no backend.
+    """
+    backend = _CHOSEN.get()
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
+        if backend not in BACKENDS:
+            raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
 @torch.compiler.assume_constant_result  # a traced graph takes the answer as a constant
 def triton_available() -> bool:
     """Whether the fused kernel module imports (Triton installed and usable)."""
@@ -80,11 +96,7 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = _CHOSEN.get()
-    if backend == "auto":
-        backend = os.environ.get(BACKEND_ENV_VAR, "auto") or "auto"
-        if backend not in BACKENDS:
-            raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {backend!r}")
+        backend = _chosen_backend()
     runnable = triton_available() and triton_runs_on(device)
     if backend == "auto":
         return "triton" if runnable and unsupported is None and device.type == "cuda" else "reference"

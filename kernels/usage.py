@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
+
 __all__ = ["note_backend", "record_backends"]
 
 _RECORDING: ContextVar[set[str] | None] = ContextVar("convnn_backends_used", default=None)
@@ -30,7 +32,10 @@ def record_backends() -> Iterator[set[str]]:
 
 
 def note_backend(backend: str) -> None:
-    """Record that an aggregation ran on ``backend`` (``"triton"`` or ``"reference"``) if a block is recording."""
+    """Record that an aggregation ran on ``backend`` (``"triton"`` or ``"reference"``) if a block is recording;
+    a call traced by ``torch.compile`` or ``torch.export`` records nothing (a graph runs without Python)."""
+    if torch.compiler.is_compiling():
+        return
     used = _RECORDING.get()
     if used is not None:
         used.add(backend)
