@@ -42,6 +42,10 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # the names add() 
 _PARTIAL = ".part-"  # an entry being written: renamed to its id once complete (swept like an entry if left)
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 RUN_PREFIX = "run-"  # a server's run folder in the work dir (claim_run_dir)
+# What servers wrote straight into the work dir before run folders (deleted when a server starts, claim_run_dir):
+# sessions/ and gradio/ (the sessions and Gradio's cache, be3fbd1 to 1072acc), a folder per session named by its
+# digest (1792aac), checkpoints/ and exports/ (cfac41a)
+_OLDER_LAYOUT = re.compile(r"sessions|gradio|checkpoints|exports|[0-9a-f]{32}")
 _LOCK_SUFFIX = ".lock"  # a run folder's lock: a file of its name and this suffix, beside it
 _held_runs: dict[Path, int] = {}  # run folders this process holds → the open descriptor of their lock
 
@@ -64,9 +68,11 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
     """This process's run folder ``work_dir/name`` (created if needed), locked for as long as the process lives (the
     lock is the file ``name.lock`` beside it), after deleting the run folders of processes that ended: their lock
     is free, as the kernel lets go of it however the process ended, ``kill -9`` included. Folders of runs still
-    going, and anything not named like a run folder, are left alone; a run folder with no lock (its process never
-    claimed it, only wrote Gradio's cache there) goes once the process its name gives has ended. Claiming a folder
-    this process holds again changes nothing.
+    going are left alone; a run folder with no lock (its process never claimed it, only wrote Gradio's cache there)
+    goes once the process its name gives has ended. The folders servers wrote before run folders, straight into
+    ``work_dir`` (``sessions/``, ``gradio/``, …: :data:`_OLDER_LAYOUT`), are deleted too; anything else, and a
+    symbolic link of any name, is left alone (nothing outside ``work_dir`` is followed). Claiming a folder this
+    process holds again changes nothing.
 
     Args:
         work_dir (str or Path): the folder that holds the run folders.
@@ -109,6 +115,10 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
                     lock.unlink()
             finally:
                 os.close(probe)
+    for older in work_dir.iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile, or not removable: the next start tries again
+            if _OLDER_LAYOUT.fullmatch(older.name) and older.is_dir() and not older.is_symlink():
+                shutil.rmtree(older)
     return run
 
 

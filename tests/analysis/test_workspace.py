@@ -183,21 +183,46 @@ def test_run_folders_of_ended_processes_are_deleted_when_the_next_starts(tmp_pat
     (tmp_path / "run-live").mkdir()
     held = os.open(tmp_path / "run-live.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock (another open file: the same test)
-    (tmp_path / "sessions").mkdir()  # not a run folder (an older layout, or someone else's): left alone
+    (tmp_path / "notes").mkdir()  # not a run folder (someone else's): left alone
     ended_pid = _ended_pid()
     (tmp_path / f"run-{ended_pid}-0" / "gradio").mkdir(parents=True)  # never claimed, its process ended
     (tmp_path / f"run-{os.getpid()}-1" / "gradio").mkdir(parents=True)  # never claimed, its process runs
     try:
         run = claim_run_dir(tmp_path, "run-mine")
-        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-live", "run-live.lock",
-                                                               "run-mine", "run-mine.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", f"run-{os.getpid()}-1", "run-live",
+                                                               "run-live.lock", "run-mine", "run-mine.lock"]
         assert claim_run_dir(tmp_path, "run-mine") == run == tmp_path / "run-mine"  # held already: unchanged
         os.close(held)  # the live process ends
         claim_run_dir(tmp_path, "run-next")
-        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-mine", "run-mine.lock",
-                                                               "run-next", "run-next.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", f"run-{os.getpid()}-1", "run-mine",
+                                                               "run-mine.lock", "run-next", "run-next.lock"]
     finally:
         for path in (tmp_path / "run-mine", tmp_path / "run-next"):
             os.close(workspace_module._held_runs.pop(path))
     with pytest.raises(ValueError, match="not a run folder's name"):
         claim_run_dir(tmp_path, "../run-x")
+
+
+def test_the_folders_of_the_layout_before_run_folders_are_deleted_when_a_server_starts(tmp_path):
+    """sessions/ and gradio/, written straight into the work dir before run folders, were never swept and kept
+    their uploads on disk for good. They go at the next start; a symbolic link of their name is not followed, and
+    what the app never wrote stays."""
+    work = tmp_path / "convnn-explorer"
+    old_files = {work / "sessions" / ("a" * 32) / "uploads" / ("b" * 32) / "checkpoint.safetensors": 300,
+                 work / "gradio" / ("c" * 64) / "photo.jpg": 200, work / ("d" * 32) / "exports" / "e" / "q.json": 10}
+    for path, size in old_files.items():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x" * size)
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "data.bin").write_bytes(b"y" * 50)
+    (work / "checkpoints").symlink_to(outside, target_is_directory=True)  # a link: not followed, left alone
+    (work / "exports").write_text("a file, not a folder this app wrote")
+    (work / "notes").mkdir()
+    try:
+        claim_run_dir(work, "run-mine")
+        assert sorted(p.name for p in work.iterdir()) == ["checkpoints", "exports", "notes", "run-mine",
+                                                          "run-mine.lock"]
+        assert files_under(outside) == [outside / "keep" / "data.bin"] and (work / "checkpoints").is_symlink()
+    finally:
+        os.close(workspace_module._held_runs.pop(work / "run-mine"))
