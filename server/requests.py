@@ -3,13 +3,16 @@
 It refuses a request body larger than a limit from its declared length, before any of it is read or stored: a
 server's per-file upload limit does not bound a request of many files. On the upload routes it also holds the
 body's length in the workspace's byte bound (:class:`analysis.Workspace`) while the request runs, and refuses the
-request (507) when the bound has no room for it. Plain ASGI: no Gradio attribute is read here.
+request (507) when the bound has no room for it; once stored, what the upload added on disk stays charged, read from
+the paths the route answers (Gradio's ``/upload`` answers the JSON list of the files it stored). Plain ASGI: no
+Gradio attribute is read here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 from collections.abc import Callable, Iterable
 
 from analysis import Workspace
@@ -34,8 +37,10 @@ class RequestSizeLimit:
     A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound and in its
     visitor's share (:meth:`Workspace.reserve`, :func:`server.visitor`) until it is answered, and is answered 507
     with the workspace's message when either has no room for it: uploads beyond them are refused before they are
-    stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files); one that meets a full disk
-    is answered 507 with a message. Its body must then keep
+    stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files) by what it added on disk:
+    the files its answer names (a JSON list of paths), each once, so a file Gradio already held (identical contents
+    are kept once) adds nothing; an answer that names none is charged its declared length. One that meets a full
+    disk is answered 507 with a message. Its body must then keep
     arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
     :data:`UPLOAD_MIN_BYTES_PER_S` in all, the application is told the client left (``http.disconnect``) and the
     room is let go, so connections that declare a large body and send none cannot hold the bound for everyone.
@@ -82,11 +87,13 @@ class RequestSizeLimit:
         if release is None:
             await self.app(scope, receive, send)
             return
-        arrival, started = _Arrival(receive, int(length)), []
+        arrival, started, answer = _Arrival(receive, int(length)), [], []
 
         async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
                 started.append(message["status"])
+            elif message["type"] == "http.response.body":
+                answer.append(message.get("body", b""))
             await send(message)
 
         try:
@@ -102,7 +109,16 @@ class RequestSizeLimit:
             else:
                 raise
         finally:
-            release(started[:1] == [200])
+            release(started[:1] == [200], _stored_files(b"".join(answer)))
+
+
+def _stored_files(answer: bytes) -> list[str] | None:
+    """The paths an upload's answer names (a JSON list of strings), or None if it names none that way."""
+    try:
+        files = json.loads(answer)
+    except ValueError:
+        return None
+    return files if isinstance(files, list) and all(isinstance(path, str) for path in files) else None
 
 
 async def _answer(send: Callable, status: int, text: str) -> None:

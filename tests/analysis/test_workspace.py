@@ -105,8 +105,8 @@ def test_the_count_is_kept_as_it_changes_not_walked_per_write(tmp_path, monkeypa
     (cache / "old.png").write_bytes(b"x" * 50)
     workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache])
     walks = []
-    real = workspace_module._folder_bytes
-    monkeypatch.setattr(workspace_module, "_folder_bytes", lambda folder: walks.append(folder) or real(folder))
+    real = workspace_module._folder_files
+    monkeypatch.setattr(workspace_module, "_folder_files", lambda folder: walks.append(folder) or real(folder))
     entry = workspace.add("alice", EXPORTS, {"a.json": b"x" * 100})
     workspace.reserve(300, "alice")(True)  # an upload of 300 bytes declared, stored in Gradio's cache
     workspace.reserve(200, "alice")(False)  # one refused by Gradio: nothing stays charged
@@ -117,6 +117,27 @@ def test_the_count_is_kept_as_it_changes_not_walked_per_write(tmp_path, monkeypa
     workspace.sweep()
     assert workspace.used_bytes() == 330 and walks == [cache]  # the sweep walks the cache (and the entries: none)
     assert workspace.visitor_bytes("alice") == 300  # kept as long as Gradio keeps the upload
+
+
+def test_a_stored_upload_is_charged_by_the_files_it_added_each_once(tmp_path):
+    """Each upload was charged its declared length, though Gradio keeps identical files once: the same file
+    uploaded again filled the count (and the visitor's share) with bytes that were never on disk."""
+    cache = tmp_path / "gradio"
+    (cache / "0f").mkdir(parents=True)
+    walked, new = cache / "0f" / "seen.png", cache / "0f" / "new.png"
+    walked.write_bytes(b"x" * 400)
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache], share_bytes=1000)
+    new.write_bytes(b"y" * 250)  # what an upload of 300 bytes declared stored
+    workspace.reserve(300, "alice")(True, [str(new)])
+    workspace.reserve(300, "alice")(True, [str(new)])  # the same file again: in place, nothing added
+    workspace.reserve(500, "bob")(True, [str(walked)])  # a file the walk counted already
+    workspace.reserve(100, "bob")(True, [str(cache / "gone.png")])  # one deleted meanwhile
+    assert workspace.visitor_bytes("alice") == 250 and workspace.visitor_bytes("bob") == 0
+    assert workspace.used_bytes() == 650
+    workspace.reserve(700, "carol")(True)  # an answer that names no files: its declared length
+    assert workspace.visitor_bytes("carol") == 700 and workspace.used_bytes() == 1350
+    workspace.sweep()
+    assert workspace.used_bytes() == 650 and workspace.visitor_bytes("alice") == 250
 
 
 def test_a_visitor_past_their_share_is_refused_naming_it_and_others_are_not(tmp_path):
