@@ -198,3 +198,36 @@ def test_an_upload_is_charged_what_it_adds_on_disk_and_a_file_gradio_holds_alrea
     assert len(list(cache.glob("*/photo.png"))) == 2
     workspace.sweep()  # the walk finds what was counted
     assert workspace.used_bytes() == 2000 and workspace.visitor_bytes("10.0.0.66") == 2000
+
+
+def test_a_page_load_with_a_link_too_long_to_read_is_sent_to_the_page_without_it():
+    """The page sends its link again with each request it makes, re-encoded by Gradio's client (URLSearchParams: a
+    comma as %2C): a link of 15 KB passed the address bound, then every one of the page's requests was refused."""
+    from urllib.parse import parse_qsl, urlencode
+
+    from analysis import MAX_LINK_BYTES
+
+    limit = RequestSizeLimit(None, max_bytes=2**20, page_paths=["/"])
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    def get(path: str, query: bytes) -> tuple[int, dict]:
+        sent.clear()
+        limit.app = app
+        scope = {"type": "http", "method": "GET", "path": path, "query_string": query, "headers": []}
+        run_coroutine(limit(scope, None, send))
+        return sent[0]["status"], dict(sent[0]["headers"])
+
+    link = b"compare=" + b",".join([b"cnn-l0"] * 2200)  # 15,407 bytes
+    status, headers = get("/", link)
+    assert status == 303 and headers[b"location"] == b"?link_too_long=15407"
+    assert get("/gradio_api/queue/join", link)[0] == 200  # not a page load: read as before (under 16 KB)
+    longest = b"compare=" + b"," * (MAX_LINK_BYTES - 8)  # the longest link read, at its most re-encoded
+    assert get("/", longest)[0] == 200
+    resent = "/gradio_api/queue/join?" + urlencode(parse_qsl(longest.decode()))  # what the page sends with it
+    assert len(resent) == 6_151 < requests.MAX_URL_BYTES // 2  # room for the Referer in uvicorn's 16 KB head
