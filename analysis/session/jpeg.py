@@ -30,6 +30,7 @@ _NO_SEGMENT = frozenset({0x01, *range(0xD0, 0xDA)})  # TEM, RSTn, SOI, EOI: mark
 # What may come after a scan within one picture (ITU T.81 B.2.4, B.6): tables (DHT, DAC, DQT), DNL, DRI, the next
 # scan, a comment, application data; any other marker (EOI, normally) ends the picture
 _BETWEEN_SCANS = frozenset({0xC4, 0xCC, 0xDB, 0xDC, 0xDD, _SOS, 0xFE, *range(0xE0, 0xF0)})
+_FILL = re.compile(rb"\xff+")  # a marker's 0xFF, and any fill bytes before it
 _SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7]")  # in entropy-coded data, the 0xFF of the marker after it (0xFF 0x00
 #                                                    is a data byte, RSTn a restart within the scan)
 _PROBE = bytes(range(1, 255)) * 4  # put where a picture's data ends (cut_short): no 0xFF, so neither a marker nor a
@@ -53,11 +54,10 @@ def _markers(data: mmap.mmap | bytes) -> Iterator[tuple[int, int]]:
     or where a marker should start and does not (a damaged or cut file)."""
     pos = len(_SOI)
     while True:
-        start = pos
-        while pos < len(data) and data[pos] == 0xFF:  # the marker's 0xFF, and any fill bytes before it
-            pos += 1
-        if pos == start or pos == len(data):
+        fill = _FILL.match(data, pos)
+        if fill is None or fill.end() == len(data):
             return
+        pos = fill.end()
         marker = data[pos]
         yield marker, pos - 1
         pos += 1
