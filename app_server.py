@@ -47,18 +47,20 @@ def default_workspace() -> an.Workspace:
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
            max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None) -> tuple:
     """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
-    page through Gradio's cache); files up to ``max_upload_mb``, request bodies up to that plus REQUEST_SLACK_MB,
-    uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every FILE_SWEEP_S
-    while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the
-    documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data
-    URIs, kept in the work dir; answers in JSON); their calls go through the same queue and admission.
+    page through Gradio's cache); the page's link up to :data:`analysis.MAX_LINK_BYTES` (a longer one is sent to the
+    page without it: :class:`server.RequestSizeLimit`); files up to ``max_upload_mb``, request bodies up to that plus
+    REQUEST_SLACK_MB, uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every
+    FILE_SWEEP_S while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server
+    also offers the documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`:
+    images as data URIs, kept in the work dir; answers in JSON); their calls go through the same queue and
+    admission.
 
     Returns:
         tuple: what :meth:`gradio.Blocks.launch` returns (the app, its local URL, its share URL).
     """
     workspace = workspace or default_workspace()
     size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
-                            workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"])
+                            workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"], page_paths=["/"])
     app_kwargs = {"middleware": [size_limit],
                   "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
     with app_mcp.serving(mcp_schema or {}):

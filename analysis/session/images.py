@@ -42,6 +42,7 @@ from convnn import ModelCard
 from convnn.data import CIFAR10_MEAN, preprocess_image, resize_image
 
 from .caching import bounded_cache
+from .jpeg import cut_short, scans_keep_coefficients
 from .memory import trim_heap
 
 pillow_heif.register_heif_opener()  # HEIC/HEIF (phone photos) then open through Image.open like any other format
@@ -115,6 +116,8 @@ _PIXEL_LIMIT = (f"images of up to {MAX_IMAGE_PIXELS:,} px (about {MAX_IMAGE_PIXE
 _SIXTEEN_BIT_NOTE = "a 16-bit image, reduced to 8 bits per pixel"
 _TRANSPARENT_NOTE = "transparent pixels were composited onto white (the model sees white there)"
 _LAB_NOTE = "its CIE L*a*b* colours were converted to sRGB"
+_CUT_SHORT_NOTE = ("the file is cut off: its picture data ends early, so the part of the picture after the cut is "
+                   "not the photo's (the decoder fills it in grey, or blurred)")
 # What Pillow's and its plugins' decoders raise for a damaged file besides OSError (SyntaxError: a PNG's eXIf chunk
 # that is not TIFF; RuntimeError: AVIF/HEIF decoders; IndexError: QOI; NotImplementedError: DDS variants)
 _DECODER_ERRORS = (SyntaxError, RuntimeError, IndexError, NotImplementedError, EOFError, KeyError, TypeError,
@@ -130,7 +133,7 @@ class InputImage:
         digest (str): sha256 of the pixels and shape; the image's cache key.
         note (str): what was done on arrival, clauses joined by "; " (e.g. "downscaled from 6000×4000 to 1024×683
             px", "a 16-bit image, reduced to 8 bits per pixel", transparency composited onto white, only the first
-            of several frames used, a far-from-square shape), or "".
+            of several frames used, a JPEG cut off, a far-from-square shape), or "".
     """
 
     pixels: np.ndarray
@@ -322,46 +325,6 @@ def _accept(image: Image.Image, size: tuple[int, int], notes: list[str]) -> Inpu
     return InputImage(pixels, digest, "; ".join(filter(None, [*notes, depth_note, alpha_note])))
 
 
-_JPEG_SEGMENTS_READ = 10_000  # marker segments walked before a JPEG's first scan; past it, counted as many scans
-_JPEG_PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})  # SOF markers of progressive frames
-
-
-def _jpeg_scans_keep_coefficients(path: str) -> bool:
-    """Whether libjpeg must keep every coefficient of the JPEG at ``path`` while it decodes it, whatever the draft
-    scale: a progressive frame, or a first scan holding fewer components than the frame (each component, or
-    group, then comes in a scan of its own; Pillow marks only the progressive case). Reads the marker segments up to
-    the first start of scan, skipping the others (an EXIF thumbnail's scans included) by their lengths."""
-    components = None
-    with open(path, "rb") as file:
-        if file.read(2) != b"\xff\xd8":
-            return False
-        for _ in range(_JPEG_SEGMENTS_READ):
-            byte = file.read(1)
-            while byte == b"\xff":  # fill bytes before a marker
-                byte = file.read(1)
-            if not byte:
-                return False  # truncated: Pillow's message says so
-            marker = byte[0]
-            if marker == 0x01 or 0xD0 <= marker <= 0xD7:
-                continue  # markers without a segment
-            header = file.read(2)
-            if len(header) < 2:
-                return False
-            length = struct.unpack(">H", header)[0]
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a start of frame
-                if marker in _JPEG_PROGRESSIVE_FRAMES:
-                    return True
-                frame = file.read(6)
-                components = frame[5] if len(frame) == 6 else None
-                file.seek(length - 2 - len(frame), 1)
-            elif marker == 0xDA:  # the first start of scan: its component count
-                scan = file.read(1)
-                return bool(scan) and components is not None and scan[0] < components
-            else:
-                file.seek(length - 2, 1)
-    return True
-
-
 @contextlib.contextmanager
 def _decoding(image: Image.Image, name: str, full_size: tuple[int, int]) -> Iterator[None]:
     """The block that decodes ``image`` (opened, its draft scale chosen) and reduces it: a large decode (more than
@@ -376,7 +339,7 @@ def _decoding(image: Image.Image, name: str, full_size: tuple[int, int]) -> Iter
             file (``name``) and its size.
     """
     several_scans = (image.format in ("JPEG", "MPO") and isinstance(getattr(image, "filename", None), str)
-                     and _jpeg_scans_keep_coefficients(image.filename))
+                     and scans_keep_coefficients(image.filename))
     width, height = full_size if several_scans else image.size
     if width * height <= LARGE_DECODE_PIXELS:
         yield
@@ -407,10 +370,11 @@ def _accept_file(image: Image.Image, name: str) -> InputImage:
     width, height = image.size
     _check_pixels(width, height, name)  # Pillow checked too, unless another library lifted its limit
     factor = _reduction_factor(width, height)
-    if factor > 1:
+    draft = (-(-width // factor), -(-height // factor)) if factor > 1 else None
+    if draft is not None:
         # JPEG: decode at 1/2, 1/4 or 1/8 scale (at most 1/factor); HEIF: decode an embedded thumbnail instead if
         # one is at least that large; other formats: no effect
-        image.draft(None, (-(-width // factor), -(-height // factor)))
+        image.draft(None, draft)
     notes = []
     try:
         with _decoding(image, name, (width, height)):
@@ -425,6 +389,8 @@ def _accept_file(image: Image.Image, name: str) -> InputImage:
                 image.load()  # decodes (at the reduced scale)
             except ValueError as err:  # how pillow_heif reports a corrupt or truncated HEIF (Pillow raises OSError)
                 raise _unreadable(name, err) from err
+            if image.format in ("JPEG", "MPO") and cut_short(image, draft):  # decoded, but not all from the file
+                notes.append(_CUT_SHORT_NOTE)
             ImageOps.exif_transpose(image, in_place=True)  # HEIF: libheif has applied its rotation already and
             #                                                pillow_heif reset the EXIF tag, so nothing turns twice
             return _accept(image, (height, width) if turned else (width, height), notes)

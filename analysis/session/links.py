@@ -25,8 +25,8 @@ from .models import LoadedModel
 from .selections import resolve_options
 from .state import Query, ViewState, check_number, compare_list, field_values, knob_names, settings
 
-__all__ = ["LESSON_END", "LINK_FIELDS", "LessonStep", "OpenedLink", "echo", "fit_to_model", "lesson_step",
-           "link_fields", "link_query", "open_link", "parse_link", "write_link"]
+__all__ = ["LESSON_END", "LINK_FIELDS", "LINK_TOO_LONG", "MAX_LINK_BYTES", "LessonStep", "OpenedLink", "echo",
+           "fit_to_model", "lesson_step", "link_fields", "link_query", "open_link", "parse_link", "write_link"]
 
 LESSON_END = "The lesson's last step: pick another lesson in the list, or explore from here."
 
@@ -38,6 +38,10 @@ def link_fields(state: ViewState | type = ViewState) -> dict[str, str]:
 
 
 LINK_FIELDS = link_fields()  # the explorer's
+MAX_LINK_BYTES = 2048  # a link's query string, at most: one the page writes is a few hundred bytes; the page sends
+#                        it again with each request it makes, re-encoded (up to 3× as long) and as the Referer, so a
+#                        longer one is not served (server.RequestSizeLimit) …
+LINK_TOO_LONG = "link_too_long"  # … but sent to the page with this field in its place: how long it was, in bytes
 MAX_VALUE_CHARS = 120  # a longer value is refused unread (names here are short; a link is typed or pasted)
 _TEXT = re.compile(r"[A-Za-z0-9_.:\-]+")  # model stems, example names, layer paths, tab names
 _NAMES = re.compile(r"[A-Za-z0-9_.:\-]+(,[A-Za-z0-9_.:\-]+)*")  # compare mode's models
@@ -67,10 +71,11 @@ def parse_link(params: Mapping[str, object], fields: Mapping[str, str] = LINK_FI
         tuple[dict, list[str]]: the fields read (``{"model": "cnn-l0.5", "row": 10, "alpha": 0.25, "compare":
         ["cnn-l0", "cnn-l1"], …}``, absent fields left out) and, for each unknown name or unreadable value, a
         message naming it (the unknown names in one message: at most :data:`MAX_UNKNOWN_NAMED` echoed, the rest
-        counted, so the messages are bounded however many names a link holds). The messages are shown as markup
-        in the page: a name or value is echoed (:func:`echo`) only when it is plain (letters, digits, ``_.:-``,
-        at most 40 characters), as a code span; anything else is described, not shown. Gradio's own fields
-        (``__theme``, ``view``) and trackers' (``utm_*``, ``fbclid``, ``gclid``) are passed over.
+        counted, so the messages are bounded however many names a link holds; :data:`LINK_TOO_LONG`, which the
+        server puts in place of a link longer than :data:`MAX_LINK_BYTES`, a message saying so). The messages are
+        shown as markup in the page: a name or value is echoed (:func:`echo`) only when it is plain (letters,
+        digits, ``_.:-``, at most 40 characters), as a code span; anything else is described, not shown. Gradio's
+        own fields (``__theme``, ``view``) and trackers' (``utm_*``, ``fbclid``, ``gclid``) are passed over.
     """
     values: dict[str, str | int | float | list[str]] = {}
     problems: list[str] = []
@@ -78,6 +83,10 @@ def parse_link(params: Mapping[str, object], fields: Mapping[str, str] = LINK_FI
     for name, raw in params.items():
         kind = fields.get(name)
         if kind is None and isinstance(name, str) and _IGNORED.fullmatch(name):
+            continue
+        if name == LINK_TOO_LONG:
+            problems.append(f"the link was too long to read ({echo(raw)} bytes; a link to the explorer is at most "
+                            f"{MAX_LINK_BYTES:,}, one the page writes far shorter): check where it came from")
             continue
         if kind is None:
             unknown.append(name)

@@ -249,17 +249,27 @@ def _trace(loaded: LoadedModel, image: InputImage, draw: int) -> Trace:
     return trace
 
 
-def check_finite(loaded: LoadedModel, values: dict[str, Tensor]) -> None:
+def check_finite(loaded: LoadedModel, values: dict[str, Tensor], on_image: bool = True) -> None:
     """Refuse an answer of ``loaded`` holding an inf or NaN: ``values`` (what it is → the numbers), checked in order.
+    The one check every answer's numbers pass: the recorded forward pass each view of an image starts from
+    (:func:`trace_image`), and the numbers computed beside it (the weights view, an attribution's own passes, the
+    other eval draws).
+
+    Args:
+        loaded (LoadedModel): the model answering.
+        values (dict[str, Tensor]): what each tensor is (named in the message) → the tensor; integer ones pass.
+        on_image (bool): whether the numbers were computed on an image (then its colours and the card's mean/std may
+            be the cause, and the message says so) rather than from the weights alone. Default: True
 
     Raises:
         ValueError: the first that is not finite, named with the model: the answer is refused, not shown.
     """
+    where, cause = ((" on this image", "its weights or its card's mean/std overflow float32 on these colours")
+                    if on_image else ("", "its weights overflow float32"))
     for what, value in values.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{loaded.card.name} gives numbers that are not finite (inf or NaN) on this image, in "
-                             f"{what}: its weights or its card's mean/std overflow float32 on these colours, so its "
-                             "answers are refused")
+            raise ValueError(f"{loaded.card.name} gives numbers that are not finite (inf or NaN){where}, in {what}: "
+                             f"{cause}, so its answers are refused")
 
 
 def top_classes(loaded: LoadedModel, image: InputImage, count: int = TOP_CLASSES, draw: int = 0

@@ -42,6 +42,10 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # the names add() 
 _PARTIAL = ".part-"  # an entry being written: renamed to its id once complete (swept like an entry if left)
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 RUN_PREFIX = "run-"  # a server's run folder in the work dir (claim_run_dir)
+# What servers wrote straight into the work dir before run folders (deleted when a server starts, claim_run_dir):
+# sessions/ and gradio/ (the sessions and Gradio's cache, be3fbd1 to 1072acc), a folder per session named by its
+# digest (1792aac), checkpoints/ and exports/ (cfac41a)
+_OLDER_LAYOUT = re.compile(r"sessions|gradio|checkpoints|exports|[0-9a-f]{32}")
 _LOCK_SUFFIX = ".lock"  # a run folder's lock: a file of its name and this suffix, beside it
 _held_runs: dict[Path, int] = {}  # run folders this process holds → the open descriptor of their lock
 
@@ -50,23 +54,30 @@ def _mb(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.1f} MB"
 
 
-def _folder_bytes(folder: Path) -> int:
-    """Bytes held by the files under ``folder`` now (none if it does not exist; a file deleted meanwhile counts 0)."""
-    total = 0
+def _folder_files(folder: Path) -> dict[Path, int]:
+    """The files under ``folder`` now → their bytes (none if it does not exist; a file deleted meanwhile counts 0)."""
+    files = {}
     for path in folder.rglob("*"):
         with contextlib.suppress(OSError):
             if path.is_file():
-                total += path.stat().st_size
-    return total
+                files[path] = path.stat().st_size
+    return files
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes held by the files under ``folder`` now (:func:`_folder_files`)."""
+    return sum(_folder_files(folder).values())
 
 
 def claim_run_dir(work_dir: str | Path, name: str) -> Path:
     """This process's run folder ``work_dir/name`` (created if needed), locked for as long as the process lives (the
     lock is the file ``name.lock`` beside it), after deleting the run folders of processes that ended: their lock
     is free, as the kernel lets go of it however the process ended, ``kill -9`` included. Folders of runs still
-    going, and anything not named like a run folder, are left alone; a run folder with no lock (its process never
-    claimed it, only wrote Gradio's cache there) goes once the process its name gives has ended. Claiming a folder
-    this process holds again changes nothing.
+    going are left alone; a run folder with no lock (its process never claimed it, only wrote Gradio's cache there)
+    goes once the process its name gives has ended. The folders servers wrote before run folders, straight into
+    ``work_dir`` (``sessions/``, ``gradio/``, …: :data:`_OLDER_LAYOUT`), are deleted too; anything else, and a
+    symbolic link of any name, is left alone (nothing outside ``work_dir`` is followed). Claiming a folder this
+    process holds again changes nothing.
 
     Args:
         work_dir (str or Path): the folder that holds the run folders.
@@ -109,6 +120,10 @@ def claim_run_dir(work_dir: str | Path, name: str) -> Path:
                     lock.unlink()
             finally:
                 os.close(probe)
+    for older in work_dir.iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile, or not removable: the next start tries again
+            if _OLDER_LAYOUT.fullmatch(older.name) and older.is_dir() and not older.is_symlink():
+                shutil.rmtree(older)
     return run
 
 
@@ -150,8 +165,8 @@ class Workspace:
         counted (Iterable[str or Path]): other folders whose files count against ``max_bytes`` (Gradio's cache),
             written by others, who hold room first (:meth:`reserve`); never written or swept here, and not inside
             ``root``. Default: none
-        share_bytes (int, optional): most bytes one visitor's entries, room held and stored uploads of the last
-            ``max_age_s`` may hold together. Default: None (``max_bytes``)
+        share_bytes (int, optional): most bytes one visitor's entries, room held and what its uploads of the last
+            ``max_age_s`` added on disk may hold together. Default: None (``max_bytes``)
 
     Sessions are strings (Gradio's session hash); ``None`` is the one session of callers that have none (a direct
     Python call). A visitor is who the server says sent a request (:func:`server.visitor`); a write that names
@@ -168,9 +183,9 @@ class Workspace:
         self._lock = threading.Lock()  # held by every write, open, sweep and change of the counts
         self._entries: dict[Path, tuple[str, int]] = {}  # entry folder → (its visitor, its bytes)
         self._entry_bytes = 0  # their sum
-        self._counted_bytes = 0  # the counted folders' bytes at the last walk
-        self._stored: collections.deque = collections.deque()  # (time, visitor, bytes) of uploads stored there
-        self._stored_bytes = 0  # … the sum of those since the last walk
+        self._counted_paths: set[Path] = set()  # the counted folders' files at the last walk and stored since
+        self._counted_bytes = 0  # … their bytes (or, for uploads whose files were not named, the bytes declared)
+        self._stored: collections.deque = collections.deque()  # (time, visitor, bytes) uploads added there
         self._reserved: collections.Counter = collections.Counter()  # visitor → bytes held by reserve()
         self._charged: collections.Counter = collections.Counter()  # visitor → its entries' and stored uploads' bytes
         self._recount()
@@ -187,17 +202,18 @@ class Workspace:
         self._entry_bytes = sum(size for _, size in self._entries.values())
         for visitor, size in self._entries.values():
             self._charged[visitor] += size
-        self._counted_bytes = sum(_folder_bytes(folder) for folder in self.counted)
-        self._stored_bytes = 0
+        counted = {path: size for folder in self.counted for path, size in _folder_files(folder).items()}
+        self._counted_paths, self._counted_bytes = set(counted), sum(counted.values())
 
     def used_bytes(self) -> int:
         """Bytes held by the files under :attr:`root` and the ``counted`` folders, as counted: each entry as written,
-        the counted folders as walked by the last sweep plus the uploads stored there since."""
+        the counted folders as walked by the last sweep plus what the uploads stored there since added."""
         with self._lock:
-            return self._entry_bytes + self._counted_bytes + self._stored_bytes
+            return self._entry_bytes + self._counted_bytes
 
     def visitor_bytes(self, visitor: str) -> int:
-        """Bytes charged to ``visitor`` now: its entries, room held and uploads stored in the last ``max_age_s``."""
+        """Bytes charged to ``visitor`` now: its entries, room held and what its uploads of the last ``max_age_s``
+        added on disk."""
         with self._lock:
             return self._visitor_bytes(visitor, time.time())
 
@@ -216,24 +232,28 @@ class Workspace:
             raise ValueError(f"each visitor may keep at most {_mb(self.share_bytes)} of uploads and exports on the "
                              f"server, and you hold {_mb(mine)} now, too much for {_mb(size)} more: try again later "
                              f"(files are deleted {self.max_age_s / 60:.0f} min after their last use)")
-        held = self._entry_bytes + self._counted_bytes + self._stored_bytes + sum(self._reserved.values())
+        held = self._entry_bytes + self._counted_bytes + sum(self._reserved.values())
         if held + size > self.max_bytes:
             self._sweep(now)
-            held = self._entry_bytes + self._counted_bytes + self._stored_bytes + sum(self._reserved.values())
+            held = self._entry_bytes + self._counted_bytes + sum(self._reserved.values())
         if held + size > self.max_bytes:
             raise ValueError(f"the server keeps at most {_mb(self.max_bytes)} of uploads and exports and holds "
                              f"{_mb(held)} now, too much for {_mb(size)} more: try again later (files are deleted "
                              f"{self.max_age_s / 60:.0f} min after their last use)")
 
-    def reserve(self, size: int, visitor: str = "") -> Callable[[bool], None]:
+    def reserve(self, size: int, visitor: str = "") -> Callable[..., None]:
         """Hold ``size`` bytes of the bound and of ``visitor``'s share for files another writer is about to put in a
         ``counted`` folder (an upload Gradio is receiving), so that writers at the same time cannot together pass
-        either.
+        either: a request whose declared size does not fit is refused before its body is read.
 
         Returns:
-            Callable[[bool], None]: lets go of the room once the writer is done; call it once, with True if the
-            files were stored: then ``size`` stays charged to ``visitor`` for ``max_age_s`` (how long they are
-            kept) and to the bound until the next sweep counts them.
+            Callable[[bool, Iterable[str or PathLike] or None], None]: ``release(stored, files=None)`` lets go of
+            the room once the writer is done; call it once, with ``stored`` True if the files were stored. Then what
+            they added on disk stays charged to ``visitor`` for ``max_age_s`` (how long they are kept) and to the
+            bound until the next sweep counts them: each of ``files`` (the paths written) by its size on disk, but
+            none that is counted already (stored before, by anyone, or seen by the last sweep: Gradio keeps
+            identical contents once, in a folder named by their hash, so the same file uploaded again adds nothing);
+            without ``files``, the ``size`` held.
 
         Raises:
             ValueError: no room for ``size`` bytes in ``visitor``'s share (the message names the share) or in the
@@ -243,16 +263,28 @@ class Workspace:
             self._make_room(size, visitor)
             self._reserved[visitor] += size
 
-        def release(stored: bool = False) -> None:
+        def release(stored: bool = False, files: Iterable[str | os.PathLike] | None = None) -> None:
             with self._lock:
                 self._reserved[visitor] -= size
                 if not self._reserved[visitor]:
                     del self._reserved[visitor]
                 if stored:
-                    self._stored.append((time.time(), visitor, size))
-                    self._stored_bytes += size
-                    self._charged[visitor] += size
+                    added = size if files is None else self._count_new(files)
+                    self._counted_bytes += added
+                    self._stored.append((time.time(), visitor, added))
+                    self._charged[visitor] += added
         return release
+
+    def _count_new(self, files: Iterable[str | os.PathLike]) -> int:
+        """Add the ``files`` not counted yet to the counted paths; their bytes on disk (call with the lock)."""
+        added = 0
+        for path in map(Path, files):
+            if path in self._counted_paths:
+                continue
+            with contextlib.suppress(OSError):  # gone already: it adds nothing
+                added += path.stat().st_size
+                self._counted_paths.add(path)
+        return added
 
     def add(self, session: str | None, kind: str, files: Mapping[str, bytes | str | os.PathLike],
             visitor: str | None = None) -> Path:

@@ -29,7 +29,7 @@ from convnn.models import model_cost
 from ..session.caching import bounded_cache
 from ..session.images import InputImage, model_input
 from ..session.models import LoadedModel
-from ..session.traces import effective_draw, trace_image
+from ..session.traces import check_finite, effective_draw, trace_image
 
 __all__ = ["ATTRIBUTION_METHODS", "GRADIENT_NOTE", "Attribution", "attribution_map", "attribution_passes",
            "reporting_passes"]
@@ -103,7 +103,9 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
 
     Raises:
         ValueError: unknown method or class name, a model whose class count does not match its card, or a
-            ``draw`` that is not an integer ≥ 0.
+            ``draw`` that is not an integer ≥ 0; an attribution that is not finite (from passes on the occluded or
+            scaled image that overflow, where the image itself did not), refused naming the model
+            (:func:`~analysis.session.traces.check_finite`).
     """
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method must be one of {tuple(ATTRIBUTION_METHODS)}, got {method!r}")
@@ -121,8 +123,10 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         index = folded[0]
     x = model_input(image, loaded.card).to(loaded.device)
     with candidate_draw(draw):  # each pass draws as the model does in that draw (the copy keeps the key hook)
-        values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))
-    return Attribution(values[0].sum(0).detach().float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
+        values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))[0].sum(0).detach()  # (S, S)
+    check_finite(loaded, {f"the {ATTRIBUTION_METHODS[method]} attribution (its passes on the occluded or scaled "
+                          "image)": values})
+    return Attribution(values.float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
 
 
 @bounded_cache(_MODEL_COPIES)

@@ -31,6 +31,7 @@ from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
 from ..session.traces import (
     LayerInfo,
+    check_finite,
     effective_draw,
     knn_branch,
     layer_conv,
@@ -92,15 +93,19 @@ def aggregation_kernel(loaded: LoadedModel, layer: str) -> AggregationKernel:
     """The learned kernel of ``layer`` over rank slots.
 
     Raises:
-        ValueError: unknown layer, or an MHSA layer (no kernel).
+        ValueError: unknown layer, or an MHSA layer (no kernel); a kernel or norm that is not finite (weights whose
+            norms overflow float32 pass the load's check), refused naming the model
+            (:func:`~analysis.session.traces.check_finite`).
     """
     probe = loaded.probe(layer)
     weight, kind = _kernel_tensor(loaded, probe)
     weight = weight.float().cpu()  # (C_out, C_in / groups, K)
     signed = weight.shape[1] == 1
-    kernel = weight[:, 0] if signed else weight.norm(dim=1)
+    kernel, slot_norms = weight[:, 0] if signed else weight.norm(dim=1), weight.norm(dim=(0, 1))
+    check_finite(loaded, {f"the aggregation kernel of {layer}": kernel,
+                          f"the rank slots' norms of {layer}": slot_norms}, on_image=False)
     shape = " × ".join(str(s) for s in weight.shape)
-    return AggregationKernel(kernel.numpy(), weight.norm(dim=(0, 1)).numpy(), signed, f"{kind}, {shape}")
+    return AggregationKernel(kernel.numpy(), slot_norms.numpy(), signed, f"{kind}, {shape}")
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def test_phone_jpegs_are_decoded_at_a_reduced_scale_upright_and_downscaled(tmp_p
     monkeypatch.setattr(ImageFile.ImageFile, "load", recording_load)
 
     image = load_image(tmp_path / "phone.jpg")
-    assert decoded == [(width // draft_scale, height // draft_scale)]
+    eighth = (width // 8, height // 8)  # whether the file is cut short: it as is and probed (jpeg.cut_short)
+    assert decoded == [(width // draft_scale, height // draft_scale), eighth, eighth]  # never the full size
     shown_width = round(1024 * height / width)
     assert image.pixels.shape == (1024, shown_width, 3)
     top, bottom = image.pixels[:480].astype(int), image.pixels[-480:].astype(int)
@@ -192,6 +193,39 @@ def test_huge_arrays_are_accepted_and_downscaled_without_a_full_size_copy():
     assert peak < pixels.size  # bytes of a uint8 copy
     assert image.pixels.shape == (768, 1024, 3) and (image.pixels == 128).all()
     assert image.note == "downscaled from 12000×9000 to 1024×768 px"
+
+
+CUT_SHORT_NOTE = ("the file is cut off: its picture data ends early, so the part of the picture after the cut is not "
+                  "the photo's (the decoder fills it in grey, or blurred)")
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_jpeg_cut_off_says_so_in_its_note(tmp_path, progressive):
+    """A JPEG cut off, then closed with an end of image, was shown with no note: libjpeg fills in what is missing
+    (grey, or unrefined in a progressive file) and only warns, which Pillow does not pass on. Its note says so; the
+    whole file, one with bytes after its end, and an MPO whose side picture alone is cut, say nothing."""
+    rows, cols = np.mgrid[0:300, 0:400]
+    colours = np.stack([cols * 255 // 400, rows * 255 // 300, (rows + cols) % 256], -1)
+    picture = Image.fromarray(colours.astype(np.uint8))
+    picture.save(tmp_path / "whole.jpg", quality=90, progressive=progressive)
+    data = (tmp_path / "whole.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[:len(data) * 3 // 4] + b"\xff\xd9")  # its last quarter lost
+    (tmp_path / "trailing.jpg").write_bytes(data + b"\x00 bytes after the end \xff\xd9")
+    picture.save(tmp_path / "side.mpo", format="MPO", quality=90, progressive=progressive, save_all=True,
+                 append_images=[picture.resize((40, 30))])
+    (tmp_path / "side.mpo").write_bytes((tmp_path / "side.mpo").read_bytes()[:-100])
+    whole, cut = load_image(tmp_path / "whole.jpg"), load_image(tmp_path / "cut.jpg")
+    assert cut.note == CUT_SHORT_NOTE
+    assert [load_image(tmp_path / name).note for name in ("whole.jpg", "trailing.jpg", "side.mpo")] == ["", "", ""]
+    np.testing.assert_array_equal(load_image(tmp_path / "side.mpo").pixels, whole.pixels)
+    off = np.abs(cut.pixels.astype(int) - whole.pixels.astype(int)).max(axis=2)  # how far from the photo, per pixel
+    if progressive:  # its last quarter refined what the first scans drew: all the photo's, less sharp
+        assert off.mean() > 0.5 and off.max() < 64
+    else:  # a sequential file's blocks after the cut are filled grey
+        assert off[:200].max() == 0 and np.abs(cut.pixels[-20:].astype(int) - 128).max() <= 2
+    (tmp_path / "cut.jpg").write_bytes(data[:len(data) * 3 // 4])  # no end of image: libjpeg stops, Pillow refuses
+    with pytest.raises(ValueError, match=r"^cut\.jpg could not be read as an image \(truncated or corrupt file\?\)"):
+        load_image(tmp_path / "cut.jpg")
 
 
 def test_a_truncated_heic_is_a_clear_error_naming_the_file(tmp_path):

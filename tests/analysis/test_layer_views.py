@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
 import numpy as np
 import pytest
+import torch
 
 from analysis import (
     RuleOptions,
@@ -15,6 +17,7 @@ from analysis import (
     attribution_map,
     branch_mix,
     conv_equivalence,
+    load_model,
     neighbor_contributions,
     receptive_field,
     receptive_fields,
@@ -25,6 +28,7 @@ from analysis import (
 )
 from analysis.rendering import figures
 from analysis.views import spectrum
+from convnn import save_checkpoint
 from tests.tolerances import FP32_EXACT
 
 EQUIVALENCE_TOL = FP32_EXACT["atol"]  # METHOD §4: fp32 ≤ 1e-5
@@ -397,3 +401,38 @@ def test_every_view_of_an_image_refuses_numbers_that_are_not_finite_naming_the_m
             view()
             pytest.fail(f"{name} answered")
     assert top_classes(small, fresh_image)  # the same weights with their own card answer
+
+
+def test_a_weights_view_whose_norms_overflow_is_refused_naming_the_model(load_small, tmp_path):
+    """A checkpoint whose ConvNN Conv1D weights are scaled by 1e20 loads (on a mid-grey image its forward pass stays
+    finite), but the weights view drew inf for the layer's kernel and rank slots' norms."""
+    small = load_small("cnn-l0.5")
+    layer = "stages.2.0.conv1"
+    model = copy.deepcopy(small.model)
+    model.get_submodule(layer).knn.weight.data.mul_(1e20)  # ≈ 8e18 at most: finite, but their squares are not
+    save_checkpoint(model, tmp_path / "scaled", dataclasses.replace(small.card, name="scaled"))
+    loaded = load_model(tmp_path / "scaled.json")
+    with pytest.raises(ValueError, match=r"^scaled gives numbers that are not finite \(inf or NaN\), in the "
+                                         r"aggregation kernel of stages\.2\.0\.conv1: its weights overflow float32, "
+                                         r"so its answers are refused$"):
+        aggregation_kernel(loaded, layer)
+    first = aggregation_kernel(loaded, "stages.0.0.conv1")  # the layers left as they were answer as before
+    np.testing.assert_array_equal(first.kernel, aggregation_kernel(small, "stages.0.0.conv1").kernel)
+
+
+def test_an_attribution_whose_own_passes_overflow_is_refused_naming_the_model(load_small, fresh_image):
+    """The image's recorded pass is checked finite, but occlusion's 64 passes on the occluded image are the
+    attribution's own: a model whose class scores overflow there drew an attribution of inf."""
+    small = load_small("cnn-l0.5")
+    model = copy.deepcopy(small.model)
+    # the class scores are inf where the input holds the occluding value (0 in normalised space) anywhere
+    model.register_forward_hook(lambda module, args, out: out + torch.where(
+        (args[0] == 0).flatten(1).any(1), float("inf"), 0.0)[:, None])
+    loaded = dataclasses.replace(small, model=model, card=dataclasses.replace(small.card, name="occluded"))
+    assert top_classes(loaded, fresh_image) == top_classes(small, fresh_image)  # the image itself: finite
+    np.testing.assert_array_equal(attribution_map(loaded, fresh_image, "saliency").values,
+                                  attribution_map(small, fresh_image, "saliency").values)
+    with pytest.raises(ValueError, match=r"^occluded gives numbers that are not finite \(inf or NaN\) on this "
+                                         r"image, in the Occlusion attribution \(its passes on the occluded or scaled "
+                                         r"image\): its weights or its card's mean/std overflow float32"):
+        attribution_map(loaded, fresh_image, "occlusion")

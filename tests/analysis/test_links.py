@@ -60,3 +60,12 @@ def test_a_link_of_many_unknown_names_gets_one_bounded_message():
     assert len(" ".join(problems)) < 1000
     _, problems = parse_link({"secret": "1"})
     assert problems[0].startswith("the link's `secret` is not something a link sets")
+
+
+def test_the_field_the_server_puts_in_place_of_a_link_too_long_says_so():
+    """A link longer than MAX_LINK_BYTES reaches the page as its length alone (server.RequestSizeLimit)."""
+    values, problems = parse_link({"link_too_long": "15407", "row": "3"})
+    assert values == {"row": 3} and problems == [
+        "the link was too long to read (`15407` bytes; a link to the explorer is at most 2,048, one the page writes "
+        "far shorter): check where it came from"]
+    assert "<" not in parse_link({"link_too_long": "<b>"})[1][0]  # echoed as any value: plain, or not shown

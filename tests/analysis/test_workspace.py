@@ -105,8 +105,8 @@ def test_the_count_is_kept_as_it_changes_not_walked_per_write(tmp_path, monkeypa
     (cache / "old.png").write_bytes(b"x" * 50)
     workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache])
     walks = []
-    real = workspace_module._folder_bytes
-    monkeypatch.setattr(workspace_module, "_folder_bytes", lambda folder: walks.append(folder) or real(folder))
+    real = workspace_module._folder_files
+    monkeypatch.setattr(workspace_module, "_folder_files", lambda folder: walks.append(folder) or real(folder))
     entry = workspace.add("alice", EXPORTS, {"a.json": b"x" * 100})
     workspace.reserve(300, "alice")(True)  # an upload of 300 bytes declared, stored in Gradio's cache
     workspace.reserve(200, "alice")(False)  # one refused by Gradio: nothing stays charged
@@ -117,6 +117,27 @@ def test_the_count_is_kept_as_it_changes_not_walked_per_write(tmp_path, monkeypa
     workspace.sweep()
     assert workspace.used_bytes() == 330 and walks == [cache]  # the sweep walks the cache (and the entries: none)
     assert workspace.visitor_bytes("alice") == 300  # kept as long as Gradio keeps the upload
+
+
+def test_a_stored_upload_is_charged_by_the_files_it_added_each_once(tmp_path):
+    """Each upload was charged its declared length, though Gradio keeps identical files once: the same file
+    uploaded again filled the count (and the visitor's share) with bytes that were never on disk."""
+    cache = tmp_path / "gradio"
+    (cache / "0f").mkdir(parents=True)
+    walked, new = cache / "0f" / "seen.png", cache / "0f" / "new.png"
+    walked.write_bytes(b"x" * 400)
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache], share_bytes=1000)
+    new.write_bytes(b"y" * 250)  # what an upload of 300 bytes declared stored
+    workspace.reserve(300, "alice")(True, [str(new)])
+    workspace.reserve(300, "alice")(True, [str(new)])  # the same file again: in place, nothing added
+    workspace.reserve(500, "bob")(True, [str(walked)])  # a file the walk counted already
+    workspace.reserve(100, "bob")(True, [str(cache / "gone.png")])  # one deleted meanwhile
+    assert workspace.visitor_bytes("alice") == 250 and workspace.visitor_bytes("bob") == 0
+    assert workspace.used_bytes() == 650
+    workspace.reserve(700, "carol")(True)  # an answer that names no files: its declared length
+    assert workspace.visitor_bytes("carol") == 700 and workspace.used_bytes() == 1350
+    workspace.sweep()
+    assert workspace.used_bytes() == 650 and workspace.visitor_bytes("alice") == 250
 
 
 def test_a_visitor_past_their_share_is_refused_naming_it_and_others_are_not(tmp_path):
@@ -183,21 +204,46 @@ def test_run_folders_of_ended_processes_are_deleted_when_the_next_starts(tmp_pat
     (tmp_path / "run-live").mkdir()
     held = os.open(tmp_path / "run-live.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock (another open file: the same test)
-    (tmp_path / "sessions").mkdir()  # not a run folder (an older layout, or someone else's): left alone
+    (tmp_path / "notes").mkdir()  # not a run folder (someone else's): left alone
     ended_pid = _ended_pid()
     (tmp_path / f"run-{ended_pid}-0" / "gradio").mkdir(parents=True)  # never claimed, its process ended
     (tmp_path / f"run-{os.getpid()}-1" / "gradio").mkdir(parents=True)  # never claimed, its process runs
     try:
         run = claim_run_dir(tmp_path, "run-mine")
-        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-live", "run-live.lock",
-                                                               "run-mine", "run-mine.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", f"run-{os.getpid()}-1", "run-live",
+                                                               "run-live.lock", "run-mine", "run-mine.lock"]
         assert claim_run_dir(tmp_path, "run-mine") == run == tmp_path / "run-mine"  # held already: unchanged
         os.close(held)  # the live process ends
         claim_run_dir(tmp_path, "run-next")
-        assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{os.getpid()}-1", "run-mine", "run-mine.lock",
-                                                               "run-next", "run-next.lock", "sessions"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", f"run-{os.getpid()}-1", "run-mine",
+                                                               "run-mine.lock", "run-next", "run-next.lock"]
     finally:
         for path in (tmp_path / "run-mine", tmp_path / "run-next"):
             os.close(workspace_module._held_runs.pop(path))
     with pytest.raises(ValueError, match="not a run folder's name"):
         claim_run_dir(tmp_path, "../run-x")
+
+
+def test_the_folders_of_the_layout_before_run_folders_are_deleted_when_a_server_starts(tmp_path):
+    """sessions/ and gradio/, written straight into the work dir before run folders, were never swept and kept
+    their uploads on disk for good. They go at the next start; a symbolic link of their name is not followed, and
+    what the app never wrote stays."""
+    work = tmp_path / "convnn-explorer"
+    old_files = {work / "sessions" / ("a" * 32) / "uploads" / ("b" * 32) / "checkpoint.safetensors": 300,
+                 work / "gradio" / ("c" * 64) / "photo.jpg": 200, work / ("d" * 32) / "exports" / "e" / "q.json": 10}
+    for path, size in old_files.items():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x" * size)
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "data.bin").write_bytes(b"y" * 50)
+    (work / "checkpoints").symlink_to(outside, target_is_directory=True)  # a link: not followed, left alone
+    (work / "exports").write_text("a file, not a folder this app wrote")
+    (work / "notes").mkdir()
+    try:
+        claim_run_dir(work, "run-mine")
+        assert sorted(p.name for p in work.iterdir()) == ["checkpoints", "exports", "notes", "run-mine",
+                                                          "run-mine.lock"]
+        assert files_under(outside) == [outside / "keep" / "data.bin"] and (work / "checkpoints").is_symlink()
+    finally:
+        os.close(workspace_module._held_runs.pop(work / "run-mine"))

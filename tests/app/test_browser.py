@@ -348,6 +348,20 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chro
         assert tab.locator("#link textarea, #link input").first.input_value().endswith(f"{compared}&rule=layer")
 
 
+def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app_url, chromium):
+    """A link of 15 KB passed the server's address bound (16 KB), but the page sends its query string again with
+    each request it makes, re-encoded by Gradio's client (a comma as %2C: 29 KB): those were refused (414) and the
+    page showed a bare "Error" toast. A link longer than the explorer's links can be opens the page without it."""
+    link = "compare=" + ",".join(["cnn-l0"] * 2200)  # 15,407 bytes
+    with browser_page(chromium, f"{app_url}?{link}") as tab:
+        assert tab.url.endswith("/?link_too_long=15407")
+        assert tab.locator("#link_note").inner_text() == (
+            "This link could not set everything: the link was too long to read (15407 bytes; a link to the explorer "
+            "is at most 2,048, one the page writes far shorter): check where it came from.")
+        assert shown(tab)["query"] == "16,16"  # the default view
+        assert tab.locator(".toast-body").all_inner_texts() == [f"Warning\n×\n{app_texts.LINK_WARNING}"]  # no error
+
+
 def test_each_lesson_runs_end_to_end(shipped_url, chromium):
     """Every lesson, chosen and then stepped through with Next: each step shows its text and the explorer shows
     the step's layer and pixel, with the neighbours the API gives, each numbered inside its cell on a desktop

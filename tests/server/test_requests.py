@@ -161,3 +161,73 @@ def test_an_address_too_long_gets_a_short_page_before_gradio_sees_it():
                              "the explorer is far shorter, so check where it came from")
     assert get(b"model=cnn-l0&row=3", "/config")[0] == 200  # (the page itself needs a launched server)
     assert get(b"a=1&" * (requests.MAX_URL_BYTES // 4 - 2), "/config")[0] == 200  # at the bound: read
+
+
+def test_an_upload_is_charged_what_it_adds_on_disk_and_a_file_gradio_holds_already_adds_nothing(tmp_path, monkeypatch):
+    """Gradio keeps identical files once (a folder named by their hash), but each upload was charged its declared
+    length: one visitor filled the 2 GB count with 178 MB on disk by uploading the same file again, and then every
+    visitor's upload was refused."""
+    import gradio as gr
+    from starlette.middleware import Middleware
+    from starlette.testclient import TestClient
+
+    cache = tmp_path / "gradio"
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(cache))  # where Gradio's upload route stores (read as the app is made)
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache], share_bytes=3000)
+    with gr.Blocks() as demo:
+        gr.File()
+    demo.max_file_size = None  # what launch() sets
+    app = gr.routes.App.create_app(demo, app_kwargs={"middleware": [Middleware(
+        RequestSizeLimit, max_bytes=2**20, workspace=workspace, upload_paths=["/gradio_api/upload"])]})
+
+    def upload(client: str, contents: bytes) -> tuple[int, str]:
+        answer = TestClient(app, client=(client, 5000)).post("/gradio_api/upload",
+                                                             files={"files": ("photo.png", contents)})
+        return answer.status_code, answer.text
+
+    for _ in range(5):  # 5 × ≈ 1,170 bytes declared: past the share of 3,000 if each were charged
+        assert upload("10.0.0.66", b"x" * 1000)[0] == 200
+    assert workspace.visitor_bytes("10.0.0.66") == 1000 and workspace.used_bytes() == 1000
+    assert upload("10.0.0.7", b"x" * 1000)[0] == 200  # another visitor's copy of it: on disk once, nothing added
+    assert workspace.visitor_bytes("10.0.0.7") == 0 and workspace.used_bytes() == 1000
+    assert upload("10.0.0.66", b"y" * 1000)[0] == 200  # other contents: stored beside it
+    assert workspace.visitor_bytes("10.0.0.66") == 2000 and workspace.used_bytes() == 2000
+    assert len(list(cache.glob("*/photo.png"))) == 2
+    status, text = upload("10.0.0.66", b"z" * 1000)  # 1,171 declared > the 1,000 left of the share: refused unread
+    assert status == 507 and text.startswith("each visitor may keep at most 0.0 MB of uploads and exports")
+    assert len(list(cache.glob("*/photo.png"))) == 2
+    workspace.sweep()  # the walk finds what was counted
+    assert workspace.used_bytes() == 2000 and workspace.visitor_bytes("10.0.0.66") == 2000
+
+
+def test_a_page_load_with_a_link_too_long_to_read_is_sent_to_the_page_without_it():
+    """The page sends its link again with each request it makes, re-encoded by Gradio's client (URLSearchParams: a
+    comma as %2C): a link of 15 KB passed the address bound, then every one of the page's requests was refused."""
+    from urllib.parse import parse_qsl, urlencode
+
+    from analysis import MAX_LINK_BYTES
+
+    limit = RequestSizeLimit(None, max_bytes=2**20, page_paths=["/"])
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    def get(path: str, query: bytes) -> tuple[int, dict]:
+        sent.clear()
+        limit.app = app
+        scope = {"type": "http", "method": "GET", "path": path, "query_string": query, "headers": []}
+        run_coroutine(limit(scope, None, send))
+        return sent[0]["status"], dict(sent[0]["headers"])
+
+    link = b"compare=" + b",".join([b"cnn-l0"] * 2200)  # 15,407 bytes
+    status, headers = get("/", link)
+    assert status == 303 and headers[b"location"] == b"?link_too_long=15407"
+    assert get("/gradio_api/queue/join", link)[0] == 200  # not a page load: read as before (under 16 KB)
+    longest = b"compare=" + b"," * (MAX_LINK_BYTES - 8)  # the longest link read, at its most re-encoded
+    assert get("/", longest)[0] == 200
+    resent = "/gradio_api/queue/join?" + urlencode(parse_qsl(longest.decode()))  # what the page sends with it
+    assert len(resent) == 6_151 < requests.MAX_URL_BYTES // 2  # room for the Referer in uvicorn's 16 KB head
