@@ -731,15 +731,45 @@ def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_di
 # -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
 def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema: launched.append(port))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema, host,
+                        trusted_proxies: launched.append((port, host, trusted_proxies)))
     monkeypatch.setattr(app, "build_demo", lambda explorer: None)
     before = an.cache_budget()
     monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])
     try:
         app.main()
-        assert an.cache_budget() == 64 * 2**20 and launched == [7999]
+        assert an.cache_budget() == 64 * 2**20 and launched == [(7999, "127.0.0.1", ())]
     finally:
         an.set_cache_budget(before)
+
+
+@pytest.mark.parametrize(("argv", "env", "host", "proxies"), [
+    ([], None, "127.0.0.1", []),
+    (["--host", "0.0.0.0", "--trusted-proxy", "10.0.0.5", "--trusted-proxy", "fd00::/64"], "10.9.9.9", "0.0.0.0",
+     ["10.0.0.5/32", "fd00::/64"]),  # the flags win over the environment
+    ([], " 10.0.0.5, 10.1.0.0/16 ", "127.0.0.1", ["10.0.0.5/32", "10.1.0.0/16"]),
+], ids=["defaults", "flags", "environment"])
+def test_the_host_and_trusted_proxy_options_reach_the_launch(monkeypatch, argv, env, host, proxies):
+    launched = []
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema, host,
+                        trusted_proxies: launched.append((host, [str(proxy) for proxy in trusted_proxies])))
+    monkeypatch.setattr(app, "build_demo", lambda explorer: None)
+    monkeypatch.setattr(an, "set_cache_budget", lambda budget: None)  # (the default: this test's budget stays)
+    if env is None:
+        monkeypatch.delenv("CONVNN_TRUSTED_PROXIES", raising=False)
+    else:
+        monkeypatch.setenv("CONVNN_TRUSTED_PROXIES", env)
+    monkeypatch.setattr(sys, "argv", ["app.py", *argv])
+    app.main()
+    assert launched == [(host, proxies)]
+
+
+def test_a_trusted_proxy_that_is_not_an_address_stops_the_app_with_a_message(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["app.py", "--trusted-proxy", "proxy.example.org"])
+    with pytest.raises(SystemExit):
+        app.main()
+    assert ("a trusted proxy must be an IP address or a network such as 10.0.0.0/24, got 'proxy.example.org'"
+            in capsys.readouterr().err)
 
 
 # -- 9 · a select event without a position ----------------------------------------------------------------------------

@@ -8,13 +8,22 @@ import pytest
 from gradio.data_classes import PredictBodyInternal
 from starlette.requests import Request
 
-from server import FairTurns
+from server import FairTurns, Visitors
 from tests.loops import run_coroutine
 
 
 def request_from(address: str) -> Request:
-    return Request({"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
-                    "query_string": b"", "client": (address, 5000)})
+    """A join request from ``address`` as :class:`server.Visitors` placed it: with no token minted, its visitor is
+    ``"a:<address>"``."""
+    scopes = []
+
+    async def app(scope, receive, send):
+        scopes.append(scope)
+
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [], "query_string": b"",
+             "client": (address, 5000)}
+    run_coroutine(Visitors(app, mint_burst=0, mint_per_hour=0)(scope, None, None))
+    return Request(scopes[0])
 
 
 @pytest.fixture
@@ -65,7 +74,7 @@ def test_a_visitor_is_charged_what_its_runs_took(turns):
         return None
     turns._process = run
     run_coroutine(turns.process_events([first], False, 0.0, first.fn))
-    assert turns.finish["group"]["10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
+    assert turns.finish["group"]["a:10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
     for label in (1, 2, 3):
         assert push("10.0.0.1", label)[0]
     for label in (1, 2, 3):

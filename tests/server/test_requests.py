@@ -8,13 +8,16 @@ import errno
 from analysis import Workspace
 from server import requests
 from server.requests import RequestSizeLimit
+from server.visitors import Visitors
 from tests.loops import run_coroutine
 
 
 def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload",
-            client: str = "10.0.0.1", status: int = 200, error: Exception | None = None) -> list[dict]:
+            client: str = "10.0.0.1", status: int = 200, error: Exception | None = None, mint_burst: int = 0
+            ) -> list[dict]:
     """What ``middleware`` sends for a POST to ``path`` with ``headers`` from ``client`` (the app behind it answers
-    ``status``, or raises ``error``, and reads nothing)."""
+    ``status``, or raises ``error``, and reads nothing), behind :class:`server.Visitors` as served: with no token,
+    the request's visitor is a new one while ``mint_burst`` allows, else ``"a:<client>"`` (by default)."""
     sent = []
 
     async def app(scope, receive, send):
@@ -30,7 +33,7 @@ def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str
 
     middleware.app = app
     scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items()), "client": (client, 5000)}
-    run_coroutine(middleware(scope, receive, send))
+    run_coroutine(Visitors(middleware, mint_burst=mint_burst, mint_per_hour=0)(scope, receive, send))
     return sent
 
 
@@ -117,7 +120,7 @@ def test_an_upload_past_its_visitors_share_is_refused_and_another_visitors_is_no
     assert refused[0]["status"] == 507 and refused[1]["body"].decode().startswith(
         "each visitor may keep at most 0.0 MB of uploads and exports on the server, and you hold 0.0 MB now")
     assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7")[0]["status"] == 200
-    assert workspace.visitor_bytes("10.0.0.66") == 900 and workspace.visitor_bytes("10.0.0.7") == 1000
+    assert workspace.visitor_bytes("a:10.0.0.66") == 900 and workspace.visitor_bytes("a:10.0.0.7") == 1000
 
 
 def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_path):
@@ -127,7 +130,7 @@ def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_pat
     full = respond(limit, {b"content-length": b"900"}, error=OSError(errno.ENOSPC, "No space left on device"))
     assert full[0]["status"] == 507
     assert full[1]["body"] == b"the server's disk is full: the upload was not stored; try again later"
-    assert workspace.used_bytes() == 0 and workspace.visitor_bytes("10.0.0.1") == 0
+    assert workspace.used_bytes() == 0 and workspace.visitor_bytes("a:10.0.0.1") == 0
 
 
 def test_an_address_too_long_gets_a_short_page_before_gradio_sees_it():
