@@ -3,7 +3,7 @@
 
 A queue of at most MAX_QUEUED_EVENTS waiting events; the slow views (attribution, the equivalence demo, every model's
 spectrum) in a group of their own that computes SLOW_CONCURRENCY at a time, dropped runs included
-(:class:`server.SlowRuns`), and admits one request per session and MAX_SLOW_WAITING waiting in all
+(:class:`server.SlowRuns`), and admits one request per visitor and MAX_SLOW_WAITING waiting in all
 (:class:`server.Admission`); a request body of at most the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB;
 uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB together with Gradio's own cache of uploads
 and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use), VISITOR_SHARE_MB of it per
