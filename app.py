@@ -126,7 +126,7 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
         choice = an.store_upload(checkpoint_files or [], self.workspace, self.session(request), self.device,
-                                 self.visitor(request))
+                                 self.visitor(request), self.address(request))
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
         uploads = [*uploads, (label, choice)]
         return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads,

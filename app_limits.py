@@ -7,7 +7,7 @@ spectrum) in a group of their own that computes SLOW_CONCURRENCY at a time, drop
 (:class:`server.Admission`); a request body of at most the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB;
 uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB together with Gradio's own cache of uploads
 and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use), VISITOR_SHARE_MB of it per
-visitor; visitor tokens minted at most MINT_BURST at once and MINT_PER_HOUR
+visitor and ADDRESS_SHARE_MB per network address; visitor tokens minted at most MINT_BURST at once and MINT_PER_HOUR
 an hour per address (:class:`server.Visitors`); the analysis caches within
 ``--cache-mb`` (``$CONVNN_CACHE_MB``); Gradio's per-session state to MAX_SESSIONS sessions.
 
@@ -38,6 +38,9 @@ MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's 
 #                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
 VISITOR_SHARE_MB = 256  # of MAX_WORK_DIR_MB, what one visitor's uploads (in Gradio's cache and stored) and exports
 #                          may hold: one checkpoint of the largest size, as uploaded and as stored (2 × 110 MB)
+ADDRESS_SHARE_MB = 4 * VISITOR_SHARE_MB  # of MAX_WORK_DIR_MB, what all visitors at one network address may hold
+#   together: half of it, so that one address minting many visitor tokens leaves the other half to everyone else
+#   (8 shares would be all of MAX_WORK_DIR_MB, no ceiling at all); a class behind one NAT shares it
 MINT_BURST = 200  # visitor tokens one network address may be given at once (server.Visitors): a class of 30 behind
 #                   one NAT is 30, or 60 with a phone each; the rest covers private windows and a server restart
 MINT_PER_HOUR = 200  # … and regains this many an hour; past its budget, an address's requests without a token are

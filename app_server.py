@@ -37,14 +37,16 @@ def default_workspace() -> an.Workspace:
     """The uploads and exports of this process, in its run folder WORK_DIR/RUN_DIR_NAME/sessions (claimed and locked
     here; the run folders of processes that ended are deleted: :func:`analysis.claim_run_dir`): at most
     MAX_WORK_DIR_MB together with Gradio's cache (``GRADIO_TEMP_DIR``, in the run folder unless set), of which
-    VISITOR_SHARE_MB per visitor, each FILE_MAX_AGE_S after its last use (:mod:`app_limits`).
+    VISITOR_SHARE_MB per visitor and ADDRESS_SHARE_MB per network address, each FILE_MAX_AGE_S after its last use
+    (:mod:`app_limits`).
 
     Raises:
         OSError: the work dir cannot be written.
     """
     run = an.claim_run_dir(limits.WORK_DIR, limits.RUN_DIR_NAME)
     return an.Workspace(run / "sessions", limits.MAX_WORK_DIR_MB * 2**20, limits.FILE_MAX_AGE_S,
-                        counted=[get_upload_folder()], share_bytes=limits.VISITOR_SHARE_MB * 2**20)
+                        counted=[get_upload_folder()], share_bytes=limits.VISITOR_SHARE_MB * 2**20,
+                        address_bytes=limits.ADDRESS_SHARE_MB * 2**20)
 
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from analysis import Workspace
 
-from .visitors import visitor
+from .visitors import address, visitor
 
 __all__ = ["MAX_URL_BYTES", "UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
 
@@ -31,9 +31,10 @@ class RequestSizeLimit:
     answered 413 from its declared ``Content-Length``, and one with a body of undeclared length (chunked) 411,
     before any of the body is read.
 
-    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound and in its
-    visitor's share (:meth:`Workspace.reserve`, :func:`server.visitor`) until it is answered, and is answered 507
-    with the workspace's message when either has no room for it: uploads beyond them are refused before they are
+    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound, in its
+    visitor's share and in its address's ceiling (:meth:`Workspace.reserve`, :func:`server.visitor`,
+    :func:`server.address`: :class:`server.Visitors` must run before this) until it is answered, and is answered
+    507 with the workspace's message when one has no room for it: uploads beyond them are refused before they are
     stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files); one that meets a full disk
     is answered 507 with a message. Its body must then keep
     arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
@@ -73,7 +74,8 @@ class RequestSizeLimit:
                                 f"bytes); this one declares {length.decode(errors='replace')} bytes")
             elif length is not None and self.workspace is not None and scope["path"] in self.upload_paths:
                 try:
-                    release = await asyncio.to_thread(self.workspace.reserve, int(length), visitor(scope))
+                    release = await asyncio.to_thread(self.workspace.reserve, int(length), visitor(scope),
+                                                    address(scope))
                 except ValueError as err:
                     refusal = 507, str(err)
             if refusal is not None:

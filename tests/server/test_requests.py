@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 
 from analysis import Workspace
 from server import requests
@@ -121,6 +122,21 @@ def test_an_upload_past_its_visitors_share_is_refused_and_another_visitors_is_no
         "each visitor may keep at most 0.0 MB of uploads and exports on the server, and you hold 0.0 MB now")
     assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7")[0]["status"] == 200
     assert workspace.visitor_bytes("a:10.0.0.66") == 900 and workspace.visitor_bytes("a:10.0.0.7") == 1000
+
+
+def test_uploads_past_their_addresss_ceiling_are_refused_and_another_addresss_are_not(tmp_path):
+    """A share per visitor token alone: one address minting tokens would have a share per token. The visitors at
+    one address have a ceiling together, well above one share."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, share_bytes=1000, address_bytes=2500)
+    limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
+    upload = functools.partial(respond, limit, client="10.0.0.66", mint_burst=1)  # each a new visitor (token)
+    assert [upload({b"content-length": str(size).encode()})[0]["status"] for size in (1000, 1000, 500)] == [200] * 3
+    refused = upload({b"content-length": b"1"})
+    assert refused[0]["status"] == 507 and refused[1]["body"].decode().startswith(
+        "the visitors at one network address may keep at most 0.0 MB of uploads and exports on the server together, "
+        "and yours hold 0.0 MB now")
+    assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7", mint_burst=1)[0]["status"] == 200
+    assert workspace.used_bytes() == 3500
 
 
 def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_path):
