@@ -227,16 +227,16 @@ class Workspace:
         held and reserved, sweeping first if they do not (call with the lock)."""
         now = time.time()
         mine = self._visitor_bytes(visitor, now)
-        if mine + size > self.share_bytes:
-            raise ValueError(f"each visitor may keep at most {_mb(self.share_bytes)} of uploads and exports on the "
-                             f"server, and you hold {_mb(mine)} now, too much for {_mb(size)} more: try again later "
-                             f"(files are deleted {self.max_age_s / 60:.0f} min after their last use)")
         ours = self._address_bytes(address, visitor, now) if address and self.address_bytes is not None else None
         if ours is not None and ours + size > self.address_bytes:
             raise ValueError(f"the visitors at one network address may keep at most {_mb(self.address_bytes)} of "
                              f"uploads and exports on the server together, and yours hold {_mb(ours)} now, too much "
                              f"for {_mb(size)} more: try again later (files are deleted "
                              f"{self.max_age_s / 60:.0f} min after their last use)")
+        if mine + size > self.share_bytes:
+            raise ValueError(f"each visitor may keep at most {_mb(self.share_bytes)} of uploads and exports on the "
+                             f"server, and you hold {_mb(mine)} now, too much for {_mb(size)} more: try again later "
+                             f"(files are deleted {self.max_age_s / 60:.0f} min after their last use)")
         held = self._entry_bytes + self._counted_bytes + self._stored_bytes + sum(self._reserved.values())
         if held + size > self.max_bytes:
             self._sweep(now)
