@@ -233,7 +233,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
     monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
     stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
-    started, release, stopped = blocked_equivalence
+    started, release, _ = blocked_equivalence
     demo = app.build_demo(explorer)
     fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
     with served(demo) as url:
