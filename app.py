@@ -1,9 +1,11 @@
 """ConvNN Explorer: pick a model and an image, click a pixel, and see which neighbours each selection rule picks.
 
-    python app.py [--port 7860] [--checkpoints checkpoints/]
+    python app.py [--port 7860] [--checkpoints checkpoints/] [--host 0.0.0.0] [--trusted-proxy 10.0.0.5]
 
-Binds 127.0.0.1; the port comes from ``--port``, else ``$PORT`` / ``$GRADIO_SERVER_PORT``, else 7860. Runs on CPU;
-with a GPU the models run there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
+Binds 127.0.0.1 (``--host`` to serve a network); the port comes from ``--port``, else ``$PORT`` /
+``$GRADIO_SERVER_PORT``, else 7860. Behind a reverse proxy, ``--trusted-proxy`` (or ``$CONVNN_TRUSTED_PROXIES``)
+names it, so that visitors' addresses are read from its ``X-Forwarded-For``. Runs on CPU; with a GPU the models run
+there and ConvNN layers use the fused Triton kernel. This file is wiring only: every
 number and figure comes from :mod:`analysis`; the explorer's clicks are answered in the page by ``web/explorer.js``
 from the neighbour table the server sends (:func:`analysis.page_table`); the layout is :func:`build_layout`, what
 each change refreshes is :data:`REFRESH` (:func:`refresh_table`), and the documented API (``gr.api``, plain values)
@@ -38,7 +40,17 @@ from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_compare import COMPARE_LAYERS, CompareMode
 from app_server import default_workspace, launch
 from convnn.candidates import draws_candidates
-from server import Admission, CheckedNumber, CheckedSlider, SlowRuns, control, user_errors, waiting_events, wire
+from server import (
+    Admission,
+    CheckedNumber,
+    CheckedSlider,
+    SlowRuns,
+    control,
+    trusted_networks,
+    user_errors,
+    waiting_events,
+    wire,
+)
 
 MODEL_KNOBS = ("head", "draw")  # the knobs whose control the model shapes (Explorer.on_model: range, shown or not)
 DRAW_STEPS = ("draw_back", "draw_next")  # the buttons stepping the eval draw, beside its box
@@ -114,7 +126,7 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):
         choice = an.store_upload(checkpoint_files or [], self.workspace, self.session(request), self.device,
-                                 self.visitor(request))
+                                 self.visitor(request), self.address(request))
         label = f"uploaded: {an.card_summary(self.model(choice, request).card).splitlines()[0]}"
         uploads = [*uploads, (label, choice)]
         return {"checkpoint": gr.update(choices=self.choices(uploads), value=choice), "uploads": uploads,
@@ -655,7 +667,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                    concurrency_id=limits.SLOW_GROUP, concurrency_limit=limits.SLOW_CONCURRENCY)
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
     Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING)
-    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR)
+    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS)
     return demo
 
 
@@ -663,7 +675,15 @@ def main() -> None:
     an.limit_malloc_arenas(limits.MALLOC_ARENAS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env_port = os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or limits.DEFAULT_PORT
-    parser.add_argument("--port", type=int, default=int(env_port), help="port on 127.0.0.1 (default: $PORT or 7860)")
+    parser.add_argument("--port", type=int, default=int(env_port), help="port to listen on (default: $PORT or 7860)")
+    parser.add_argument("--host", default=limits.DEFAULT_HOST,
+                        help=f"address to listen on: 0.0.0.0 serves every network of this machine, e.g. a classroom's "
+                             f"(default: {limits.DEFAULT_HOST}, this machine only)")
+    env_proxies = [proxy for proxy in os.environ.get("CONVNN_TRUSTED_PROXIES", "").split(",") if proxy.strip()]
+    parser.add_argument("--trusted-proxy", action="append", metavar="ADDRESS",
+                        help="a reverse proxy (address or network, e.g. 10.0.0.5 or 10.0.0.0/24) whose "
+                             "X-Forwarded-For names the visitor's address; repeat for several (default: "
+                             "$CONVNN_TRUSTED_PROXIES, comma-separated, else none)")
     parser.add_argument("--checkpoints", type=Path, default=CHECKPOINT_DIR,
                         help="folder of checkpoints to list (*.json cards + *.safetensors; default: checkpoints/)")
     env_cache = os.environ.get("CONVNN_CACHE_MB") or an.DEFAULT_CACHE_BYTES // 2**20
@@ -676,12 +696,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.max_upload_mb < 1:
         parser.error("--max-upload-mb must be at least 1")
+    try:
+        proxies = trusted_networks(env_proxies if args.trusted_proxy is None else args.trusted_proxy)
+    except ValueError as err:
+        parser.error(str(err))
     an.set_cache_budget(args.cache_mb * 2**20)
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
     for line in explorer.left_out():  # the page says so too, under the model list
         logging.warning("left out of the model list: %s", line)
     launch(build_demo(explorer), args.port, workspace=explorer.workspace, max_upload_mb=args.max_upload_mb,
-           mcp_schema=explorer.tool_schema() if args.mcp else None)
+           mcp_schema=explorer.tool_schema() if args.mcp else None, host=args.host, trusted_proxies=proxies)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from gradio.utils import get_upload_folder
 import analysis as an
 from convnn import CheckpointError
 from convnn.candidates import draws_candidates
-from server import check_dropped, user_errors, visitor
+from server import address, check_dropped, user_errors, visitor
 
 REPO = Path(__file__).resolve().parent
 CHECKPOINT_DIR = REPO / "checkpoints"
@@ -142,6 +142,11 @@ class ExplorerAPI:
         """Whose storage share a request's files count against (:func:`server.visitor`)."""
         return visitor(request)
 
+    @staticmethod
+    def address(request: gr.Request | None) -> str:
+        """Whose ceiling a request's files count against too: its network address (:func:`server.address`)."""
+        return address(request)
+
     def model(self, checkpoint: str | None, request: gr.Request | None = None) -> an.LoadedModel:
         card = an.checkpoint_card(checkpoint, self.checkpoint_dir, self.workspace, self.session(request))
         return an.load_model(card, self.device)
@@ -254,7 +259,8 @@ class ExplorerAPI:
         JSON as the page shows it (``neighbors_data``)."""
         loaded, image, result = self.neighbors(query, request)
         return {"exports": [str(path) for path in an.export_query(self.workspace, self.session(request), loaded,
-                                                                  image, result, self.visitor(request))],
+                                                                  image, result, self.visitor(request),
+                                                                  self.address(request))],
                 "neighbors_data": an.page_json(an.query_record(loaded, image, result))}  # a seed shown exactly
 
     def example_name(self, image_file: str | None) -> str | None:

@@ -3,11 +3,12 @@
 
 A queue of at most MAX_QUEUED_EVENTS waiting events; the slow views (attribution, the equivalence demo, every model's
 spectrum) in a group of their own that computes SLOW_CONCURRENCY at a time, dropped runs included
-(:class:`server.SlowRuns`), and admits one request per session and MAX_SLOW_WAITING waiting in all
+(:class:`server.SlowRuns`), and admits one request per visitor and MAX_SLOW_WAITING waiting in all
 (:class:`server.Admission`); a request body of at most the upload cap (``--max-upload-mb``) plus REQUEST_SLACK_MB;
 uploads and exports in a per-session work dir of at most MAX_WORK_DIR_MB together with Gradio's own cache of uploads
 and downloads, which lives in it (all deleted FILE_MAX_AGE_S after their last use), VISITOR_SHARE_MB of it per
-visitor; the analysis caches within
+visitor and ADDRESS_SHARE_MB per network address; visitor tokens minted at most MINT_BURST at once and MINT_PER_HOUR
+an hour per address (:class:`server.Visitors`); the analysis caches within
 ``--cache-mb`` (``$CONVNN_CACHE_MB``); Gradio's per-session state to MAX_SESSIONS sessions.
 
 Importing this module sets ``GRADIO_TEMP_DIR`` (unless it is set): ``app.py`` imports it before Gradio, whose MCP
@@ -29,6 +30,7 @@ RUN_DIR_NAME = f"run-{os.getpid()}-{secrets.token_hex(4)}"  # this process's: al
 # cannot leak it (set GRADIO_TEMP_DIR before starting the app to put it elsewhere: it is counted wherever it is).
 os.environ.setdefault("GRADIO_TEMP_DIR", str(WORK_DIR / RUN_DIR_NAME / "gradio"))
 
+DEFAULT_HOST = "127.0.0.1"  # the address the server listens on (--host): this machine only
 DEFAULT_PORT = 7860
 MAX_UPLOAD_MB = 100  # larger uploaded files are refused before they are stored (--max-upload-mb); ViT-B/16 int8: 87 MB
 REQUEST_SLACK_MB = 10  # one request's body may be this much above the upload cap: a checkpoint's card, form fields
@@ -36,12 +38,22 @@ MAX_WORK_DIR_MB = 2048  # all sessions' stored uploads and exports and Gradio's 
 #                         together (≈ 40 checkpoints of the largest size); an upload past it is refused (507)
 VISITOR_SHARE_MB = 256  # of MAX_WORK_DIR_MB, what one visitor's uploads (in Gradio's cache and stored) and exports
 #                          may hold: one checkpoint of the largest size, as uploaded and as stored (2 × 110 MB)
+ADDRESS_SHARE_MB = 4 * VISITOR_SHARE_MB  # of MAX_WORK_DIR_MB, what all visitors at one network address may hold
+#   together: half of it, so that one address minting many visitor tokens leaves the other half to everyone else
+#   (8 shares would be all of MAX_WORK_DIR_MB, no ceiling at all); a class behind one NAT shares it
+MINT_BURST = 200  # visitor tokens one network address may be given at once (server.Visitors): a class of 30 behind
+#                   one NAT is 30, or 60 with a phone each; the rest covers private windows and a server restart
+MINT_PER_HOUR = 200  # … and regains this many an hour; past its budget, an address's requests without a token are
+#                      one visitor, "a:<address>"
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
 FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
 MAX_QUEUED_EVENTS = 512  # events waiting in the queue, all visitors together; the next one is refused ("Queue is full")
 MAX_WAITING_PER_VISITOR = 16  # events one visitor may have waiting, all groups together (server.FairTurns): a page's
 #                               action queues one event at a time (its refreshes are a chain); one client flooding the
 #                               queue holds 16 places, not all of them
+MAX_WAITING_PER_ADDRESS = 160  # … and the visitors at one network address together (server.address): a class of 30
+#                                behind one NAT, each with a few waiting, fits; tokens minted at one address do not
+#                                multiply a client's places past it
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
 SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click

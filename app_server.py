@@ -1,12 +1,16 @@
 """How the explorer is served: its work dir (:func:`default_workspace`) and Gradio's launch with the limits of
-:mod:`app_limits`, the request-size middleware (:class:`server.RequestSizeLimit`) and, when asked, the MCP tools
-(:mod:`app_mcp`). ``app.py`` builds the page and calls :func:`launch`.
+:mod:`app_limits`, the visitor middleware (:class:`server.Visitors`), the request-size middleware
+(:class:`server.RequestSizeLimit`) and, when asked, the MCP tools (:mod:`app_mcp`). ``app.py`` builds the page and
+calls :func:`launch`.
 
 Gradio's private parts this module touches are listed in :data:`GRADIO_PRIVATE` (``tests/server/test_gradio_private.py``
 checks each on the installed Gradio; ``requirements.txt`` pins Gradio to the minor versions it passed on).
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterable
 
 import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP module reads it at import
 
@@ -19,7 +23,7 @@ from starlette.middleware import Middleware
 import analysis as an
 import app_mcp
 from app_api import EXAMPLES_DIR, WEB_DIR
-from server import RequestSizeLimit
+from server import RequestSizeLimit, Visitors, trusted_networks
 
 __all__ = ["GRADIO_PRIVATE", "default_workspace", "launch"]
 
@@ -33,38 +37,55 @@ def default_workspace() -> an.Workspace:
     """The uploads and exports of this process, in its run folder WORK_DIR/RUN_DIR_NAME/sessions (claimed and locked
     here; the run folders of processes that ended are deleted: :func:`analysis.claim_run_dir`): at most
     MAX_WORK_DIR_MB together with Gradio's cache (``GRADIO_TEMP_DIR``, in the run folder unless set), of which
-    VISITOR_SHARE_MB per visitor, each FILE_MAX_AGE_S after its last use (:mod:`app_limits`).
+    VISITOR_SHARE_MB per visitor and ADDRESS_SHARE_MB per network address, each FILE_MAX_AGE_S after its last use
+    (:mod:`app_limits`).
 
     Raises:
         OSError: the work dir cannot be written.
     """
     run = an.claim_run_dir(limits.WORK_DIR, limits.RUN_DIR_NAME)
     return an.Workspace(run / "sessions", limits.MAX_WORK_DIR_MB * 2**20, limits.FILE_MAX_AGE_S,
-                        counted=[get_upload_folder()], share_bytes=limits.VISITOR_SHARE_MB * 2**20)
+                        counted=[get_upload_folder()], share_bytes=limits.VISITOR_SHARE_MB * 2**20,
+                        address_bytes=limits.ADDRESS_SHARE_MB * 2**20)
 
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,
-           max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None) -> tuple:
-    """Serve ``demo`` on 127.0.0.1:``port``: the examples folder is served, the work dir never (exports reach the
-    page through Gradio's cache); the page's link up to :data:`analysis.MAX_LINK_BYTES` (a longer one is sent to the
-    page without it: :class:`server.RequestSizeLimit`); files up to ``max_upload_mb``, request bodies up to that plus
+           max_upload_mb: int = limits.MAX_UPLOAD_MB, mcp_schema: dict[str, dict] | None = None,
+           host: str = limits.DEFAULT_HOST, trusted_proxies: Iterable[str] = ()) -> tuple:
+    """Serve ``demo`` on ``host``:``port``: the examples folder is served, the work dir never (exports reach the page
+    through Gradio's cache); the page's link up to :data:`analysis.MAX_LINK_BYTES` (a longer one is sent to the page
+    without it: :class:`server.RequestSizeLimit`); files up to ``max_upload_mb``, request bodies up to that plus
     REQUEST_SLACK_MB, uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every
-    FILE_SWEEP_S while the server runs. With ``mcp_schema`` (:meth:`Explorer.tool_schema`), Gradio's MCP server
-    also offers the documented API (the ``gr.api`` endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`:
-    images as data URIs, kept in the work dir; answers in JSON); their calls go through the same queue and
-    admission.
+    FILE_SWEEP_S while the server runs. Each request's visitor is decided by :class:`server.Visitors` (tokens
+    minted MINT_BURST at once and MINT_PER_HOUR an hour per address), its address from ``X-Forwarded-For`` only
+    when it comes from one of ``trusted_proxies``: uvicorn's own reading of that header (``FORWARDED_ALLOW_IPS``,
+    127.0.0.1 by default) is turned off, so a local client cannot name an address. With ``mcp_schema``
+    (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the documented API (the ``gr.api`` endpoints) as
+    MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data URIs, kept in the work dir; answers in JSON);
+    their calls go through the same queue and admission.
+
+    Args:
+        host (str): the address to listen on (``0.0.0.0``: every interface). Default: DEFAULT_HOST, 127.0.0.1
+        trusted_proxies (Iterable[str]): addresses or networks of reverse proxies (:func:`server.trusted_networks`).
+            Default: none
 
     Returns:
         tuple: what :meth:`gradio.Blocks.launch` returns (the app, its local URL, its share URL).
+
+    Raises:
+        ValueError: a trusted proxy that is not an address or a network.
     """
     workspace = workspace or default_workspace()
+    visitors = Middleware(Visitors, mint_burst=limits.MINT_BURST, mint_per_hour=limits.MINT_PER_HOUR,
+                          trusted_proxies=trusted_networks(trusted_proxies))
     size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"], page_paths=["/"])
-    app_kwargs = {"middleware": [size_limit],
+    app_kwargs = {"middleware": [visitors, size_limit],  # Visitors first: the size limit charges who it records
                   "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
+    os.environ["FORWARDED_ALLOW_IPS"] = ""  # read by the uvicorn.Config that Gradio's launch makes: trust no peer
     with app_mcp.serving(mcp_schema or {}):
-        return demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=prevent_thread_lock,
+        return demo.launch(server_name=host, server_port=port, prevent_thread_lock=prevent_thread_lock,
                            allowed_paths=[str(EXAMPLES_DIR)], quiet=prevent_thread_lock, app_kwargs=app_kwargs,
                            max_file_size=f"{max_upload_mb}mb", state_session_capacity=limits.MAX_SESSIONS,
                            max_threads=limits.MAX_THREADS, css_paths=[WEB_DIR / "page.css"],

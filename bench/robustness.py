@@ -210,7 +210,8 @@ def memory_rounds(url: str, pid: int, folder: Path, rounds: int, clients: int, r
 
 def _visitor_client(address: str) -> httpx.Client:
     """An HTTP client whose connections come from ``address`` (a loopback address: 127.0.0.0/8 is all local on Linux),
-    so that the server sees a visitor of its own (``server.visitor``: the client's address)."""
+    so that the server sees a visitor of its own (``server.visitor``: the token its cookie jar keeps) at an address
+    of its own (``server.address``, whose ceiling it does not share)."""
     return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=120)
 
 

@@ -11,7 +11,8 @@
 * :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
   holds in the queue (:class:`FairTurns`);
 * :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`);
-* :mod:`server.visitors` — who sent a request (:func:`visitor`), whose storage share it is charged to.
+* :mod:`server.visitors` — who sent a request: the visitor-token ASGI middleware (:class:`Visitors`), and a request's
+  visitor (:func:`visitor`: whose storage share and slow place it uses) and address (:func:`address`: whose ceiling).
 
 Each module that touches a part of Gradio outside its public API lists it in its ``GRADIO_PRIVATE``.
 """
@@ -20,7 +21,7 @@ from .controls import CheckedNumber, CheckedSlider, checked_number, control, use
 from .fairness import FairTurns
 from .guards import Admission, RunDropped, SlowRuns, check_dropped, names_a_web_address, waiting_events
 from .requests import RequestSizeLimit
-from .visitors import visitor
+from .visitors import Visitors, address, trusted_networks, visitor
 from .wiring import wire
 
 __all__ = [
@@ -31,10 +32,13 @@ __all__ = [
     "RequestSizeLimit",
     "RunDropped",
     "SlowRuns",
+    "Visitors",
+    "address",
     "check_dropped",
     "checked_number",
     "control",
     "names_a_web_address",
+    "trusted_networks",
     "user_errors",
     "visitor",
     "waiting_events",

@@ -19,7 +19,7 @@ import time
 
 import gradio as gr
 
-from .visitors import visitor
+from .visitors import address, visitor
 
 __all__ = ["GRADIO_PRIVATE", "FairTurns"]
 
@@ -42,26 +42,31 @@ DEFAULT_COST_S = 0.1  # a handler's estimated time before Gradio has measured an
 
 class FairTurns:
     """Start-time fair queueing of each group's waiting events between visitors (module docstring), and at most
-    ``max_waiting`` events waiting per visitor over all groups: a request past that is refused before it is queued
-    (with a message the page shows), so that one client cannot fill the queue's places.
+    ``max_waiting`` events waiting per visitor and ``max_waiting_at_address`` per network address (whose visitors a
+    client can mint: :class:`server.Visitors`), over all groups: a request past either is refused before it is
+    queued (with a message the page shows), so that one client cannot fill the queue's places.
 
     Args:
         demo (gr.Blocks): the app, after ``demo.queue()``; its queue's ``push`` and ``process_events`` are wrapped.
         max_waiting (int): events one visitor may have waiting (not yet running), all groups together.
+        max_waiting_at_address (int): events the visitors at one address may have waiting together.
     """
 
-    def __init__(self, demo: gr.Blocks, max_waiting: int) -> None:
-        self.queue, self.max_waiting = demo._queue, max_waiting
+    def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int) -> None:
+        self.queue, self.max_waiting, self.max_waiting_at_address = demo._queue, max_waiting, max_waiting_at_address
         self.finish: dict[str, dict[str, float]] = {}  # group → visitor → finish tag (s of estimated work)
         self.tags: dict[str, tuple[str, float, float]] = {}  # waiting or running event id → (visitor, start, cost)
         self.clock = time.monotonic  # what a run's time is measured with, s
         self._push, self._process = self.queue.push, self.queue.process_events
         self.queue.push, self.queue.process_events = self.push, self.process_events
 
-    def waiting(self, who: str) -> int:
-        """Events of visitor ``who`` waiting in the queue (not started), all groups together."""
-        return sum(visitor(event.request) == who for group in self.queue.event_queue_per_concurrency_id.values()
-                   for event in group.queue)
+    def waiting(self, who: str, where: str) -> tuple[int, int]:
+        """Events waiting in the queue (not started), all groups together: visitor ``who``'s, and those of the
+        visitors at address ``where``."""
+        requests = [event.request for group in self.queue.event_queue_per_concurrency_id.values()
+                    for event in group.queue]
+        return (sum(visitor(request) == who for request in requests),
+                sum(address(request) == where for request in requests))
 
     def estimate(self, fn) -> float:
         """The estimated time of a run of handler ``fn``, s: Gradio's measured mean, :data:`DEFAULT_COST_S` before
@@ -72,10 +77,14 @@ class FairTurns:
     async def push(self, body, request, username):
         """Gradio's ``Queue.push``, refused with a message for a visitor who has ``max_waiting`` events waiting;
         a queued event is then put in its fair place in its group."""
-        who = visitor(request)
-        if who and self.waiting(who) >= self.max_waiting:
+        who, where = visitor(request), address(request)
+        mine, here = self.waiting(who, where)
+        if who and mine >= self.max_waiting:
             return False, (f"You have {self.max_waiting} requests waiting already: they are answered first. Ask again "
                            "once they are."), "error"
+        if where and here >= self.max_waiting_at_address:
+            return False, (f"{self.max_waiting_at_address} requests from your network are waiting already: they are "
+                           "answered first. Ask again in a moment."), "error"
         queued, answer, status = await self._push(body=body, request=request, username=username)
         event = self.queue.event_ids_to_events.get(answer) if queued else None
         if event is not None:

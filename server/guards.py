@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from .visitors import visitor
+
 __all__ = ["GRADIO_PRIVATE", "Admission", "RunDropped", "SlowRuns", "check_dropped", "names_a_web_address",
            "waiting_events"]
 
@@ -31,11 +33,10 @@ GRADIO_PRIVATE = {
     "EventQueue.queue": "a group's waiting events, oldest first",
     "Event.session_hash": "the session an event belongs to (its own id for a call without one)",
     "Event.fn": "the BlockFunction an event runs (its name is the handler's)",
-    "Event.request": "the request that joined the queue (a dropped run's, remembered)",
+    "Event.request": "the request that joined the queue (a dropped run's, remembered; its visitor)",
     "Event.concurrency_id": "the concurrency group an event runs in",
     "BlockFunction._id": "an event handler's index: the fn_index of a request",
     "PredictBodyInternal.fn_index": "which handler a request asks for",
-    "PredictBodyInternal.session_hash": "the session a request names",
     "PredictBodyInternal.data": "a request's input values",
 }
 
@@ -92,9 +93,16 @@ def waiting_events(demo: gr.Blocks, group: str) -> list:
     return list(waiting.queue) if waiting else []
 
 
+def _owner(request) -> tuple[str, str | None]:
+    """Whose a slow run is: the visitor of ``request`` (a ``gr.Request``, or the Starlette request of an event in
+    Gradio's queue: :func:`server.visitor`) and its session."""
+    return visitor(request), getattr(request, "session_hash", None)
+
+
 class SlowRuns:
     """The slow views' computations: at most ``limit`` at a time over all sessions; a session's run of a view can be
-    dropped (the Cancel button, or a change of what the view reads).
+    dropped (the Cancel button, or a change of what the view reads), by that session of the same visitor only
+    (:func:`server.visitor`: a session id alone, which a client names at will, drops nothing of another visitor's).
 
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
     thread of its own. A dropped run gives its place back at once and its computation stops at its next step (a
@@ -119,7 +127,7 @@ class SlowRuns:
         self.limit = limit
         self.waiting = waiting
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
-        self._runs: dict[tuple[str | None, str], set[_Run]] = {}  # (session, view) → its started runs
+        self._runs: dict[tuple[str, str | None, str], set[_Run]] = {}  # (visitor, session, view) → its started runs
         self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
 
     def wrap(self, handler, dropped=None):
@@ -135,7 +143,7 @@ class SlowRuns:
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
             run = _Run(asyncio.get_running_loop().create_future())
-            key = (getattr(request, "session_hash", None), view)
+            key = (*_owner(request), view)
             self._runs.setdefault(key, set()).add(run)
             try:
                 if await self._take_place(run.end):
@@ -206,17 +214,19 @@ class SlowRuns:
             run.holds_place = False
             self._places.release()
 
-    def drop(self, session: str | None, view: str) -> None:
-        """End ``session``'s runs of ``view`` (a wrapped handler's name) now: one computing or waiting for a place
-        returns its ``dropped`` value and gives its place back at once (its computation stops at its next
-        :func:`check_dropped`), one still in Gradio's queue ends when it starts. Runs in the server's event loop."""
-        for run in self._runs.get((session, view), ()):
+    def drop(self, request: gr.Request | None, view: str) -> None:
+        """End the runs of ``view`` (a wrapped handler's name) of ``request``'s visitor and session now: one
+        computing or waiting for a place returns its ``dropped`` value and gives its place back at once (its
+        computation stops at its next :func:`check_dropped`), one still in Gradio's queue ends when it starts. Runs
+        in the server's event loop."""
+        owner = _owner(request)
+        for run in self._runs.get((*owner, view), ()):
             run.stop.set()
             self._release(run)
             if not run.end.done():
                 run.end.set_result(_DROPPED)
         for event in self.waiting():
-            if event.session_hash == session and event.fn.name == view:
+            if (visitor(event.request), event.session_hash) == owner and event.fn.name == view:
                 self._dropped_joins.add(event.request)
 
     def dropping(self, views: tuple[str, ...], handler=None):
@@ -224,7 +234,7 @@ class SlowRuns:
         (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
         async def drop(request: gr.Request):
             for view in views:
-                self.drop(getattr(request, "session_hash", None), view)
+                self.drop(request, view)
             return None if handler is None else handler(request)
         drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
         return drop
@@ -233,9 +243,10 @@ class SlowRuns:
 class Admission:
     """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
     download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
-    or running per session (over all slow views) and at most ``max_waiting`` slow runs waiting over all sessions.
-    A request past any of these is refused before it enters the queue, with a message (the page shows it), so slow
-    runs can neither pile up for one session nor fill the queue that clicks and predictions need.
+    or running per visitor (:func:`server.visitor`; over all slow views and all the visitor's sessions, which a
+    client names at will) and at most ``max_waiting`` slow runs waiting over all visitors. A request past any of
+    these is refused before it enters the queue, with a message (the page shows it), so slow runs can neither pile
+    up for one visitor nor fill the queue that clicks and predictions need.
 
     Gradio has no admission hook per concurrency group (a validator runs after the queue's own size check and marks
     inputs invalid), so this wraps the queue's ``push``, the one step every ``/queue/join`` and ``/call`` passes
@@ -251,18 +262,19 @@ class Admission:
         self.demo, self.group, self.max_waiting = demo, group, max_waiting
         self.queue = demo._queue
         self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == group}
-        self.joining: list[str | None] = []  # sessions of admitted slow requests not queued yet
+        self.joining: list[str] = []  # visitors of admitted slow requests not queued yet
         self._push = self.queue.push
         self.queue.push = self.push
 
-    def refusal(self, session: str | None) -> str | None:
-        """Why a slow request of ``session`` (None: a call without one) is refused now, or None to admit it."""
-        waiting = [event.session_hash for event in waiting_events(self.demo, self.group)]
-        running = [event.session_hash for job in self.queue.active_jobs if job for event in job
+    def refusal(self, who: str) -> str | None:
+        """Why a slow request of the visitor ``who`` (``""``: a request the server could not place, which has no
+        place of its own) is refused now, or None to admit it."""
+        waiting = [visitor(event.request) for event in waiting_events(self.demo, self.group)]
+        running = [visitor(event.request) for job in self.queue.active_jobs if job for event in job
                    if event.concurrency_id == self.group]
-        if session is not None and session in (*waiting, *running, *self.joining):
-            return ("This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
-                    "waiting or running: its result comes first. Ask again once it is shown.")
+        if who and who in (*waiting, *running, *self.joining):
+            return ("You already have a slow run (attribution, equivalence demo or every model's spectrum) waiting "
+                    "or running, in this tab or another: its result comes first. Ask again once it is shown.")
         if len(waiting) + len(self.joining) >= self.max_waiting:
             return (f"The slow views (attribution, equivalence demo) are busy: {self.max_waiting} requests are "
                     "waiting for them. Try again in a minute; everything else still answers.")
@@ -276,11 +288,11 @@ class Admission:
                            "https://) is not fetched by the server."), "error"
         if body.fn_index not in self.slow_fns:
             return await self._push(body=body, request=request, username=username)
-        session = body.session_hash  # push gives a request without one (a /call) its event's id
-        if (message := self.refusal(session)) is not None:
+        who = visitor(request)
+        if (message := self.refusal(who)) is not None:
             return False, message, "error"
-        self.joining.append(session)
+        self.joining.append(who)
         try:
             return await self._push(body=body, request=request, username=username)
         finally:
-            self.joining.remove(session)
+            self.joining.remove(who)

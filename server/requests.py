@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from analysis import LINK_TOO_LONG, MAX_LINK_BYTES, Workspace
 
-from .visitors import visitor
+from .visitors import address, visitor
 
 __all__ = ["MAX_URL_BYTES", "UPLOAD_IDLE_S", "UPLOAD_MIN_BYTES_PER_S", "RequestSizeLimit"]
 
@@ -44,9 +44,10 @@ class RequestSizeLimit:
     page's address as the Referer), and those requests, refused past :data:`MAX_URL_BYTES` or uvicorn's 16 KB, left
     the page with a bare error.
 
-    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound and in its
-    visitor's share (:meth:`Workspace.reserve`, :func:`server.visitor`) until it is answered, and is answered 507
-    with the workspace's message when either has no room for it: uploads beyond them are refused before they are
+    A request to one of ``upload_paths`` first holds its body's length in ``workspace``'s byte bound, in its
+    visitor's share and in its address's ceiling (:meth:`Workspace.reserve`, :func:`server.visitor`,
+    :func:`server.address`: :class:`server.Visitors` must run before this) until it is answered, and is answered
+    507 with the workspace's message when one has no room for it: uploads beyond them are refused before they are
     stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files) by what it added on disk:
     the files its answer names (a JSON list of paths), each once, so a file Gradio already held (identical contents
     are kept once) adds nothing; an answer that names none is charged its declared length. One that meets a full
@@ -95,7 +96,8 @@ class RequestSizeLimit:
                                 f"bytes); this one declares {length.decode(errors='replace')} bytes")
             elif length is not None and self.workspace is not None and scope["path"] in self.upload_paths:
                 try:
-                    release = await asyncio.to_thread(self.workspace.reserve, int(length), visitor(scope))
+                    release = await asyncio.to_thread(self.workspace.reserve, int(length), visitor(scope),
+                                                    address(scope))
                 except ValueError as err:
                     refusal = 507, str(err)
             if refusal is not None:

@@ -226,9 +226,11 @@ def query_record(loaded: LoadedModel, image: InputImage, neighbors: QueryNeighbo
 
 
 def export_query(workspace: Workspace, session: str | None, loaded: LoadedModel, image: InputImage,
-                 neighbors: QueryNeighbors, visitor: str | None = None) -> tuple[Path, Path]:
+                 neighbors: QueryNeighbors, visitor: str | None = None, address: str | None = None
+                 ) -> tuple[Path, Path]:
     """Write the query's :func:`overlay_png` and its :func:`query_record` JSON as a new export of ``session``,
-    charged to ``visitor``'s share of the workspace (default: the session's).
+    charged to ``visitor``'s share of the workspace (default: the session's) and to ``address``'s ceiling (default:
+    none).
 
     Returns:
         tuple[Path, Path]: the PNG and the JSON, in a fresh entry of ``workspace``, named by the server from the
@@ -236,8 +238,8 @@ def export_query(workspace: Workspace, session: str | None, loaded: LoadedModel,
         says becomes part of a name.
 
     Raises:
-        ValueError: the workspace, or the visitor's share of it, has no room for them, or the disk is full (nothing
-            is written).
+        ValueError: the workspace, or the visitor's share or address's ceiling of it, has no room for them, or the
+            disk is full (nothing is written).
     """
     row_px, col_px = neighbors.query_px
     stem = f"neighbors-{image.digest[:10]}-{neighbors.layer.name}-{row_px}-{col_px}".replace(".", "_")
@@ -245,5 +247,6 @@ def export_query(workspace: Workspace, session: str | None, loaded: LoadedModel,
     overlay_png(model_view(image, loaded.card.input_size), neighbors,
                 title=_export_title(loaded.card.name, neighbors)).save(png, format="PNG")
     data = json.dumps(query_record(loaded, image, neighbors), indent=1).encode()
-    entry = workspace.add(session, EXPORTS, {f"{stem}.png": png.getvalue(), f"{stem}.json": data}, visitor)
+    entry = workspace.add(session, EXPORTS, {f"{stem}.png": png.getvalue(), f"{stem}.json": data}, visitor,
+                          address)
     return entry / f"{stem}.png", entry / f"{stem}.json"

@@ -341,7 +341,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
 
 
 def store_upload(files: Sequence[str | Path], workspace: Workspace, session: str | None,
-                 device: str | torch.device = "cpu", visitor: str | None = None) -> str:
+                 device: str | torch.device = "cpu", visitor: str | None = None, address: str | None = None) -> str:
     """Keep an uploaded checkpoint: store its two files as a new entry of ``session`` in ``workspace``, under fixed
     names (nothing the upload says names a path), and load it once.
 
@@ -351,23 +351,23 @@ def store_upload(files: Sequence[str | Path], workspace: Workspace, session: str
         session (str or None): the uploading session; only it can open the upload (:func:`checkpoint_card`).
         device (str or torch.device): where the check load runs. Default: ``"cpu"``
         visitor (str, optional): whose share of the workspace the files count against. Default: the session's
+        address (str, optional): the network address whose ceiling they count against too. Default: None (none)
 
     Returns:
         str: the choice that names the upload: :data:`UPLOAD_PREFIX` + its entry id.
 
     Raises:
-        ValueError: not one file of each kind, a workspace (or visitor's share) without room for them or a full disk
-            (nothing is written), or a
-            checkpoint that does not load (a :class:`CheckpointError`, re-raised naming the uploaded files instead of
-            the stored ones). Whatever is raised after the files are stored, the entry is removed: no half-accepted
-            upload stays behind.
+        ValueError: not one file of each kind, a workspace (or visitor's share, or address's ceiling) without room
+            for them or a full disk (nothing is written), or a checkpoint that does not load (a
+            :class:`CheckpointError`, re-raised naming the uploaded files instead of the stored ones). Whatever is
+            raised after the files are stored, the entry is removed: no half-accepted upload stays behind.
     """
     paths = [Path(f) for f in files]
     cards = [p for p in paths if p.suffix == ".json"]
     weights = [p for p in paths if p.suffix == ".safetensors"]
     if len(cards) != 1 or len(weights) != 1:
         raise ValueError("upload exactly two files: the weights (.safetensors) and the model card (.json)")
-    entry = workspace.add(session, UPLOADS, {_CARD_FILE: cards[0], _WEIGHTS_FILE: weights[0]}, visitor)
+    entry = workspace.add(session, UPLOADS, {_CARD_FILE: cards[0], _WEIGHTS_FILE: weights[0]}, visitor, address)
     try:
         load_model(entry / _CARD_FILE, device)
     except Exception as err:  # whatever refused the checkpoint, no half-accepted upload stays behind

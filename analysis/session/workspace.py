@@ -12,9 +12,11 @@ uploads and downloads): their files count, and a writer there holds room first (
 The bytes held are counted as they change (each write, removal and held room), not by walking the folders per
 request: the folders are walked when the workspace is made and by each sweep. Each visitor (a string the server
 gives: :func:`server.visitor`) also has a share of the bound (``share_bytes``), so that one visitor cannot fill it
-for everyone. An entry is written under a temporary name and renamed once complete, and a full disk leaves nothing
-behind (:meth:`Workspace.add`). A server's files live in a run folder of its own (:func:`claim_run_dir`), locked while
-it runs; the run folders of servers that ended, cleanly or not, are deleted when the next one starts.
+for everyone, and all visitors at one network address (:func:`server.address`) a ceiling (``address_bytes``), so
+that one address cannot make itself visitors without end. An entry is written under a temporary name and renamed
+once complete, and a full disk leaves nothing behind (:meth:`Workspace.add`). A server's files live in a run folder
+of its own (:func:`claim_run_dir`), locked while it runs; the run folders of servers that ended, cleanly or not, are
+deleted when the next one starts.
 """
 
 from __future__ import annotations
@@ -167,19 +169,22 @@ class Workspace:
             ``root``. Default: none
         share_bytes (int, optional): most bytes one visitor's entries, room held and what its uploads of the last
             ``max_age_s`` added on disk may hold together. Default: None (``max_bytes``)
+        address_bytes (int, optional): most bytes the visitors charged at one address may hold together, counted
+            as for ``share_bytes``. Default: None (no ceiling but the bound)
 
     Sessions are strings (Gradio's session hash); ``None`` is the one session of callers that have none (a direct
     Python call). A visitor is who the server says sent a request (:func:`server.visitor`); a write that names
-    none is charged to its session. Thread-safe.
+    none is charged to its session; a write that names no address has no ceiling but the share. Thread-safe.
     """
 
     def __init__(self, root: str | Path, max_bytes: int, max_age_s: float, counted: Iterable[str | Path] = (),
-                 share_bytes: int | None = None) -> None:
+                 share_bytes: int | None = None, address_bytes: int | None = None) -> None:
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
         self.max_age_s = float(max_age_s)
         self.counted = tuple(Path(folder) for folder in counted)
         self.share_bytes = self.max_bytes if share_bytes is None else int(share_bytes)
+        self.address_bytes = None if address_bytes is None else int(address_bytes)
         self._lock = threading.Lock()  # held by every write, open, sweep and change of the counts
         self._entries: dict[Path, tuple[str, int]] = {}  # entry folder → (its visitor, its bytes)
         self._entry_bytes = 0  # their sum
@@ -188,6 +193,7 @@ class Workspace:
         self._stored: collections.deque = collections.deque()  # (time, visitor, bytes) uploads added there
         self._reserved: collections.Counter = collections.Counter()  # visitor → bytes held by reserve()
         self._charged: collections.Counter = collections.Counter()  # visitor → its entries' and stored uploads' bytes
+        self._at_address: dict[str, set[str]] = {}  # address → the visitors charged there that may hold bytes
         self._recount()
 
     def _session_dir(self, session: str | None) -> Path:
@@ -223,11 +229,26 @@ class Workspace:
             self._charged[owner] -= size
         return self._charged[visitor] + self._reserved[visitor]
 
-    def _make_room(self, size: int, visitor: str) -> None:
-        """Check that ``size`` more bytes fit in ``visitor``'s share and beside what is held and reserved, sweeping
-        first if they do not (call with the lock)."""
+    def _address_bytes(self, address: str, visitor: str, now: float) -> int:
+        """Bytes charged to the visitors at ``address``, ``visitor`` now counted among them; those that hold
+        nothing are forgotten there (call with the lock)."""
+        visitors = self._at_address.setdefault(address, set())
+        visitors.add(visitor)
+        held = {other: self._visitor_bytes(other, now) for other in visitors}
+        visitors.intersection_update(other for other, size in held.items() if size or other == visitor)
+        return sum(held.values())
+
+    def _make_room(self, size: int, visitor: str, address: str | None) -> None:
+        """Check that ``size`` more bytes fit in ``visitor``'s share, in ``address``'s ceiling and beside what is
+        held and reserved, sweeping first if they do not (call with the lock)."""
         now = time.time()
         mine = self._visitor_bytes(visitor, now)
+        ours = self._address_bytes(address, visitor, now) if address and self.address_bytes is not None else None
+        if ours is not None and ours + size > self.address_bytes:
+            raise ValueError(f"the visitors at one network address may keep at most {_mb(self.address_bytes)} of "
+                             f"uploads and exports on the server together, and yours hold {_mb(ours)} now, too much "
+                             f"for {_mb(size)} more: try again later (files are deleted "
+                             f"{self.max_age_s / 60:.0f} min after their last use)")
         if mine + size > self.share_bytes:
             raise ValueError(f"each visitor may keep at most {_mb(self.share_bytes)} of uploads and exports on the "
                              f"server, and you hold {_mb(mine)} now, too much for {_mb(size)} more: try again later "
@@ -241,10 +262,11 @@ class Workspace:
                              f"{_mb(held)} now, too much for {_mb(size)} more: try again later (files are deleted "
                              f"{self.max_age_s / 60:.0f} min after their last use)")
 
-    def reserve(self, size: int, visitor: str = "") -> Callable[..., None]:
-        """Hold ``size`` bytes of the bound and of ``visitor``'s share for files another writer is about to put in a
-        ``counted`` folder (an upload Gradio is receiving), so that writers at the same time cannot together pass
-        either: a request whose declared size does not fit is refused before its body is read.
+    def reserve(self, size: int, visitor: str = "", address: str | None = None) -> Callable[..., None]:
+        """Hold ``size`` bytes of the bound, of ``visitor``'s share and of ``address``'s ceiling for files another
+        writer is about to put in a ``counted`` folder (an upload Gradio is receiving), so that writers at the same
+        time cannot together pass any of them: a request whose declared size does not fit is refused before its body
+        is read.
 
         Returns:
             Callable[[bool, Iterable[str or PathLike] or None], None]: ``release(stored, files=None)`` lets go of
@@ -256,11 +278,11 @@ class Workspace:
             without ``files``, the ``size`` held.
 
         Raises:
-            ValueError: no room for ``size`` bytes in ``visitor``'s share (the message names the share) or in the
-                bound (the message of :meth:`add`).
+            ValueError: no room for ``size`` bytes in ``visitor``'s share (the message names the share), in
+                ``address``'s ceiling (the message names it) or in the bound (the message of :meth:`add`).
         """
         with self._lock:
-            self._make_room(size, visitor)
+            self._make_room(size, visitor, address)
             self._reserved[visitor] += size
 
         def release(stored: bool = False, files: Iterable[str | os.PathLike] | None = None) -> None:
@@ -287,7 +309,7 @@ class Workspace:
         return added
 
     def add(self, session: str | None, kind: str, files: Mapping[str, bytes | str | os.PathLike],
-            visitor: str | None = None) -> Path:
+            visitor: str | None = None, address: str | None = None) -> Path:
         """Store ``files`` as a new entry of ``session``: written in a folder of a temporary name, renamed to the
         entry's once complete.
 
@@ -297,12 +319,14 @@ class Workspace:
             files (Mapping[str, bytes | str | PathLike]): file name → contents, or the path of a file to copy. The
                 names are the caller's constants (ASCII letters, digits, ``.``, ``_``, ``-``; at most 128).
             visitor (str, optional): whose share the entry counts against. Default: the session
+            address (str, optional): the network address whose ceiling it counts against too. Default: None (none)
 
         Returns:
             Path: the entry's folder, holding exactly ``files``.
 
         Raises:
-            ValueError: the files would take ``visitor`` past its share (the message names the share), or the
+            ValueError: the files would take ``visitor`` past its share or ``address`` past its ceiling (the
+                message names which), or the
                 workspace (its entries, the ``counted`` folders and the room reserved) past ``max_bytes`` (the
                 message gives the limit and what is held); the disk is full (nothing is left of the entry); or a
                 name that is not a plain file name (a bug in the caller).
@@ -313,7 +337,7 @@ class Workspace:
         visitor = session or "" if visitor is None else visitor
         size = sum(len(data) if isinstance(data, bytes) else os.stat(data).st_size for data in files.values())
         with self._lock:
-            self._make_room(size, visitor)
+            self._make_room(size, visitor, address)
             entry_id = secrets.token_hex(16)
             folder = self._session_dir(session) / kind
             partial = folder / (_PARTIAL + entry_id)

@@ -160,6 +160,30 @@ def test_a_visitor_past_their_share_is_refused_naming_it_and_others_are_not(tmp_
     assert workspace.add("tab-4", UPLOADS, {"d.json": b"x" * 10}).parent.parent.exists()  # no visitor: its session
 
 
+def test_the_visitors_at_one_address_are_refused_past_its_ceiling_and_others_are_not(tmp_path):
+    """A visitor is a token now, and one address can be given many: their shares together stop at the address's
+    ceiling (uploads held, stored and exported alike), and what one of them lets go is room again."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, share_bytes=600, address_bytes=1000)
+    first = workspace.add("tab-1", EXPORTS, {"a.json": b"x" * 500}, visitor="t:1", address="10.0.0.66")
+    workspace.reserve(300, "t:2", "10.0.0.66")(True)  # an upload stored
+    release = workspace.reserve(150, "t:3", "10.0.0.66")  # one arriving
+    ceiling = (r"the visitors at one network address may keep at most 0\.0 MB of uploads and exports on the server "
+               r"together, and yours hold 0\.0 MB now, too much for 0\.0 MB more")
+    with pytest.raises(ValueError, match=ceiling):
+        workspace.add("tab-4", EXPORTS, {"b.json": b"x" * 51}, visitor="t:4", address="10.0.0.66")
+    with pytest.raises(ValueError, match=ceiling):
+        workspace.reserve(51, "t:1", "10.0.0.66")
+    release(False)  # refused by Gradio: its room is free again
+    workspace.add("tab-4", EXPORTS, {"b.json": b"x" * 200}, visitor="t:4", address="10.0.0.66")
+    workspace.reserve(600, "t:5", "10.0.0.7")(True)  # another address: its own ceiling
+    workspace.remove(first)
+    workspace.reserve(500, "t:6", "10.0.0.66")(True)  # t:1's 500 bytes went: 300 + 200 + 500 = the ceiling
+    assert [workspace.visitor_bytes(f"t:{n}") for n in range(1, 7)] == [0, 300, 0, 200, 600, 500]
+    with pytest.raises(ValueError, match=ceiling):
+        workspace.reserve(1, "t:1", "10.0.0.66")
+    workspace.reserve(1, "t:1")(True)  # naming no address: its share only (a direct call)
+
+
 def test_an_entry_is_written_under_a_temporary_name_and_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
     """Disk full gave a bare 500 and left zero-length files behind."""
     workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)

@@ -600,8 +600,8 @@ def test_uploads_over_the_size_limit_are_refused(app_url):
 
 def test_the_upload_cap_is_a_flag(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema:
-                        launched.append(max_upload_mb))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema, host,
+                        trusted_proxies: launched.append(max_upload_mb))
     monkeypatch.setattr(app, "build_demo", lambda explorer: launched.append(explorer.max_upload_mb))
     monkeypatch.setattr("sys.argv", ["app.py", "--max-upload-mb", "120", "--port", "7999"])
     app.main()

@@ -233,7 +233,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
     monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
     stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
-    started, release, stopped = blocked_equivalence
+    started, release, _ = blocked_equivalence
     demo = app.build_demo(explorer)
     fn_index = next(fn._id for fn in demo.fns.values() if fn.api_name == "equivalence")
     with served(demo) as url:
@@ -258,9 +258,10 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
 
 @contextlib.contextmanager
 def slow_queue(explorer, example_image, attribution_method: str):
-    """The app served, the example image uploaded: yields (url, inputs, join); ``join(api_name, session)`` posts a
-    ``/queue/join`` of the endpoint ("equivalence", "attribution" by ``attribution_method``, "predict") for
-    ``session`` with ``inputs[api_name]``."""
+    """The app served, the example image uploaded: yields (url, inputs, join); ``join(api_name, session, client)``
+    posts a ``/queue/join`` of the endpoint ("equivalence", "attribution" by ``attribution_method``, "predict") for
+    ``session`` with ``inputs[api_name]`` through ``client`` (an ``httpx.Client``, whose cookie keeps its visitor
+    token; by default plain ``httpx``, so each join is a new visitor)."""
     demo = app.build_demo(explorer)
     fn_index = {fn.api_name: fn._id for fn in demo.fns.values() if fn.api_name}
     with served(demo) as url:
@@ -271,37 +272,40 @@ def slow_queue(explorer, example_image, attribution_method: str):
                   "attribution": ["cnn-l0.5", image, attribution_method, "", "crop", 0],
                   "predict": ["cnn-l0.5", image, "crop", 0]}
 
-        def join(api_name: str, session: str) -> httpx.Response:
-            return httpx.post(f"{url}gradio_api/queue/join", json={
+        def join(api_name: str, session: str, client=httpx) -> httpx.Response:
+            return client.post(f"{url}gradio_api/queue/join", json={
                 "data": inputs[api_name], "fn_index": fn_index[api_name], "session_hash": session, "trigger_id": None})
         yield url, inputs, join, fn_index
 
 
-def test_slow_requests_are_admitted_one_per_session_and_a_few_in_all(explorer, monkeypatch, checkpoint_dir,
+def test_slow_requests_are_admitted_one_per_visitor_and_a_few_in_all(explorer, monkeypatch, checkpoint_dir,
                                                                      example_image, work_dir, blocked_equivalence):
     """Only the page's trigger_mode kept a session to one slow run: through the API one session queued 60
     occlusions (373 s of the shared slow group), and 100 sessions filled the queue so that a new session's click got
-    "Queue is full". Now the server refuses a session's second slow request while its first waits or runs, and any
-    slow request once MAX_SLOW_WAITING wait, with a message; a prediction still gets its place."""
+    "Queue is full". Then one slow run per session: but a client names its sessions, so nine made-up session ids
+    held the slow group's places and every other visitor was refused. Now one slow run per visitor (its token), of
+    any of its sessions, and any slow request is refused once MAX_SLOW_WAITING wait, with a message; a prediction
+    still gets its place."""
     monkeypatch.setattr(app_limits, "MAX_SLOW_WAITING", 2, raising=False)
-    started, release, stopped = blocked_equivalence
-    with slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _):
+    started, release, _ = blocked_equivalence
+    with (slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _), httpx.Client() as alice,
+          httpx.Client() as bob, httpx.Client() as carol):
         try:
-            assert join("equivalence", "s0").status_code == 200 and started.wait(30)  # runs
-            for api_name in ("equivalence", "attribution"):  # the session's second slow request, of either view
-                refused = join(api_name, "s0")
-                assert refused.status_code == 400 and refused.json()["detail"].startswith(
-                    "This session already has a slow run (attribution, equivalence demo or every model's spectrum) "
-                    "waiting or running")
-            assert join("attribution", "s1").status_code == 200  # waits for its turn
-            assert join("attribution", "s1").status_code == 400  # s1 has one waiting
+            assert join("equivalence", "s0", alice).status_code == 200 and started.wait(30)  # runs
+            for session in range(1, 9):  # eight more sessions of hers, asking for either view
+                refused = join(("equivalence", "attribution")[session % 2], f"s{session}", alice)
+                assert refused.status_code == 400 and refused.json()["detail"] == (
+                    "You already have a slow run (attribution, equivalence demo or every model's spectrum) waiting "
+                    "or running, in this tab or another: its result comes first. Ask again once it is shown.")
+            assert join("attribution", "s0", bob).status_code == 200  # another visitor (even naming s0) waits
+            assert join("attribution", "b1", bob).status_code == 400  # bob has one waiting
             call = httpx.post(f"{url}gradio_api/call/attribution", json={"data": inputs["attribution"]})
             assert call.status_code == 200 and call.json()["event_id"]  # a call without a session waits too
-            refused = join("attribution", "s3")
+            refused = join("attribution", "c0", carol)
             assert refused.status_code == 400 and refused.json()["detail"] == (
                 "The slow views (attribution, equivalence demo) are busy: 2 requests are waiting for them. Try again "
                 "in a minute; everything else still answers.")
-            assert join("predict", "s3").status_code == 200  # a prediction is queued
+            assert join("predict", "c0", carol).status_code == 200  # a prediction is queued
         finally:
             release.set()
 
@@ -357,7 +361,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
     attributions = []
     monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args))
     demo = app.build_demo(explorer)
-    with served(demo) as url:
+    with served(demo) as url, httpx.Client() as alice, httpx.Client() as bob:
         with open(example_image, "rb") as file:
             image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
                      "meta": {"_type": "gradio.FileData"}}
@@ -365,8 +369,9 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
                   "method": "occlusion", "target": "", "draw": 0}
 
         def join(name: str, session: str) -> str:
+            """Join ``name``'s event for ``session``: s0 is alice's, s1 bob's (a drop is its visitor's only)."""
             fn = dependency(demo, name)[0]
-            joined = httpx.post(f"{url}gradio_api/queue/join", json={
+            joined = {"s0": alice, "s1": bob}[session].post(f"{url}gradio_api/queue/join", json={
                 "data": [values[block.elem_id] for block in fn.inputs], "fn_index": fn._id, "session_hash": session,
                 "trigger_id": None})
             assert joined.status_code == 200, joined.text
@@ -731,15 +736,45 @@ def test_weights_that_overflow_are_refused_naming_the_first_module(checkpoint_di
 # -- 8 · the analysis caches share one byte budget ---------------------------------------------------------------------
 def test_the_cache_budget_flag_sets_the_analysis_budget(monkeypatch):
     launched = []
-    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema: launched.append(port))
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema, host,
+                        trusted_proxies: launched.append((port, host, trusted_proxies)))
     monkeypatch.setattr(app, "build_demo", lambda explorer: None)
     before = an.cache_budget()
     monkeypatch.setattr(sys, "argv", ["app.py", "--cache-mb", "64", "--port", "7999"])
     try:
         app.main()
-        assert an.cache_budget() == 64 * 2**20 and launched == [7999]
+        assert an.cache_budget() == 64 * 2**20 and launched == [(7999, "127.0.0.1", ())]
     finally:
         an.set_cache_budget(before)
+
+
+@pytest.mark.parametrize(("argv", "env", "host", "proxies"), [
+    ([], None, "127.0.0.1", []),
+    (["--host", "0.0.0.0", "--trusted-proxy", "10.0.0.5", "--trusted-proxy", "fd00::/64"], "10.9.9.9", "0.0.0.0",
+     ["10.0.0.5/32", "fd00::/64"]),  # the flags win over the environment
+    ([], " 10.0.0.5, 10.1.0.0/16 ", "127.0.0.1", ["10.0.0.5/32", "10.1.0.0/16"]),
+], ids=["defaults", "flags", "environment"])
+def test_the_host_and_trusted_proxy_options_reach_the_launch(monkeypatch, argv, env, host, proxies):
+    launched = []
+    monkeypatch.setattr(app, "launch", lambda demo, port, workspace, max_upload_mb, mcp_schema, host,
+                        trusted_proxies: launched.append((host, [str(proxy) for proxy in trusted_proxies])))
+    monkeypatch.setattr(app, "build_demo", lambda explorer: None)
+    monkeypatch.setattr(an, "set_cache_budget", lambda budget: None)  # (the default: this test's budget stays)
+    if env is None:
+        monkeypatch.delenv("CONVNN_TRUSTED_PROXIES", raising=False)
+    else:
+        monkeypatch.setenv("CONVNN_TRUSTED_PROXIES", env)
+    monkeypatch.setattr(sys, "argv", ["app.py", *argv])
+    app.main()
+    assert launched == [(host, proxies)]
+
+
+def test_a_trusted_proxy_that_is_not_an_address_stops_the_app_with_a_message(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["app.py", "--trusted-proxy", "proxy.example.org"])
+    with pytest.raises(SystemExit):
+        app.main()
+    assert ("a trusted proxy must be an IP address or a network such as 10.0.0.0/24, got 'proxy.example.org'"
+            in capsys.readouterr().err)
 
 
 # -- 9 · a select event without a position ----------------------------------------------------------------------------

@@ -8,29 +8,40 @@ import pytest
 from gradio.data_classes import PredictBodyInternal
 from starlette.requests import Request
 
-from server import FairTurns
+from server import FairTurns, Visitors, visitor
 from tests.loops import run_coroutine
 
 
-def request_from(address: str) -> Request:
-    return Request({"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
-                    "query_string": b"", "client": (address, 5000)})
+def request_from(address: str, minted: bool = False) -> Request:
+    """A join request from ``address`` as :class:`server.Visitors` placed it: with no token minted, its visitor is
+    ``"a:<address>"``; ``minted``: a new visitor with a token of its own (a client without cookies)."""
+    scopes = []
+
+    async def app(scope, receive, send):
+        scopes.append(scope)
+
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [], "query_string": b"",
+             "client": (address, 5000)}
+    async def send(message):
+        pass
+    run_coroutine(Visitors(app, mint_burst=int(minted), mint_per_hour=0)(scope, None, send))
+    return Request(scopes[0])
 
 
 @pytest.fixture
 def turns():
     """An app whose one event runs one at a time, its queue not started (what is pushed stays waiting), with
-    fair turns of at most 10 waiting events a visitor."""
+    fair turns of at most 10 waiting events a visitor and 15 an address."""
     with gr.Blocks() as demo:
         box = gr.Number(elem_id="box")
         box.change(lambda value: value, box, box, concurrency_id="group", concurrency_limit=1)
     demo.queue(max_size=100)
     fn = next(iter(demo.fns.values()))
-    turns = FairTurns(demo, max_waiting=10)
+    turns = FairTurns(demo, max_waiting=10, max_waiting_at_address=15)
 
-    def push(address: str, label: int):
+    def push(address: str, label: int, minted: bool = False):
         body = PredictBodyInternal(data=[label], fn_index=fn._id, session_hash=f"{address}-{label}")
-        return run_coroutine(demo._queue.push(body, request_from(address), None))
+        return run_coroutine(demo._queue.push(body, request_from(address, minted), None))
     return turns, push, demo._queue
 
 
@@ -65,7 +76,7 @@ def test_a_visitor_is_charged_what_its_runs_took(turns):
         return None
     turns._process = run
     run_coroutine(turns.process_events([first], False, 0.0, first.fn))
-    assert turns.finish["group"]["10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
+    assert turns.finish["group"]["a:10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
     for label in (1, 2, 3):
         assert push("10.0.0.1", label)[0]
     for label in (1, 2, 3):
@@ -73,3 +84,14 @@ def test_a_visitor_is_charged_what_its_runs_took(turns):
     # B's four runs (0.1 s each, estimated) come before A's next: A has had 5 s of the group
     assert waiting(queue) == [("10.0.0.2", 0), ("10.0.0.2", 1), ("10.0.0.2", 2), ("10.0.0.2", 3),
                               ("10.0.0.1", 1), ("10.0.0.1", 2), ("10.0.0.1", 3)]
+
+
+def test_visitors_minted_at_one_address_share_its_places(turns):
+    """A client without cookies gets a new token, a new visitor, per request: its places are bounded by its
+    address's, while another address still gets in."""
+    turns, push, queue = turns
+    assert all(push("10.0.0.9", label, minted=True)[0] for label in range(15))  # 15 visitors, one address
+    assert len({visitor(event.request) for event in queue.event_queue_per_concurrency_id["group"].queue}) == 15
+    assert push("10.0.0.9", 15, minted=True) == (False, "15 requests from your network are waiting already: they "
+                                                        "are answered first. Ask again in a moment.", "error")
+    assert push("10.0.0.10", 0)[0]

@@ -13,19 +13,20 @@ import pytest
 from gradio import component_meta, processing_utils, route_utils, utils
 from gradio.data_classes import PredictBodyInternal
 from gradio.queueing import Event, EventQueue, Queue
+from starlette.requests import Request
 
 import app_api
 import app_server
-from server import controls, fairness, guards, wiring
+from server import controls, fairness, guards, visitors, wiring
 from tests.loops import run_coroutine
 
-USERS = (guards, controls, wiring, fairness, app_server, app_api)
+USERS = (guards, controls, wiring, fairness, visitors, app_server, app_api)
 
 
 @pytest.fixture(scope="module")
 def parts() -> dict[str, object]:
     """One object of each kind a ``GRADIO_PRIVATE`` entry names (``"Kind.attribute"``), as the app has them: a queued
-    app with an event of a concurrency group, and one event and request for it."""
+    app with an event of a concurrency group, and one event and request for it, and a handler's request."""
     with gr.Blocks() as demo:
         box = gr.Number(elem_id="box")
         box.change(lambda value: value, box, box, concurrency_id="group", concurrency_limit=1)
@@ -34,6 +35,7 @@ def parts() -> dict[str, object]:
     return {"Blocks": demo, "Queue": demo._queue, "EventQueue": EventQueue("group", 1), "BlockFunction": fn,
             "Event": Event("session", fn, None, None), "Block": box,
             "PredictBodyInternal": PredictBodyInternal(data=[1], fn_index=fn._id, session_hash="session"),
+            "Request": gr.Request(request=Request({"type": "http", "headers": [], "state": {"who": "t:1"}})),
             "component_meta": component_meta, "processing_utils": processing_utils, "utils": utils,
             "route_utils": route_utils}
 
@@ -51,7 +53,8 @@ def test_the_private_parts_have_the_form_the_guards_use(parts):
     """What the guards call and read, beyond the names: the queue's ``push`` is a coroutine of (body, request,
     username) answering (queued, message, status) (Admission wraps it), its groups a dict of waiting lists and its
     running jobs a list; an event knows its session, handler, request and group; a request body its handler's
-    index, session and values; the cache copy takes (file, folder); a template class is shown as its base."""
+    index, session and values; the cache copy takes (file, folder); a template class is shown as its base; a
+    handler's request reads the state of the Starlette request it wraps."""
     queue = parts["Queue"]
     assert isinstance(queue, Queue) and inspect.iscoroutinefunction(queue.push)
     assert list(inspect.signature(queue.push).parameters) == ["body", "request", "username"]
@@ -72,6 +75,7 @@ def test_the_private_parts_have_the_form_the_guards_use(parts):
     assert guards.waiting_events(parts["Blocks"], "group") == []
     assert controls.CheckedNumber(render=False).get_block_name() == "number"
     assert controls.CheckedSlider(render=False).get_block_name() == "slider"
+    assert parts["Request"].state.who == "t:1"
 
 
 def test_gradio_is_pinned_to_the_minor_versions_these_tests_passed_on():

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 
 from analysis import Workspace
 from server import requests
 from server.requests import RequestSizeLimit
+from server.visitors import VISITOR_COOKIE, Visitors
 from tests.loops import run_coroutine
 
 
 def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str = "/gradio_api/upload",
-            client: str = "10.0.0.1", status: int = 200, error: Exception | None = None) -> list[dict]:
+            client: str = "10.0.0.1", status: int = 200, error: Exception | None = None, mint_burst: int = 0
+            ) -> list[dict]:
     """What ``middleware`` sends for a POST to ``path`` with ``headers`` from ``client`` (the app behind it answers
-    ``status``, or raises ``error``, and reads nothing)."""
+    ``status``, or raises ``error``, and reads nothing), behind :class:`server.Visitors` as served: with no token,
+    the request's visitor is a new one while ``mint_burst`` allows, else ``"a:<client>"`` (by default)."""
     sent = []
 
     async def app(scope, receive, send):
@@ -30,7 +34,7 @@ def respond(middleware: RequestSizeLimit, headers: dict[bytes, bytes], path: str
 
     middleware.app = app
     scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers.items()), "client": (client, 5000)}
-    run_coroutine(middleware(scope, receive, send))
+    run_coroutine(Visitors(middleware, mint_burst=mint_burst, mint_per_hour=0)(scope, receive, send))
     return sent
 
 
@@ -117,7 +121,22 @@ def test_an_upload_past_its_visitors_share_is_refused_and_another_visitors_is_no
     assert refused[0]["status"] == 507 and refused[1]["body"].decode().startswith(
         "each visitor may keep at most 0.0 MB of uploads and exports on the server, and you hold 0.0 MB now")
     assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7")[0]["status"] == 200
-    assert workspace.visitor_bytes("10.0.0.66") == 900 and workspace.visitor_bytes("10.0.0.7") == 1000
+    assert workspace.visitor_bytes("a:10.0.0.66") == 900 and workspace.visitor_bytes("a:10.0.0.7") == 1000
+
+
+def test_uploads_past_their_addresss_ceiling_are_refused_and_another_addresss_are_not(tmp_path):
+    """A share per visitor token alone: one address minting tokens would have a share per token. The visitors at
+    one address have a ceiling together, well above one share."""
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, share_bytes=1000, address_bytes=2500)
+    limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
+    upload = functools.partial(respond, limit, client="10.0.0.66", mint_burst=1)  # each a new visitor (token)
+    assert [upload({b"content-length": str(size).encode()})[0]["status"] for size in (1000, 1000, 500)] == [200] * 3
+    refused = upload({b"content-length": b"1"})
+    assert refused[0]["status"] == 507 and refused[1]["body"].decode().startswith(
+        "the visitors at one network address may keep at most 0.0 MB of uploads and exports on the server together, "
+        "and yours hold 0.0 MB now")
+    assert respond(limit, {b"content-length": b"1000"}, client="10.0.0.7", mint_burst=1)[0]["status"] == 200
+    assert workspace.used_bytes() == 3500
 
 
 def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_path):
@@ -127,7 +146,7 @@ def test_an_upload_that_meets_a_full_disk_is_a_message_and_holds_nothing(tmp_pat
     full = respond(limit, {b"content-length": b"900"}, error=OSError(errno.ENOSPC, "No space left on device"))
     assert full[0]["status"] == 507
     assert full[1]["body"] == b"the server's disk is full: the upload was not stored; try again later"
-    assert workspace.used_bytes() == 0 and workspace.visitor_bytes("10.0.0.1") == 0
+    assert workspace.used_bytes() == 0 and workspace.visitor_bytes("a:10.0.0.1") == 0
 
 
 def test_an_address_too_long_gets_a_short_page_before_gradio_sees_it():
@@ -177,27 +196,31 @@ def test_an_upload_is_charged_what_it_adds_on_disk_and_a_file_gradio_holds_alrea
     with gr.Blocks() as demo:
         gr.File()
     demo.max_file_size = None  # what launch() sets
-    app = gr.routes.App.create_app(demo, app_kwargs={"middleware": [Middleware(
-        RequestSizeLimit, max_bytes=2**20, workspace=workspace, upload_paths=["/gradio_api/upload"])]})
+    app = gr.routes.App.create_app(demo, app_kwargs={"middleware": [
+        Middleware(Visitors, mint_burst=10, mint_per_hour=10),
+        Middleware(RequestSizeLimit, max_bytes=2**20, workspace=workspace, upload_paths=["/gradio_api/upload"])]})
+    browsers = {name: TestClient(app, client=(name, 5000)) for name in ("10.0.0.66", "10.0.0.7")}  # own cookies
 
-    def upload(client: str, contents: bytes) -> tuple[int, str]:
-        answer = TestClient(app, client=(client, 5000)).post("/gradio_api/upload",
-                                                             files={"files": ("photo.png", contents)})
+    def upload(browser: str, contents: bytes) -> tuple[int, str]:
+        answer = browsers[browser].post("/gradio_api/upload", files={"files": ("photo.png", contents)})
         return answer.status_code, answer.text
+
+    def charged(browser: str) -> int:  # the bytes charged to the visitor of the browser's token
+        return workspace.visitor_bytes("t:" + browsers[browser].cookies[VISITOR_COOKIE].split(".")[0])
 
     for _ in range(5):  # 5 × ≈ 1,170 bytes declared: past the share of 3,000 if each were charged
         assert upload("10.0.0.66", b"x" * 1000)[0] == 200
-    assert workspace.visitor_bytes("10.0.0.66") == 1000 and workspace.used_bytes() == 1000
+    assert charged("10.0.0.66") == 1000 and workspace.used_bytes() == 1000
     assert upload("10.0.0.7", b"x" * 1000)[0] == 200  # another visitor's copy of it: on disk once, nothing added
-    assert workspace.visitor_bytes("10.0.0.7") == 0 and workspace.used_bytes() == 1000
+    assert charged("10.0.0.7") == 0 and workspace.used_bytes() == 1000
     assert upload("10.0.0.66", b"y" * 1000)[0] == 200  # other contents: stored beside it
-    assert workspace.visitor_bytes("10.0.0.66") == 2000 and workspace.used_bytes() == 2000
+    assert charged("10.0.0.66") == 2000 and workspace.used_bytes() == 2000
     assert len(list(cache.glob("*/photo.png"))) == 2
     status, text = upload("10.0.0.66", b"z" * 1000)  # 1,171 declared > the 1,000 left of the share: refused unread
     assert status == 507 and text.startswith("each visitor may keep at most 0.0 MB of uploads and exports")
     assert len(list(cache.glob("*/photo.png"))) == 2
     workspace.sweep()  # the walk finds what was counted
-    assert workspace.used_bytes() == 2000 and workspace.visitor_bytes("10.0.0.66") == 2000
+    assert workspace.used_bytes() == 2000 and charged("10.0.0.66") == 2000
 
 
 def test_a_page_load_with_a_link_too_long_to_read_is_sent_to_the_page_without_it():

@@ -1,0 +1,58 @@
+"""The slow views' guards (server/guards.py) as they place requests by visitor; the admission through a served app
+is tried in tests/app/test_safety.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import gradio as gr
+from starlette.requests import Request
+
+from server import SlowRuns, Visitors
+from tests.loops import run_coroutine
+
+
+def placed(client: str, session: str) -> gr.Request:
+    """A handler's ``gr.Request`` for ``session`` of a request from ``client`` that :class:`server.Visitors` placed
+    (it mints no token here, so the visitor is ``"a:<client>"``)."""
+    scopes = []
+
+    async def app(scope, receive, send):
+        scopes.append(scope)
+
+    scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
+             "client": (client, 5000)}
+    run_coroutine(Visitors(app, mint_burst=0, mint_per_hour=0)(scope, None, None))
+    return gr.Request(request=Request(scopes[0]), session_hash=session)
+
+
+def test_a_slow_run_is_dropped_by_its_own_visitor_and_session_only():
+    """A drop (Cancel, or a change of what the view reads) named a session id, which any client can send: another
+    visitor's request naming it dropped the run. Now a drop ends the runs of its own visitor's session only (not
+    those of the visitor's other tabs either)."""
+    started, release = threading.Event(), threading.Event()
+
+    def on_view(request=None):
+        started.set()
+        release.wait(10)
+        return "computed"
+
+    async def scenario() -> list[bool | str]:
+        runs = SlowRuns(1, waiting=list)
+        drop = runs.dropping(("on_view",))
+        alice = placed("10.0.0.1", "s1")
+        run = asyncio.ensure_future(runs.wrap(on_view, dropped="dropped")(request=alice))
+        await asyncio.to_thread(started.wait, 10)
+        seen = []
+        for other in (placed("10.0.0.66", "s1"), placed("10.0.0.1", "s2")):  # another visitor; alice's other tab
+            await drop(other)
+            await asyncio.sleep(0.1)
+            seen.append(run.done())
+        await drop(alice)
+        return [*seen, await asyncio.wait_for(run, 5)]
+
+    try:
+        assert run_coroutine(scenario()) == [False, False, "dropped"]
+    finally:
+        release.set()
