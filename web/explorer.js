@@ -416,9 +416,8 @@ function position(event) {
   return pixelAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
 }
 
-canvas.addEventListener("click", (event) => {
-  const px = table && position(event);
-  if (px) setQuery(px);
+canvas.addEventListener("click", (event) => { // anywhere on the panel: its padding frame snaps to the image
+  if (table) setQuery(position(event));
   showTip(); // the cell under the pointer is now the query (rank 0)
 });
 
