@@ -515,9 +515,9 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
     with add(gr.Tabs(elem_id="tabs", overflow_behavior="wrap")):  # every view's name in sight, on a phone too
         with gr.Tab(texts.TABS["weights"], id="weights"):
             add(gr.Markdown(elem_id="weights_note"))
-            with gr.Row():
-                add(gr.Plot(label="kernel", elem_id="kernel_plot"))
-                add(gr.Plot(label="per rank slot", elem_id="slot_plot"))
+            with gr.Row():  # side by side where both fit whole (not on a phone)
+                add(gr.Plot(label="kernel", elem_id="kernel_plot", min_width=300))
+                add(gr.Plot(label="per rank slot", elem_id="slot_plot", min_width=300))
         with gr.Tab(texts.TABS["mix"], id="mix"):
             add(gr.Markdown(elem_id="mix_note"))
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))

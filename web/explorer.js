@@ -512,6 +512,6 @@ function show() {
 document.addEventListener("cc-query", (event) => { // a click in compare mode: the same place of the image here
   if (table) setQuery(mapPixel(event.detail.px, event.detail.size, table.input_size));
 });
-new ResizeObserver(() => draw()).observe(root);
+new ResizeObserver(() => draw()).observe($(".cx-focus")); // root has no box of its own on a phone (page.css)
 watch("value", show);
 show();
