@@ -171,11 +171,13 @@ class Explorer(CompareMode, ExplorerAPI):
 
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
-        (:meth:`view`), its paragraph, and the step reached; without a lesson, only a note where its text goes."""
-        found = an.lesson_step(self.lessons, lesson, step)
-        if found is None:  # said where the lesson's text goes; the view stays as it is (no error on every box)
-            return {name: gr.skip() for name in link_outputs(type(state))} | {"lesson_text": texts.LESSON_MISSING,
-                                                                             "lesson_step": 0}
+        (:meth:`view`), its paragraph, and the step reached; without a lesson, or over models it was not written for
+        (:meth:`weights`), only a note where its text goes."""
+        found = an.lesson_step(self.lessons, lesson, step, self.weights())
+        if found is None or found.unknown:  # said where the lesson's text goes; the view stays as it is (no error
+            #                                 on every box, no narration of models this server does not have)
+            return {name: gr.skip() for name in link_outputs(type(state))} | {
+                "lesson_text": found.text if found else texts.LESSON_MISSING, "lesson_step": found.step if found else 0}
         return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
 
     @user_errors
