@@ -171,11 +171,13 @@ class Explorer(CompareMode, ExplorerAPI):
 
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
-        (:meth:`view`), its paragraph, and the step reached; without a lesson, only a note where its text goes."""
-        found = an.lesson_step(self.lessons, lesson, step)
-        if found is None:  # said where the lesson's text goes; the view stays as it is (no error on every box)
-            return {name: gr.skip() for name in link_outputs(type(state))} | {"lesson_text": texts.LESSON_MISSING,
-                                                                             "lesson_step": 0}
+        (:meth:`view`), its paragraph, and the step reached; without a lesson, or over models it was not written for
+        (:meth:`weights`), only a note where its text goes."""
+        found = an.lesson_step(self.lessons, lesson, step, self.weights())
+        if found is None or found.unknown:  # said where the lesson's text goes; the view stays as it is (no error
+            #                                 on every box, no narration of models this server does not have)
+            return {name: gr.skip() for name in link_outputs(type(state))} | {
+                "lesson_text": found.text if found else texts.LESSON_MISSING, "lesson_step": found.step if found else 0}
         return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
 
     @user_errors
@@ -515,9 +517,9 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
     with add(gr.Tabs(elem_id="tabs", overflow_behavior="wrap")):  # every view's name in sight, on a phone too
         with gr.Tab(texts.TABS["weights"], id="weights"):
             add(gr.Markdown(elem_id="weights_note"))
-            with gr.Row():
-                add(gr.Plot(label="kernel", elem_id="kernel_plot"))
-                add(gr.Plot(label="per rank slot", elem_id="slot_plot"))
+            with gr.Row():  # side by side where both fit whole (not on a phone)
+                add(gr.Plot(label="kernel", elem_id="kernel_plot", min_width=300))
+                add(gr.Plot(label="per rank slot", elem_id="slot_plot", min_width=300))
         with gr.Tab(texts.TABS["mix"], id="mix"):
             add(gr.Markdown(elem_id="mix_note"))
             add(gr.Plot(label="ConvNN share", elem_id="mix_plot"))

@@ -21,7 +21,7 @@ from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 
 import analysis as an
-from convnn import CheckpointError
+from convnn import CheckpointError, ModelCard
 from convnn.candidates import draws_candidates
 from server import address, check_dropped, user_errors, visitor
 
@@ -196,6 +196,11 @@ class ExplorerAPI:
     def shipped(self) -> list[str]:
         """The shipped checkpoints' names (stems), as the model list offers them."""
         return [path.stem for _, path in an.list_checkpoints(self.checkpoint_dir).found]
+
+    def weights(self) -> dict[str, str]:
+        """The shipped checkpoints' weights, by name: the sha256 each card records (``""`` where it records none)."""
+        return {path.stem: ModelCard.read(path).weights_sha256
+                for _, path in an.list_checkpoints(self.checkpoint_dir).found}
 
     def left_out(self) -> list[str]:
         """The checkpoint folder's files the model list leaves out, each ``"name: why it cannot be opened"``."""

@@ -56,6 +56,7 @@ from .session.inputs import (
 )
 from .session.links import (
     LESSON_END,
+    LESSON_UNKNOWN,
     LINK_FIELDS,
     LINK_TOO_LONG,
     MAX_LINK_BYTES,
@@ -160,6 +161,7 @@ __all__ = [
     "FITS",
     "GRADIENT_NOTE",
     "LESSON_END",
+    "LESSON_UNKNOWN",
     "LETTERBOX_RGB",
     "LINK_FIELDS",
     "LINK_TOO_LONG",

@@ -94,7 +94,7 @@ function setQuery(px, size) {
   drawAll();
 }
 
-function pixelUnder(column, event) { // the model-input pixel of `column` under the pointer, or null
+function pixelUnder(column, event) { // the model-input pixel of `column` nearest to the pointer
   const box = column.canvas.getBoundingClientRect();
   table = column.table;
   return pixelAt(column.frame, event.clientX - box.left, event.clientY - box.top);
@@ -102,21 +102,18 @@ function pixelUnder(column, event) { // the model-input pixel of `column` under 
 
 function onClick(column, event) { // every column, and the explorer (so that a copied link holds the pixel)
   const px = pixelUnder(column, event);
-  if (px) {
-    clicked = [px, column.table.input_size];
-    setQuery(...clicked);
-    echo = true; // the explorer's answer (a "cx-query" of the same place) is not a new click
-    document.dispatchEvent(new CustomEvent("cc-query", {detail: {px: [...px], size: column.table.input_size}}));
-    echo = false;
-  }
+  clicked = [px, column.table.input_size];
+  setQuery(...clicked);
+  echo = true; // the explorer's answer (a "cx-query" of the same place) is not a new click
+  document.dispatchEvent(new CustomEvent("cc-query", {detail: {px: [...px], size: column.table.input_size}}));
+  echo = false;
 }
 
 function onHover(column, event) { // a mouse over a column previews that pixel in every column; leaving restores
   if (event.pointerType !== "mouse" || hoverFrame) return;
   hoverFrame = requestAnimationFrame(() => {
     hoverFrame = 0;
-    const px = pixelUnder(column, event);
-    if (px) setQuery(px, column.table.input_size);
+    setQuery(pixelUnder(column, event), column.table.input_size);
   });
 }
 

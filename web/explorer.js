@@ -416,9 +416,8 @@ function position(event) {
   return pixelAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
 }
 
-canvas.addEventListener("click", (event) => {
-  const px = table && position(event);
-  if (px) setQuery(px);
+canvas.addEventListener("click", (event) => { // anywhere on the panel: its padding frame snaps to the image
+  if (table) setQuery(position(event));
   showTip(); // the cell under the pointer is now the query (rank 0)
 });
 
@@ -513,6 +512,6 @@ function show() {
 document.addEventListener("cc-query", (event) => { // a click in compare mode: the same place of the image here
   if (table) setQuery(mapPixel(event.detail.px, event.detail.size, table.input_size));
 });
-new ResizeObserver(() => draw()).observe(root);
+new ResizeObserver(() => draw()).observe($(".cx-focus")); // root has no box of its own on a phone (page.css)
 watch("value", show);
 show();

@@ -120,11 +120,10 @@ function cellAt(f, x, y) { // CSS position → the cell [row, col] under it, pad
   return row === null || col === null ? null : [row, col];
 }
 
-function pixelAt(f, x, y) { // CSS position → model-input pixel [row, col], or null outside the image
-  const col = Math.floor(x / f.scale - f.left);
-  const row = Math.floor(y / f.scale - f.top);
-  const size = table.input_size;
-  return row >= 0 && row < size && col >= 0 && col < size ? [row, col] : null;
+function pixelAt(f, x, y) { // CSS position → the model-input pixel [row, col] nearest to it: a position in the
+  // padding frame snaps to the image's edge, so that its cell is the query cell nearest to the position
+  const nearest = (at) => Math.min(Math.max(Math.floor(at), 0), table.input_size - 1);
+  return [nearest(y / f.scale - f.top), nearest(x / f.scale - f.left)];
 }
 
 // -- drawing ----------------------------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ __all__ = [
 
 PANEL_HEIGHT = 380  # px, every image panel
 CHART_HEIGHT = 320  # px, bar charts and heatmaps
+_BAR_PX = 22  # px, each horizontal bar with its gap
+_EQUIVALENCE_ROW_PX = 260  # px, each row of the equivalence demo's panels, with its title and colour bar
+_EQUIVALENCE_GAP_PX = 70  # px between two rows of them: the colour bar under the upper one
+_COLORBAR_DROP_PX = 12  # px from a row of panels down to the colour bar under it
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")  # colour-blind
 
 
@@ -105,10 +109,10 @@ def wrapped_title(text: str) -> tuple[str, int]:
 
 
 def _above_panel_titles(title: str) -> dict:
-    """A figure title held near the top of the figure, below the page's label and tool bar over it (40 px), so
+    """A figure title held near the top of the figure, below the page's label and tool bar over it (52 px), so
     that its lines stay above the panels' titles (Plotly centres a title in the top margin, where a third line ran
     into them); give the figure a top margin of :func:`wrapped_title`'s + 55 px."""
-    return dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=40))
+    return dict(text=title, yref="container", y=1, yanchor="top", pad=dict(t=52))
 
 
 def heatmap_figure(values: np.ndarray, title: str, x_title: str, y_title: str, colorbar_title: str,
@@ -181,17 +185,18 @@ def spectrum_figure(rows: tuple[SpectrumRow, ...]) -> go.Figure:
     mean_distance = np.array([row.mean_distance for row in rows])
     window_share = np.array([row.window_share for row in rows])
     window_size = rows[0].window_size if rows else DEFAULT_WINDOW
-    # One above the other, so that each is as wide as the page (a phone's too).
-    fig = make_subplots(2, 1, shared_xaxes=True, vertical_spacing=0.12,
+    # One above the other, so that each is as wide as the page (a phone's too); the layers down the side, first at
+    # the top, so that their names read across whatever their number (along the bottom a phone turned them upright).
+    fig = make_subplots(2, 1, vertical_spacing=0.12,
                         subplot_titles=["mean neighbour distance (cells)",
-                                        f"% of neighbours inside the {window_size}×{window_size} window"])
-    fig.add_trace(go.Bar(x=layers, y=mean_distance, marker_color=OKABE_ITO[4], showlegend=False,
-                         hovertemplate="%{x}<br>%{y:.2f} cells<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=layers, y=100 * window_share, marker_color=OKABE_ITO[0], showlegend=False,
-                         hovertemplate="%{x}<br>%{y:.1f}%<extra></extra>"), row=2, col=1)
-    fig.update_yaxes(range=[0, 100], row=2, col=1)
-    fig.update_xaxes(automargin=True)
-    fig.update_layout(height=2 * CHART_HEIGHT, margin=dict(l=40, r=10, t=70, b=40),
+                                        f"% inside the {window_size}×{window_size} window"])
+    fig.add_trace(go.Bar(y=layers, x=mean_distance, orientation="h", marker_color=OKABE_ITO[4], showlegend=False,
+                         hovertemplate="%{y}<br>%{x:.2f} cells<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(y=layers, x=100 * window_share, orientation="h", marker_color=OKABE_ITO[0],
+                         showlegend=False, hovertemplate="%{y}<br>%{x:.1f}%<extra></extra>"), row=2, col=1)
+    fig.update_xaxes(range=[0, 100], row=2, col=1)
+    fig.update_yaxes(automargin=True, autorange="reversed", type="category")
+    fig.update_layout(height=2 * (_BAR_PX * len(layers) + 80) + 70, margin=dict(l=10, r=10, t=90, b=30),
                       title=dict(text="Convolution ↔ attention:<br>how local is each layer's selection here?",
                                  font=dict(size=15)))
     return fig
@@ -207,6 +212,8 @@ def spectrum_models_figure(spectra: dict[str, tuple[SpectrumRow, ...]]) -> go.Fi
     """
     order = sorted(spectra, key=lambda name: np.mean([r.mean_distance_px for r in spectra[name]]))  # first: bottom
     names = [html.escape(name) for name in order]
+    height = max(CHART_HEIGHT, 150 + 34 * len(order))
+    plot_px = height - 70 - 110  # less the top and bottom margins
     fig = go.Figure()
     for name, shown in zip(order, names, strict=True):
         rows = spectra[name]
@@ -214,18 +221,19 @@ def spectrum_models_figure(spectra: dict[str, tuple[SpectrumRow, ...]]) -> go.Fi
             x=[r.mean_distance_px for r in rows], y=[shown] * len(rows), mode="markers", name=shown,
             showlegend=False, marker=dict(size=12, color=[100 * r.window_share for r in rows], cmin=0, cmax=100,
                                           colorscale="Viridis", line=dict(width=1, color="white"),
-                                          colorbar=dict(title="% in R×R", orientation="h", y=-0.25,
-                                                        thickness=12, len=0.9)),
+                                          showscale=name == order[0],  # one bar, not one per model over it
+                                          colorbar=dict(title="% in R×R", orientation="h", yanchor="top",
+                                                        y=-60 / plot_px, thickness=12, len=0.9)),  # under the title
             text=[html.escape(r.layer) for r in rows], customdata=[[r.mean_distance, 100 * r.window_share]
                                                                    for r in rows],
             hovertemplate="%{y} · %{text}<br>%{x:.2f} px = %{customdata[0]:.2f} cells · %{customdata[1]:.0f}% in "
                           "the window<extra></extra>"))
     # Names sized by the axis itself and the colour bar below the plot, so that a phone keeps a plot to read.
     fig.update_yaxes(automargin=True)
-    fig.update_layout(height=max(CHART_HEIGHT, 150 + 34 * len(order)), margin=dict(l=10, r=10, t=70, b=110),
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=70, b=110),
                       title=dict(text="Every model's layers on one axis:<br>conv-like (left) ↔ attention-like (right)",
                                  font=dict(size=15)),
-                      xaxis_title="mean neighbour distance (input pixels)")
+                      xaxis_title="mean distance (input pixels)")  # short: whole under a phone's plot
     return fig
 
 
@@ -257,38 +265,46 @@ def _colorbar_under(title: str, x0: float, x1: float, y: float) -> dict:
 
 
 def equivalence_figure(results: list[Equivalence]) -> go.Figure:
-    """Each equivalence as a picture: the ConvNN side's output and the reference's (one channel, a shared colour
-    scale) and their difference (max over channels, its own scale from 0: ≈ 0 where the equivalence holds), per
-    cell. Short panel titles and horizontal colour bars under each row, so that three panels fit a phone's width
-    (the description and the numbers are in the text beside the figure).
+    """Each equivalence as a picture: the ConvNN side's output beside the reference's (one channel, a shared colour
+    scale), and under them their difference (max over channels, its own scale from 0: ≈ 0 where the equivalence
+    holds), per cell. Two panels to a row and horizontal colour bars under each row, so that a phone's width shows
+    each panel at about 160 px (three to a row were 80–105 px); the description and the numbers are in the text
+    beside the figure.
 
     Args:
-        results (list[Equivalence]): :func:`analysis.equivalences`, one row each.
+        results (list[Equivalence]): :func:`analysis.equivalences`, two rows each.
     """
     titles = []
     for r in results:
         reference = "SDPA" if "attention" in r.reference_path else r.reference_path.removeprefix("F.")
         titles += [f"ConvNN, ch. {r.channel}", f"{reference}, ch. {r.channel}", "|difference|"]
-    fig = make_subplots(len(results), 3, subplot_titles=titles, horizontal_spacing=0.04, vertical_spacing=0.22)
-    for row, r in enumerate(results, start=1):
-        low, high = float(min(r.convnn.min(), r.reference.min())), float(max(r.convnn.max(), r.reference.max()))
-        below = fig.get_subplot(row, 1).yaxis.domain[0] - 0.03
-        left, middle, right = (fig.get_subplot(row, col).xaxis.domain for col in (1, 2, 3))
-        for col, values in enumerate((r.convnn, r.reference), start=1):
-            fig.add_trace(go.Heatmap(z=values, zmin=low, zmax=high, colorscale="Cividis", showscale=col == 2,
-                                     colorbar=_colorbar_under("output", left[0], middle[1], below),
-                                     hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra></extra>"), row=row, col=col)
-        fig.add_trace(go.Heatmap(z=r.difference, zmin=0, zmax=max(float(r.difference.max()), 1e-12),
-                                 colorscale="Viridis", colorbar=_colorbar_under("|diff|", *right, below),
-                                 hovertemplate="row %{y}, col %{x}: %{z:.2e}<extra></extra>"), row=row, col=3)
-        for col in (1, 2, 3):
-            axis = (row - 1) * 3 + col
-            fig.update_xaxes(constrain="domain", tickfont=dict(size=9), row=row, col=col)
-            fig.update_yaxes(autorange="reversed", scaleanchor=f"x{axis if axis > 1 else ''}", constrain="domain",
-                             tickfont=dict(size=9), row=row, col=col)
-    fig.update_annotations(font_size=12)  # the panel titles
     title, top = wrapped_title("The same output, computed as ConvNN and as the operation it equals (cells of the "
                                "layer)")
-    fig.update_layout(height=PANEL_HEIGHT * len(results) + top - 5, margin=dict(l=30, r=10, t=top + 55, b=60),
+    rows = 2 * len(results)
+    plot_px = _EQUIVALENCE_ROW_PX * rows  # the plot area: the figure's height less its margins
+    fig = make_subplots(rows, 2, subplot_titles=titles, specs=[[{}, {}], [{}, None]] * len(results),
+                        horizontal_spacing=0.06, vertical_spacing=_EQUIVALENCE_GAP_PX / plot_px)
+
+    def under(row: int) -> float:  # the top of a colour bar under the panels of ``row`` (paper coordinates)
+        return fig.get_subplot(row, 1).yaxis.domain[0] - _COLORBAR_DROP_PX / plot_px
+
+    for index, r in enumerate(results):
+        outputs, below = 2 * index + 1, 2 * index + 2
+        low, high = float(min(r.convnn.min(), r.reference.min())), float(max(r.convnn.max(), r.reference.max()))
+        left, right = (fig.get_subplot(outputs, col).xaxis.domain for col in (1, 2))
+        for col, values in enumerate((r.convnn, r.reference), start=1):
+            fig.add_trace(go.Heatmap(z=values, zmin=low, zmax=high, colorscale="Cividis", showscale=col == 2,
+                                     colorbar=_colorbar_under("output", left[0], right[1], under(outputs)),
+                                     hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra></extra>"), row=outputs, col=col)
+        fig.add_trace(go.Heatmap(z=r.difference, zmin=0, zmax=max(float(r.difference.max()), 1e-12),
+                                 colorscale="Viridis", colorbar=_colorbar_under("|diff|", *left, under(below)),
+                                 hovertemplate="row %{y}, col %{x}: %{z:.2e}<extra></extra>"), row=below, col=1)
+    for row, col in [(row, col) for row in range(1, rows + 1) for col in (1, 2) if col == 1 or row % 2]:
+        anchor = fig.get_subplot(row, col).xaxis.plotly_name.replace("axis", "")
+        fig.update_xaxes(constrain="domain", tickfont=dict(size=9), row=row, col=col)
+        fig.update_yaxes(autorange="reversed", scaleanchor=anchor, constrain="domain", tickfont=dict(size=9),
+                         row=row, col=col)
+    fig.update_annotations(font_size=12)  # the panel titles
+    fig.update_layout(height=plot_px + top + 55 + 60, margin=dict(l=30, r=10, t=top + 55, b=60),
                       title=_above_panel_titles(title))
     return fig

@@ -25,10 +25,14 @@ from .models import LoadedModel
 from .selections import resolve_options
 from .state import Query, ViewState, check_number, compare_list, field_values, knob_names, settings
 
-__all__ = ["LESSON_END", "LINK_FIELDS", "LINK_TOO_LONG", "MAX_LINK_BYTES", "LessonStep", "OpenedLink", "echo",
-           "fit_to_model", "lesson_step", "link_fields", "link_query", "open_link", "parse_link", "write_link"]
+__all__ = ["LESSON_END", "LESSON_UNKNOWN", "LINK_FIELDS", "LINK_TOO_LONG", "MAX_LINK_BYTES", "LessonStep", "OpenedLink",
+           "echo", "fit_to_model", "lesson_step", "link_fields", "link_query", "open_link", "parse_link", "write_link"]
 
 LESSON_END = "The lesson's last step: pick another lesson in the list, or explore from here."
+LESSON_UNKNOWN = ("This lesson narrates the shipped models it was written for ({models}), and this server lists "
+                  "{listed}: its text would describe what the screen does not show, so the view stays as it is. "
+                  "Start the app on the shipped checkpoints (`python app.py`, without `--checkpoints`) to "
+                  "follow it.")
 
 
 def link_fields(state: ViewState | type = ViewState) -> dict[str, str]:
@@ -284,20 +288,30 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
 
 @dataclass(frozen=True)
 class LessonStep:
-    """One step of a lesson (:func:`lesson_step`): its link's parameters, its numbered text and its index."""
+    """One step of a lesson (:func:`lesson_step`): its link's parameters, its numbered text and its index, and the
+    models it was written for that this server does not have (then ``params`` is empty and ``text`` says so)."""
 
     params: dict[str, str]
     text: str
     step: int
+    unknown: tuple[str, ...] = ()
 
 
-def lesson_step(lessons: Sequence[Mapping], title: object, step: object) -> LessonStep | None:
+def lesson_step(lessons: Sequence[Mapping], title: object, step: object,
+                weights: Mapping[str, str]) -> LessonStep | None:
     """Step ``step`` of the lesson titled ``title`` (clamped to its steps), or None for no such lesson.
 
+    A lesson narrates the models it was written for, by the sha256 of their weights: where this server lists one of
+    them under another name's weights, or not at all (``--checkpoints`` with a folder of other models), the step
+    says so instead of narrating what the screen would not show.
+
     Args:
-        lessons (Sequence[Mapping]): the lessons, each ``{"title", "steps": [{"link", "text"}, …]}``.
+        lessons (Sequence[Mapping]): the lessons, each ``{"title", "models": {name: weights sha256}, "steps":
+            [{"link", "text", "claims"}, …]}`` (``web/lessons.json``).
         title (object): the lesson picked.
         step (object): the step asked for (a whole number).
+        weights (Mapping[str, str]): the models this server lists → the sha256 of their weights (their cards'
+            ``weights_sha256``).
 
     Raises:
         ValueError: ``step`` is not a whole number.
@@ -307,7 +321,13 @@ def lesson_step(lessons: Sequence[Mapping], title: object, step: object) -> Less
         return None
     steps = found["steps"]
     step = min(max(whole_number(step, "the lesson's step"), 0), len(steps) - 1)
-    text = f"**Step {step + 1} of {len(steps)}.** {steps[step]['text']}"
+    unknown = tuple(name for name, digest in found["models"].items() if weights.get(name) != digest)
+    number = f"**Step {step + 1} of {len(steps)}.** "
+    if unknown:
+        listed = "; ".join(f"other weights as `{name}`" if name in weights else f"no `{name}`" for name in unknown)
+        return LessonStep({}, number + LESSON_UNKNOWN.format(models=", ".join(f"`{name}`" for name in found["models"]),
+                                                             listed=listed), step, unknown)
+    text = number + steps[step]["text"]
     if step == len(steps) - 1:  # Next has nowhere to go: say so
         text += f"\n\n*{LESSON_END}*"
     return LessonStep(dict(parse_qsl(steps[step]["link"])), text, step)

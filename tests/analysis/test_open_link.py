@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from analysis import LESSON_END, LessonStep, Query, ViewState, fit_to_model, lesson_step, open_link
+from analysis import LESSON_END, LESSON_UNKNOWN, LessonStep, Query, ViewState, fit_to_model, lesson_step, open_link
 
 TABS = ["weights", "mix", "hops", "compare"]
 RULES = ["window", "all", "random", "blend", "layer"]  # the last one is the default
@@ -91,20 +91,35 @@ def test_one_knob_a_layer_cannot_take_resets_that_knob_alone(models):
     assert len(problems) == 1 and "seed" in problems[0]
 
 
-LESSONS = [{"title": "Windows", "steps": [{"link": "model=cnn-l0&row=3&tab=mix", "text": "Look at the window."},
-                                          {"link": "k=16", "text": "Now K = 16."}]},
-           {"title": "Other", "steps": [{"link": "", "text": "Only step."}]}]
+LESSONS = [{"title": "Windows", "models": {"cnn-l0": "a" * 64},
+            "steps": [{"link": "model=cnn-l0&row=3&tab=mix", "text": "Look at the window."},
+                      {"link": "k=16", "text": "Now K = 16."}]},
+           {"title": "Other", "models": {}, "steps": [{"link": "", "text": "Only step."}]}]
+WEIGHTS = {"cnn-l0": "a" * 64, "vit-mhsa": "b" * 64}  # the models a server lists → their weights' sha256
 
 
 def test_a_lesson_step_is_its_link_s_parameters_and_its_numbered_text():
-    assert lesson_step(LESSONS, "Windows", 0) == LessonStep({"model": "cnn-l0", "row": "3", "tab": "mix"},
-                                                            "**Step 1 of 2.** Look at the window.", 0)
+    assert lesson_step(LESSONS, "Windows", 0, WEIGHTS) == LessonStep({"model": "cnn-l0", "row": "3", "tab": "mix"},
+                                                                     "**Step 1 of 2.** Look at the window.", 0)
     last = LessonStep({"k": "16"}, f"**Step 2 of 2.** Now K = 16.\n\n*{LESSON_END}*", 1)
-    assert lesson_step(LESSONS, "Windows", 1) == last
-    assert lesson_step(LESSONS, "Windows", 7) == last  # Next past the end stays on the last step
-    assert lesson_step(LESSONS, "Windows", -1).step == 0  # Back before the first stays on the first
-    assert lesson_step(LESSONS, "Other", 0) == LessonStep({}, f"**Step 1 of 1.** Only step.\n\n*{LESSON_END}*", 0)
-    assert lesson_step(LESSONS, "Lesson 99", 0) is None and lesson_step(LESSONS, None, 0) is None
+    assert lesson_step(LESSONS, "Windows", 1, WEIGHTS) == last
+    assert lesson_step(LESSONS, "Windows", 7, WEIGHTS) == last  # Next past the end stays on the last step
+    assert lesson_step(LESSONS, "Windows", -1, WEIGHTS).step == 0  # Back before the first stays on the first
+    assert lesson_step(LESSONS, "Other", 0, {}) == LessonStep({}, f"**Step 1 of 1.** Only step.\n\n*{LESSON_END}*",
+                                                             0)
+    assert lesson_step(LESSONS, "Lesson 99", 0, WEIGHTS) is None and lesson_step(LESSONS, None, 0, WEIGHTS) is None
     for step in ("1", 1.5, None):
         with pytest.raises(ValueError, match="the lesson's step"):
-            lesson_step(LESSONS, "Windows", step)
+            lesson_step(LESSONS, "Windows", step, WEIGHTS)
+
+
+@pytest.mark.parametrize(("weights", "listed"), [({"vit-mhsa": "b" * 64}, "no `cnn-l0`"),
+                                                 ({"cnn-l0": "c" * 64}, "other weights as `cnn-l0`"),
+                                                 ({"cnn-l0": ""}, "other weights as `cnn-l0`")])
+def test_a_lesson_over_models_it_was_not_written_for_says_so_instead_of_narrating(weights, listed):
+    """A server on another checkpoint folder (``--checkpoints``) narrated the shipped models' lessons over models
+    that are not there, or are other weights under the same name (a card that records none counts as other)."""
+    step = lesson_step(LESSONS, "Windows", 1, weights)
+    assert step == LessonStep({}, "**Step 2 of 2.** " + LESSON_UNKNOWN.format(models="`cnn-l0`", listed=listed), 1,
+                              ("cnn-l0",))
+    assert "Now K" not in step.text and step.params == {}  # nothing narrated, no view opened
