@@ -194,8 +194,10 @@ def compare(loaded: dict[str, dict] | None, alone: dict[str, dict]) -> dict[str,
                "honest_refused": with_ and with_["refused"], "honest_refused_alone": without["refused"],
                "honest_gave_up": with_ and with_["gave_up"], "count": with_ and with_["count"],
                "count_alone": without["count"], "timed": with_ and with_["timed"], "timed_alone": without["timed"]}
-        row["met"] = (None if row["honest_p95_ratio"] is None else
-                      row["honest_p95_ratio"] <= TARGET_RATIO and row["honest_refused"] == 0)
+        if with_ is None or (row["honest_p95_ratio"] is None and not row["honest_refused"]):
+            row["met"] = None  # nothing to judge: no hostile run, or nothing timed nor refused (clicks in the page)
+        else:
+            row["met"] = row["honest_refused"] == 0 and (row["honest_p95_ratio"] or math.inf) <= TARGET_RATIO
         out[kind] = row
     return out
 
@@ -473,6 +475,8 @@ def markdown(result: dict) -> str:
         def cell(value):
             return "–" if value is None else f"{value:,}" if isinstance(value, int | float) else str(value)
         met = {None: "–", True: "met", False: "not met"}[row["met"]]
+        if row["count"] and not row["timed"] and row["honest_refused"] == row["count"]:
+            row = {**row, "honest_p95_ms": "all refused"}
         lines.append(f"| {kind} | {cell(row['honest_p95_ms'])} | {cell(row['honest_p95_alone_ms'])} | "
                      f"{cell(row['honest_p95_ratio'])} | {cell(row['honest_refused'])} | "
                      f"{cell(row['honest_refused_alone'])} | {cell(row['honest_gave_up'])} | "

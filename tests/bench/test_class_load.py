@@ -71,5 +71,6 @@ def test_ratio_and_the_per_action_rows():
     assert (knob["honest_p95_ms"], knob["honest_p95_alone_ms"]) == (3000.0, 400.0)  # the give-up counts at its time
     assert knob["honest_p95_ratio"] == 7.5 and knob["honest_refused"] == 1 and knob["honest_gave_up"] == 1
     assert knob["met"] is False and (knob["count"], knob["timed"]) == (4, 3)
+    assert compare(summarize(loaded[2:3]), summarize(alone))["knob"]["met"] is False  # all refused: no p95, not met
     click = rows["click"]
     assert click["count"] == 1 and click["timed"] == 0 and click["honest_p95_ms"] is None and click["met"] is None
