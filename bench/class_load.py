@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -357,7 +357,7 @@ class Hostile:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.stats: dict = {"flood_sent": 0, "flood_refused": 0, "flood_answered": 0, "flood_errors": 0,
-                            "cancel_cycles": 0, "cancel_started_refused": 0}
+                            "cancel_cycles": 0, "cancel_start_refused": 0, "cancel_refused": 0}
         self.page: Page | None = None
         self.images: list[dict] = []
 
@@ -403,20 +403,28 @@ class Hostile:
                 self._count("flood_errors" if step.refused else "flood_answered")
 
     def _start_and_cancel(self) -> None:
+        """Occlusions of the heavy model started and cancelled 1 s later, each on a fresh image (a result is kept
+        per image); a start or a Cancel the queue refuses (its own flood fills it) is sent again 0.1 s later."""
         page = self.page
-        while not self.stop.is_set():
-            page.set("method", "occlusion")
-            page.fire("method", "change", timeout=60)
-            page.set("image_file", self._image())
-            started = ThreadPoolExecutor(1)
-            run = started.submit(page.fire, "attribution_button", "click", None, 600)
-            time.sleep(1.0)
-            page.fire("attribution_cancel", "click", timeout=60)
-            self._count("cancel_cycles")
-            if run.result().refused:
-                self._count("cancel_started_refused")
-            started.shutdown(wait=False)
-            time.sleep(1.0)
+        page.set("method", "occlusion")
+        page.fire("method", "change", timeout=60)
+        with ThreadPoolExecutor(1) as starter:
+            while not self.stop.is_set():
+                page.set("image_file", self._image())
+                run = starter.submit(page.fire, "attribution_button", "click", None, 600)
+                wait([run], timeout=1.0)
+                if run.done() and not run.result().steps[0].taken:
+                    self._count("cancel_start_refused")
+                    time.sleep(0.1)
+                    continue
+                for _ in range(50):  # Cancel, sent again while the queue refuses it
+                    if page.fire("attribution_cancel", "click", timeout=60).steps[0].taken:
+                        break
+                    self._count("cancel_refused")
+                    time.sleep(0.1)
+                self._count("cancel_cycles")
+                run.result()  # a dropped run's event ends at once ("no change to the page")
+                time.sleep(1.0)
 
 
 # -- a run -------------------------------------------------------------------------------------------------------------
