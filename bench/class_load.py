@@ -383,9 +383,12 @@ class Hostile:
             thread.start()
         self.stop.wait()
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, refusal: str = "") -> None:
         with self.lock:
             self.stats[key] += 1
+            seen = self.stats.setdefault("refusals", [])
+            if refusal and len(seen) < 8 and refusal[:120] not in seen:
+                seen.append(refusal[:120])  # what the server answered it, a few distinct ones
 
     def _image(self) -> dict:
         with self.lock:
@@ -397,7 +400,7 @@ class Hostile:
             self._count("flood_sent")
             step = self.page.call(api_name, [self.heavy, self._image(), "crop", 0], timeout=600)
             if not step.taken:
-                self._count("flood_refused")
+                self._count("flood_refused", step.refused)
                 time.sleep(FLOOD_RETRY_S)
             else:
                 self._count("flood_errors" if step.refused else "flood_answered")
@@ -414,13 +417,14 @@ class Hostile:
                 run = starter.submit(page.fire, "attribution_button", "click", None, 600)
                 wait([run], timeout=1.0)
                 if run.done() and not run.result().steps[0].taken:
-                    self._count("cancel_start_refused")
+                    self._count("cancel_start_refused", run.result().refused)
                     time.sleep(0.1)
                     continue
                 for _ in range(50):  # Cancel, sent again while the queue refuses it
-                    if page.fire("attribution_cancel", "click", timeout=60).steps[0].taken:
+                    cancel = page.fire("attribution_cancel", "click", timeout=60)
+                    if cancel.steps[0].taken:
                         break
-                    self._count("cancel_refused")
+                    self._count("cancel_refused", cancel.refused)
                     time.sleep(0.1)
                 self._count("cancel_cycles")
                 run.result()  # a dropped run's event ends at once ("no change to the page")
