@@ -483,17 +483,18 @@ def markdown(result: dict) -> str:
     """The per-action table of ``result`` (:func:`main`'s JSON) for bench/RESULTS.md."""
     lines = ["| action | p95 with hostile (ms) | p95 alone (ms) | ratio | refused with hostile | refused alone | "
              "given up | count (timed) with / alone | target |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    def cell(value) -> str:
+        return "–" if value is None else f"{value:,}" if isinstance(value, int | float) else str(value)
+
     for kind, row in result["actions"].items():
-        def cell(value):
-            return "–" if value is None else f"{value:,}" if isinstance(value, int | float) else str(value)
         met = {None: "–", True: "met", False: "not met"}[row["met"]]
         if row["count"] and not row["timed"] and row["honest_refused"] == row["count"]:
             row = {**row, "honest_p95_ms": "all refused"}
         lines.append(f"| {kind} | {cell(row['honest_p95_ms'])} | {cell(row['honest_p95_alone_ms'])} | "
                      f"{cell(row['honest_p95_ratio'])} | {cell(row['honest_refused'])} | "
                      f"{cell(row['honest_refused_alone'])} | {cell(row['honest_gave_up'])} | "
-                     f"{cell(row['count'])} ({cell(row['timed'])}) / {row['count_alone']} ({row['timed_alone']}) "
-                     f"| {met} |")
+                     f"{cell(row['count'])} ({cell(row['timed'])}) / {cell(row['count_alone'])} "
+                     f"({cell(row['timed_alone'])}) | {met} |")
     return "\n".join(lines)
 
 
