@@ -421,6 +421,8 @@ class Hostile:
                     time.sleep(0.1)
                     continue
                 for _ in range(50):  # Cancel, sent again while the queue refuses it
+                    if self.stop.is_set():
+                        return
                     cancel = page.fire("attribution_cancel", "click", timeout=60)
                     if cancel.steps[0].taken:
                         break
@@ -469,13 +471,15 @@ def class_run(args: argparse.Namespace, photos: list[list[Path]], heavy_files: l
         seconds = time.monotonic() - start
         if hostile is not None:
             hostile.stop.set()
+            with hostile.lock:  # what it did while the class ran (its threads end with the server)
+                hostile_stats = json.loads(json.dumps(hostile.stats))
         load_after = os.getloadavg()
     shutil.rmtree(work, ignore_errors=True)
     records = [record for result in results for record in result]
     planned = sum(len(schedule) for schedule in schedules)
     return {"summary": summarize(records), "not_run": planned - len(records), "seconds": round(seconds, 1),
             "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_end": [round(x, 2) for x in load_after], "hostile": hostile and hostile.stats,
+            "load_average_end": [round(x, 2) for x in load_after], "hostile": hostile and hostile_stats,
             "records": [asdict(record) for record in records]}
 
 
