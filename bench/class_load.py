@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -405,32 +405,36 @@ class Hostile:
             else:
                 self._count("flood_errors" if step.refused else "flood_answered")
 
+    def _start(self, started: list) -> None:
+        started.append(self.page.fire("attribution_button", "click", None, 600))
+
     def _start_and_cancel(self) -> None:
         """Occlusions of the heavy model started and cancelled 1 s later, each on a fresh image (a result is kept
         per image); a start or a Cancel the queue refuses (its own flood fills it) is sent again 0.1 s later."""
         page = self.page
         page.set("method", "occlusion")
         page.fire("method", "change", timeout=60)
-        with ThreadPoolExecutor(1) as starter:
-            while not self.stop.is_set():
-                page.set("image_file", self._image())
-                run = starter.submit(page.fire, "attribution_button", "click", None, 600)
-                wait([run], timeout=1.0)
-                if run.done() and not run.result().steps[0].taken:
-                    self._count("cancel_start_refused", run.result().refused)
-                    time.sleep(0.1)
-                    continue
-                for _ in range(50):  # Cancel, sent again while the queue refuses it
-                    if self.stop.is_set():
-                        return
-                    cancel = page.fire("attribution_cancel", "click", timeout=60)
-                    if cancel.steps[0].taken:
-                        break
-                    self._count("cancel_refused", cancel.refused)
-                    time.sleep(0.1)
-                self._count("cancel_cycles")
-                run.result()  # a dropped run's event ends at once ("no change to the page")
-                time.sleep(1.0)
+        while not self.stop.is_set():
+            page.set("image_file", self._image())
+            started: list = []  # a daemon thread, not an executor: Python waits for an executor's threads at exit
+            starter = threading.Thread(target=self._start, args=(started,), daemon=True)
+            starter.start()
+            starter.join(1.0)
+            if started and not started[0].steps[0].taken:
+                self._count("cancel_start_refused", started[0].refused)
+                time.sleep(0.1)
+                continue
+            for _ in range(50):  # Cancel, sent again while the queue refuses it
+                if self.stop.is_set():
+                    return
+                cancel = page.fire("attribution_cancel", "click", timeout=60)
+                if cancel.steps[0].taken:
+                    break
+                self._count("cancel_refused", cancel.refused)
+                time.sleep(0.1)
+            self._count("cancel_cycles")
+            starter.join()  # a dropped run's event ends at once ("no change to the page")
+            time.sleep(1.0)
 
 
 # -- a run -------------------------------------------------------------------------------------------------------------
