@@ -33,8 +33,9 @@ render, the new table, the clicked row, the attribution, the columns); the rest 
 next think time. An action is refused when any request of it was (an HTTP error such as "Queue is full", or an error
 message); one not answered within ``--patience`` seconds is given up and counts at that time in the p95.
 
-**The hostile visitor** (``X-Forwarded-For: 10.0.255.254``) opens the page, uploads a heavy checkpoint within the card
-budget (:func:`heavy_checkpoint`: a 64 px ConvNN ResNet of 45 G multiply-adds per image, int8, 35 MB), uploads noise
+**The hostile visitor** (:mod:`class_hostile`, ``X-Forwarded-For: 10.0.255.254``) opens the page, uploads a heavy
+checkpoint within the card budget (:func:`heavy_checkpoint`: a 64 px ConvNN ResNet of 45 G multiply-adds per image,
+int8, 35 MB), uploads noise
 images and fills the rest of its storage share (``bench/robustness.py``'s :func:`fill_share`), then until the class
 ends floods the queue (``--flood`` requests in flight, twice the queue's places: ``/predict`` and ``/spectrum`` of
 the heavy model on fresh images in its page's session, each refused one sent again 0.5 s later) and starts and
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import json
 import math
 import os
@@ -71,8 +71,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: convnn, for the heavy checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: page_client, robustness
 
+from class_hostile import FLOOD, Hostile, heavy_checkpoint
 from page_client import Page, Refused
-from robustness import fill_share, hardware, served_app
+from robustness import hardware, served_app
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = {"example": 5, "upload": 2, "click": 40, "knob": 3, "saliency": 1, "compare": 1}  # per visitor, per 3 minutes
@@ -85,13 +86,7 @@ ANSWERS = {"open": "on_first_render", "example": "on_first_render", "upload": "o
 INPUT_PX = 32  # the default model's input: where a click lands
 PHOTO_PX = (4032, 3024)  # a 12 MP phone photo
 TARGET_RATIO = 2.0
-FLOOD = 128  # hostile requests kept in flight: twice the queue's places on main (app_limits.MAX_QUEUED_EVENTS, 64;
-#              Gradio counts only the waiting events), so that the queue stays full while some run
-FLOOD_RETRY_S = 0.5  # a refused flood request is sent again this much later
-HEAVY_ARGS = dict(widths=[160, 320, 640], depths=[3, 3, 3], num_neighbors=9, branch_ratio=0.5, num_classes=10)
-HEAVY_INPUT_PX = 64  # 4,096 tokens in its first stage, the most an exhaustive layer may score
-NOISE_IMAGES = 96  # the hostile visitor's fresh images (64 px noise PNGs), so that its requests miss every cache
-CLIENT_NICE = 10  # the visitors' threads yield the shared cores to the server
+CLIENT_NICE = 10  # the visitors' threads yield the shared cores to the server (class_hostile's too)
 
 
 # -- the schedule (pure) -----------------------------------------------------------------------------------------------
@@ -315,128 +310,6 @@ class Visitor:
         return self.page.fire(elem_id, trigger, event_data, timeout=self.patience)
 
 
-# -- the hostile visitor -----------------------------------------------------------------------------------------------
-def heavy_checkpoint(folder: Path) -> tuple[list[Path], dict]:
-    """A checkpoint within the card budget that is slow to run: :data:`HEAVY_ARGS` at :data:`HEAVY_INPUT_PX` px
-    (exhaustive selection over 4,096 tokens in its first stage), random weights, int8. Returns its two files and its
-    cost (checked against the budget as the app checks an upload)."""
-    import torch
-
-    from convnn import ModelCard, create_model, save_checkpoint
-    from convnn.budget import check_model
-    from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
-    from convnn.models import model_cost
-
-    card = ModelCard(name="heavy", model="convnn_resnet_cifar", model_args=dict(HEAVY_ARGS),
-                     classes=list(CIFAR10_CLASSES), input_size=HEAVY_INPUT_PX, mean=list(CIFAR10_MEAN),
-                     std=list(CIFAR10_STD))
-    check_model(card, "heavy card")  # raises if over the budget
-    torch.manual_seed(0)
-    model = create_model(card.model, **card.model_args).eval()
-    save_checkpoint(model, folder / "heavy", card, dtype=torch.int8)
-    cost = model_cost(card.model, card.input_size, **card.model_args)
-    files = [folder / "heavy.json", folder / "heavy.safetensors"]
-    return files, {"model": card.model, "model_args": HEAVY_ARGS, "input_size": HEAVY_INPUT_PX,
-                   "multiply_adds": cost.flops, "values": cost.values, "activations": cost.activations,
-                   "upload_mb": round(sum(path.stat().st_size for path in files) / 2**20, 1)}
-
-
-def _noise_png(rng: np.random.Generator) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (HEAVY_INPUT_PX, HEAVY_INPUT_PX, 3), dtype=np.uint8)).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-class Hostile:
-    """The hostile visitor: :meth:`prepare` (page, heavy checkpoint, noise images, storage share), then :meth:`run`
-    until ``stop`` is set (the queue flood and the start-and-cancel loop). Its counts are in :attr:`stats`."""
-
-    def __init__(self, url: str, http: httpx.Client, heavy_files: list[Path], flood: int, seed: int) -> None:
-        self.url, self.http, self.heavy_files, self.flood = url, http, heavy_files, flood
-        self.rng = np.random.default_rng(seed + 1)
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.stats: dict = {"flood_sent": 0, "flood_refused": 0, "flood_answered": 0, "flood_errors": 0,
-                            "cancel_cycles": 0, "cancel_start_refused": 0, "cancel_refused": 0}
-        self.page: Page | None = None
-        self.images: list[dict] = []
-
-    def prepare(self) -> None:
-        start = time.perf_counter()
-        self.page = page = Page.open(self.url, self.http)
-        page.fire(None, "load")
-        page.upload("checkpoint_files", [(path.name, path.read_bytes()) for path in self.heavy_files], multiple=True)
-        chain = page.fire("checkpoint_files", "upload")
-        self.stats["heavy_upload_s"] = round(time.perf_counter() - start, 1)
-        self.stats["heavy_upload_refused"] = chain.refused
-        self.heavy = page.value("checkpoint")
-        for index in range(NOISE_IMAGES):
-            page.upload("image_upload", [(f"noise-{index}.png", _noise_png(self.rng))])
-            self.images.append(page.value("image_upload"))
-        self.stats["storage"] = fill_share(self.http, self.url)
-
-    def run(self) -> None:
-        os.nice(CLIENT_NICE)  # this thread and the ones it starts, as the honest visitors' (Visitor.run)
-        threads = [threading.Thread(target=self._flood, args=(index,), daemon=True) for index in range(self.flood)]
-        threads.append(threading.Thread(target=self._start_and_cancel, daemon=True))
-        for thread in threads:
-            thread.start()
-        self.stop.wait()
-
-    def _count(self, key: str, refusal: str = "") -> None:
-        with self.lock:
-            self.stats[key] += 1
-            seen = self.stats.setdefault("refusals", [])
-            if refusal and len(seen) < 8 and refusal[:120] not in seen:
-                seen.append(refusal[:120])  # what the server answered it, a few distinct ones
-
-    def _image(self) -> dict:
-        with self.lock:
-            return self.images[int(self.rng.integers(len(self.images)))]
-
-    def _flood(self, index: int) -> None:
-        api_name = ("predict", "spectrum")[index % 2]
-        while not self.stop.is_set():
-            self._count("flood_sent")
-            step = self.page.call(api_name, [self.heavy, self._image(), "crop", 0], timeout=600)
-            if not step.taken:
-                self._count("flood_refused", step.refused)
-                time.sleep(FLOOD_RETRY_S)
-            else:
-                self._count("flood_errors" if step.refused else "flood_answered")
-
-    def _start(self, started: list) -> None:
-        started.append(self.page.fire("attribution_button", "click", None, 600))
-
-    def _start_and_cancel(self) -> None:
-        """Occlusions of the heavy model started and cancelled 1 s later, each on a fresh image (a result is kept
-        per image); a start or a Cancel the queue refuses (its own flood fills it) is sent again 0.1 s later."""
-        page = self.page
-        page.set("method", "occlusion")
-        page.fire("method", "change", timeout=60)
-        while not self.stop.is_set():
-            page.set("image_file", self._image())
-            started: list = []  # a daemon thread, not an executor: Python waits for an executor's threads at exit
-            starter = threading.Thread(target=self._start, args=(started,), daemon=True)
-            starter.start()
-            starter.join(1.0)
-            if started and not started[0].steps[0].taken:
-                self._count("cancel_start_refused", started[0].refused)
-                time.sleep(0.1)
-                continue
-            for _ in range(50):  # Cancel, sent again while the queue refuses it
-                if self.stop.is_set():
-                    return
-                cancel = page.fire("attribution_cancel", "click", timeout=60)
-                if cancel.steps[0].taken:
-                    break
-                self._count("cancel_refused", cancel.refused)
-                time.sleep(0.1)
-            self._count("cancel_cycles")
-            starter.join()  # a dropped run's event ends at once ("no change to the page")
-            time.sleep(1.0)
-
-
 # -- a run -------------------------------------------------------------------------------------------------------------
 def addresses(index: int, mode: str) -> tuple[str, str | None]:
     """Visitor ``index``'s forwarded address (10.0.x.y) and, for ``mode == "loopback"``, its local address
@@ -461,7 +334,7 @@ def class_run(args: argparse.Namespace, photos: list[list[Path]], heavy_files: l
         hostile = None
         if heavy_files is not None:
             hostile = Hostile(url, visitor_client(*addresses(-1, args.addresses), 600), heavy_files, args.flood,
-                              args.seed)
+                              args.seed, CLIENT_NICE)
             hostile.prepare()
             threading.Thread(target=hostile.run, daemon=True).start()
             time.sleep(5)  # the flood under way before the class arrives
