@@ -59,10 +59,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served_app(app_args: list[str]) -> Iterator[tuple[str, int]]:
-    """``python app.py`` on a free port until the block ends: yields its URL and process id."""
+def served_app(app_args: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """``python app.py`` on a free port until the block ends, with ``env`` added to this process's environment:
+    yields its URL and process id."""
     port = _free_port()
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # kept: its tail explains a failed start
     process = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *app_args], cwd=ROOT,
                                env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -229,26 +230,31 @@ def _export(http: httpx.Client, url: str, image_path: str) -> str:
     return "\n".join(lines[-2:])
 
 
-def storage_shares(url: str, upload_mb: int = 95) -> dict:
-    """One visitor (127.0.0.2) uploads ``upload_mb`` MiB files until refused, then halves the size down to 1 MiB (the
-    attack that filled the shared 2 GB bound in ≈ 2 s); then another visitor (127.0.0.3) uploads an image and exports
-    a query. Returns what each got."""
-    attacker, other = _visitor_client("127.0.0.2"), _visitor_client("127.0.0.3")
+def fill_share(http: httpx.Client, url: str, upload_mb: int = 95) -> dict:
+    """The visitor of ``http`` uploads ``upload_mb`` MiB files until refused, then halves the size down to 1 MiB (the
+    attack that filled the shared 2 GB bound in ≈ 2 s). Returns the MiB stored, the seconds taken and the last
+    refusal."""
     stored, refusal, size = 0, "", upload_mb * 2**20
     start = time.perf_counter()
     while size >= 2**20:
-        answer = _upload(attacker, url, "fill.bin", b"\0" * size)
+        answer = _upload(http, url, "fill.bin", b"\0" * size)
         if answer.status_code == 200:
             stored += size
         else:
             refusal = f"{answer.status_code}: {answer.text[:160]}"
             size //= 2
-    fill_s = time.perf_counter() - start
+    return {"attacker_mb": stored / 2**20, "fill_s": time.perf_counter() - start, "refusal": refusal}
+
+
+def storage_shares(url: str, upload_mb: int = 95) -> dict:
+    """One visitor (127.0.0.2) fills its share (:func:`fill_share`); then another visitor (127.0.0.3) uploads an
+    image and exports a query. Returns what each got."""
+    attacker, other = _visitor_client("127.0.0.2"), _visitor_client("127.0.0.3")
+    filled = fill_share(attacker, url, upload_mb)
     image = (ROOT / "examples" / "cat_0.png").read_bytes()
     upload = _upload(other, url, "cat.png", image)
     export = _export(other, url, upload.json()[0]) if upload.status_code == 200 else ""
-    return {"attacker_mb": stored / 2**20, "fill_s": fill_s, "refusal": refusal, "upload": upload.status_code,
-            "export": export}
+    return {**filled, "upload": upload.status_code, "export": export}
 
 
 def hardware() -> str:
