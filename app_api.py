@@ -378,7 +378,8 @@ class ExplorerAPI:
         """A Captum attribution map of one class (``target``; empty: the predicted one): ``values`` (S × S,
         |attribution| summed over colours, arbitrary units), ``target``, ``method`` and ``note``."""
         method, target = self.text(method, "method"), self.text(target, "class")
-        result = an.attribution_map(*self.loaded(query, request), method, target or None, query.draw)
+        with an.reporting_passes(lambda done, total: check_dropped()):  # a dropped run stops after its batch
+            result = an.attribution_map(*self.loaded(query, request), method, target or None, query.draw)
         return {"values": result.values.tolist(), "target": result.target, "method": result.method,
                 "note": result.note}
 

@@ -47,13 +47,13 @@ MINT_PER_HOUR = 200  # … and regains this many an hour; past its budget, an ad
 #                      one visitor, "a:<address>"
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
 FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
-MAX_QUEUED_EVENTS = 512  # events waiting in the queue, all visitors together; the next one is refused ("Queue is full")
+MAX_QUEUED_EVENTS = 1024  # events waiting in the queue, all visitors together; the next one is refused ("Queue is full")
 MAX_WAITING_PER_VISITOR = 16  # events one visitor may have waiting, all groups together (server.FairTurns): a page's
 #                               action queues one event at a time (its refreshes are a chain); one client flooding the
 #                               queue holds 16 places, not all of them
-MAX_WAITING_PER_ADDRESS = 160  # … and the visitors at one network address together (server.address): a class of 30
-#                                behind one NAT, each with a few waiting, fits; tokens minted at one address do not
-#                                multiply a client's places past it
+MAX_WAITING_PER_ADDRESS = 96  # … and the visitors at one network address together (server.address): a class of 30
+#                               behind one NAT, each with a few waiting, fits; tokens minted at one address do not
+#                               multiply a client's places past it, and it takes 11 addresses to fill the queue
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
 SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click

@@ -224,7 +224,7 @@ def _export(http: httpx.Client, url: str, image_path: str) -> str:
     """One ``/export`` call through Gradio's REST API: the last event of its stream (``complete`` with the files'
     data, or ``error`` with the message)."""
     image = {"path": image_path, "meta": {"_type": "gradio.FileData"}}
-    data = [CHECKPOINT, image, LAYERS[CHECKPOINT][1], 10, 20, 0, 0, 0, 0, 0.5, 0, "crop"]
+    data = [CHECKPOINT, image, LAYERS[CHECKPOINT][1], 10, 20, 0, 0, 0, 0, 0.5, 0, "crop", 0]  # … fit, draw
     event = http.post(f"{url}gradio_api/call/export", json={"data": data}).json()["event_id"]
     lines = http.get(f"{url}gradio_api/call/export/{event}").text.strip().splitlines()
     return "\n".join(lines[-2:])

@@ -50,8 +50,9 @@ class RequestSizeLimit:
     507 with the workspace's message when one has no room for it: uploads beyond them are refused before they are
     stored. An upload answered 200 stays charged to its visitor (Gradio keeps the files) by what it added on disk:
     the files its answer names (a JSON list of paths), each once, so a file Gradio already held (identical contents
-    are kept once) adds nothing; an answer that names none is charged its declared length. One that meets a full
-    disk is answered 507 with a message. Its body must then keep
+    are kept once) adds nothing; an answer that names none is charged its declared length, and an upload that fails
+    is charged the bytes that arrived (Gradio's cache keeps a part not named ``files`` and a body cut off).
+    One that meets a full disk is answered 507 with a message. Its body must then keep
     arriving: after :data:`UPLOAD_IDLE_S` without a byte, or past ``UPLOAD_IDLE_S + length /``
     :data:`UPLOAD_MIN_BYTES_PER_S` in all, the application is told the client left (``http.disconnect``) and the
     room is let go, so connections that declare a large body and send none cannot hold the bound for everyone.
@@ -128,7 +129,10 @@ class RequestSizeLimit:
             else:
                 raise
         finally:
-            release(started[:1] == [200], _stored_files(b"".join(answer)))
+            # Charged in every case: what arrived may stay in Gradio's cache (a part not named "files", a body
+            # cut off): a 200 the files it names (else its declared length), any other answer the bytes that arrived.
+            stored = started[:1] == [200]
+            release(True, _stored_files(b"".join(answer)) if stored else None, None if stored else arrival.received)
 
 
 def _stored_files(answer: bytes) -> list[str] | None:
@@ -150,7 +154,7 @@ async def _answer(send: Callable, status: int, text: str, headers: Iterable[tupl
 class _Arrival:
     """``receive`` of a request body of ``length`` bytes that must keep arriving (:class:`RequestSizeLimit`): a
     wait past its deadlines returns ``http.disconnect`` instead of a body chunk, and ``dropped`` says so. Once the
-    body is in, ``receive`` as it was."""
+    body is in, ``receive`` as it was. ``received``: the body bytes handed on."""
 
     def __init__(self, receive: Callable, length: int) -> None:
         self._receive = receive
@@ -158,10 +162,11 @@ class _Arrival:
         self._deadline = self._loop.time() + UPLOAD_IDLE_S + length / UPLOAD_MIN_BYTES_PER_S
         self._in = False
         self.dropped = False
+        self.received = 0  # body bytes handed on so far
 
     async def receive(self) -> dict:
         if self._in:
-            return await self._receive()
+            return self._count(await self._receive())
         if self.dropped:
             return {"type": "http.disconnect"}
         wait = max(0.0, min(UPLOAD_IDLE_S, self._deadline - self._loop.time()))
@@ -171,4 +176,8 @@ class _Arrival:
             self.dropped = True
             return {"type": "http.disconnect"}
         self._in = message["type"] != "http.request" or not message.get("more_body", False)
+        return self._count(message)
+
+    def _count(self, message: dict) -> dict:
+        self.received += len(message.get("body", b"")) if message["type"] == "http.request" else 0
         return message

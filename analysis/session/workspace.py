@@ -269,13 +269,14 @@ class Workspace:
         is read.
 
         Returns:
-            Callable[[bool, Iterable[str or PathLike] or None], None]: ``release(stored, files=None)`` lets go of
+            Callable[[bool, Iterable[str or PathLike] or None, int or None], None]: ``release(stored, files=None,
+            arrived=None)`` lets go of
             the room once the writer is done; call it once, with ``stored`` True if the files were stored. Then what
             they added on disk stays charged to ``visitor`` for ``max_age_s`` (how long they are kept) and to the
             bound until the next sweep counts them: each of ``files`` (the paths written) by its size on disk, but
             none that is counted already (stored before, by anyone, or seen by the last sweep: Gradio keeps
             identical contents once, in a folder named by their hash, so the same file uploaded again adds nothing);
-            without ``files``, the ``size`` held.
+            without ``files`` (None or empty), the bytes that ``arrived`` (at most ``size``; None: ``size``).
 
         Raises:
             ValueError: no room for ``size`` bytes in ``visitor``'s share (the message names the share), in
@@ -285,13 +286,14 @@ class Workspace:
             self._make_room(size, visitor, address)
             self._reserved[visitor] += size
 
-        def release(stored: bool = False, files: Iterable[str | os.PathLike] | None = None) -> None:
+        def release(stored: bool = False, files: Iterable[str | os.PathLike] | None = None,
+                    arrived: int | None = None) -> None:
             with self._lock:
                 self._reserved[visitor] -= size
                 if not self._reserved[visitor]:
                     del self._reserved[visitor]
                 if stored:
-                    added = size if files is None else self._count_new(files)
+                    added = self._count_new(files) if files else size if arrived is None else min(arrived, size)
                     self._counted_bytes += added
                     self._stored.append((time.time(), visitor, added))
                     self._charged[visitor] += added

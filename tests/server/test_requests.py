@@ -53,7 +53,8 @@ def test_an_upload_past_the_workspace_bound_is_refused_before_it_is_read(tmp_pat
     workspace = Workspace(tmp_path / "work", max_bytes=1000, max_age_s=60, share_bytes=5000)
     limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
     assert respond(limit, {b"content-length": b"1000"}, status=400)[0]["status"] == 400
-    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200  # a refused one's room was let go
+    assert workspace.used_bytes() == 0  # a failed one is charged what arrived of it (nothing, here)
+    assert respond(limit, {b"content-length": b"1000"})[0]["status"] == 200
     assert workspace.used_bytes() == 1000  # a stored one's stays counted
     workspace.sweep()  # … until a sweep counts what Gradio stored (nothing, here)
     refused = respond(limit, {b"content-length": b"1001"}, client="10.0.0.2")
@@ -104,12 +105,14 @@ def test_an_upload_whose_body_stops_arriving_is_dropped_and_its_room_let_go(tmp_
     """22 connections declaring 110 MB each and sending no byte held the 2 GB bound: every other upload got 507."""
     monkeypatch.setattr(requests, "UPLOAD_IDLE_S", 0.5)
     monkeypatch.setattr(requests, "UPLOAD_MIN_BYTES_PER_S", 1000)  # 1000 bytes: 0.5 + 1 s in all
-    workspace = Workspace(tmp_path / "work", max_bytes=2000, max_age_s=60)
+    workspace = Workspace(tmp_path / "work", max_bytes=3000, max_age_s=60)
     limit = RequestSizeLimit(None, max_bytes=10_000, workspace=workspace, upload_paths=["/gradio_api/upload"])
     assert _upload(limit, 1000, [(0.0, 400), (0.05, 600)]) == [400, 600, 200]  # a body that arrives: stored
     assert _upload(limit, 1000, [(0.0, 400)]) == [400, "left", 408]  # then silence: dropped after 0.5 s
     assert _upload(limit, 1000, [(0.4, 1)] * 5) == [1, 1, 1, "left", 408]  # a byte every 0.4 s: dropped at 1.5 s
-    workspace.reserve(1000)()  # the dropped uploads' room was let go: all of it is free again
+    assert workspace.used_bytes() == 1000 + 400 + 3  # the dropped ones are charged what arrived (Gradio keeps it)
+    workspace.sweep()  # (nothing on disk here)
+    workspace.reserve(1500)()  # the dropped uploads' room was let go (what arrived stays charged to the visitor)
 
 
 def test_an_upload_past_its_visitors_share_is_refused_and_another_visitors_is_not(tmp_path):
@@ -221,6 +224,10 @@ def test_an_upload_is_charged_what_it_adds_on_disk_and_a_file_gradio_holds_alrea
     assert len(list(cache.glob("*/photo.png"))) == 2
     workspace.sweep()  # the walk finds what was counted
     assert workspace.used_bytes() == 2000 and charged("10.0.0.66") == 2000
+    # A part not named "files": Gradio answers [] but keeps what arrived in its cache; charged its declared length
+    answer = browsers["10.0.0.7"].post("/gradio_api/upload", files={"notfiles": ("x", b"w" * 1000)})
+    assert (answer.status_code, answer.json()) == (200, [])
+    assert charged("10.0.0.7") == int(answer.request.headers["content-length"]) > 1000  # all of it arrived
 
 
 def test_a_page_load_with_a_link_too_long_to_read_is_sent_to_the_page_without_it():
