@@ -391,8 +391,9 @@ class Workspace:
         self._charged[visitor] -= size
 
     def sweep(self, now: float | None = None) -> int:
-        """Delete the entries unused for more than ``max_age_s`` and the session folders left empty as long, then
-        count what the folders hold (the counted folders' files, written by others, are counted, never deleted).
+        """Delete the entries unused for more than ``max_age_s`` and the session folders left empty as long, and the
+        leftovers of failed uploads at the top of the counted folders (``tmp*`` files as old), then count what the
+        folders hold (the counted folders' other files, written by others, are counted, never deleted).
 
         Args:
             now (float, optional): the time to age entries against, in seconds since the epoch. Default: now
@@ -417,6 +418,14 @@ class Workspace:
             with contextlib.suppress(OSError):  # not empty, or gone
                 if now - folder.stat().st_mtime > self.max_age_s:  # not one another add() has just made
                     folder.rmdir()
+        for leftover in (path for folder in self.counted for path in folder.glob("tmp*")):
+            # Gradio receives an upload's parts into temporary files at the top of its cache and moves away only
+            # the files it answers: a part not named "files", or a body cut off, stays there, never deleted by it
+            with contextlib.suppress(OSError):
+                stale = now - leftover.lstat().st_mtime > self.max_age_s
+                if stale and leftover.is_file() and not leftover.is_symlink():
+                    leftover.unlink()
+                    removed += 1
         return removed
 
     def lifespan(self, every_s: float) -> Callable[[Any], contextlib.AbstractAsyncContextManager]:

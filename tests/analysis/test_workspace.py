@@ -61,6 +61,23 @@ def test_a_sweep_deletes_what_was_not_used_for_max_age(tmp_path):
     assert workspace.sweep(now=time.time() + 61) == 1 and list((tmp_path / "work").iterdir()) == []
 
 
+def test_a_sweep_deletes_a_failed_upload_s_leftovers_in_gradio_s_cache_and_nothing_else(tmp_path):
+    """Gradio keeps a part not named "files", or a body cut off, as a tmp* file at the top of its cache, and never
+    deletes it: 21 such uploads held the 2 GB bound for everyone until a restart."""
+    cache = tmp_path / "gradio"
+    (cache / "0a1b").mkdir(parents=True)
+    kept = cache / "0a1b" / "photo.png"  # an upload Gradio answered: its own to delete
+    leftover, fresh, other = cache / "tmpab12", cache / "tmpcd34", cache / "notes.txt"
+    for path, size in ((kept, 100), (leftover, 1000), (fresh, 10), (other, 1)):
+        path.write_bytes(b"x" * size)
+    past = time.time() - 120
+    for path in (kept, leftover, other):
+        os.utime(path, (past, past))
+    workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60, counted=[cache])
+    assert workspace.sweep() == 1 and not leftover.exists()
+    assert kept.exists() and fresh.exists() and other.exists() and workspace.used_bytes() == 111
+
+
 def test_the_lifespan_sweeps_as_the_server_starts(tmp_path):
     workspace = Workspace(tmp_path / "work", max_bytes=10_000, max_age_s=60)
     entry = workspace.add("alice", UPLOADS, {"checkpoint.json": b"{}"})
