@@ -7,7 +7,9 @@ an event gets a start tag ``S = max(V, F[visitor])`` when it joins, where ``V`` 
 (the group's virtual time) and ``F[visitor]`` the visitor's finish tag, which then grows by the event's estimated
 cost (Gradio's measured mean time of that handler) and, once it has run, by what its run cost beyond that estimate.
 A visitor's first request thus waits behind at most one turn of each other visitor, whatever they queued, and a
-visitor whose requests run long (a heavy uploaded model) gets fewer turns for the same time.
+visitor whose requests run long (a heavy uploaded model) gets fewer turns for the same time. Turns go to network
+addresses first, the same way, and an address's turns to its visitors: a client that mints a token per request
+(a new visitor each time, :class:`server.Visitors`) takes one address's turns, not one turn per token.
 
 It reads and wraps parts of Gradio's queue outside its public API, listed in :data:`GRADIO_PRIVATE`
 (``tests/server/test_gradio_private.py`` checks each on the installed Gradio).
@@ -54,8 +56,9 @@ class FairTurns:
 
     def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int) -> None:
         self.queue, self.max_waiting, self.max_waiting_at_address = demo._queue, max_waiting, max_waiting_at_address
-        self.finish: dict[str, dict[str, float]] = {}  # group → visitor → finish tag (s of estimated work)
-        self.tags: dict[str, tuple[str, float, float]] = {}  # waiting or running event id → (visitor, start, cost)
+        self.finish: dict[str, dict[tuple, float]] = {}  # group → ("a", address) or ("v", address, visitor) → tag
+        self.tags: dict[str, tuple[str, str, float, float, float]] = {}  # event id → (visitor, address, its
+        #                                        address's start tag, its start tag among that address's visitors, cost)
         self.clock = time.monotonic  # what a run's time is measured with, s
         self._push, self._process = self.queue.push, self.queue.process_events
         self.queue.push, self.queue.process_events = self.push, self.process_events
@@ -88,31 +91,48 @@ class FairTurns:
         queued, answer, status = await self._push(body=body, request=request, username=username)
         event = self.queue.event_ids_to_events.get(answer) if queued else None
         if event is not None:
-            self.place(event, who)
+            self.place(event, who, where)
         return queued, answer, status
 
-    def place(self, event, who: str) -> None:
-        """Tag ``event`` (just queued, last of its group) for ``who`` and sort its group's waiting events by tag
-        (stable: equal tags keep their order of arrival)."""
+    def place(self, event, who: str, where: str) -> None:
+        """Tag ``event`` (just queued, last of its group) for visitor ``who`` at address ``where`` and sort its
+        group's waiting events: turns go first to addresses (a start tag per address: tokens minted at one address
+        share its turns) and, among an address's events, to its visitors (a start tag per visitor); each address's
+        turns are given to its events in the order of their visitors' tags. Stable: equal tags keep their order of
+        arrival."""
         self.tags = {key: tag for key, tag in self.tags.items() if key in self.queue.event_ids_to_events}  # gone
         group = event.concurrency_id
         waiting = self.queue.event_queue_per_concurrency_id[group].queue
         if event not in waiting:  # answered from Gradio's cache, or started already
             return
-        others = [self.tags[item._id][1] for item in waiting if item is not event and item._id in self.tags]
+        others = [self.tags[item._id] for item in waiting if item is not event and item._id in self.tags]
         finish = self.finish.setdefault(group, {})
         if not others:  # nothing waits: every visitor is served up to now, the group starts afresh
             finish.clear()
-        now = min(others, default=0.0)
+        here = [tag for tag in others if tag[1] == where]
+        if not here:  # nothing of this address waits: its visitors start afresh among themselves
+            for key in [key for key in finish if key[0] == "v" and key[1] == where]:
+                del finish[key]
         cost = self.estimate(event.fn)
-        start = max(now, finish.get(who, now))
-        finish[who] = start + cost
-        self.tags[event._id] = (who, start, cost)
-        waiting.sort(key=lambda item: self.tags[item._id][1] if item._id in self.tags else now)
+        now = min((tag[2] for tag in others), default=0.0)
+        start = max(now, finish.get(("a", where), now))
+        finish[("a", where)] = start + cost
+        now = min((tag[3] for tag in here), default=0.0)
+        turn = max(now, finish.get(("v", where, who), now))
+        finish[("v", where, who)] = turn + cost
+        self.tags[event._id] = (who, where, start, turn, cost)
+        order: dict[str, float] = {}  # event id → the address-level tag of the turn it takes
+        tagged = [item for item in waiting if item._id in self.tags]
+        for at in {self.tags[item._id][1] for item in tagged}:
+            mine = [item for item in tagged if self.tags[item._id][1] == at]
+            turns = sorted(self.tags[item._id][2] for item in mine)
+            for item, slot in zip(sorted(mine, key=lambda item: self.tags[item._id][3]), turns, strict=True):
+                order[item._id] = slot
+        waiting.sort(key=lambda item: order.get(item._id, 0.0))
 
     async def process_events(self, events, batch, begin_time, fn):
-        """Gradio's ``Queue.process_events``; afterwards each event's visitor is charged what its run took beyond
-        its estimate (its finish tag moves later, or earlier for a run shorter than estimated)."""
+        """Gradio's ``Queue.process_events``; afterwards each event's visitor and address are charged what its run
+        took beyond its estimate (their finish tags move later, or earlier for a run shorter than estimated)."""
         started = self.clock()
         try:
             return await self._process(events, batch, begin_time, fn)
@@ -121,5 +141,6 @@ class FairTurns:
             for event in events:
                 tag = self.tags.pop(event._id, None)
                 finish = self.finish.get(event.concurrency_id, {})
-                if tag is not None and tag[0] in finish:
-                    finish[tag[0]] += took - tag[2]
+                for key in () if tag is None else (("a", tag[1]), ("v", tag[1], tag[0])):
+                    if key in finish:
+                        finish[key] += took - tag[4]

@@ -76,7 +76,8 @@ def test_a_visitor_is_charged_what_its_runs_took(turns):
         return None
     turns._process = run
     run_coroutine(turns.process_events([first], False, 0.0, first.fn))
-    assert turns.finish["group"]["a:10.0.0.1"] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9
+    assert turns.finish["group"][("a", "10.0.0.1")] == pytest.approx(5.0)  # its start 0 + 0.1 + 4.9, its address's
+    assert turns.finish["group"][("v", "10.0.0.1", "a:10.0.0.1")] == pytest.approx(5.0)  # and its own
     for label in (1, 2, 3):
         assert push("10.0.0.1", label)[0]
     for label in (1, 2, 3):
@@ -95,3 +96,18 @@ def test_visitors_minted_at_one_address_share_its_places(turns):
     assert push("10.0.0.9", 15, minted=True) == (False, "15 requests from your network are waiting already: they "
                                                         "are answered first. Ask again in a moment.", "error")
     assert push("10.0.0.10", 0)[0]
+
+
+def test_tokens_minted_at_one_address_take_that_address_s_turns(turns):
+    """150 tokens minted at one address, one request each, made another address's single request wait behind all
+    of them (35 s): turns go to addresses first, then to an address's visitors."""
+    turns, push, queue = turns
+    assert all(push("10.0.0.9", label, minted=True)[0] for label in range(12))  # 12 visitors at one address
+    assert push("10.0.0.2", 0)[0]
+    assert waiting(queue)[:3] == [("10.0.0.9", 0), ("10.0.0.2", 0), ("10.0.0.9", 1)]
+    # and inside one address, a visitor's many requests do not delay another visitor's first
+    for label in range(5):
+        assert push("10.0.0.20", label)[0]  # one visitor (no token) at 10.0.0.20 …
+    assert push("10.0.0.20", 99, minted=True)[0]  # … and a second visitor there
+    mine = [label for address, label in waiting(queue) if address == "10.0.0.20"]
+    assert mine[:3] == [0, 99, 1]
