@@ -80,12 +80,15 @@ class Explorer(CompareMode, ExplorerAPI):
 
     # -- model, image, prediction ------------------------------------------------------------------------------------
     @user_errors
-    def on_model(self, checkpoint, request=None):
+    def on_model(self, checkpoint, layer=None, request=None):
+        """A model picked (or the list closed on the same one): its card, layers (the shown one kept if the model
+        has it, else its first), heads and draws."""
         loaded = self.model(checkpoint, request)
         first, heads, draws = loaded.first_probe, loaded.max_heads, draws_candidates(loaded.model)
+        names = [p.name for p in loaded.probes]
         return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
                 "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
-                                   value=first and first.name),
+                                   value=layer if layer in names else first and first.name),
                 "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1),
                 "draw": gr.update(value=0, visible=draws),  # a model without random candidates has one answer
                 **{button: gr.update(visible=draws) for button in DRAW_STEPS}}
@@ -352,7 +355,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
     whose query's fields a table is made from)."""
     query, links = query_fields(state_type), link_outputs(state_type)
     return {
-        "model": ("on_model", ["checkpoint"], ["card", "layer", *MODEL_KNOBS, *DRAW_STEPS]),
+        "model": ("on_model", ["checkpoint", "layer"], ["card", "layer", *MODEL_KNOBS, *DRAW_STEPS]),
         **{step: (f"on_{step}", ["draw"], ["draw"]) for step in DRAW_STEPS},
         "link": ("on_link", KEPT, links),
         "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*links, "lesson_text", "lesson_step"]),
@@ -658,7 +661,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
               api_visibility="private")
         cancel = wired("on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
-        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"])},
+        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"], True)},
                                        api_visibility="private")
 
         # The documented API: plain values in and out, for gradio_client and scripts.

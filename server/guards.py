@@ -214,28 +214,33 @@ class SlowRuns:
             run.holds_place = False
             self._places.release()
 
-    def drop(self, request: gr.Request | None, view: str) -> None:
+    def drop(self, request: gr.Request | None, view: str) -> bool:
         """End the runs of ``view`` (a wrapped handler's name) of ``request``'s visitor and session now: one
         computing or waiting for a place returns its ``dropped`` value and gives its place back at once (its
         computation stops at its next :func:`check_dropped`), one still in Gradio's queue ends when it starts. Runs
-        in the server's event loop."""
-        owner = _owner(request)
+        in the server's event loop. Returns whether there was a run to end."""
+        owner, ended = _owner(request), False
         for run in self._runs.get((*owner, view), ()):
             run.stop.set()
             self._release(run)
             if not run.end.done():
                 run.end.set_result(_DROPPED)
+                ended = True
         for event in self.waiting():
             if (visitor(event.request), event.session_hash) == owner and event.fn.name == view:
                 self._dropped_joins.add(event.request)
+                ended = True
+        return ended
 
-    def dropping(self, views: tuple[str, ...], handler=None):
+    def dropping(self, views: tuple[str, ...], handler=None, only_if_dropped: bool = False):
         """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
-        (:meth:`drop`), then returns ``handler(request)``, or nothing without one."""
+        (:meth:`drop`), then returns ``handler(request)``, or nothing without one; with ``only_if_dropped``, no
+        change (``{}``) when there was no run to end (a Cancel pressed after the result came)."""
         async def drop(request: gr.Request):
-            for view in views:
-                self.drop(request, view)
-            return None if handler is None else handler(request)
+            ended = [self.drop(request, view) for view in views]
+            if handler is None or (only_if_dropped and not any(ended)):
+                return None if handler is None else {}
+            return handler(request)
         drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
         return drop
 

@@ -459,6 +459,14 @@ def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_d
     assert mix["mix_plot"] is None and "not a hybrid layer" in mix["mix_note"]
 
 
+def test_closing_the_model_list_on_the_same_model_keeps_the_layer(explorer):
+    """Opening the model list and closing it without a choice sent the same model again, which reset the layer to
+    the model's first: the shown layer is kept when the model has it, and a model without it shows its first."""
+    assert explorer.on_model("cnn-l0.5", "stages.2.0.conv2")["layer"]["value"] == "stages.2.0.conv2"
+    first = explorer.on_model("cnn-l0.5")["layer"]["value"]
+    assert explorer.on_model("cnn-l0.5", "blocks.0.attn")["layer"]["value"] == first != "blocks.0.attn"
+
+
 def test_attribution_methods_are_shown_by_their_names(explorer, example_image):
     """The method list and the chart's title showed the identifier "integrated_gradients"."""
     blocks = blocks_by_id(app.build_demo(explorer))

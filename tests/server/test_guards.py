@@ -56,3 +56,28 @@ def test_a_slow_run_is_dropped_by_its_own_visitor_and_session_only():
         assert run_coroutine(scenario()) == [False, False, "dropped"]
     finally:
         release.set()
+
+
+def test_cancel_after_the_result_came_changes_nothing():
+    """Cancel pressed once an attribution was shown cleared it ("Cancelled. Press Compute…"): with
+    ``only_if_dropped`` the handler answers only when there was a run to end, else no change."""
+    started, release = threading.Event(), threading.Event()
+
+    def on_view(request=None):
+        started.set()
+        release.wait(10)
+        return "computed"
+
+    async def scenario() -> list:
+        runs = SlowRuns(1, waiting=list)
+        cancel = runs.dropping(("on_view",), lambda request: {"note": "cancelled"}, only_if_dropped=True)
+        alice = placed("10.0.0.1", "s1")
+        idle = await cancel(alice)  # nothing running
+        run = asyncio.ensure_future(runs.wrap(on_view, dropped="dropped")(request=alice))
+        await asyncio.to_thread(started.wait, 10)
+        return [idle, await cancel(alice), await asyncio.wait_for(run, 5)]
+
+    try:
+        assert run_coroutine(scenario()) == [{}, {"note": "cancelled"}, "dropped"]
+    finally:
+        release.set()
