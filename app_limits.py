@@ -47,7 +47,7 @@ MINT_PER_HOUR = 200  # … and regains this many an hour; past its budget, an ad
 #                      one visitor, "a:<address>"
 FILE_MAX_AGE_S = 3600  # stored uploads, exports and Gradio's cached files go this long after their last use
 FILE_SWEEP_S = 600  # how often the work dir and Gradio's cache are swept for them
-MAX_QUEUED_EVENTS = 1024  # events waiting in the queue, all visitors together; the next one is refused ("Queue is full")
+MAX_QUEUED_EVENTS = 1024  # events waiting in the queue, all visitors together; the next is refused ("Queue is full")
 MAX_WAITING_PER_VISITOR = 16  # events one visitor may have waiting, all groups together (server.FairTurns): a page's
 #                               action queues one event at a time (its refreshes are a chain); one client flooding the
 #                               queue holds 16 places, not all of them
