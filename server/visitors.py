@@ -121,7 +121,7 @@ class Visitors:
         where = self._address_of(scope)
         token_id = self._token_id(_cookie(scope["headers"]))
         minted = None
-        if token_id is None and scope["type"] == "http" and self._take_mint(where, monotonic()):
+        if token_id is None and _asks_for_work(scope) and self._take_mint(where, monotonic()):
             token_id = secrets.token_hex(16)
             minted = (f"{VISITOR_COOKIE}={token_id}.{self._sign(token_id)}; Path=/; HttpOnly; "
                       "SameSite=Lax").encode()
@@ -204,6 +204,13 @@ def _recorded(source: Mapping | object | None, key: str) -> str:
     if isinstance(source, Mapping):
         return str((source.get("state") or {}).get(key, ""))
     return str(getattr(getattr(source, "state", None), key, ""))  # a gr.Request without a request has no state
+
+
+def _asks_for_work(scope: dict) -> bool:
+    """Whether a request without a token is given one: the page itself (a GET of ``/``) and every POST (a queue
+    join, an upload, an API call), not the page's assets, its config or its event streams: a browser fetches dozens
+    of those at once before its first cookie arrives, and each would spend one of its address's mints."""
+    return scope["type"] == "http" and (scope.get("method") == "POST" or scope.get("path") in ("/", ""))
 
 
 def visitor(source: Mapping | object | None) -> str:

@@ -26,7 +26,7 @@ SECRET = b"a test's secret, 32 bytes long.."
 
 
 def visit(middleware: Visitors, client: str = "10.0.0.1", cookie: str | None = None, headers: tuple = (),
-          kind: str = "http") -> tuple[str, str, list[str], dict]:
+          kind: str = "http", method: str = "GET", path: str = "/") -> tuple[str, str, list[str], dict]:
     """One request from ``client`` through ``middleware`` (with the cookie header ``cookie`` and ``headers``): the
     visitor and address the app behind it reads (:func:`server.visitor`, :func:`server.address`), the Set-Cookie
     headers of its response, and the scope the app saw."""
@@ -48,7 +48,8 @@ def visit(middleware: Visitors, client: str = "10.0.0.1", cookie: str | None = N
 
     middleware.app = app
     request_headers = [*headers, *([(b"cookie", cookie.encode("latin-1"))] if cookie is not None else [])]
-    scope = {"type": kind, "method": "GET", "scheme": "http", "path": "/", "raw_path": b"/", "query_string": b"",
+    scope = {"type": kind, "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"",
              "root_path": "", "headers": request_headers, "client": (client, 5000), "server": ("127.0.0.1", 7860)}
     run_coroutine(middleware(scope, receive, send))
     cookies = [value.decode() for name, value in (sent[0]["headers"] if sent else []) if name == b"set-cookie"]
@@ -115,6 +116,18 @@ def test_tokens_are_minted_at_a_bounded_rate_per_address_then_the_address_is_the
     assert visit(middleware, kind="websocket")[0] == "a:10.0.0.1"  # a WebSocket is placed, never given a token
     now[0] += 3 * 1800
     assert [len(visit(middleware)[2]) for _ in range(4)] == [1, 1, 1, 0]  # back to the burst, no more
+
+
+def test_only_the_page_and_posts_spend_a_mint(monkeypatch):
+    """A browser fetches dozens of assets at once before its first cookie arrives: each spent one of its address's
+    mints, and a busy class (or a test session) drained the budget, after which everyone there was one visitor.
+    The page itself and POSTs (joins, uploads, calls) are given a token; assets, config and streams are not."""
+    middleware = Visitors(None, mint_burst=2, mint_per_hour=0, secret=SECRET)
+    for path in ("/assets/index.js", "/config", "/gradio_api/queue/data", "/favicon.ico"):
+        assert visit(middleware, path=path)[::2] == ("a:10.0.0.1", [])  # no token, no mint spent
+    assert visit(middleware, method="POST", path="/gradio_api/queue/join")[0].startswith("t:")
+    assert visit(middleware)[0].startswith("t:")  # the page: the second of the two mints
+    assert visit(middleware)[0] == "a:10.0.0.1"
 
 
 @pytest.mark.parametrize(("proxies", "peer", "forwarded", "expected"), [
