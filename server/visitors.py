@@ -4,12 +4,12 @@ makes up at will.
 
 A visitor is identified by something the server issues: a token in an HttpOnly, SameSite=Lax cookie
 (:data:`VISITOR_COOKIE`), a random id and its HMAC-SHA256 under a secret of the process, given by the ASGI
-middleware :class:`Visitors` to any HTTP request that comes without a valid one. Tokens are minted at a bounded rate
-per network address (a token bucket); a request without a valid token from an address past its budget counts as
-that address, one visitor shared by everyone there. The middleware records its answer in the request's scope
-(``scope["state"]``, what Starlette's ``Request.state`` reads); :func:`visitor` and :func:`address` read it from
-an ASGI scope, a Starlette ``Request`` or a ``gr.Request`` (Gradio's queue events keep the request that joined the
-queue, so they read the same).
+middleware :class:`Visitors` to a request for the page or a POST that comes without a valid one. Tokens are
+minted at a bounded rate per network address (a token bucket); a request without a valid token from an address
+past its budget counts as that address, one visitor shared by everyone there. The middleware records its answer in
+the request's scope (``scope["state"]``, what Starlette's ``Request.state`` reads); :func:`visitor` and
+:func:`address` read it from an ASGI scope, a Starlette ``Request`` or a ``gr.Request`` (Gradio's queue events keep
+the request that joined the queue, so they read the same).
 
 The address is the TCP peer, except when the peer is a trusted proxy (``--trusted-proxy``): then the right-most
 ``X-Forwarded-For`` entry that is not a trusted proxy (entries to its left are whatever the client sent). An IPv6
@@ -82,7 +82,8 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 class Visitors:
     """ASGI middleware: decides who sent each HTTP (or WebSocket) request, records it for :func:`visitor` and
-    :func:`address`, and gives a request that brings no valid token one, in a cookie set on its response.
+    :func:`address`, and gives a request for the page or a POST that brings no valid token one, in a cookie set on
+    its response.
 
     A token is ``<id>.<mac>``: ``id`` 32 random hex digits, ``mac`` the hex HMAC-SHA256 of ``id`` under ``secret``
     (checked with :func:`hmac.compare_digest`), in the cookie :data:`VISITOR_COOKIE` (``Path=/; HttpOnly;
