@@ -78,8 +78,9 @@ class FairTurns:
         return measured.avg_time if measured is not None and measured.avg_time > 0 else DEFAULT_COST_S
 
     async def push(self, body, request, username):
-        """Gradio's ``Queue.push``, refused with a message for a visitor who has ``max_waiting`` events waiting;
-        a queued event is then put in its fair place in its group."""
+        """Gradio's ``Queue.push``, refused with a message for a visitor who has ``max_waiting`` events waiting or
+        an address whose visitors have ``max_waiting_at_address``; a queued event is then put in its fair place in
+        its group (:meth:`place`)."""
         who, where = visitor(request), address(request)
         mine, here = self.waiting(who, where)
         if who and mine >= self.max_waiting:

@@ -152,8 +152,7 @@ class SlowRuns:
                 ended = await run.end
             finally:
                 if run.end.cancelled() or not run.end.done():  # Gradio's /cancel: stopped as a dropped run is
-                    run.stop.set()
-                    self._release(run)
+                    self._stop(run)
                 self._runs[key].discard(run)
                 if not self._runs[key]:
                     del self._runs[key]
@@ -208,6 +207,11 @@ class SlowRuns:
         threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
                          daemon=False).start()
 
+    def _stop(self, run: _Run) -> None:
+        """Tell ``run``'s computation to stop at its next :func:`check_dropped` and give its place back now."""
+        run.stop.set()
+        self._release(run)
+
     def _release(self, run: _Run) -> None:
         """Give back ``run``'s place, once: when its computation ends or when it is dropped, whichever is first."""
         if run.holds_place:
@@ -221,8 +225,7 @@ class SlowRuns:
         in the server's event loop. Returns whether there was a run to end."""
         owner, ended = _owner(request), False
         for run in self._runs.get((*owner, view), ()):
-            run.stop.set()
-            self._release(run)
+            self._stop(run)
             if not run.end.done():
                 run.end.set_result(_DROPPED)
                 ended = True
