@@ -57,13 +57,13 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
     through Gradio's cache); the page's link up to :data:`analysis.MAX_LINK_BYTES` (a longer one is sent to the page
     without it: :class:`server.RequestSizeLimit`); files up to ``max_upload_mb``, request bodies up to that plus
     REQUEST_SLACK_MB, uploads within ``workspace``'s byte budget (default: the one on WORK_DIR), which is swept every
-    FILE_SWEEP_S while the server runs. Each request's visitor is decided by :class:`server.Visitors` (tokens
-    minted MINT_BURST at once and MINT_PER_HOUR an hour per address), its address from ``X-Forwarded-For`` only
-    when it comes from one of ``trusted_proxies``: uvicorn's own reading of that header (``FORWARDED_ALLOW_IPS``,
-    127.0.0.1 by default) is turned off, so a local client cannot name an address. With ``mcp_schema``
-    (:meth:`Explorer.tool_schema`), Gradio's MCP server also offers the documented API (the ``gr.api`` endpoints) as
-    MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data URIs, kept in the work dir; answers in JSON);
-    their calls go through the same queue and admission.
+    FILE_SWEEP_S while the server runs. Each request's visitor is decided by :class:`server.Visitors` (tokens minted
+    MINT_BURST at once and MINT_PER_HOUR an hour per address), its address from ``X-Forwarded-For`` only when it comes
+    from one of ``trusted_proxies``: uvicorn's own reading of that header (``FORWARDED_ALLOW_IPS``, 127.0.0.1 by
+    default) is turned off, so a local client cannot name an address. With ``mcp_schema``
+    (:meth:`app_api.ExplorerAPI.tool_schema`), Gradio's MCP server also offers the documented API (the ``gr.api``
+    endpoints) as MCP tools at ``/gradio_api/mcp/`` (:mod:`app_mcp`: images as data URIs, kept in the work dir; answers
+    in JSON); their calls go through the same queue and admission.
 
     Args:
         host (str): the address to listen on (``0.0.0.0``: every interface). Default: DEFAULT_HOST, 127.0.0.1

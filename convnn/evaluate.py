@@ -9,9 +9,9 @@ Store int8 weights (per-channel scales, :mod:`convnn.checkpoint`) and evaluate w
     python -m convnn.evaluate checkpoints/*.json --data-root ../shared/data/cifar10 --save-dtype int8 --out int8
 
 Each checkpoint is evaluated as :func:`~convnn.checkpoint.load_checkpoint` returns it, with training's test pipeline
-(:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then :func:`convnn.train.evaluate`) in
-fp32 without autocast, so the last digit can differ from the card's numbers, which training measured under bf16 autocast
-on a GPU. A model with random candidates is measured over ``--draws`` eval draws (5 by default;
+(:class:`~convnn.data.DeviceLoader` normalising with the card's mean and std, then :func:`convnn.metrics.test_metrics`)
+in fp32 without autocast, so the last digit can differ from the card's numbers, which training measured under bf16
+autocast on a GPU. A model with random candidates is measured over ``--draws`` eval draws (5 by default;
 :func:`convnn.candidates.candidate_draw`, METHOD §3b): its row gives the mean ± sample std of top-1 over draws 0 … 4 and
 each draw's, which is what its card records (``test_top1`` and ``test_loss`` the means, ``test_top1_std``, and the draw
 scheme in ``evaluation``). With ``--save-dtype`` and ``--out`` each checkpoint is saved again in that dtype as

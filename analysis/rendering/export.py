@@ -135,7 +135,8 @@ def blend_window_note(options: RuleOptions, overlaps: dict[tuple[str, str], np.n
 
     Args:
         options (RuleOptions): the resolved options (``blend_alpha``).
-        overlaps (dict): (a, b) → (Q,) Jaccard overlaps of each pair of rules (:func:`analysis.rule_rows`).
+        overlaps (dict): (a, b) → (Q,) Jaccard overlaps of each pair of rules
+            (:func:`analysis.views.neighbors.rule_rows`).
 
     Returns:
         str or None: the note, or None unless the window and blend sets are equal for at least half the queries.
@@ -186,7 +187,8 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
 
 def overlay_png(view: np.ndarray, neighbors: QueryNeighbors, rules: tuple[str, ...] | None = None,
                 title: str | None = None) -> Image.Image:
-    """The overlays of :func:`analysis.figures.neighbor_panel` as one PIL image, panels side by side.
+    """The neighbour overlays the page draws (one panel per rule, as :func:`analysis.rendering.figures.mask_panel`
+    draws masks) as one PIL image, panels side by side.
 
     Args:
         view (np.ndarray): (S, S, 3) uint8 model view of the image.

@@ -85,7 +85,7 @@ def pixel_figure(view: np.ndarray, pixels: PixelNeighbors, query_px: tuple[int, 
     """The input-level view: "pixels like this one" next to "pixels near this one", each with its mean distance.
 
     Args:
-        view (np.ndarray): (h, w, 3) uint8, :func:`analysis.pixels.pixel_view`.
+        view (np.ndarray): (h, w, 3) uint8, :func:`analysis.views.pixels.pixel_view`.
         pixels (PixelNeighbors): the clicked pixel's neighbours.
         query_px (tuple[int, int]): ``(row_px, col_px)`` of the click in ``view``.
     """
@@ -179,7 +179,8 @@ def spectrum_figure(rows: tuple[SpectrumRow, ...]) -> go.Figure:
     """Per layer: mean neighbour distance (cells) and share inside the R×R window, over all queries of the image.
 
     Args:
-        rows (tuple[SpectrumRow, ...]): :func:`analysis.spectrum.selection_spectrum`, one per layer, forward order.
+        rows (tuple[SpectrumRow, ...]): :func:`analysis.views.spectrum.selection_spectrum`, one per layer, forward
+            order.
     """
     layers = [row.layer for row in rows]
     mean_distance = np.array([row.mean_distance for row in rows])

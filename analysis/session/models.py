@@ -9,8 +9,8 @@ module's output: every view of it would show meaningless numbers).
 
 What the page names a checkpoint by is resolved by :func:`checkpoint_card` against what exists, never used as a path:
 a shipped checkpoint by its stem (the name the model list shows), an upload by the id
-:func:`store_upload` returned, inside the session's own :class:`~analysis.workspace.Workspace` folder. An upload is
-stored under fixed names and accepted only once it loads.
+:func:`store_upload` returned, inside the session's own :class:`~analysis.session.workspace.Workspace` folder. An
+upload is stored under fixed names and accepted only once it loads.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Which neighbours a query selects in a layer, under each selection rule, on the same features (METHOD §2–3).
 
 For a probe layer and an image, the rules act on the features the layer itself scores
-(:func:`analysis.probes.layer_query_key`, computed once per (model, image, layer)):
+(:func:`analysis.session.traces.layer_query_key`, computed once per (model, image, layer)):
 
 * ``"window"``: the R×R window around the query (zero-padded, raster order): a convolution;
 * ``"all"``: the top K by feature similarity over every token: attention-style selection;
 * ``"random"``: the top K among r candidates (plus the query), drawn as the layer draws in eval mode: from the
   image's key and the seed (by default the layer's own, so the rule reproduces a random layer exactly;
   :mod:`convnn.candidates`);
-* ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.functional.blend_select`); α = 0 is the
+* ``"blend"``: the top K of ``(1 − α)·spatial + α·feature`` (:func:`convnn.selection.select_blend`); α = 0 is the
   window rule and α = 1 the all rule exactly (:func:`convnn.selection.effective_selection`);
 * ``"layer"``: what the layer really selected in the forward pass (:func:`convnn.record_neighbors`); a conv-only
   hybrid or a plain convolution uses its kernel's window (with its stride and padding), and MHSA (which selects

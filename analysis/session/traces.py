@@ -138,7 +138,7 @@ class Trace:
 def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor, draw: int = 0) -> Trace:
     """Run ``model`` on ``x`` once, capturing each probe layer's input and what each ConvNN layer selected.
 
-    Uncached; :func:`analysis.tracing.trace_image` caches it per (model, image).
+    Uncached; :func:`analysis.session.traces.trace_image` caches it per (model, image).
 
     Args:
         model (nn.Module): the model, eval mode.
@@ -215,7 +215,8 @@ def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
 
     Args:
         loaded (LoadedModel): the model.
-        image (InputImage): the image; resized and normalised as in training (:func:`analysis.images.model_input`).
+        image (InputImage): the image; resized and normalised as in training
+            (:func:`analysis.session.images.model_input`).
         draw (int): the eval draw index of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
