@@ -1,0 +1,101 @@
+"""The how-tos of docs/architecture.md, each done: a new selection rule, a new view and a new model (the knob's is
+tests/app/test_toy_knob.py), each added the way the page says and nothing else changed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gradio.utils import get_upload_folder
+from torch import nn
+
+import analysis as an
+import app
+from app_api import endpoint, takes
+from convnn import ConvNN2d, ModelCard, save_checkpoint
+from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from convnn.models import registry
+from convnn.selection import SELECTION_RULES, Neighbors, SelectionRule, register_rule
+from tests.app.test_app import CELL_LAYER
+
+
+def first_keys(q, k, grid, options) -> Neighbors:
+    """A toy rule: every query's neighbours are the map's first K tokens, in order, each scoring 0."""
+    batch, heads, tokens = q.shape[:3]
+    idx = torch.arange(options.num_neighbors).expand(batch, heads, tokens, options.num_neighbors)
+    return Neighbors(topk_idx=idx, topk_scores=torch.zeros(idx.shape, dtype=q.dtype))
+
+
+@pytest.fixture
+def toy_rule():
+    rule = register_rule(SelectionRule("first", "first keys (toy)", first_keys))
+    yield rule
+    del SELECTION_RULES[rule.name]
+
+
+def test_a_registered_rule_runs_in_a_layer_and_in_the_tables(toy_rule, checkpoint_dir, example_image):
+    torch.manual_seed(0)
+    layer = ConvNN2d(3, 4, num_neighbors=2, selection="first", backend="reference").eval()
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        out = layer(x)
+    tokens = x.flatten(2)  # (B, C, N): every output cell gathers tokens 0 and 1, ρ = "none"
+    expected = torch.einsum("oct,bct->bo", layer.weight, tokens[:, :, :2]) + layer.bias
+    torch.testing.assert_close(out, expected[:, :, None, None].expand(2, 4, 5, 5))
+
+    loaded, image = an.load_model(checkpoint_dir / "cnn-l0.5.json"), an.load_image(example_image)
+    table = an.neighbor_table(loaded, image, CELL_LAYER, an.RuleOptions(num_neighbors=3))
+    cells = table.query((10, 20)).sets["first"].cells  # the toy rule's row beside the built-in ones
+    assert [tuple(cell) for cell in np.asarray(cells)] == [(0, 0), (0, 1), (0, 2)]  # the first 3 tokens, raster
+
+
+class ViewExplorer(app.Explorer):
+    """The explorer with one view more: the image's mean brightness in the model's view, 0–255."""
+
+    @takes("checkpoint", "image_file", "fit", required=["checkpoint", "image_file"])
+    def api_brightness(self, query: an.Query, request=None) -> dict:
+        loaded, image = self.loaded(query, request)
+        return {"brightness": float(an.model_view(image, loaded.card.input_size).mean())}
+
+
+def test_a_new_view_is_an_endpoint_of_the_api(checkpoint_dir, example_image, monkeypatch):
+    monkeypatch.setattr(app, "API", [*app.API, "brightness"])
+    explorer = ViewExplorer(checkpoint_dir, device="cpu")
+    demo = app.build_demo(explorer)
+    assert "/brightness" in {f"/{fn.api_name}" for fn in demo.fns.values() if fn.api_name}
+    stored = Path(get_upload_folder()) / "architecture-test" / "cat_0.png"  # an upload in Gradio's cache
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(example_image, stored)
+    answer = endpoint(explorer.api_brightness)("cnn-l0.5", {"path": str(stored)})
+    view = an.model_view(an.load_image(example_image), 32)
+    assert answer == {"brightness": pytest.approx(float(view.mean()))}
+    assert 0 < answer["brightness"] < 255
+
+
+@registry.register_model(name="toy_mean_colour")
+def toy_mean_colour(num_classes: int = 10) -> nn.Module:
+    """A toy model family: a 3×3 ConvNN layer (the window rule) and a linear head over the mean colour."""
+    return nn.Sequential(ConvNN2d(3, 3, kernel_size=3, selection="window"), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(3, num_classes))
+
+
+def test_a_registered_model_opens_in_the_explorer(tmp_path, example_image):
+    torch.manual_seed(0)
+    model = toy_mean_colour().eval()
+    card = ModelCard(name="toy", model="toy_mean_colour", model_args={}, classes=list(CIFAR10_CLASSES), input_size=32,
+                     mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD))
+    save_checkpoint(model, tmp_path / "toy", card)
+    explorer = app.Explorer(tmp_path, device="cpu")
+    assert explorer.shipped() == ["toy"] and explorer.left_out() == []  # the model list offers it
+    loaded = an.load_model(tmp_path / "toy.json")
+    assert [info.name for info in loaded.probes] == ["0"]  # its ConvNN layer is a layer the views open
+    image = an.load_image(example_image)
+    x = an.model_input(image, loaded.card)
+    expected = torch.softmax(model(x)[0], 0)
+    top = an.top_classes(loaded, image)
+    best = max(top, key=top.get)
+    assert best == CIFAR10_CLASSES[int(expected.argmax())]
+    assert top[best] == pytest.approx(float(expected.max()), abs=1e-6)
