@@ -30,6 +30,7 @@ import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP mo
 
 # isort: split
 import gradio as gr
+import torch
 
 import analysis as an
 import app_texts as texts
@@ -696,16 +697,22 @@ def main() -> None:
                         help="bytes all analysis caches may hold together, in MB (default: $CONVNN_CACHE_MB or 512)")
     parser.add_argument("--max-upload-mb", type=int, default=limits.MAX_UPLOAD_MB,
                         help=f"largest uploaded file (checkpoint or image), MB (default: {limits.MAX_UPLOAD_MB})")
+    parser.add_argument("--threads", type=int, default=limits.VIEW_THREADS,
+                        help=f"torch threads per computation: 1 lets the cores serve several visitors at once, "
+                             f"more make one user's views faster on many cores (default: {limits.VIEW_THREADS})")
     parser.add_argument("--mcp", action="store_true",
                         help="also serve the API as MCP tools at /gradio_api/mcp/ (Gradio's MCP server)")
     args = parser.parse_args()
     if args.max_upload_mb < 1:
         parser.error("--max-upload-mb must be at least 1")
+    if not 1 <= args.threads <= (os.cpu_count() or 1):
+        parser.error(f"--threads must be between 1 and this machine's {os.cpu_count() or 1} cores")
     try:
         proxies = trusted_networks(env_proxies if args.trusted_proxy is None else args.trusted_proxy)
     except ValueError as err:
         parser.error(str(err))
     an.set_cache_budget(args.cache_mb * 2**20)
+    torch.set_num_threads(args.threads)
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
     for line in explorer.left_out():  # the page says so too, under the model list
         logging.warning("left out of the model list: %s", line)

@@ -56,11 +56,17 @@ MAX_WAITING_PER_ADDRESS = 96  # … and the visitors at one network address toge
 #                               multiply a client's places past it, and it takes 11 addresses to fill the queue
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
-SLOW_CONCURRENCY = 1  # slow runs at a time, all sessions together: they never take every core from a click
+SLOW_CONCURRENCY = 2  # slow runs at a time, all sessions together, each on VIEW_THREADS threads and one per visitor
+#                       (server.SlowRuns): one visitor's heavy run never keeps another's waiting for its end
 MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
 #                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
-MAX_THREADS = 6  # worker threads running handlers (Gradio's max_threads, 40 by default): more add no speed on a few
-#                   cores, only memory (each thread's allocations keep a malloc arena of their own)
+MAX_THREADS = 16  # worker threads running handlers (Gradio's max_threads, 40 by default): a handler waiting for a
+#                    model's lock holds one, so one visitor's requests on a slow model must not take them all (with 6,
+#                    a hostile visitor's four held most of them); idle ones cost no memory beyond their stacks, as
+#                    the malloc arenas are capped (MALLOC_ARENAS)
+VIEW_THREADS = 1  # torch's threads per computation (--threads): a view on one core, so the cores serve several
+#                  visitors' views at once and the OS shares them out by thread; one visitor's heavy model then takes
+#                  one core, not every core from everyone else (a single user on many cores may ask for more)
 MALLOC_ARENAS = 2  # glibc malloc arenas (by default up to 8 per core, one per allocating thread, rarely returned)
 MAX_SESSIONS = 32  # sessions whose state Gradio keeps (each holds its last outputs, ≈ 0.3 MB of figure JSON); the
 #                    least recently used goes first (its uploads stay reachable: they are found by its session id)

@@ -107,10 +107,11 @@ class SlowRuns:
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
     thread of its own. A dropped run gives its place back at once and its computation stops at its next step (a
     thread cannot be stopped from outside: the computation calls :func:`check_dropped` between steps, an attribution
-    after each batch of forward passes), so a run asked for after a drop, by any session, starts at once; it shares
-    the cores with the dropped computation for at most that one step. Its threads are not daemons: the interpreter
-    waits for a computation at exit instead of cutting it off inside torch (a daemon thread stopped there aborted the
-    process, "terminate called without an active exception").
+    after each batch of forward passes), so another visitor's run starts at once; it shares the cores with the
+    dropped computation for at most that one step. The same visitor's next run waits for that step to end: a
+    visitor computes one slow run at a time, however often it starts and drops them. Its threads are not daemons:
+    the interpreter waits for a computation at exit instead of cutting it off inside torch (a daemon thread stopped
+    there aborted the process, "terminate called without an active exception").
 
     :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
     completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
@@ -129,6 +130,8 @@ class SlowRuns:
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
         self._runs: dict[tuple[str, str | None, str], set[_Run]] = {}  # (visitor, session, view) → its started runs
         self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
+        self._computing: dict[str, int] = {}  # visitor → its computations running (dropped ones until they stop)
+        self._idle: dict[str, asyncio.Event] = {}  # visitor → set when its last computation ends
 
     def wrap(self, handler, dropped=None):
         """``handler`` (a blocking function with a ``request`` parameter) as a coroutine function of the same
@@ -146,9 +149,9 @@ class SlowRuns:
             key = (*_owner(request), view)
             self._runs.setdefault(key, set()).add(run)
             try:
-                if await self._take_place(run.end):
+                if await self._own_turn(key[0], run.end) and await self._take_place(run.end):
                     run.holds_place = True
-                    self._compute(functools.partial(handler, *args, **kwargs), run, view)
+                    self._compute(functools.partial(handler, *args, **kwargs), run, view, key[0])
                 ended = await run.end
             finally:
                 if run.end.cancelled() or not run.end.done():  # Gradio's /cancel: stopped as a dropped run is
@@ -163,6 +166,19 @@ class SlowRuns:
                 raise error
             return result
         return slow
+
+    async def _own_turn(self, who: str, end: asyncio.Future) -> bool:
+        """Wait until no computation of visitor ``who`` runs (a run it dropped stops at its next step), or for
+        ``end`` (this run dropped): whether the run may go on."""
+        while self._computing.get(who):
+            idle = asyncio.ensure_future(self._idle.setdefault(who, asyncio.Event()).wait())
+            try:
+                await asyncio.wait([idle, end], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                idle.cancel()
+            if end.done():
+                return False
+        return True
 
     async def _take_place(self, end: asyncio.Future) -> bool:
         """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
@@ -183,14 +199,20 @@ class SlowRuns:
         if not place.cancel():
             self._places.release()
 
-    def _compute(self, work, run: _Run, view: str) -> None:
+    def _compute(self, work, run: _Run, view: str, who: str) -> None:
         """``work()`` in a thread of its own (Gradio's progress tracker reads the context, :func:`check_dropped` the
-        run's ``stop``; not a daemon, as the server's thread may be one); when it ends, its place is given back
-        unless a drop gave it back already, and ``run.end`` gets ``(result, error)`` unless the run was dropped or
-        cancelled meanwhile."""
+        run's ``stop``; not a daemon, as the server's thread may be one), counted as visitor ``who``'s; when it
+        ends, its place is given back unless a drop gave it back already, and ``run.end`` gets ``(result, error)``
+        unless the run was dropped or cancelled meanwhile."""
         loop = run.end.get_loop()
+        self._computing[who] = self._computing.get(who, 0) + 1
 
         def deliver(outcome: tuple) -> None:
+            self._computing[who] -= 1
+            if not self._computing[who]:
+                del self._computing[who]
+                if (idle := self._idle.pop(who, None)) is not None:
+                    idle.set()
             self._release(run)
             if not run.end.done():
                 run.end.set_result(outcome)

@@ -81,3 +81,37 @@ def test_cancel_after_the_result_came_changes_nothing():
         assert run_coroutine(scenario()) == [{}, {"note": "cancelled"}, "dropped"]
     finally:
         release.set()
+
+
+def test_a_visitor_computes_one_slow_run_at_a_time_however_often_it_drops_them():
+    """A dropped run gave its place back at once while its computation went on to its next step (a pass of a heavy
+    model: seconds), so a visitor starting and cancelling slow views in a loop ran several computations at once.
+    Now that visitor's next run waits for its dropped computation to stop; another visitor's starts at once."""
+    release = threading.Event()
+    started = {name: threading.Event() for name in ("first", "again", "other")}
+
+    def on_view(name: str, request=None):
+        started[name].set()
+        release.wait(10)  # a step that does not look at check_dropped: the computation goes on after the drop
+        return name
+
+    async def scenario() -> list:
+        runs = SlowRuns(2, waiting=list)
+        view = runs.wrap(on_view, dropped="dropped")
+        drop = runs.dropping(("on_view",))
+        alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
+        first = asyncio.ensure_future(view("first", request=alice))
+        await asyncio.to_thread(started["first"].wait, 10)
+        await drop(alice)
+        again = asyncio.ensure_future(view("again", request=alice))
+        other = asyncio.ensure_future(view("other", request=bob))
+        await asyncio.to_thread(started["other"].wait, 10)
+        await asyncio.sleep(0.3)
+        seen = [await first, started["other"].is_set(), started["again"].is_set()]
+        release.set()
+        return [*seen, await asyncio.wait_for(again, 5), await asyncio.wait_for(other, 5)]
+
+    try:
+        assert run_coroutine(scenario()) == ["dropped", True, False, "again", "other"]
+    finally:
+        release.set()
