@@ -229,8 +229,10 @@ def blocked_equivalence(monkeypatch):
 def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkpoint_dir, example_image, work_dir,
                                                   blocked_equivalence):
     """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
-    request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)"""
+    request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)
+    With one slow place, as on a server that sets SLOW_CONCURRENCY to 1."""
     monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
+    monkeypatch.setattr(app_limits, "SLOW_CONCURRENCY", 1, raising=False)
     stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
     os.utime(stale, (0, 0))
     started, release, _ = blocked_equivalence
@@ -285,8 +287,9 @@ def test_slow_requests_are_admitted_one_per_visitor_and_a_few_in_all(explorer, m
     "Queue is full". Then one slow run per session: but a client names its sessions, so nine made-up session ids
     held the slow group's places and every other visitor was refused. Now one slow run per visitor (its token), of
     any of its sessions, and any slow request is refused once MAX_SLOW_WAITING wait, with a message; a prediction
-    still gets its place."""
+    still gets its place. With one slow place, so that the others wait."""
     monkeypatch.setattr(app_limits, "MAX_SLOW_WAITING", 2, raising=False)
+    monkeypatch.setattr(app_limits, "SLOW_CONCURRENCY", 1, raising=False)
     started, release, _ = blocked_equivalence
     with (slow_queue(explorer, example_image, "occlusion") as (url, inputs, join, _), httpx.Client() as alice,
           httpx.Client() as bob, httpx.Client() as carol):
@@ -356,10 +359,12 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
     and when the server's message ending the cancelled event came after the page had cleaned that event up, the
     attribution's note and chart were left marked "Error" with no message (3 of 18 tries by hand; the browser test
     failed in CI). The server drops the run now: one computing ends at once with no change to the page (its
-    computation stops at its next step), one still in Gradio's queue ends when it starts, computing nothing."""
+    computation stops at its next step), one still in Gradio's queue ends when it starts, computing nothing. With one
+    slow place, so that the attribution waits in the queue."""
     started, release, stopped = blocked_equivalence
     attributions = []
     monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args))
+    monkeypatch.setattr(app_limits, "SLOW_CONCURRENCY", 1, raising=False)
     demo = app.build_demo(explorer)
     with served(demo) as url, httpx.Client() as alice, httpx.Client() as bob:
         with open(example_image, "rb") as file:
