@@ -2,8 +2,9 @@
 
 Three roles, one subpackage each, imported in this order (each only imports those before it):
 
-* :mod:`analysis.session` — what a visit holds: the models (``models``) and images (``images``) it opened, one
-  recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
+* :mod:`analysis.session` — what a visit holds: the models (``models``) and images it opened (taken in within
+  their limits by ``image_intake``, decoded by ``image_decode``, fitted to the model and shown by ``image_display``),
+  one recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
   (``selections``), the caches under one byte budget (``caching``), the files users bring and take away
   (``workspace``), the checks of what they type (``inputs``) and the process's C heap (``memory``);
 * :mod:`analysis.views` — one module per view: ``neighbors``, ``weights`` (the aggregation kernel and the λ mix),
@@ -30,20 +31,19 @@ from .rendering.export import (
 )
 from .rendering.page import page_hops, page_json, page_sweep, page_table
 from .session.caching import DEFAULT_CACHE_BYTES, cache_budget, cache_usage, set_cache_budget
-from .session.images import (
+from .session.image_decode import InputImage
+from .session.image_display import (
     FITS,
     LETTERBOX_RGB,
-    InputImage,
     clamp_px,
     display_factor,
     display_image,
     display_to_input_px,
     fit_image,
-    image_from_array,
-    load_image,
     model_input,
     model_view,
 )
+from .session.image_intake import image_from_array, load_image
 from .session.inputs import (
     MAX_MESSAGE_CHARS,
     MAX_SEED,

@@ -126,5 +126,5 @@ def test_a_moved_name_is_caught():
     module = importlib.import_module("analysis")
     assert not resolves_in("analysis.probes.layer_query_key", module, [])
     assert not resolves_from_top("convnn.functional.blend_select")
-    assert resolves_from_top("analysis.session.images.MAX_IMAGE_SIDE_PX")
+    assert resolves_from_top("analysis.session.image_intake.MAX_IMAGE_SIDE_PX")
     assert resolves_in("ViewState", module, [])

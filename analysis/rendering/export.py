@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw
 
-from ..session.images import InputImage, model_view, upscale_nearest
+from ..session.image_decode import InputImage
+from ..session.image_display import model_view, upscale_nearest
 from ..session.models import LoadedModel
 from ..session.selections import RuleOptions, rule_title
 from ..session.traces import LayerInfo, cell_rect_px

@@ -19,7 +19,7 @@ from PIL import Image
 
 from convnn import ModelCard
 
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.selections import Selection, rule_title
 from ..session.traces import LayerInfo, cell_rect_px, layer_label
 from ..views.draws import DrawSpread

@@ -7,10 +7,10 @@ flag, or ``$CONVNN_CACHE_MB``). Once the store holds more, the least recently us
 they belong to.
 
 The accounting is what the entries keep alive (:func:`nbytes`): the tensors and arrays of each result, plus, once each,
-those of the objects its key holds (an :class:`~analysis.session.images.InputImage` keys many results but its pixels are
-counted once). When a result that keys others is evicted (a loaded model keys its traces, selections, …), those go with
-it: nothing derived from it can be asked for again, and it would keep the model alive. A hit on a result renews the
-results its key holds, so an entry in use keeps what it derives from.
+those of the objects its key holds (an :class:`~analysis.session.image_decode.InputImage` keys many results but its
+pixels are counted once). When a result that keys others is evicted (a loaded model keys its traces, selections, …),
+those go with it: nothing derived from it can be asked for again, and it would keep the model alive. A hit on a result
+renews the results its key holds, so an entry in use keeps what it derives from.
 """
 
 from __future__ import annotations

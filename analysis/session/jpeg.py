@@ -1,6 +1,6 @@
-"""What a JPEG file's structure says beside its decode (:mod:`analysis.session.images` asks): whether libjpeg keeps
-every coefficient while it decodes the file (:func:`scans_keep_coefficients`), and whether the picture's data ends
-before the picture does (:func:`cut_short`).
+"""What a JPEG file's structure says beside its decode: whether libjpeg keeps every coefficient while it decodes the
+file (:func:`scans_keep_coefficients`, which :mod:`analysis.session.image_intake` asks), and whether the picture's
+data ends before the picture does (:func:`cut_short`, which :mod:`analysis.session.image_decode` asks).
 
 Both walk the file's markers (:func:`_markers`): a segment is passed over by its length, a scan's entropy-coded data
 searched for the marker that ends it. The file is mapped, not read into memory (the uploads it reads are written

@@ -33,7 +33,8 @@ from convnn.checkpoint import BEFORE_SUFFIX, check_weights_file, checkpoint_path
 from convnn.introspect import LayerInfo, convnn_layers, layer_facts, model_family
 
 from .caching import bounded_cache
-from .images import image_from_array, model_input
+from .image_display import model_input
+from .image_intake import image_from_array
 from .workspace import UPLOADS, Workspace
 
 __all__ = [

@@ -41,7 +41,7 @@ from convnn.selection import (
 )
 
 from .caching import bounded_cache
-from .images import InputImage
+from .image_decode import InputImage
 from .inputs import MAX_SEED, whole_number
 from .models import LoadedModel
 from .traces import LayerInfo, effective_draw, layer_query_key, probe_module, trace_image

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .images import clamp_px
+from .image_display import clamp_px
 from .inputs import real_number, whole_number
 from .selections import RuleOptions
 from .traces import MAX_DRAW

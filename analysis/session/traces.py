@@ -25,7 +25,8 @@ from convnn.introspect import LayerInfo
 from convnn.validation import check_int
 
 from .caching import bounded_cache
-from .images import InputImage, model_input
+from .image_decode import InputImage
+from .image_display import model_input
 from .models import LoadedModel
 
 MAX_DRAW = 9999  # the largest eval draw index the explorer takes: the draw box, a link, the API (METHOD §3b)
@@ -216,7 +217,7 @@ def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image; resized and normalised as in training
-            (:func:`analysis.session.images.model_input`).
+            (:func:`analysis.session.image_display.model_input`).
         draw (int): the eval draw index of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:

@@ -27,7 +27,8 @@ from convnn.candidates import candidate_draw
 from convnn.models import model_cost
 
 from ..session.caching import bounded_cache
-from ..session.images import InputImage, model_input
+from ..session.image_decode import InputImage
+from ..session.image_display import model_input
 from ..session.models import LoadedModel
 from ..session.traces import check_finite, effective_draw, trace_image
 

@@ -14,7 +14,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import RuleOptions
 from ..session.state import MAX_COMPARED

@@ -17,7 +17,8 @@ import torch
 from convnn.candidates import candidate_draw, draws_candidates
 
 from ..session.caching import bounded_cache
-from ..session.images import InputImage, model_input
+from ..session.image_decode import InputImage
+from ..session.image_display import model_input
 from ..session.models import LoadedModel
 from ..session.traces import check_finite, trace_image
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from convnn import ConvNN2d, ConvNNAttention, MultiheadSelfAttention
 from convnn.adapters import as_self_attention, describe_plain
 
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.traces import layer_conv, probe_module, trace_image
 

@@ -17,7 +17,7 @@ import torch
 from convnn.functional import padded_to_cells
 from convnn.selection import rule_names
 
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import (
     LAYER_RULE,

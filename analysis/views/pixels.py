@@ -20,7 +20,7 @@ from convnn.functional import coordinate_channels, padded_to_cells, to_tokens, w
 from convnn.selection import top_keys
 
 from ..session.caching import bounded_cache
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.inputs import real_number, whole_number
 from ..session.selections import distance_stats, jaccard
 

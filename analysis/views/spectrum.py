@@ -23,7 +23,7 @@ import torch
 from convnn.functional import padded_to_cells
 
 from ..session.caching import bounded_cache
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.inputs import whole_number
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_selection

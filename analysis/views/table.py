@@ -23,7 +23,7 @@ import numpy as np
 
 from convnn.selection import rule_names
 
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, Selection, resolve_options
 from ..session.traces import LayerInfo, query_cell

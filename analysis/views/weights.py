@@ -26,7 +26,7 @@ from convnn.candidates import keyed_draws
 from convnn.functional import pad_map, to_tokens
 
 from ..session.caching import bounded_cache
-from ..session.images import InputImage
+from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
 from ..session.traces import (

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis import attribution_map, conv_equivalence, draw_spread, neighbor_table, top_classes, trace_image
-from analysis.session.images import model_input
+from analysis.session.image_display import model_input
 from convnn import record_neighbors
 from convnn.candidates import candidate_draw
 

@@ -22,8 +22,8 @@ import pytest
 from PIL import GifImagePlugin, Image, ImageFile
 
 from analysis import OUT_OF_MEMORY_MESSAGE, image_from_array, load_image, user_error_message
-from analysis.session import images
-from analysis.session.images import MAX_IMAGE_PIXELS
+from analysis.session import image_intake
+from analysis.session.image_intake import MAX_IMAGE_PIXELS
 from tests.image_files import grey_jpeg_one_scan_per_component, png_claiming_size
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
@@ -276,7 +276,7 @@ def test_a_png_of_millions_of_chunks_is_refused_before_pillow_parses_them(tmp_pa
         else:
             with pytest.raises(ValueError, match=r"^c\.png is a PNG of more than 100,000 chunks, or more than 1,000"):
                 load_image(tmp_path / "c.png")
-        images._load_cached.cache_clear()
+        image_intake._load_cached.cache_clear()
 
 
 def test_only_picture_formats_are_opened_never_one_that_runs_a_program(tmp_path, monkeypatch):
@@ -307,7 +307,7 @@ def test_the_pixel_limit_is_the_same_whatever_pillows_setting_at_import(monkeypa
     """The limit was 2 × Image.MAX_IMAGE_PIXELS at import: after a library that lifts Pillow's limit (None), importing
     the module raised a TypeError (2 * None)."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
-    spec = importlib.util.spec_from_file_location("analysis.session._images_again", images.__file__)
+    spec = importlib.util.spec_from_file_location("analysis.session._image_intake_again", image_intake.__file__)
     again = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, again)  # for its dataclasses; gone after the test
     spec.loader.exec_module(again)  # a fresh copy of the module, imported with the limit lifted
@@ -336,7 +336,7 @@ def test_a_jpeg_of_several_scans_counts_its_full_size_as_its_decode(tmp_path, mo
     size (it waits its turn); a baseline, interleaved one of the same size (camera photos, with their EXIF
     thumbnail) by its draft's."""
     width, height = 8192, 4096  # drafted to 1/4 (2048 × 1024): the largest scale that keeps ≥ 2 × 1024 px
-    monkeypatch.setattr(images, "LARGE_DECODE_PIXELS", width * height // 4)  # the draft's size is not large
+    monkeypatch.setattr(image_intake, "LARGE_DECODE_PIXELS", width * height // 4)  # the draft's size is not large
     turns = []
 
     class Turn:
@@ -346,7 +346,7 @@ def test_a_jpeg_of_several_scans_counts_its_full_size_as_its_decode(tmp_path, mo
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr(images, "_LARGE_DECODE", Turn())
+    monkeypatch.setattr(image_intake, "_LARGE_DECODE", Turn())
     picture = Image.new("RGB", (width, height), RED)
     picture.save(tmp_path / "baseline.jpg")
     thumbnail = io.BytesIO()  # a thumbnail of several scans inside an application segment, as cameras embed one
@@ -369,11 +369,11 @@ def test_large_decodes_run_one_at_a_time_and_give_their_memory_back(tmp_path, mo
     """Six 179 MP PNGs decoded at once took the server from 1.8 to 9.5 GB, and it stayed there. Now a decode of more
     than LARGE_DECODE_PIXELS (here 16 px) waits for the one running, a third is refused while one waits, a small
     image is not held up, and the heap is trimmed after each large decode."""
-    monkeypatch.setattr(images, "LARGE_DECODE_PIXELS", 16)
+    monkeypatch.setattr(image_intake, "LARGE_DECODE_PIXELS", 16)
     lock = _ContendedLock()
-    monkeypatch.setattr(images, "_LARGE_DECODE", lock)
+    monkeypatch.setattr(image_intake, "_LARGE_DECODE", lock)
     trims = []
-    monkeypatch.setattr(images, "trim_heap", lambda: trims.append(len(decoding)))
+    monkeypatch.setattr(image_intake, "trim_heap", lambda: trims.append(len(decoding)))
     for name, side in (("large-1.png", 5), ("large-2.png", 5), ("large-3.png", 5), ("small.png", 4)):
         Image.new("RGB", (side, side), RED).save(tmp_path / name)
     decoding, started = [], []  # files being decoded now; every decode, in the order they start
@@ -468,11 +468,12 @@ def test_a_decodes_cost_is_bounded_before_it_starts_and_a_decode_is_reused(tmp_p
         image_from_array(np.broadcast_to(np.uint8(0), (1, 65_536)))
     assert image_from_array(np.broadcast_to(np.uint8(0), (1, 65_535))).pixels.shape == (1, 1024, 3)
 
-    images._load_cached.cache_clear()
-    images._decoded.cache_clear()  # bytes another test decoded would not be decoded here
+    image_intake._load_cached.cache_clear()
+    image_intake._decoded.cache_clear()  # bytes another test decoded would not be decoded here
     decodes = []
-    accept_file = images._accept_file
-    monkeypatch.setattr(images, "_accept_file", lambda image, name: decodes.append(name) or accept_file(image, name))
+    accept_file = image_intake._accept_file
+    monkeypatch.setattr(image_intake, "_accept_file",
+                        lambda image, name: decodes.append(name) or accept_file(image, name))
     Image.new("RGB", (40, 30), RED).save(tmp_path / "first.png")
     first = load_image(tmp_path / "first.png")
     data = (tmp_path / "first.png").read_bytes()

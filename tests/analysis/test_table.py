@@ -1,5 +1,5 @@
 """The page's neighbour table (analysis/views/table.py), its packing (rendering/page.py), every query's receptive
-field (views/spectrum.py) and the crop/letterbox fit of photos (session/images.py)."""
+field (views/spectrum.py) and the crop/letterbox fit of photos (session/image_display.py)."""
 
 from __future__ import annotations
 
