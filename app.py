@@ -85,10 +85,11 @@ class Explorer(CompareMode, ExplorerAPI):
         """A model picked (or the list closed on the same one): its card, layers (the shown one kept if the model
         has it, else its first), heads and draws."""
         loaded = self.model(checkpoint, request)
-        first, heads, draws = loaded.first_probe, loaded.max_heads, draws_candidates(loaded.model)
-        names = [p.name for p in loaded.probes]
+        first, heads, draws = loaded.first_layer_info, loaded.max_heads, draws_candidates(loaded.model)
+        names = [layer_info.name for layer_info in loaded.layer_infos]
         return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
-                "layer": gr.update(choices=[(an.layer_label(p), p.name) for p in loaded.probes],
+                "layer": gr.update(choices=[(an.layer_label(layer_info), layer_info.name)
+                                            for layer_info in loaded.layer_infos],
                                    value=layer if layer in names else first and first.name),
                 "head": gr.update(maximum=heads - 1, value=0, visible=heads > 1),
                 "draw": gr.update(value=0, visible=draws),  # a model without random candidates has one answer
@@ -209,12 +210,13 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_weights(self, query, request=None):
         loaded = self.model(query.checkpoint, request)
-        probe = loaded.probe(query.layer)
-        if probe.dense:  # no chart, not two empty boxes
+        layer_info = loaded.layer_info(query.layer)
+        if layer_info.dense:  # no chart, not two empty boxes
             return {"kernel_plot": gr.Plot(None, visible=False), "slot_plot": gr.Plot(None, visible=False),
-                    "weights_note": f"{probe.name} is plain attention: no rank-slot kernel to show."}
+                    "weights_note": f"{layer_info.name} is plain attention: no rank-slot kernel to show."}
         heat, bars = figures.kernel_figures(an.aggregation_kernel(loaded, query.layer))
-        note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)." if probe.record_name is None
+        note = ("A conv-only layer: its taps are the window's rank slots (METHOD §4.1)."
+                if layer_info.record_name is None
                 else "Each neighbour's contribution to the clicked cell is in the explorer above.")
         return {"kernel_plot": gr.Plot(heat, visible=True), "slot_plot": gr.Plot(bars, visible=True),
                 "weights_note": note}
@@ -222,12 +224,12 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_mix(self, query, request=None):
         loaded = self.model(query.checkpoint, request)
-        probe = loaded.probe(query.layer)
-        if not probe.is_hybrid:
-            return {"mix_plot": None, "mix_note": f"{probe.name} is not a hybrid layer: the λ mix exists only in "
+        layer_info = loaded.layer_info(query.layer)
+        if not layer_info.is_hybrid:
+            return {"mix_plot": None, "mix_note": f"{layer_info.name} is not a hybrid layer: the λ mix exists only in "
                                                   "hybrid ConvNN layers."}
         mix = an.branch_mix(loaded, self.image(query.image_file, query.fit), query.layer, query.draw)
-        return {"mix_plot": figures.mix_figure(mix, probe.name), "mix_note": an.mix_summary(mix)}
+        return {"mix_plot": figures.mix_figure(mix, layer_info.name), "mix_note": an.mix_summary(mix)}
 
     @user_errors
     def on_hops(self, query, hops, request=None):
@@ -241,7 +243,7 @@ class Explorer(CompareMode, ExplorerAPI):
         """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it); where
         the table holds every query, nothing is sent again."""
         loaded = self.model(query.checkpoint, request)
-        if an.fits_field_table(loaded.probe(query.layer)):
+        if an.fits_field_table(loaded.layer_info(query.layer)):
             return gr.skip()
         return self.hop_fields(loaded, self.image(query.image_file, query.fit), query.at(self.clicked(evt)), hops)
 

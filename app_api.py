@@ -217,7 +217,7 @@ class ExplorerAPI:
         call can be built from a tool's schema alone."""
         default = self.default_checkpoint()
         models = sorted(self.shipped(), key=lambda name: name != default)
-        layers = [probe.name for probe in self.model(default).probes] if default else []
+        layers = [layer_info.name for layer_info in self.model(default).layer_infos] if default else []
         return {"checkpoint": {"enum": models, "default": default},
                 "checkpoints": {"items": {"enum": models}, "minItems": 2, "maxItems": an.MAX_COMPARED,
                                 "default": self.compare_default()},
@@ -246,7 +246,7 @@ class ExplorerAPI:
         for ``query``, in its eval draw; for a model with random candidates, with the draw and the model's answer
         over :data:`analysis.SPREAD_DRAWS` draws (:func:`analysis.draw_spread`)."""
         loaded, image = self.loaded(query, request)
-        an.query_cell(loaded.probe(query.layer), *query.pixel)  # a pixel outside the model input is a message
+        an.query_cell(loaded.layer_info(query.layer), *query.pixel)  # a pixel outside the model input is a message
         table = an.neighbor_table(loaded, image, query.layer, query.options(), query.pixel, query.draw)
         draws = draws_candidates(loaded.model)
         return an.page_table(an.model_view(image, loaded.card.input_size), table, query.pixel, loaded.card,
@@ -300,13 +300,13 @@ class ExplorerAPI:
     def hop_fields(loaded: an.LoadedModel, image: an.InputImage, query: an.Query, hops) -> dict:
         """The multi-hop view's value: the fields of every query where they fit one table
         (:func:`an.fits_field_table`), so that clicks are answered in the page; else of the query's pixel."""
-        probe = loaded.probe(query.layer)
+        layer_info = loaded.layer_info(query.layer)
         queries = None
-        if not an.fits_field_table(probe):
-            row, col = an.query_cell(probe, *query.pixel)
-            queries = (row * probe.width + col,)
+        if not an.fits_field_table(layer_info):
+            row, col = an.query_cell(layer_info, *query.pixel)
+            queries = (row * layer_info.width + col,)
         fields = an.receptive_fields(loaded, image, query.layer, hops, query.head, queries, query.draw)
-        return an.page_hops(an.model_view(image, loaded.card.input_size), fields, probe)
+        return an.page_hops(an.model_view(image, loaded.card.input_size), fields, layer_info)
 
     def spectra(self, image: an.InputImage) -> tuple[dict[str, list], list[str]]:
         """Every shipped model's spectrum on ``image`` (:func:`analysis.selection_spectrum`; loads each model once),
@@ -328,7 +328,7 @@ class ExplorerAPI:
         """The layers a model's views open, in forward order: ``name``, ``label``, grid ``height``/``width``, K, R,
         r, heads, λ, selection rule… (:class:`analysis.LayerInfo`)."""
         return [dataclasses.asdict(p) | {"label": an.layer_label(p)}
-                for p in self.model(query.checkpoint, request).probes]
+                for p in self.model(query.checkpoint, request).layer_infos]
 
     @takes("checkpoint", "image_file", "fit", "draw", required=["checkpoint", "image_file"])
     def api_predict(self, query: an.Query, request: gr.Request | None = None) -> dict[str, float]:

@@ -32,7 +32,8 @@ class CompareMode:
         models = self.compared(compare_models, request)
         updates = {name: gr.update(visible=False) for name in COMPARE_LAYERS[len(models):]}
         for name, loaded in zip(COMPARE_LAYERS, models, strict=False):
-            short = [(f"{p.name} · {p.height}×{p.width}", p.name) for p in loaded.probes]  # caption: the rest
+            short = [(f"{layer_info.name} · {layer_info.height}×{layer_info.width}", layer_info.name)
+                     for layer_info in loaded.layer_infos]  # caption: the rest
             updates[name] = gr.update(choices=short, value=an.layer_at_depth(loaded, compare_depth).name,
                                       visible=True, label=f"{loaded.card.name}: layer")
         return updates

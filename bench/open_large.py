@@ -61,7 +61,7 @@ def main() -> int:
         loaded = explorer.model("vit-b16")
         result = an.query_neighbors(loaded, explorer.image(image), layer, (100, 120))
         timings["click_in_python_s"] = time.perf_counter() - started
-        assert table["layer"] == layer and len(result.sets["layer"].cells) == loaded.probe(layer).num_neighbors
+        assert table["layer"] == layer and len(result.sets["layer"].cells) == loaded.layer_info(layer).num_neighbors
         started = time.perf_counter()
         upload = explorer.on_checkpoint_upload([str(weights), str(Path(folder) / "vit-b16.json")], [])
         timings["upload_s"] = time.perf_counter() - started

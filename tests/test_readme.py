@@ -33,5 +33,5 @@ def test_the_readme_snippets_run_from_another_folder_and_the_converted_model_ope
     assert printed[0] == "torch.Size([1, 128, 16, 16])" and printed[-1] == "True"
     loaded = load_model(tmp_path / "my-convnn-resnet18.json")
     assert loaded.card.model == "convnn.convert:torchvision.models.resnet18"
-    strided = loaded.probe("layer2.0.conv1")
+    strided = loaded.layer_info("layer2.0.conv1")
     assert (strided.stride, strided.height, strided.width) == (2, 16, 16)

@@ -51,13 +51,13 @@ def neighbors_to_dict(neighbors: QueryNeighbors) -> dict:
         (rank, row, col, is_cls, pixel rectangle [top, left, bottom, right) in model-input pixels, similarity),
         ``mean_distance_cells``, ``window_share``, ``candidates`` (random rule), and ``jaccard`` per pair.
     """
-    probe = neighbors.layer
+    layer_info = neighbors.layer
     rules = {}
     for rule, nset in neighbors.sets.items():
         items = []
         for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
             items.append({"rank": rank, "row": None if prefix else int(r), "col": None if prefix else int(c),
-                          "is_cls": bool(prefix), "rect_px": None if prefix else list(cell_rect_px(probe, r, c)),
+                          "is_cls": bool(prefix), "rect_px": None if prefix else list(cell_rect_px(layer_info, r, c)),
                           "similarity": float(score)})
         entry = {"neighbors": items, "mean_distance_cells": None if math.isnan(nset.mean_distance)
                  else nset.mean_distance, "window_share": nset.window_share}
@@ -66,9 +66,9 @@ def neighbors_to_dict(neighbors: QueryNeighbors) -> dict:
                                    for (r, c), p in zip(nset.candidates, nset.candidate_is_prefix, strict=True)]
         rules[rule] = entry
     return {
-        "layer": probe.name,
-        "grid": [probe.height, probe.width],
-        "input_size_px": probe.input_size,
+        "layer": layer_info.name,
+        "grid": [layer_info.height, layer_info.width],
+        "input_size_px": layer_info.input_size,
         "query": {"row_px": neighbors.query_px[0], "col_px": neighbors.query_px[1],
                   "row": neighbors.query_cell[0], "col": neighbors.query_cell[1]},
         "options": asdict(neighbors.options),
@@ -96,31 +96,33 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
     return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
 
-def neighbor_notes(probe: LayerInfo, options: RuleOptions) -> list[str]:
-    """What a reader of the neighbours of ``probe`` under resolved ``options`` should know, one sentence each: that
+def neighbor_notes(layer_info: LayerInfo, options: RuleOptions) -> list[str]:
+    """What a reader of the neighbours of ``layer_info`` under resolved ``options`` should know, one sentence each: that
     r ≥ N made the random rule the all rule, that MHSA selects nothing, that a strided or dilated convolution's window
     is not centred on the query, that a strided ConvNN layer's cells show their outputs' queries' selections, and
     what cells outside the grid are (zero padding of a map, or, for a ViT, padding
     the layer itself cannot select)."""
     notes = []
-    if options.num_candidates >= probe.num_tokens:
-        notes.append(f"r = {options.num_candidates} ≥ N = {probe.num_tokens} tokens: the random rule draws every "
+    stride, grid = layer_info.stride, f"{layer_info.height}×{layer_info.width}"
+    if options.num_candidates >= layer_info.num_tokens:
+        notes.append(f"r = {options.num_candidates} ≥ N = {layer_info.num_tokens} tokens: the random rule draws every "
                      "token, so it equals the all-tokens rule (METHOD §3).")
-    if probe.dense:
-        notes.append(f"{probe.name} is plain multi-head attention: it attends to every one of its {probe.num_tokens} "
-                     f"tokens and selects none; \"what the layer used\" shows its {options.num_neighbors} largest "
-                     "attention weights of the query.")
-    if probe.conv_only and not probe.is_hybrid and (probe.stride > 1 or probe.dilation > 1):
-        notes.append(f"A plain convolution with stride {probe.stride} and dilation {probe.dilation}: it computes one "
-                     f"output per {probe.stride}×{probe.stride} cells of this {probe.height}×{probe.width} input, so "
+    if layer_info.dense:
+        notes.append(f"{layer_info.name} is plain multi-head attention: it attends to every one of its "
+                     f"{layer_info.num_tokens} tokens and selects none; \"what the layer used\" shows its "
+                     f"{options.num_neighbors} largest attention weights of the query.")
+    if layer_info.conv_only and not layer_info.is_hybrid and (stride > 1 or layer_info.dilation > 1):
+        notes.append(f"A plain convolution with stride {stride} and dilation {layer_info.dilation}: it computes one "
+                     f"output per {stride}×{stride} cells of this {grid} input, so "
                      "\"what the layer used\" is the window of the output covering the query (METHOD §8), not a "
                      "window centred on it as the window rule's.")
-    elif not probe.is_attention and (probe.stride > 1 or probe.padding != probe.dilation * (probe.window_size // 2)):
-        notes.append(f"A ConvNN layer with stride {probe.stride} and padding {probe.padding}: its queries are the "
-                     f"centres of the windows a convolution would read, one per {probe.stride}×{probe.stride} cells "
-                     f"of this {probe.height}×{probe.width} input, so \"what the layer used\" at a cell is the "
+    elif not layer_info.is_attention and (
+            stride > 1 or layer_info.padding != layer_info.dilation * (layer_info.window_size // 2)):
+        notes.append(f"A ConvNN layer with stride {stride} and padding {layer_info.padding}: its queries are the "
+                     f"centres of the windows a convolution would read, one per {stride}×{stride} cells "
+                     f"of this {grid} input, so \"what the layer used\" at a cell is the "
                      "selection of the last query at or before it on each axis (its rank 0, METHOD §3a).")
-    if probe.is_attention:
+    if layer_info.is_attention:
         notes.append("A ViT has no zero padding: the window and blend rules treat the patch grid as a zero-padded "
                      "image here, so cells outside it, such as (-1,-1), are padding positions this layer cannot "
                      "select (the all-tokens rule and the layer's own selection never contain them).")
@@ -155,9 +157,9 @@ def blend_window_note(options: RuleOptions, overlaps: dict[tuple[str, str], np.n
 
 
 def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image.Image:
-    probe, size = neighbors.layer, view.shape[0]
+    layer_info, size = neighbors.layer, view.shape[0]
     factor = max(1, _PNG_PANEL_PX // size)
-    margin = math.ceil(neighbors.options.window_size // 2 * size / probe.height) * factor
+    margin = math.ceil(neighbors.options.window_size // 2 * size / layer_info.height) * factor
     side = size * factor + 2 * margin
     panel = Image.new("RGB", (side, side + _CAPTION_PX), (128, 128, 128))
     panel.paste(Image.fromarray(upscale_nearest(view, factor)), (margin, margin + _CAPTION_PX))
@@ -173,7 +175,7 @@ def _draw_panel(view: np.ndarray, neighbors: QueryNeighbors, rule: str) -> Image
         y0 = margin + _CAPTION_PX
         return left * factor + margin, top * factor + y0, right * factor + margin - 1, bottom * factor + y0 - 1
 
-    for mark in overlay_marks(probe, nset, neighbors.query_cell):
+    for mark in overlay_marks(layer_info, nset, neighbors.query_cell):
         x0, y0, x1, y1 = box(mark.rect_px)
         if mark.role == "query":  # white with a black inner line
             draw.rectangle((x0, y0, x1, y1), outline=(255, 255, 255), width=3)

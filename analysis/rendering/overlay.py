@@ -50,21 +50,21 @@ def rank_colors(num_neighbors: int) -> list[str]:
     return sample_colorscale(RANK_COLORSCALE, np.linspace(0, 1, max(num_neighbors, 2)).tolist())[:num_neighbors]
 
 
-def ranks_labelled(probe: LayerInfo, num_neighbors: int) -> bool:
-    """Whether rank numbers are written in the cells of ``probe``, in the figures and the PNG export alike.
+def ranks_labelled(layer_info: LayerInfo, num_neighbors: int) -> bool:
+    """Whether rank numbers are written in the cells of ``layer_info``, in the figures and the PNG export alike.
 
     True for K ≤ :data:`MAX_LABELLED_RANKS` neighbours on cells at least 2 model-input pixels wide; otherwise rank
     is shown by colour only (numbers would overlap or not fit).
     """
-    return num_neighbors <= MAX_LABELLED_RANKS and probe.input_size / probe.height >= _MIN_LABELLED_CELL_PX
+    return num_neighbors <= MAX_LABELLED_RANKS and layer_info.input_size / layer_info.height >= _MIN_LABELLED_CELL_PX
 
 
-def overlay_marks(probe: LayerInfo, nset: NeighborSet, query_cell: tuple[int, int]) -> list[OverlayMark]:
+def overlay_marks(layer_info: LayerInfo, nset: NeighborSet, query_cell: tuple[int, int]) -> list[OverlayMark]:
     """The marks of one rule's overlay, in drawing order: random candidates, the K neighbours (rank 0 first; prefix
     tokens such as CLS have no cell and no mark), then the query.
 
     Args:
-        probe (LayerInfo): the layer (its grid maps cells to pixels).
+        layer_info (LayerInfo): the layer (its grid maps cells to pixels).
         nset (NeighborSet): the query's neighbours under the rule.
         query_cell (tuple[int, int]): ``(row, col)`` of the query.
 
@@ -73,13 +73,13 @@ def overlay_marks(probe: LayerInfo, nset: NeighborSet, query_cell: tuple[int, in
     """
     marks = []
     if nset.candidates is not None:
-        marks += [OverlayMark("candidate", cell_rect_px(probe, r, c), CANDIDATE_COLOR)
+        marks += [OverlayMark("candidate", cell_rect_px(layer_info, r, c), CANDIDATE_COLOR)
                   for (r, c), prefix in zip(nset.candidates, nset.candidate_is_prefix, strict=True) if not prefix]
-    colors, labelled = rank_colors(len(nset.cells)), ranks_labelled(probe, len(nset.cells))
+    colors, labelled = rank_colors(len(nset.cells)), ranks_labelled(layer_info, len(nset.cells))
     for rank, ((r, c), prefix, score) in enumerate(zip(nset.cells, nset.is_prefix, nset.scores, strict=True)):
         if not prefix:
-            marks.append(OverlayMark("neighbor", cell_rect_px(probe, r, c), colors[rank],
+            marks.append(OverlayMark("neighbor", cell_rect_px(layer_info, r, c), colors[rank],
                                      str(rank) if labelled else None,
                                      f"rank {rank} · cell ({r}, {c}) · similarity {score:.3f}"))
-    marks.append(OverlayMark("query", cell_rect_px(probe, *query_cell), "rgb(255, 255, 255)"))
+    marks.append(OverlayMark("query", cell_rect_px(layer_info, *query_cell), "rgb(255, 255, 255)"))
     return marks

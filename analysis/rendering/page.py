@@ -51,27 +51,28 @@ def _selection(selection: Selection) -> dict:
     return entry
 
 
-def _outside(selection: Selection, probe: LayerInfo) -> int:
+def _outside(selection: Selection, layer_info: LayerInfo) -> int:
     """How many cells beyond the grid the selection reaches (a dilated window, a layer's own padding: METHOD §3a)."""
     cells = selection.cells[~selection.is_prefix]
     if not cells.size:
         return 0
-    return int(max(0, -cells.min(), cells[:, 0].max() - probe.height + 1, cells[:, 1].max() - probe.width + 1))
+    return int(max(0, -cells.min(), cells[:, 0].max() - layer_info.height + 1,
+                   cells[:, 1].max() - layer_info.width + 1))
 
 
-def _edges(probe: LayerInfo, padding: int) -> tuple[list[int], list[int]]:
+def _edges(layer_info: LayerInfo, padding: int) -> tuple[list[int], list[int]]:
     """Pixel edges of the rows and columns ``−padding … H + padding`` (``W``): cell ``r`` spans
     ``[edges[r + padding], edges[r + padding + 1])`` (:func:`analysis.cell_rect_px`)."""
-    rows = [cell_rect_px(probe, r, 0)[0] for r in range(-padding, probe.height + padding + 1)]
-    cols = [cell_rect_px(probe, 0, c)[1] for c in range(-padding, probe.width + padding + 1)]
+    rows = [cell_rect_px(layer_info, r, 0)[0] for r in range(-padding, layer_info.height + padding + 1)]
+    cols = [cell_rect_px(layer_info, 0, c)[1] for c in range(-padding, layer_info.width + padding + 1)]
     return rows, cols
 
 
-def _cell_of_px(probe: LayerInfo) -> dict[str, list[int]]:
+def _cell_of_px(layer_info: LayerInfo) -> dict[str, list[int]]:
     """``row_cell_of_px`` / ``col_cell_of_px``: the cell covering each model-input pixel (as ``query_cell``)."""
-    size = probe.input_size
-    return {"row_cell_of_px": [r * probe.height // size for r in range(size)],
-            "col_cell_of_px": [c * probe.width // size for c in range(size)]}
+    size = layer_info.input_size
+    return {"row_cell_of_px": [r * layer_info.height // size for r in range(size)],
+            "col_cell_of_px": [c * layer_info.width // size for c in range(size)]}
 
 
 def _png(view: np.ndarray) -> str:
@@ -116,10 +117,10 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         ``max_labelled_ranks`` and ``notes`` (:func:`analysis.neighbor_notes`, then
         :func:`analysis.blend_window_note`'s when it has one).
     """
-    probe, options = table.layer, table.options
-    size = probe.input_size
-    padding = max(options.window_size // 2, *(_outside(rule.selection, probe) for rule in table.rules.values()))
-    row_edges, col_edges = _edges(probe, padding)
+    layer_info, options = table.layer, table.options
+    size = layer_info.input_size
+    padding = max(options.window_size // 2, *(_outside(rule.selection, layer_info) for rule in table.rules.values()))
+    row_edges, col_edges = _edges(layer_info, padding)
     rules = []
     for name, rule in table.rules.items():
         entry = {"name": name, "title": rule_title(name), **_selection(rule.selection),
@@ -138,15 +139,15 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
             "top_class": spread.top_class, "top_probability": [float(p) for p in spread.top_probability]},
         "image_note": image.note if image else "",
         "image_sha256": image.digest if image else None,
-        "layer": probe.name,
-        "label": layer_label(probe),
+        "layer": layer_info.name,
+        "label": layer_label(layer_info),
         "input_size": size,
-        "grid": [probe.height, probe.width],
-        "num_prefix_tokens": probe.num_prefix_tokens,
+        "grid": [layer_info.height, layer_info.width],
+        "num_prefix_tokens": layer_info.num_prefix_tokens,
         "padding": padding,
         "row_edges_px": row_edges,
         "col_edges_px": col_edges,
-        **_cell_of_px(probe),
+        **_cell_of_px(layer_info),
         "image": _png(view),
         "query_px": [int(query_px[0]), int(query_px[1])],
         "queries": None if table.queries is None else table.queries.tolist(),
@@ -158,12 +159,12 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         "jaccard": {f"{a}|{b}": _packed(values, "float32") for (a, b), values in table.overlaps.items()},
         "contributions": None if table.contributions is None else _packed(table.contributions, "float32"),
         "branch_share": None if table.branch_share is None else _packed(table.branch_share, "float32"),
-        "branch_ratio": probe.branch_ratio if probe.is_hybrid else None,
+        "branch_ratio": layer_info.branch_ratio if layer_info.is_hybrid else None,
         "heads": [_selection(head) for head in table.heads],
         "colors": rank_colors(k_max),
         "candidate_color": CANDIDATE_COLOR,
         "max_labelled_ranks": MAX_LABELLED_RANKS,
-        "notes": [*neighbor_notes(probe, options),
+        "notes": [*neighbor_notes(layer_info, options),
                   *filter(None, [blend_window_note(options, table.overlaps)])],
     }
 
@@ -194,14 +195,14 @@ def page_json(value: object) -> object:
     return root[0]
 
 
-def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> dict:
+def page_hops(view: np.ndarray, fields: ReceptiveFields, layer_info: LayerInfo) -> dict:
     """The multi-hop view's value: the receptive field of every query cell, or of the ones asked for where every
     query's would be more than one table (:func:`analysis.receptive_fields`).
 
     Args:
         view (np.ndarray): (S, S, 3) uint8, what the model sees.
-        fields (ReceptiveFields): the fields of queries of ``probe``.
-        probe (LayerInfo): the layer of hop 1.
+        fields (ReceptiveFields): the fields of queries of ``layer_info``.
+        layer_info (LayerInfo): the layer of hop 1.
 
     Returns:
         dict: JSON-ready. ``layer``, ``input_size`` S, ``grid`` [H, W], ``row_cell_of_px`` / ``col_cell_of_px``,
@@ -211,10 +212,10 @@ def page_hops(view: np.ndarray, fields: ReceptiveFields, probe: LayerInfo) -> di
     """
     return {
         "version": PAGE_TABLE_VERSION,
-        "layer": probe.name,
-        "input_size": probe.input_size,
-        "grid": [probe.height, probe.width],
-        **_cell_of_px(probe),
+        "layer": layer_info.name,
+        "input_size": layer_info.input_size,
+        "grid": [layer_info.height, layer_info.width],
+        **_cell_of_px(layer_info),
         "image": _png(view),
         "layers": fields.layers,
         "hops": _packed(fields.hops, "int8"),
@@ -232,11 +233,11 @@ def page_sweep(sweep: BlendSweep) -> dict:
         ((A, N, K, 2) int16, prefix tokens as :data:`PREFIX_CELL`), ``mean_distance`` and ``window_share``
         ((A, N) float32 each).
     """
-    probe, options = sweep.layer, sweep.options
+    layer_info, options = sweep.layer, sweep.options
     return {
         "version": PAGE_TABLE_VERSION,
-        "layer": probe.name,
-        "grid": [probe.height, probe.width],
+        "layer": layer_info.name,
+        "grid": [layer_info.height, layer_info.width],
         "options": {"num_neighbors": options.num_neighbors, "window_size": options.window_size,
                     "head": options.head},
         "alphas": [float(alpha) for alpha in sweep.alphas],

@@ -194,7 +194,7 @@ def open_link(params: Mapping[str, object], current: ViewState, shipped: Sequenc
     choose("model", "checkpoint", {name: name for name in shipped}, query, " the shipped models")
     choose("image", "image_file", examples, query, " the examples")
     loaded = load(query["checkpoint"])
-    first = loaded.first_probe
+    first = loaded.first_layer_info
     query["layer"] = values.get("layer", first and first.name)
     if "layer" in values:
         named.add("layer")
@@ -250,14 +250,14 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
         tuple[Query, list[str]]: the query the model can show, and the messages.
     """
     problems: list[str] = []
-    probes = {probe.name: probe for probe in loaded.probes}
+    layer_infos = {layer_info.name: layer_info for layer_info in loaded.layer_infos}
     defaults = type(query)()
     links = {item.name: how.link for item, how in settings(query)}
     changes: dict[str, object] = {}
-    if query.layer not in probes:
+    if query.layer not in layer_infos:
         if "layer" in named:
             problems.append(f"the link's layer {echo(query.layer)} is not a layer of this model")
-        first = loaded.first_probe
+        first = loaded.first_layer_info
         changes["layer"] = first and first.name
     if "draw" in named and query.draw and not draws_candidates(loaded.model):  # every draw of it is the same
         problems.append(f"the link's draw: {loaded.card.name} draws no random candidates, so it has draw 0 only")
@@ -268,17 +268,17 @@ def fit_to_model(query: Query, loaded: LoadedModel, named: frozenset[str] | set[
             problems.append(f"the link's {links[name]} must be below {bound} for this model, got {number}")
             changes[name] = getattr(defaults, name)
     query = dataclasses.replace(query, **changes)
-    if query.layer in probes:  # the knobs together, as the table will check them for this layer
-        probe = probes[query.layer]
+    if query.layer in layer_infos:  # the knobs together, as the table will check them for this layer
+        layer_info = layer_infos[query.layer]
         try:
-            resolve_options(probe, query.options())
+            resolve_options(layer_info, query.options())
         except ValueError:  # keep each knob that resolves with those kept before it; name each one that does not
             knobs = [name for name in knob_names(query) if name not in ("head", "draw")]
             kept = dataclasses.replace(query, **{name: getattr(defaults, name) for name in knobs})
             for name in knobs:
                 trial = dataclasses.replace(kept, **{name: getattr(query, name)})
                 try:
-                    resolve_options(probe, trial.options())
+                    resolve_options(layer_info, trial.options())
                     kept = trial
                 except ValueError as err:
                     problems.append(f"the link's knobs: {err}")

@@ -2,7 +2,7 @@
 
 A checkpoint is ``name.safetensors`` + ``name.json`` (:mod:`convnn.checkpoint`). Models are loaded in eval mode and
 kept in a bounded cache keyed by the card path and both files' sizes and modification times, so switching back
-and forth between checkpoints is instant and a replaced or edited file is reloaded. A model with a probe layer of more
+and forth between checkpoints is instant and a replaced or edited file is reloaded. A model with a layer of more
 than :data:`convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens is refused: the explorer's "all" rule scores every token of
 a layer against every other, and so is one whose forward pass overflows on a mid-grey image (inf or NaN in any
 module's output: every view of it would show meaningless numbers).
@@ -56,7 +56,7 @@ _PROBE_GREY = 128  # the overflow probe: an image of this value in every channel
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A checkpoint loaded for analysis: the model in eval mode, its card and its probe layers.
+    """A checkpoint loaded for analysis: the model in eval mode, its card and the layers the explorer opens.
 
     Compared and hashed by identity: :func:`load_model` returns the same object for the same unchanged files, so it
     can key the per-image caches of :mod:`analysis.session.traces`.
@@ -64,7 +64,8 @@ class LoadedModel:
     Attributes:
         model (nn.Module): the model, eval mode, on ``device``.
         card (ModelCard): the checkpoint's card.
-        probes (tuple[LayerInfo, ...]): the layers the explorer can open, in forward order.
+        layer_infos (tuple[LayerInfo, ...]): the layers the explorer can open, in forward order (looked up by name
+            with :meth:`layer_info`).
         device (torch.device): where the model runs.
         lock (threading.RLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
             requests never interleave with the neighbour recorder (which is per-module state).
@@ -72,33 +73,33 @@ class LoadedModel:
 
     model: nn.Module
     card: ModelCard
-    probes: tuple[LayerInfo, ...] = field(default=())
+    layer_infos: tuple[LayerInfo, ...] = field(default=())
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     lock: threading.RLock = field(default_factory=threading.RLock)
 
-    def probe(self, name: str) -> LayerInfo:
-        """The probe layer called ``name``.
+    def layer_info(self, name: str) -> LayerInfo:
+        """The layer the explorer opens called ``name``.
 
         Raises:
-            ValueError: no probe layer of that name (the message lists the known ones).
+            ValueError: no such layer (the message lists the known ones).
         """
-        for probe in self.probes:
-            if probe.name == name:
-                return probe
-        raise ValueError(f"layer {name!r} is not a probe layer of {self.card.name}; "
-                         f"choose one of {[p.name for p in self.probes]}")
+        for layer_info in self.layer_infos:
+            if layer_info.name == name:
+                return layer_info
+        raise ValueError(f"layer {name!r} is not a layer of {self.card.name} that the explorer opens; "
+                         f"choose one of {[layer_info.name for layer_info in self.layer_infos]}")
 
     @property
-    def first_probe(self) -> LayerInfo | None:
+    def first_layer_info(self) -> LayerInfo | None:
         """The layer the explorer opens on: the first of a coarser grid than the input (a stem at full resolution
-        says little), else the first; None for a model of no probe layers."""
-        coarser = (p for p in self.probes if p.height < self.card.input_size)
-        return next(coarser, self.probes[0]) if self.probes else None
+        says little), else the first; None for a model of no layers the explorer opens."""
+        coarser = (layer_info for layer_info in self.layer_infos if layer_info.height < self.card.input_size)
+        return next(coarser, self.layer_infos[0]) if self.layer_infos else None
 
     @property
     def max_heads(self) -> int:
-        """The most attention heads of any probe layer (1 for a model of maps only)."""
-        return max((p.num_heads for p in self.probes), default=1)
+        """The most attention heads of any layer the explorer opens (1 for a model of maps only)."""
+        return max((layer_info.num_heads for layer_info in self.layer_infos), default=1)
 
 
 @dataclass(frozen=True)
@@ -243,22 +244,22 @@ def _draws_text(card: ModelCard, metrics: dict) -> str:
     return f" ± {spread:.2f} (mean ± std over {draws} eval draws, {evaluation.get('draw_scheme', 'scheme unrecorded')})"
 
 
-def _check_probe_tokens(probes: Sequence[LayerInfo], card: ModelCard, source: str) -> None:
-    """Refuse a model whose probe layers the explorer cannot analyse within memory.
+def _check_layer_tokens(layer_infos: Sequence[LayerInfo], card: ModelCard, source: str) -> None:
+    """Refuse a model whose layers the explorer cannot analyse within memory.
 
     The "all" rule and the attention equivalence demo score all N tokens of a layer against each other (N² scores)
     whatever the layer's own selection, so N is held to :data:`MAX_EXHAUSTIVE_TOKENS`, the budget
     :mod:`convnn.checkpoint` applies only to layers that select exhaustively.
 
     Raises:
-        CheckpointError: a probe layer with more tokens; the message names ``source``, the layer, N and the limit.
+        CheckpointError: a layer with more tokens; the message names ``source``, the layer, N and the limit.
     """
-    for probe in probes:
-        if probe.num_tokens > MAX_EXHAUSTIVE_TOKENS:
+    for layer_info in layer_infos:
+        if layer_info.num_tokens > MAX_EXHAUSTIVE_TOKENS:
             raise CheckpointError(
-                f"{source}: at input_size {card.input_size}, layer {probe.name} has N = {probe.num_tokens} tokens "
-                f"({probe.height}×{probe.width}); the explorer compares every token with every other, so it opens "
-                f"models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a smaller input_size")
+                f"{source}: at input_size {card.input_size}, layer {layer_info.name} has N = {layer_info.num_tokens} "
+                f"tokens ({layer_info.height}×{layer_info.width}); the explorer compares every token with every other, "
+                f"so it opens models of at most {MAX_EXHAUSTIVE_TOKENS} tokens per layer: use a smaller input_size")
 
 
 def _outputs(value: object) -> list[Tensor]:
@@ -307,13 +308,13 @@ def _load_cached(card_path: Path, stamps: tuple[tuple[int, int], tuple[int, int]
     """The model of ``card_path``; ``stamps`` (the weights' and the card's size and mtime) only key the cache."""
     model, card = load_checkpoint(card_path, device=device)
     _check_finite_forward(model, card, device, card_path.name)
-    probes = convnn_layers(model, card.input_size, device=torch.device(device))
-    if not probes:
+    layer_infos = convnn_layers(model, card.input_size, device=torch.device(device))
+    if not layer_infos:
         raise CheckpointError(f"{card_path.name}: {card.model!r} has no layer these views open (a ConvNN layer, a "
                               "convolution wider than 1×1, or attention over at most "
                               f"{MAX_EXHAUSTIVE_TOKENS} tokens)")
-    _check_probe_tokens(probes, card, card_path.name)
-    return LoadedModel(model, card, probes, torch.device(device))
+    _check_layer_tokens(layer_infos, card, card_path.name)
+    return LoadedModel(model, card, layer_infos, torch.device(device))
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
@@ -325,11 +326,11 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> LoadedMo
         device (str or torch.device): where the model runs. Default: ``"cpu"``
 
     Returns:
-        LoadedModel: the model in eval mode with its card and probe layers.
+        LoadedModel: the model in eval mode with its card and layers.
 
     Raises:
         CheckpointError: a missing or corrupt file, or weights that do not fit the card (from
-            :func:`convnn.load_checkpoint`), a probe layer of more than
+            :func:`convnn.load_checkpoint`), a layer of more than
             :data:`~convnn.budget.MAX_EXHAUSTIVE_TOKENS` tokens at the card's input size, or a forward pass on a
             mid-grey image that is not finite somewhere (the message names the first module).
     """

@@ -1,6 +1,6 @@
 """Which neighbours a query selects in a layer, under each selection rule, on the same features (METHOD §2–3).
 
-For a probe layer and an image, the rules act on the features the layer itself scores
+For a layer and an image, the rules act on the features the layer itself scores
 (:func:`analysis.session.traces.layer_query_key`, computed once per (model, image, layer)):
 
 * ``"window"``: the R×R window around the query (zero-padded, raster order): a convolution;
@@ -44,7 +44,7 @@ from .caching import bounded_cache
 from .image_decode import InputImage
 from .inputs import MAX_SEED, whole_number
 from .models import LoadedModel
-from .traces import LayerInfo, effective_draw, layer_query_key, probe_module, trace_image
+from .traces import LayerInfo, effective_draw, layer_module, layer_query_key, trace_image
 
 __all__ = [
     "LAYER_RULE",
@@ -103,16 +103,16 @@ class RuleOptions:
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
-def max_window_size(probe: LayerInfo) -> int:
-    """The largest window side R the rules accept on ``probe``: the smallest odd side ≥ the grid's longer side (a
+def max_window_size(layer_info: LayerInfo) -> int:
+    """The largest window side R the rules accept on ``layer_info``: the smallest odd side ≥ the grid's longer side (a
     window as large as the grid, enough for K = H·W), or the layer's own R if that is larger.
 
     A larger window would only add padding cells, while the blend rule scores H·W × (H + R − 1)·(W + R − 1) pairs.
     """
-    return max(probe.window_size, max(probe.height, probe.width) | 1)
+    return max(layer_info.window_size, max(layer_info.height, layer_info.width) | 1)
 
 
-def resolve_options(probe: LayerInfo, options: RuleOptions) -> RuleOptions:
+def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 
     K defaults to the layer's K (else 9, or H·W on a smaller grid); R to the layer's R (made odd) when R² ≥ K, else
@@ -129,33 +129,34 @@ def resolve_options(probe: LayerInfo, options: RuleOptions) -> RuleOptions:
             [1, H·W], an even R, R² < K or R > :func:`max_window_size`, r < K, α outside [0, 1], a seed outside
             [0, 2⁶⁴ − 1] or a head out of range; the message names the value and the allowed range.
     """
-    grid = probe.height * probe.width
-    k = options.num_neighbors if options.num_neighbors is not None else probe.num_neighbors or min(
+    grid = layer_info.height * layer_info.width
+    k = options.num_neighbors if options.num_neighbors is not None else layer_info.num_neighbors or min(
         DEFAULT_NUM_NEIGHBORS, grid)
     k = whole_number(k, "K (neighbours per query)")
     if not 1 <= k <= grid:
-        raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the {probe.height}×{probe.width} grid "
-                         f"of {probe.name}, got {k}")
+        raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the "
+                         f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}, got {k}")
     window = options.window_size
     if window is None:
-        window = probe.window_size | 1  # an even kernel (a patch embedding's) → the next odd side
+        window = layer_info.window_size | 1  # an even kernel (a patch embedding's) → the next odd side
         window = window if window**2 >= k else window_size_for(k)
-    window, largest = whole_number(window, "the window side R"), max_window_size(probe)
+    window, largest = whole_number(window, "the window side R"), max_window_size(layer_info)
     if window < 1 or window % 2 == 0 or window**2 < k or window > largest:
         raise ValueError(f"the window side R must be odd with R² ≥ K = {k} and at most {largest} (as wide as the "
-                         f"{probe.height}×{probe.width} grid of {probe.name}), got R = {window}")
+                         f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}), got R = {window}")
     candidates = options.num_candidates
     if candidates is None:
-        candidates = max(probe.num_candidates or DEFAULT_NUM_CANDIDATES, k)
+        candidates = max(layer_info.num_candidates or DEFAULT_NUM_CANDIDATES, k)
     candidates = whole_number(candidates, "r (random candidates)")
     if candidates < k:
-        raise ValueError(f"r (random candidates) must be ≥ K = {k} (r ≥ N = {probe.num_tokens} uses every token of "
-                         f"{probe.name}, as the all rule), got {candidates}")
+        raise ValueError(f"r (random candidates) must be ≥ K = {k} (r ≥ N = {layer_info.num_tokens} uses every token "
+                         f"of {layer_info.name}, as the all rule), got {candidates}")
     alpha = options.blend_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"blend α must be in [0, 1], got {alpha!r}")
-    seed = whole_number(probe.seed or 0 if options.seed is None else options.seed, "seed", 0, MAX_SEED)
-    return RuleOptions(k, window, min(candidates, probe.num_tokens), seed, float(alpha), probe.check_head(options.head))
+    seed = whole_number(layer_info.seed or 0 if options.seed is None else options.seed, "seed", 0, MAX_SEED)
+    return RuleOptions(k, window, min(candidates, layer_info.num_tokens), seed, float(alpha),
+                       layer_info.check_head(options.head))
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,89 +180,91 @@ class Selection:
     candidate_is_prefix: np.ndarray | None = None
 
 
-def _tokens_to_cells(tokens: Tensor, probe: LayerInfo) -> tuple[np.ndarray, np.ndarray]:
+def _tokens_to_cells(tokens: Tensor, layer_info: LayerInfo) -> tuple[np.ndarray, np.ndarray]:
     """Token indices (prefix first, then the grid in raster order) → ``(cells, is_prefix)``, prefix cells (−1, −1)."""
-    grid = tokens - probe.num_prefix_tokens
+    grid = tokens - layer_info.num_prefix_tokens
     is_prefix = grid < 0
-    cells = padded_to_cells(grid, probe.width, 0)
+    cells = padded_to_cells(grid, layer_info.width, 0)
     cells[is_prefix] = -1
     return cells.cpu().numpy(), is_prefix.cpu().numpy()
 
 
-def _rule_selection(probe: LayerInfo, q: Tensor, k: Tensor, rule_name: str, options: RuleOptions,
+def _rule_selection(layer_info: LayerInfo, q: Tensor, k: Tensor, rule_name: str, options: RuleOptions,
                     keys: np.ndarray) -> Selection:
     """Every query's neighbours under the registered rule ``rule_name`` (:mod:`convnn.selection`) on single-head
     tokens (1, 1, N, D): a rule that needs a grid runs on the grid's tokens, any other on every token (the queries
     of the grid are kept); a rule that draws candidates draws them as the layers do in eval mode."""
     rule = selection_rule(effective_selection(rule_name, options.blend_alpha))
-    prefix, grid, num_tokens = probe.num_prefix_tokens, (probe.height, probe.width), q.shape[2]
-    select = SelectionOptions(options.num_neighbors, probe.similarity, options.window_size, options.blend_alpha,
-                              self_first=not probe.is_attention)
+    prefix, grid, num_tokens = layer_info.num_prefix_tokens, (layer_info.height, layer_info.width), q.shape[2]
+    select = SelectionOptions(options.num_neighbors, layer_info.similarity, options.window_size, options.blend_alpha,
+                              self_first=not layer_info.is_attention)
     if rule.needs_grid:
         q, k = q[:, :, prefix:], k[:, :, prefix:]
         neighbors = rule.select(q, k, grid, select)
         idx = neighbors.topk_idx[0, 0]
-        scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, grid, neighbors.padding)
-        cells = padded_to_cells(idx, probe.width, neighbors.padding).cpu().numpy()
+        scores = neighbor_similarity(q, k, idx[None, None], layer_info.similarity, grid, neighbors.padding)
+        cells = padded_to_cells(idx, layer_info.width, neighbors.padding).cpu().numpy()
         return Selection(cells, np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())
     candidates = candidate_cells = candidate_is_prefix = None
     if "num_candidates" in rule.reads and options.num_candidates < num_tokens:  # r ≥ N: every token (METHOD §3)
         candidates = keyed_candidates(keys, options.seed, num_tokens, options.num_candidates)
-        candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], probe)
+        candidate_cells, candidate_is_prefix = _tokens_to_cells(candidates[0], layer_info)
     neighbors = rule.select(q, k, grid, replace(select, candidates=candidates))
     idx = neighbors.topk_idx[0, 0, prefix:]  # the grid's queries
-    scores = neighbor_similarity(q[:, :, prefix:], k, idx[None, None], probe.similarity)
-    cells, is_prefix = _tokens_to_cells(idx, probe)
+    scores = neighbor_similarity(q[:, :, prefix:], k, idx[None, None], layer_info.similarity)
+    cells, is_prefix = _tokens_to_cells(idx, layer_info)
     return Selection(cells, is_prefix, scores[0, 0].cpu().numpy(), candidate_cells, candidate_is_prefix)
 
 
-def _recorded(probe: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Selection:
+def _recorded(layer_info: LayerInfo, record, q: Tensor, k: Tensor, head: int) -> Selection:
     """What the layer selected in the forward pass (:func:`convnn.record_neighbors`), with feature similarities; a
     map layer's cell shows its output's selection (:meth:`~convnn.introspect.LayerInfo.cell_outputs`), whose
     scores are the cell's own similarities to those neighbours."""
     idx = record.topk_idx[0, head]  # (Nq, K), Nq = tokens of the layer
-    if probe.is_attention:
-        idx = idx[probe.num_prefix_tokens:]
-        cells, is_prefix = _tokens_to_cells(idx, probe)
-        scores = neighbor_similarity(q[:, :, probe.num_prefix_tokens:], k, idx[None, None], probe.similarity)
+    if layer_info.is_attention:
+        idx = idx[layer_info.num_prefix_tokens:]
+        cells, is_prefix = _tokens_to_cells(idx, layer_info)
+        scores = neighbor_similarity(q[:, :, layer_info.num_prefix_tokens:], k, idx[None, None], layer_info.similarity)
     else:  # each cell shows the selection of its output (a strided layer's queries are some of its cells)
-        idx = idx[probe.cell_outputs().to(idx.device)]
+        idx = idx[layer_info.cell_outputs().to(idx.device)]
         cells = padded_to_cells(idx, record.width, record.padding).cpu().numpy()
         is_prefix = np.zeros(cells.shape[:2], dtype=bool)
-        scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width),
-                                     record.padding)
+        scores = neighbor_similarity(q, k, idx[None, None], layer_info.similarity,
+                                     (layer_info.height, layer_info.width), record.padding)
     return Selection(cells, is_prefix, scores[0, 0].cpu().numpy())
 
 
-def _conv_selection(probe: LayerInfo, q: Tensor, k: Tensor) -> Selection:
+def _conv_selection(layer_info: LayerInfo, q: Tensor, k: Tensor) -> Selection:
     """A convolution's window at every query cell (:func:`convnn.adapters.conv_window`: its stride, dilation and
     padding), taps in raster order, with their feature similarities."""
-    padding = probe.padding
-    cells = conv_window(probe.height, probe.width, probe.window_size, probe.stride, probe.dilation, padding, q.device)
-    idx = (cells[..., 0] + padding) * (probe.width + 2 * padding) + cells[..., 1] + padding
-    scores = neighbor_similarity(q, k, idx[None, None], probe.similarity, (probe.height, probe.width), padding)
+    padding = layer_info.padding
+    cells = conv_window(layer_info.height, layer_info.width, layer_info.window_size, layer_info.stride,
+                        layer_info.dilation, padding, q.device)
+    idx = (cells[..., 0] + padding) * (layer_info.width + 2 * padding) + cells[..., 1] + padding
+    scores = neighbor_similarity(q, k, idx[None, None], layer_info.similarity, (layer_info.height, layer_info.width),
+                                 padding)
     return Selection(cells.cpu().numpy(), np.zeros(cells.shape[:2], dtype=bool), scores[0, 0].cpu().numpy())
 
 
 @bounded_cache(_QUERY_KEY_CACHE_SIZE)
 def _query_key(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> tuple[Tensor, Tensor]:
     """The layer's q, k tokens of every head, (1, h, N, D) each: one projection per (model, image, layer, draw)."""
-    probe = loaded.probe(layer)
-    inputs = trace_image(loaded, image, draw).inputs[probe.name]
-    return layer_query_key(probe_module(loaded.model, probe), probe, inputs)
+    layer_info = loaded.layer_info(layer)
+    inputs = trace_image(loaded, image, draw).inputs[layer_info.name]
+    return layer_query_key(layer_module(loaded.model, layer_info), layer_info, inputs)
 
 
-def _options_read(probe: LayerInfo, rule: str, options: RuleOptions) -> RuleOptions:
-    """Resolved ``options`` with only the fields ``rule`` reads on ``probe`` kept, the others at their defaults.
+def _options_read(layer_info: LayerInfo, rule: str, options: RuleOptions) -> RuleOptions:
+    """Resolved ``options`` with only the fields ``rule`` reads on ``layer_info`` kept, the others at their defaults.
 
     The cache key of :func:`_selection`, so that a knob a rule ignores (α for every rule but blend, the seed once
     r ≥ N, K for a layer's own recorded selection) never recomputes it.
     """
     if rule == LAYER_RULE:  # the layer's own K and R; only MHSA (no K) shows the options' K largest weights
-        fields = ("num_neighbors",) if probe.num_neighbors is None and not probe.conv_only else ()
+        fields = ("num_neighbors",) if layer_info.num_neighbors is None and not layer_info.conv_only else ()
     else:
         fields = selection_rule(rule).reads
-        if "num_candidates" in fields and options.num_candidates >= probe.num_tokens:  # every token: no draw
+        if "num_candidates" in fields and options.num_candidates >= layer_info.num_tokens:  # every token: no draw
             fields = tuple(name for name in fields if name != "seed")
     return RuleOptions(head=options.head, **{name: getattr(options, name) for name in fields})
 
@@ -273,7 +276,7 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): probe layer name.
+        layer (str): layer name.
         rule (str): a registered rule (:func:`convnn.selection.rule_names`), or ``"layer"`` for what the layer really
             selected (its own K, and for
             attention the options' head).
@@ -287,32 +290,32 @@ def rule_selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str
     Raises:
         ValueError: unknown layer or rule, options outside their ranges, or a ``draw`` that is not an integer ≥ 0.
     """
-    probe = loaded.probe(layer)
+    layer_info = loaded.layer_info(layer)
     if rule not in (*rule_names(), LAYER_RULE):
         raise ValueError(f"rule must be one of {(*rule_names(), LAYER_RULE)}, got {rule!r}")
-    return _selection(loaded, image, probe.name, rule, _options_read(probe, rule, resolve_options(probe, options)),
-                      effective_draw(loaded, draw))
+    read = _options_read(layer_info, rule, resolve_options(layer_info, options))
+    return _selection(loaded, image, layer_info.name, rule, read, effective_draw(loaded, draw))
 
 
 @bounded_cache(_SELECTION_CACHE_SIZE)
 def _selection(loaded: LoadedModel, image: InputImage, layer: str, rule: str, options: RuleOptions, draw: int
                ) -> Selection:
     """:func:`rule_selection` for checked ``rule``, :func:`_options_read` ``options`` and an effective ``draw``."""
-    probe = loaded.probe(layer)
+    layer_info = loaded.layer_info(layer)
     q, k = _query_key(loaded, image, layer, draw)
     q, k = q[:, options.head:options.head + 1], k[:, options.head:options.head + 1]  # (1, 1, N, D)
     trace = trace_image(loaded, image, draw)
     keys = trace.sample_keys
     with torch.no_grad():
         if rule != LAYER_RULE:
-            return _rule_selection(probe, q, k, rule, options, keys)
-        record = trace.records.get(probe.name)
+            return _rule_selection(layer_info, q, k, rule, options, keys)
+        record = trace.records.get(layer_info.name)
         if record is not None:
-            return _recorded(probe, record, q, k, options.head)
-        if probe.conv_only:  # a convolution uses its whole kernel window
-            return _conv_selection(probe, q, k)
-        layer_k = probe.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
-        return _rule_selection(probe, q, k, "all", replace(options, num_neighbors=layer_k), keys)
+            return _recorded(layer_info, record, q, k, options.head)
+        if layer_info.conv_only:  # a convolution uses its whole kernel window
+            return _conv_selection(layer_info, q, k)
+        layer_k = layer_info.num_neighbors or options.num_neighbors  # MHSA: its K largest attention weights
+        return _rule_selection(layer_info, q, k, "all", replace(options, num_neighbors=layer_k), keys)
 
 
 def rule_title(rule: str) -> str:

@@ -1,11 +1,13 @@
-"""Probe layers and one recorded forward pass per (model, image), and the top-5 prediction read from it.
+"""The layers the explorer opens and one recorded forward pass per (model, image), and the top-5 prediction read from
+it.
 
-The probe layers are the layers the explorer opens, as :func:`convnn.introspect.convnn_layers` describes them.
-:func:`run_trace` runs the model once on an image with forward pre-hooks on the probe layers and the neighbour
-recorder open, and keeps the logits, each probe layer's input and what each ConvNN layer selected;
-:func:`trace_image` caches it per (model, image), so every view of an image starts from the same trace and a click
-costs no new forward pass. :func:`query_cell` and :func:`cell_rect_px` map between model-input pixels and a probe
-layer's cells; :func:`layer_label` names a layer for the page.
+Each layer the explorer opens is described by a :class:`LayerInfo` (:func:`convnn.introspect.convnn_layers`), the
+model's ``layer_infos`` (:attr:`analysis.session.models.LoadedModel.layer_infos`). :func:`run_trace` runs the model
+once on an image with forward pre-hooks on those layers and the neighbour recorder open, and keeps the logits, each
+layer's input and what each ConvNN layer selected; :func:`trace_image` caches it per (model, image), so every view of
+an image starts from the same trace and a click costs no new forward pass. :func:`query_cell` and
+:func:`cell_rect_px` map between model-input pixels and a layer's cells; :func:`layer_label` names a layer for the
+page.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ __all__ = [
     "knn_branch",
     "layer_conv",
     "layer_label",
+    "layer_module",
     "layer_query_key",
-    "probe_module",
     "query_cell",
     "run_trace",
     "top_classes",
@@ -50,69 +52,70 @@ __all__ = [
 ]
 
 
-def layer_label(probe: LayerInfo) -> str:
+def layer_label(layer_info: LayerInfo) -> str:
     """Human label of a layer, e.g. ``"stages.0.0.conv1 · hybrid λ=0.5 K=9 · all · 32×32"`` (a map layer's stride and
     dilation when > 1: ``"… K=9 stride 2 · …"``)."""
-    if probe.is_attention:
-        what = {"mhsa": "MHSA", "kvt": f"KVT K={probe.num_neighbors}",
-                "convnn": f"ConvNN-attention K={probe.num_neighbors}"}.get(probe.mixer, probe.mixer)
+    if layer_info.is_attention:
+        what = {"mhsa": "MHSA", "kvt": f"KVT K={layer_info.num_neighbors}",
+                "convnn": f"ConvNN-attention K={layer_info.num_neighbors}"}.get(layer_info.mixer, layer_info.mixer)
     else:
-        if probe.is_hybrid:
-            what = f"hybrid λ={probe.branch_ratio}" + ("" if probe.conv_only else f" K={probe.num_neighbors}")
-        elif probe.conv_only:
-            what = f"conv {probe.window_size}×{probe.window_size}"
+        if layer_info.is_hybrid:
+            what = f"hybrid λ={layer_info.branch_ratio}" + (
+                "" if layer_info.conv_only else f" K={layer_info.num_neighbors}")
+        elif layer_info.conv_only:
+            what = f"conv {layer_info.window_size}×{layer_info.window_size}"
         else:
-            what = f"ConvNN2d K={probe.num_neighbors}"
-        what += "".join(f" {name} {value}" for name, value in (("stride", probe.stride), ("dilation", probe.dilation))
-                        if value > 1)
-    grid = f"{probe.height}×{probe.width}" + (" patches + CLS" if probe.num_prefix_tokens else "")
-    return f"{probe.name} · {what} · {probe.selection} · {grid}"
+            what = f"ConvNN2d K={layer_info.num_neighbors}"
+        what += "".join(f" {name} {value}" for name, value in
+                        (("stride", layer_info.stride), ("dilation", layer_info.dilation)) if value > 1)
+    grid = f"{layer_info.height}×{layer_info.width}" + (" patches + CLS" if layer_info.num_prefix_tokens else "")
+    return f"{layer_info.name} · {what} · {layer_info.selection} · {grid}"
 
 
-def probe_module(model: nn.Module, probe: LayerInfo) -> nn.Module:
-    """The module of ``probe`` in ``model``."""
-    return model.get_submodule(probe.name)
+def layer_module(model: nn.Module, layer_info: LayerInfo) -> nn.Module:
+    """The module of ``layer_info`` in ``model``."""
+    return model.get_submodule(layer_info.name)
 
 
-def query_cell(probe: LayerInfo, row_px: int, col_px: int) -> tuple[int, int]:
+def query_cell(layer_info: LayerInfo, row_px: int, col_px: int) -> tuple[int, int]:
     """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
 
     Raises:
         ValueError: the pixel lies outside the ``input_size`` square.
     """
-    size = probe.input_size
+    size = layer_info.input_size
     if not (0 <= row_px < size and 0 <= col_px < size):
         raise ValueError(f"query pixel (row={row_px}, col={col_px}) is outside the {size}×{size} model input")
-    return row_px * probe.height // size, col_px * probe.width // size
+    return row_px * layer_info.height // size, col_px * layer_info.width // size
 
 
-def cell_rect_px(probe: LayerInfo, row: int, col: int) -> tuple[int, int, int, int]:
+def cell_rect_px(layer_info: LayerInfo, row: int, col: int) -> tuple[int, int, int, int]:
     """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
 
     Cells outside the grid (padding) map to the same-size square outside the image. A 16×16 layer on a 32×32
     input maps cell (r, c) to rows [2r, 2r + 2) and columns [2c, 2c + 2).
     """
-    size = probe.input_size
-    return (math.floor(row * size / probe.height), math.floor(col * size / probe.width),
-            math.floor((row + 1) * size / probe.height), math.floor((col + 1) * size / probe.width))
+    size = layer_info.input_size
+    return (math.floor(row * size / layer_info.height), math.floor(col * size / layer_info.width),
+            math.floor((row + 1) * size / layer_info.height), math.floor((col + 1) * size / layer_info.width))
 
 
-def layer_conv(module: nn.Module, probe: LayerInfo) -> nn.Conv2d | None:
-    """The convolution of a map probe layer: a hybrid's conv branch, or a plain convolution itself; None for a
+def layer_conv(module: nn.Module, layer_info: LayerInfo) -> nn.Conv2d | None:
+    """The convolution of a map layer: a hybrid's conv branch, or a plain convolution itself; None for a
     standalone ConvNN2d, attention, or a hybrid whose conv branch is empty (λ = 1)."""
-    if probe.is_hybrid:
+    if layer_info.is_hybrid:
         return module.conv
-    return module if probe.conv_only else None
+    return module if layer_info.conv_only else None
 
 
-def knn_branch(module: nn.Module, probe: LayerInfo) -> ConvNN2d | None:
-    """The ConvNN2d that selects in a map probe layer: a hybrid's ConvNN branch, or the standalone layer itself.
+def knn_branch(module: nn.Module, layer_info: LayerInfo) -> ConvNN2d | None:
+    """The ConvNN2d that selects in a map layer: a hybrid's ConvNN branch, or the standalone layer itself.
 
     None for a plain convolution or a conv-only hybrid (λ·C_out rounds to 0 channels).
     """
-    if probe.conv_only:
+    if layer_info.conv_only:
         return None
-    return module.knn if probe.is_hybrid else module
+    return module.knn if layer_info.is_hybrid else module
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,8 +124,8 @@ class Trace:
 
     Attributes:
         logits (Tensor): (num_classes,) float32.
-        inputs (dict[str, Tensor]): probe name → its input, (1, C, H, W) for maps, (1, N, dim) for tokens.
-        records (dict[str, NeighborRecord]): probe name → what the layer selected (absent for layers that select
+        inputs (dict[str, Tensor]): layer name → its input, (1, C, H, W) for maps, (1, N, dim) for tokens.
+        records (dict[str, NeighborRecord]): layer name → what the layer selected (absent for layers that select
             nothing).
         sample_keys (Tensor): (1,) int64 key of the model input and the draw, on the CPU, from which the model's
             random layers drew their candidates in eval mode (:func:`convnn.candidates.sample_keys`).
@@ -136,20 +139,20 @@ class Trace:
     draw: int = 0
 
 
-def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor, draw: int = 0) -> Trace:
-    """Run ``model`` on ``x`` once, capturing each probe layer's input and what each ConvNN layer selected.
+def run_trace(model: nn.Module, layer_infos: tuple[LayerInfo, ...], x: Tensor, draw: int = 0) -> Trace:
+    """Run ``model`` on ``x`` once, capturing each layer's input and what each ConvNN layer selected.
 
     Uncached; :func:`analysis.session.traces.trace_image` caches it per (model, image).
 
     Args:
         model (nn.Module): the model, eval mode.
-        probes (tuple[LayerInfo, ...]): its probe layers (:func:`convnn.introspect.convnn_layers`).
+        layer_infos (tuple[LayerInfo, ...]): its layers (:func:`convnn.introspect.convnn_layers`).
         x (Tensor): (1, 3, S, S) float32 model input on the model's device.
         draw (int): the eval draw index of the model's random layers (:func:`convnn.candidates.candidate_draw`).
             Default: 0
 
     Returns:
-        Trace: logits, probe inputs and recorded selections.
+        Trace: logits, layer inputs and recorded selections.
     """
     inputs: dict[str, Tensor] = {}
 
@@ -158,18 +161,20 @@ def run_trace(model: nn.Module, probes: tuple[LayerInfo, ...], x: Tensor, draw: 
             inputs[name] = layer_input(module, args, kwargs).detach()
         return capture
 
-    handles = [probe_module(model, p).register_forward_pre_hook(hook(p.name), with_kwargs=True) for p in probes]
+    handles = [layer_module(model, layer_info).register_forward_pre_hook(hook(layer_info.name), with_kwargs=True)
+               for layer_info in layer_infos]
     try:
         with torch.no_grad(), record_neighbors(model) as records, candidate_draw(draw):
             logits = model(x)[0].float()
     finally:
         for handle in handles:
             handle.remove()
-    selected = {p.name: records[p.record_name][0] for p in probes if p.record_name and records.get(p.record_name)}
+    selected = {layer_info.name: records[layer_info.record_name][0] for layer_info in layer_infos
+                if layer_info.record_name and records.get(layer_info.record_name)}
     return Trace(logits, inputs, selected, sample_keys(x, draw).cpu(), draw)
 
 
-def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
+def layer_query_key(module: nn.Module, layer_info: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
     """The query and key features the layer's own selection scores, as tokens, every head at once.
 
     For a ConvNN branch: its input (+ coordinate channels) or its learned q/k projections; for a convolution (plain,
@@ -177,8 +182,8 @@ def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Ten
     (:func:`convnn.adapters.as_self_attention` for ``nn.MultiheadAttention`` and timm-style attention).
 
     Args:
-        module (nn.Module): the probe layer's module.
-        probe (LayerInfo): its description.
+        module (nn.Module): the layer's module.
+        layer_info (LayerInfo): its description.
         x (Tensor): its captured input, (1, C, H, W) or (1, N, dim).
 
     Returns:
@@ -186,16 +191,16 @@ def layer_query_key(module: nn.Module, probe: LayerInfo, x: Tensor) -> tuple[Ten
         maps), N = :attr:`LayerInfo.num_tokens` (prefix tokens first, then the grid in raster order).
     """
     with torch.no_grad():
-        if probe.is_attention:
+        if layer_info.is_attention:
             q, k, _ = as_self_attention(module).project_qkv(x)  # (B, h, N, d) each
             return q.float(), k.float()
-        knn = knn_branch(module, probe)
+        knn = knn_branch(module, layer_info)
         q_map, k_map = (x, x) if knn is None else knn.query_key_features(x)
         return to_tokens(q_map).float(), to_tokens(k_map).float()
 
 
 TOP_CLASSES = 5
-_TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every probe layer's input (≈1 MB for CIFAR models)
+_TRACE_CACHE_SIZE = 16  # (model, image) passes kept; each holds every layer's input (≈1 MB for CIFAR models)
 
 
 def effective_draw(loaded: LoadedModel, draw: int) -> int:
@@ -221,10 +226,10 @@ def trace_image(loaded: LoadedModel, image: InputImage, draw: int = 0) -> Trace:
         draw (int): the eval draw index of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
-        Trace: logits, every probe layer's input, and each ConvNN layer's recorded selection.
+        Trace: logits, every layer's input, and each ConvNN layer's recorded selection.
 
     Raises:
-        ValueError: a number of the pass (the normalised input, a probe layer's input, what a layer selected, the
+        ValueError: a number of the pass (the normalised input, a layer's input, what a layer selected, the
             class scores) is inf or NaN, refused naming the model (:func:`check_finite`: every view of the image
             starts here, so none answers with such numbers); the model gives another number of class scores than
             its card names classes (so no class name is ever looked up past the card's list), or a ``draw`` that is
@@ -240,7 +245,7 @@ def _trace(loaded: LoadedModel, image: InputImage, draw: int) -> Trace:
     x = model_input(image, loaded.card).to(loaded.device)
     check_finite(loaded, {"the normalised input (the card's mean/std)": x})
     with loaded.lock:
-        trace = run_trace(loaded.model, loaded.probes, x, draw)
+        trace = run_trace(loaded.model, loaded.layer_infos, x, draw)
     if trace.logits.numel() != len(loaded.card.classes):
         raise ValueError(f"{loaded.card.name}: the model gives {trace.logits.numel()} class scores but its card names "
                          f"{len(loaded.card.classes)} classes: the card does not belong to these weights")

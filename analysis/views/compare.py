@@ -26,7 +26,7 @@ __all__ = ["MAX_COMPARED", "compare_neighbors", "layer_at_depth", "map_pixel"]
 
 
 def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:
-    """The probe layer ``fraction`` of the way through ``loaded``'s layers in forward order: index
+    """The layer ``fraction`` of the way through ``loaded``'s layers in forward order: index
     ``round(fraction · (L − 1))`` of its L layers (0: the first, 1: the last, 0.5: the middle one).
 
     Raises:
@@ -34,9 +34,9 @@ def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:
     """
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0.0 <= fraction <= 1.0:
         raise ValueError(f"the depth must be a fraction in [0, 1], got {fraction!r}")
-    if not loaded.probes:
+    if not loaded.layer_infos:
         raise ValueError(f"{loaded.card.name} has no layer these views open")
-    return loaded.probes[math.floor(fraction * (len(loaded.probes) - 1) + 0.5)]
+    return loaded.layer_infos[math.floor(fraction * (len(loaded.layer_infos) - 1) + 0.5)]
 
 
 def map_pixel(px: tuple[int, int], from_size: int, to_size: int) -> tuple[int, int]:
@@ -53,7 +53,7 @@ def compare_neighbors(models: Sequence[LoadedModel], image: InputImage, layers: 
     Args:
         models (Sequence[LoadedModel]): 2 to :data:`MAX_COMPARED` models, one per column.
         image (InputImage): the image all of them see.
-        layers (Sequence[str]): one probe layer per model (e.g. :func:`layer_at_depth`).
+        layers (Sequence[str]): one layer per model (e.g. :func:`layer_at_depth`).
         query_px (tuple[int, int]): ``(row_px, col_px)`` in the input of ``models[source]``.
         source (int): the column the pixel was picked in. Default: 0
         options (RuleOptions, optional): rule knobs, each resolved for its layer. Default: each layer's own

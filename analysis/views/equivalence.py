@@ -33,7 +33,7 @@ from convnn.adapters import as_self_attention, describe_plain
 
 from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
-from ..session.traces import layer_conv, probe_module, trace_image
+from ..session.traces import layer_conv, layer_module, trace_image
 
 __all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "depthwise_equivalence",
            "equivalence_summary", "equivalences"]
@@ -122,15 +122,16 @@ def _window_demo(conv: nn.Conv2d, x: Tensor, what: str, source: str, name: str) 
 
 
 def _map_input(loaded: LoadedModel, image: InputImage, layer: str, draw: int):
-    """(probe, module, its input (1, C, H, W) on the CPU in eval draw ``draw``) of a feature-map layer.
+    """(layer_info, module, its input (1, C, H, W) on the CPU in eval draw ``draw``) of a feature-map layer.
 
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
-    probe = loaded.probe(layer)
-    if probe.is_attention:
-        raise ValueError(f"{probe.name} works on tokens; the convolution demo needs a feature-map layer")
-    return probe, probe_module(loaded.model, probe), trace_image(loaded, image, draw).inputs[probe.name].cpu()
+    layer_info = loaded.layer_info(layer)
+    if layer_info.is_attention:
+        raise ValueError(f"{layer_info.name} works on tokens; the convolution demo needs a feature-map layer")
+    x = trace_image(loaded, image, draw).inputs[layer_info.name].cpu()
+    return layer_info, layer_module(loaded.model, layer_info), x
 
 
 def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
@@ -141,8 +142,8 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: i
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
-    probe, module, x = _map_input(loaded, image, layer, draw)
-    conv = layer_conv(module, probe)
+    layer_info, module, x = _map_input(loaded, image, layer, draw)
+    conv = layer_conv(module, layer_info)
     if _window_shaped(conv):
         conv = copy.deepcopy(conv).cpu()
         stride = f", stride {conv.stride[0]}" if conv.stride[0] > 1 else ""
@@ -150,7 +151,7 @@ def conv_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: i
     else:  # none, or one whose output is not the window selection's (groups, an even kernel)
         conv = _seeded_(nn.Conv2d(x.shape[1], _DEMO_CHANNELS, 3, padding=1))
         source = f"a seeded random 3×3 conv ({_DEMO_CHANNELS} channels)"
-    return _window_demo(conv, x, "", source, probe.name)
+    return _window_demo(conv, x, "", source, layer_info.name)
 
 
 def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
@@ -161,23 +162,23 @@ def depthwise_equivalence(loaded: LoadedModel, image: InputImage, layer: str, dr
     Raises:
         ValueError: ``layer`` is an attention layer (its input is tokens, not a map).
     """
-    probe, module, x = _map_input(loaded, image, layer, draw)
-    own = layer_conv(module, probe)
+    layer_info, module, x = _map_input(loaded, image, layer, draw)
+    own = layer_conv(module, layer_info)
     geometry = dict(stride=own.stride, padding=own.padding, dilation=own.dilation) if _window_shaped(own) and (
         own.kernel_size[0] == 3) else dict(padding=1)
     channels = x.shape[1]
     conv = _seeded_(nn.Conv2d(channels, channels, 3, groups=channels, **geometry))
     return _window_demo(conv, x, "Depthwise ", f"a seeded random depthwise 3×3 conv ({channels} channels)",
-                        probe.name)
+                        layer_info.name)
 
 
 def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> Equivalence:
     """ConvNN-attention with K = N vs SDPA multi-head attention on ``layer``'s input tokens in eval draw ``draw``
     (METHOD §4.3)."""
-    probe = loaded.probe(layer)
-    module = probe_module(loaded.model, probe)
-    x = trace_image(loaded, image, draw).inputs[probe.name].cpu()
-    if probe.is_attention:
+    layer_info = loaded.layer_info(layer)
+    module = layer_module(loaded.model, layer_info)
+    x = trace_image(loaded, image, draw).inputs[layer_info.name].cpu()
+    if layer_info.is_attention:
         own = as_self_attention(module)  # the library's MHSA, or one holding nn.MultiheadAttention's weights
         tokens, dim, heads, source = x, own.dim, own.num_heads, "the layer's own q, k, v and output projections"
         biases = dict(qkv_bias=own.qkv.bias is not None, proj_bias=own.proj.bias is not None)
@@ -193,12 +194,12 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, dr
     knn.load_state_dict(mhsa.state_dict(), strict=False)
     with torch.no_grad():
         expected, got = mhsa(tokens)[0], knn(tokens)[0]  # (N, dim)
-    grid = (probe.height, probe.width)  # the grid's tokens (a ViT's CLS first, not pictured), as (dim, H, W)
-    pictured = (t[probe.num_prefix_tokens:].T.reshape(-1, *grid) for t in (got, expected))
+    grid = (layer_info.height, layer_info.width)  # the grid's tokens (a ViT's CLS first, not pictured), as (dim, H, W)
+    pictured = (t[layer_info.num_prefix_tokens:].T.reshape(-1, *grid) for t in (got, expected))
     paths = (f"top-{num_tokens} selection by q·k/√d → softmax → gather → depthwise Conv1d of ones over the rank "
              f"slots, per head ({knn.backend} path)", "F.scaled_dot_product_attention")
     return _pictured(f"ConvNN-attention (K = N = {num_tokens}, softmax, ones kernel) vs scaled_dot_product_attention "
-                     f"with {source}, on the input tokens of {probe.name}", paths, *pictured, (got, expected))
+                     f"with {source}, on the input tokens of {layer_info.name}", paths, *pictured, (got, expected))
 
 
 def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> list[Equivalence]:
@@ -209,7 +210,7 @@ def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int =
     Raises:
         ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
-    maps = () if loaded.probe(layer).is_attention else (conv_equivalence, depthwise_equivalence)
+    maps = () if loaded.layer_info(layer).is_attention else (conv_equivalence, depthwise_equivalence)
     return [demo(loaded, image, layer, draw) for demo in (*maps, attention_equivalence)]
 
 

@@ -129,16 +129,16 @@ def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
                    scores=selection.scores[rows])
 
 
-def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options: RuleOptions,
+def rule_rows(loaded: LoadedModel, image: InputImage, layer_info: LayerInfo, options: RuleOptions,
               rules: tuple[str, ...], rows: np.ndarray | slice = slice(None), draw: int = 0
               ) -> tuple[dict[str, RuleTable], dict[tuple[str, str], np.ndarray]]:
-    """The queries ``rows`` (raster cells; all by default) of ``probe`` under each of ``rules``, with their
+    """The queries ``rows`` (raster cells; all by default) of ``layer_info`` under each of ``rules``, with their
     distances, and the Jaccard overlap of each pair of rules, per query.
 
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        probe (LayerInfo): the layer.
+        layer_info (LayerInfo): the layer.
         options (RuleOptions): resolved options (:func:`resolve_options`).
         rules (tuple[str, ...]): registered rules, or ``"layer"``.
         rows (np.ndarray or slice): the queries' raster cells. Default: every query
@@ -147,10 +147,10 @@ def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options:
     Returns:
         tuple: rule → :class:`RuleTable`, and (a, b) → (Q,) float64 overlaps, in ``rules`` order.
     """
-    grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()[rows]
+    grid = padded_to_cells(torch.arange(layer_info.height * layer_info.width), layer_info.width, 0).numpy()[rows]
     tables = {}
     for rule in rules:
-        sel = _rows(rule_selection(loaded, image, probe.name, rule, options, draw), rows)
+        sel = _rows(rule_selection(loaded, image, layer_info.name, rule, options, draw), rows)
         mean, share = distance_stats(sel.cells, sel.is_prefix, grid, options.window_size)
         tables[rule] = RuleTable(rule, sel, mean, share)
     overlaps = {(a, b): _jaccard_rows(tables[a].selection, tables[b].selection)
@@ -158,7 +158,7 @@ def rule_rows(loaded: LoadedModel, image: InputImage, probe: LayerInfo, options:
     return tables, overlaps
 
 
-def query_row(probe: LayerInfo, options: RuleOptions, query_px: tuple[int, int], tables: dict[str, RuleTable],
+def query_row(layer_info: LayerInfo, options: RuleOptions, query_px: tuple[int, int], tables: dict[str, RuleTable],
               overlaps: dict[tuple[str, str], np.ndarray], row: int) -> QueryNeighbors:
     """Row ``row`` of :func:`rule_rows`'s result as the :class:`QueryNeighbors` of the query pixel ``query_px``.
 
@@ -171,7 +171,7 @@ def query_row(probe: LayerInfo, options: RuleOptions, query_px: tuple[int, int],
         sets[rule] = NeighborSet(sel.cells[row], sel.is_prefix[row], sel.scores[row], float(table.mean_distance[row]),
                                  float(table.window_share[row]), sel.candidates, sel.candidate_is_prefix)
     overlap = {pair: float(values[row]) for pair, values in overlaps.items()}
-    return QueryNeighbors(probe, options, tuple(query_px), query_cell(probe, *query_px), sets, overlap)
+    return QueryNeighbors(layer_info, options, tuple(query_px), query_cell(layer_info, *query_px), sets, overlap)
 
 
 def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
@@ -182,7 +182,7 @@ def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): probe layer name.
+        layer (str): layer name.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
         options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
         rules (tuple[str, ...], optional): registered rules to compute. Default: every registered rule
@@ -196,10 +196,10 @@ def query_neighbors(loaded: LoadedModel, image: InputImage, layer: str, query_px
         ValueError: unknown layer or rule, a pixel outside the image, options outside their ranges, or a ``draw``
             that is not an integer ≥ 0.
     """
-    probe = loaded.probe(layer)
-    options = resolve_options(probe, options or RuleOptions())
-    row, col = query_cell(probe, *query_px)
+    layer_info = loaded.layer_info(layer)
+    options = resolve_options(layer_info, options or RuleOptions())
+    row, col = query_cell(layer_info, *query_px)
     rules = (*(rule_names() if rules is None else rules), LAYER_RULE)
-    tables, overlaps = rule_rows(loaded, image, probe, options, rules, np.array([row * probe.width + col]),
+    tables, overlaps = rule_rows(loaded, image, layer_info, options, rules, np.array([row * layer_info.width + col]),
                                 draw)
-    return query_row(probe, options, query_px, tables, overlaps, 0)
+    return query_row(layer_info, options, query_px, tables, overlaps, 0)

@@ -1,15 +1,15 @@
 """The convolution ↔ attention spectrum of a model on one image: how local each layer's selections are.
 
-For every probe layer, over all its queries (and all heads), the neighbours the layer really selected
+For every layer, over all its queries (and all heads), the neighbours the layer really selected
 (``rule="layer"`` of :func:`analysis.session.selections.rule_selection`): their mean distance to the query in cells,
 and the share of them inside the query's R×R window. A convolution sits at 100% inside; attention-style selection
 spreads out.
 
 Also neighbours of neighbours (:func:`receptive_field`): the query's effective receptive field through consecutive
-probe layers.
+layers.
 
 Hop 0 is the query's cell in the chosen layer; hop 1 its neighbours there (what the layer really selected); hop 2
-the neighbours, in the previous probe layer, of every cell covering a hop-1 pixel; and so on towards the input.
+the neighbours, in the previous layer, of every cell covering a hop-1 pixel; and so on towards the input.
 Layers at different resolutions are linked through model-input pixels; padding cells and CLS tokens are dropped.
 """
 
@@ -46,7 +46,7 @@ class SpectrumRow:
     """One layer's place on the spectrum.
 
     Attributes:
-        layer (str): probe layer name.
+        layer (str): layer name.
         mean_distance (float): mean neighbour distance to the query in cells, over queries and heads.
         window_share (float): share of neighbours inside the R×R window, in [0, 1].
         window_size (int): R.
@@ -75,7 +75,7 @@ class SpectrumRow:
 
 def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int = 3, draw: int = 0
                        ) -> tuple[SpectrumRow, ...]:
-    """Every probe layer's mean neighbour distance and in-window share on ``image`` in eval draw ``draw`` (cached).
+    """Every layer's mean neighbour distance and in-window share on ``image`` in eval draw ``draw`` (cached).
 
     Args:
         loaded (LoadedModel): the model.
@@ -84,7 +84,7 @@ def selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int 
         draw (int): the eval draw of a model with random candidates (METHOD §3b). Default: 0
 
     Returns:
-        tuple[SpectrumRow, ...]: one row per probe layer, forward order.
+        tuple[SpectrumRow, ...]: one row per layer, forward order.
 
     Raises:
         ValueError: an even or non-positive ``window_size``, or a ``draw`` that is not an integer ≥ 0.
@@ -99,16 +99,16 @@ def _selection_spectrum(loaded: LoadedModel, image: InputImage, window_size: int
                         ) -> tuple[SpectrumRow, ...]:
     """:func:`selection_spectrum` of a checked ``window_size`` and an effective ``draw``."""
     rows = []
-    for probe in loaded.probes:
-        grid = padded_to_cells(torch.arange(probe.height * probe.width), probe.width, 0).numpy()
+    for layer_info in loaded.layer_infos:
+        grid = padded_to_cells(torch.arange(layer_info.height * layer_info.width), layer_info.width, 0).numpy()
         means, shares = [], []
-        for head in range(probe.num_heads):
-            sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head), draw)
+        for head in range(layer_info.num_heads):
+            sel = rule_selection(loaded, image, layer_info.name, LAYER_RULE, RuleOptions(head=head), draw)
             mean, share = distance_stats(sel.cells, sel.is_prefix, grid, window_size)
             means.append(np.nanmean(mean))
             shares.append(share.mean())
-        rows.append(SpectrumRow(probe.name, float(np.mean(means)), float(np.mean(shares)), window_size,
-                                probe.input_size / probe.height, max(probe.height, probe.width)))
+        rows.append(SpectrumRow(layer_info.name, float(np.mean(means)), float(np.mean(shares)), window_size,
+                                layer_info.input_size / layer_info.height, max(layer_info.height, layer_info.width)))
     return tuple(rows)
 
 
@@ -149,25 +149,25 @@ class ReceptiveFields:
     queries: tuple[int, ...] | None = None
 
 
-def _covers(probe: LayerInfo) -> tuple[torch.Tensor, torch.Tensor]:
+def _covers(layer_info: LayerInfo) -> tuple[torch.Tensor, torch.Tensor]:
     """The cells' cover of the model input, per axis (:func:`cell_rect_px`): ``rows`` (H, S) and ``cols`` (W, S)
     float32, 1 where a row (column) of cells covers a row (column) of pixels; a cell covers the pixels of its row's
     rows and its column's columns."""
-    pixels = torch.arange(probe.input_size)
-    rows = [cell_rect_px(probe, r, 0) for r in range(probe.height)]
-    cols = [cell_rect_px(probe, 0, c) for c in range(probe.width)]
+    pixels = torch.arange(layer_info.input_size)
+    rows = [cell_rect_px(layer_info, r, 0) for r in range(layer_info.height)]
+    cols = [cell_rect_px(layer_info, 0, c) for c in range(layer_info.width)]
     return (torch.stack([(pixels >= top) & (pixels < bottom) for top, _, bottom, _ in rows]).float(),
             torch.stack([(pixels >= left) & (pixels < right) for _, left, _, right in cols]).float())
 
 
-def _adjacency(probe: LayerInfo, selection) -> torch.Tensor:
+def _adjacency(layer_info: LayerInfo, selection) -> torch.Tensor:
     """(H·W, H·W) float32: 1 where a query (row) selected a cell of the grid (padding cells and CLS dropped)."""
     cells = torch.from_numpy(selection.cells)  # (H·W, K, 2)
-    on_grid = ((cells[..., 0] >= 0) & (cells[..., 0] < probe.height) & (cells[..., 1] >= 0)
-               & (cells[..., 1] < probe.width) & ~torch.from_numpy(selection.is_prefix))
-    adjacency = torch.zeros(probe.height * probe.width, probe.height * probe.width)
+    on_grid = ((cells[..., 0] >= 0) & (cells[..., 0] < layer_info.height) & (cells[..., 1] >= 0)
+               & (cells[..., 1] < layer_info.width) & ~torch.from_numpy(selection.is_prefix))
+    adjacency = torch.zeros(layer_info.height * layer_info.width, layer_info.height * layer_info.width)
     queries = torch.arange(len(cells))[:, None].expand_as(on_grid)
-    adjacency[queries[on_grid], (cells[..., 0] * probe.width + cells[..., 1])[on_grid]] = 1.0
+    adjacency[queries[on_grid], (cells[..., 0] * layer_info.width + cells[..., 1])[on_grid]] = 1.0
     return adjacency
 
 
@@ -178,18 +178,18 @@ def _check_hops(num_hops) -> int:
     return num_hops
 
 
-def fits_field_table(probe: LayerInfo, queries: int | None = None) -> bool:
-    """Whether the fields of ``queries`` query cells of ``probe`` (None: all of them) fit one receptive-field
+def fits_field_table(layer_info: LayerInfo, queries: int | None = None) -> bool:
+    """Whether the fields of ``queries`` query cells of ``layer_info`` (None: all of them) fit one receptive-field
     table (:data:`MAX_FIELD_TABLE` query-pixels)."""
-    count = probe.height * probe.width if queries is None else queries
-    return count * probe.input_size ** 2 <= MAX_FIELD_TABLE
+    count = layer_info.height * layer_info.width if queries is None else queries
+    return count * layer_info.input_size ** 2 <= MAX_FIELD_TABLE
 
 
 def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int = 2, head: int = 0,
                      queries: tuple[int, ...] | None = None, draw: int = 0) -> ReceptiveFields:
     """The pixels reached from query cells of ``layer`` by ``num_hops`` hops of selection (cached).
 
-    Hop 0 is the query's cell; hop h ≥ 1 takes every cell, of the h-th probe layer counting back from ``layer``,
+    Hop 0 is the query's cell; hop h ≥ 1 takes every cell, of the h-th layer counting back from ``layer``,
     that covers a pixel of hop h − 1's frontier, and makes its neighbours (what that layer selected) the new
     frontier. As boolean matrix products over the queries, each cover taken per axis (a cell covers a rectangle of
     pixels): frontier F (Q × S × S) → touched cells rows·F·colsᵀ, · adjacency → selected cells, rowsᵀ·sel·cols →
@@ -198,8 +198,8 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): the probe layer of hop 1.
-        num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
+        layer (str): the layer of hop 1.
+        num_hops (int): hops, ≥ 1; stops early at the first layer. Default: 2
         head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
             Default: 0
         queries (tuple[int, ...] or None): raster cells of ``layer`` to follow; None: all of them. Default: None
@@ -211,44 +211,44 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
             that is not an integer ≥ 0.
     """
     num_hops = _check_hops(num_hops)
-    probe = loaded.probe(layer)
-    head = probe.check_head(head)
-    size, cells = probe.input_size, probe.height * probe.width
+    layer_info = loaded.layer_info(layer)
+    head = layer_info.check_head(head)
+    size, cells = layer_info.input_size, layer_info.height * layer_info.width
     if queries is not None:
         queries = tuple(whole_number(q, "query cell") for q in queries)
         if any(q < 0 or q >= cells for q in queries):
-            raise ValueError(f"query cells must be in [0, {cells - 1}] for {probe.name}, got {list(queries)}")
+            raise ValueError(f"query cells must be in [0, {cells - 1}] for {layer_info.name}, got {list(queries)}")
     count = cells if queries is None else len(queries)
-    if not fits_field_table(probe, count):
+    if not fits_field_table(layer_info, count):
         raise ValueError(f"the receptive fields of {count} queries on a {size}×{size} px input are more than the "
                          f"multi-hop view's {MAX_FIELD_TABLE:,} query-pixels: ask for fewer queries")
-    return _receptive_fields(loaded, image, probe.name, num_hops, head, queries, effective_draw(loaded, draw))
+    return _receptive_fields(loaded, image, layer_info.name, num_hops, head, queries, effective_draw(loaded, draw))
 
 
 @bounded_cache(8)
 def _receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hops: int, head: int,
                       queries: tuple[int, ...] | None, draw: int) -> ReceptiveFields:
     """:func:`receptive_fields` of checked arguments and an effective ``draw``."""
-    names = [p.name for p in loaded.probes]
+    names = [layer_info.name for layer_info in loaded.layer_infos]
     start = names.index(layer)
-    probe = loaded.probes[start]
-    cells = probe.height * probe.width
+    layer_info = loaded.layer_infos[start]
+    cells = layer_info.height * layer_info.width
     rows = torch.arange(cells) if queries is None else torch.tensor(queries, dtype=torch.long)
-    row_cover, col_cover = _covers(probe)
+    row_cover, col_cover = _covers(layer_info)
     own = torch.zeros(rows.numel(), cells)
     own[torch.arange(rows.numel()), rows] = 1.0
-    frontier = (row_cover.T @ own.view(-1, probe.height, probe.width) @ col_cover) > 0  # (Q, S, S): own cell
+    frontier = (row_cover.T @ own.view(-1, layer_info.height, layer_info.width) @ col_cover) > 0  # (Q, S, S): own cell
     hops = torch.where(frontier, 0, -1).to(torch.int8)
     layers, counts = [], [frontier.flatten(1).sum(1)]
     for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
-        probe = loaded.probes[index]
-        row_cover, col_cover = _covers(probe)
-        selection = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head), draw)
+        layer_info = loaded.layer_infos[index]
+        row_cover, col_cover = _covers(layer_info)
+        selection = rule_selection(loaded, image, layer_info.name, LAYER_RULE, RuleOptions(head=head), draw)
         touched = (row_cover @ frontier.float() @ col_cover.T) > 0  # (Q, H_l, W_l)
-        selected = (touched.flatten(1).float() @ _adjacency(probe, selection)) > 0  # (Q, N_l)
-        frontier = (row_cover.T @ selected.view(-1, probe.height, probe.width).float() @ col_cover) > 0
+        selected = (touched.flatten(1).float() @ _adjacency(layer_info, selection)) > 0  # (Q, N_l)
+        frontier = (row_cover.T @ selected.view(-1, layer_info.height, layer_info.width).float() @ col_cover) > 0
         hops = torch.where((hops < 0) & frontier, hop, hops).to(torch.int8)
-        layers.append(probe.name)
+        layers.append(layer_info.name)
         counts.append((hops >= 0).flatten(1).sum(1))
     return ReceptiveFields(hops.numpy(), layers, torch.stack(counts, 1).to(torch.int32).numpy(), queries)
 
@@ -261,9 +261,9 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): the probe layer of hop 1.
+        layer (str): the layer of hop 1.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
-        num_hops (int): hops, ≥ 1; stops early at the first probe layer. Default: 2
+        num_hops (int): hops, ≥ 1; stops early at the first layer. Default: 2
         head (int): attention head whose selections are followed, in [0, num_heads − 1] of every layer passed.
             Default: 0
         draw (int): the eval draw of a model with random candidates (METHOD §3b). Default: 0
@@ -272,11 +272,11 @@ def receptive_field(loaded: LoadedModel, image: InputImage, layer: str, query_px
         ValueError: ``num_hops`` not a whole number ≥ 1, an unknown layer, a head out of range, a pixel outside
             the image, or a ``draw`` that is not an integer ≥ 0.
     """
-    probe = loaded.probe(layer)
-    row, col = query_cell(probe, *query_px)
-    index = row * probe.width + col
-    whole = fits_field_table(probe)  # the table of every query, which the page gets too, or this one's alone
-    fields = receptive_fields(loaded, image, probe.name, num_hops, head, None if whole else (index,),
+    layer_info = loaded.layer_info(layer)
+    row, col = query_cell(layer_info, *query_px)
+    index = row * layer_info.width + col
+    whole = fits_field_table(layer_info)  # the table of every query, which the page gets too, or this one's alone
+    fields = receptive_fields(loaded, image, layer_info.name, num_hops, head, None if whole else (index,),
                               draw)
     at = index if whole else 0
     return ReceptiveField(fields.hops[at].astype(np.int64), fields.layers, fields.pixel_counts[at].tolist())

@@ -103,7 +103,7 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): probe layer name.
+        layer (str): layer name.
         options (RuleOptions, optional): rule knobs (unset fields from the layer). Default: ``RuleOptions()``
         query_px (tuple[int, int], optional): ``(row_px, col_px)``: the one query of the table when K exceeds
             :data:`MAX_TABLE_NEIGHBORS` (ignored otherwise). Default: None
@@ -119,23 +119,23 @@ def neighbor_table(loaded: LoadedModel, image: InputImage, layer: str, options: 
             :data:`MAX_TABLE_NEIGHBORS` without ``query_px``, a pixel outside the model input, or a ``draw`` that
             is not an integer ≥ 0.
     """
-    probe = loaded.probe(layer)
-    options = resolve_options(probe, options or RuleOptions())
+    layer_info = loaded.layer_info(layer)
+    options = resolve_options(layer_info, options or RuleOptions())
     queries, rows = None, slice(None)
     if options.num_neighbors > MAX_TABLE_NEIGHBORS:
         if query_px is None:
             raise ValueError(f"a neighbour table of every query covers K ≤ {MAX_TABLE_NEIGHBORS}; for K = "
                              f"{options.num_neighbors} name the query pixel")
-        row, col = query_cell(probe, *query_px)
-        queries = rows = np.array([row * probe.width + col])
-    rules, overlaps = rule_rows(loaded, image, probe, options, page_rules(), rows, draw)
-    contributions = None if probe.record_name is None else contribution_norms(loaded, image, probe.name,
+        row, col = query_cell(layer_info, *query_px)
+        queries = rows = np.array([row * layer_info.width + col])
+    rules, overlaps = rule_rows(loaded, image, layer_info, options, page_rules(), rows, draw)
+    contributions = None if layer_info.record_name is None else contribution_norms(loaded, image, layer_info.name,
                                                                               options.head, draw)[rows]
-    share = branch_mix(loaded, image, probe.name, draw).share.reshape(-1)[rows] if probe.is_hybrid else None
-    heads = () if probe.num_heads == 1 else tuple(
-        rule_rows(loaded, image, probe, replace(options, head=h), (LAYER_RULE,), rows, draw)[0][LAYER_RULE]
-        .selection for h in range(probe.num_heads))
-    return NeighborTable(probe, options, rules, overlaps, contributions, share, heads, queries)
+    share = branch_mix(loaded, image, layer_info.name, draw).share.reshape(-1)[rows] if layer_info.is_hybrid else None
+    heads = () if layer_info.num_heads == 1 else tuple(
+        rule_rows(loaded, image, layer_info, replace(options, head=h), (LAYER_RULE,), rows, draw)[0][LAYER_RULE]
+        .selection for h in range(layer_info.num_heads))
+    return NeighborTable(layer_info, options, rules, overlaps, contributions, share, heads, queries)
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,7 +164,7 @@ def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: Rul
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): probe layer name.
+        layer (str): layer name.
         options (RuleOptions, optional): K, R, head (α is swept). Default: the layer's
         steps (int): α values, ≥ 2, evenly spaced. Default: :data:`SWEEP_STEPS`
         draw (int): the eval draw of a model with random candidates, as :func:`neighbor_table`'s. Default: 0
@@ -177,12 +177,12 @@ def blend_sweep(loaded: LoadedModel, image: InputImage, layer: str, options: Rul
     """
     if steps < 2:
         raise ValueError(f"a blend sweep needs at least 2 steps, got {steps}")
-    probe = loaded.probe(layer)
-    options = resolve_options(probe, options or RuleOptions())
+    layer_info = loaded.layer_info(layer)
+    options = resolve_options(layer_info, options or RuleOptions())
     if options.num_neighbors > MAX_TABLE_NEIGHBORS:
         raise ValueError(f"the α animation covers K ≤ {MAX_TABLE_NEIGHBORS}, got K = {options.num_neighbors}")
     alphas = np.linspace(0.0, 1.0, steps)
-    rules = [rule_rows(loaded, image, probe, replace(options, blend_alpha=float(alpha)), ("blend",),
+    rules = [rule_rows(loaded, image, layer_info, replace(options, blend_alpha=float(alpha)), ("blend",),
                        draw=draw)[0]["blend"]
              for alpha in alphas]
-    return BlendSweep(probe, options, alphas, tuple(rules))
+    return BlendSweep(layer_info, options, alphas, tuple(rules))

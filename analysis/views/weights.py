@@ -35,7 +35,7 @@ from ..session.traces import (
     effective_draw,
     knn_branch,
     layer_conv,
-    probe_module,
+    layer_module,
     query_cell,
     trace_image,
 )
@@ -73,20 +73,20 @@ class AggregationKernel:
     description: str
 
 
-def _kernel_tensor(loaded: LoadedModel, probe: LayerInfo) -> tuple[Tensor, str]:
-    module = probe_module(loaded.model, probe)
-    if probe.is_attention:
-        if probe.dense:
-            raise ValueError(f"{probe.name} is plain multi-head attention: it has no rank-slot kernel (a KVT or "
+def _kernel_tensor(loaded: LoadedModel, layer_info: LayerInfo) -> tuple[Tensor, str]:
+    module = layer_module(loaded.model, layer_info)
+    if layer_info.is_attention:
+        if layer_info.dense:
+            raise ValueError(f"{layer_info.name} is plain multi-head attention: it has no rank-slot kernel (a KVT or "
                              "ConvNN-attention layer has one)")
-        kind = "KVT (fixed ones)" if probe.mixer == "kvt" else "ConvNN-attention depthwise Conv1D"
+        kind = "KVT (fixed ones)" if layer_info.mixer == "kvt" else "ConvNN-attention depthwise Conv1D"
         return module.weight.detach(), kind
-    if probe.conv_only:
-        weight = layer_conv(module, probe).weight.detach().flatten(2)  # taps in raster order = rank slots (§4.1)
-        size = f"{probe.window_size}×{probe.window_size}"
-        return weight, (f"{size} conv branch" if probe.is_hybrid else f"{size} convolution") + (
+    if layer_info.conv_only:
+        weight = layer_conv(module, layer_info).weight.detach().flatten(2)  # taps in raster order = rank slots (§4.1)
+        size = f"{layer_info.window_size}×{layer_info.window_size}"
+        return weight, (f"{size} conv branch" if layer_info.is_hybrid else f"{size} convolution") + (
             ", taps in raster order (= window selection's rank slots)")
-    return knn_branch(module, probe).weight.detach(), "ConvNN branch Conv1D"
+    return knn_branch(module, layer_info).weight.detach(), "ConvNN branch Conv1D"
 
 
 def aggregation_kernel(loaded: LoadedModel, layer: str) -> AggregationKernel:
@@ -97,8 +97,8 @@ def aggregation_kernel(loaded: LoadedModel, layer: str) -> AggregationKernel:
             norms overflow float32 pass the load's check), refused naming the model
             (:func:`~analysis.session.traces.check_finite`).
     """
-    probe = loaded.probe(layer)
-    weight, kind = _kernel_tensor(loaded, probe)
+    layer_info = loaded.layer_info(layer)
+    weight, kind = _kernel_tensor(loaded, layer_info)
     weight = weight.float().cpu()  # (C_out, C_in / groups, K)
     signed = weight.shape[1] == 1
     kernel, slot_norms = weight[:, 0] if signed else weight.norm(dim=1), weight.norm(dim=(0, 1))
@@ -154,37 +154,37 @@ def _values_and_output(loaded: LoadedModel, image: InputImage, layer: str, draw:
     Attention: values (1, h, N, d) and the output before the projection (1, N, dim). Maps: the zero-padded input
     tokens (1, 1, N_padded, C_in) and the ConvNN branch's output (1, C_out, H_out, W_out).
     """
-    probe = loaded.probe(layer)
+    layer_info = loaded.layer_info(layer)
     trace = trace_image(loaded, image, draw)
-    x, module = trace.inputs[probe.name], probe_module(loaded.model, probe)
+    x, module = trace.inputs[layer_info.name], layer_module(loaded.model, layer_info)
     with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
-        if probe.is_attention:
+        if layer_info.is_attention:
             _, _, v = module.project_qkv(x)
             return v, _attention_output(module, x)
-        return to_tokens(pad_map(x, trace.records[probe.name].padding)), knn_branch(module, probe)(x)
+        return to_tokens(pad_map(x, trace.records[layer_info.name].padding)), knn_branch(module, layer_info)(x)
 
 
 _CONTRIBUTION_CHUNK = 256  # queries whose K contribution vectors are held at once (K·C floats each)
 
 
-def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerInfo, head: int, queries: np.ndarray,
+def _contribution_vectors(loaded: LoadedModel, image: InputImage, layer_info: LayerInfo, head: int, queries: np.ndarray,
                           draw: int) -> tuple[Tensor, Tensor, Tensor]:
     """``W[:, :, t] · ρ_t · v[idx_t]`` for each of ``queries`` (raster indices of the grid) and each of its K
     recorded neighbours: (Q, K, C) float32, with the bias (C,) and the layer's own output at the queries (Q, C); a
     map layer's cell has its output's (:meth:`~convnn.introspect.LayerInfo.cell_outputs`); in eval draw ``draw``."""
-    record = trace_image(loaded, image, draw).records[probe.name]
-    values, layer_output = _values_and_output(loaded, image, probe.name, draw)
-    module = probe_module(loaded.model, probe)
+    record = trace_image(loaded, image, draw).records[layer_info.name]
+    values, layer_output = _values_and_output(loaded, image, layer_info.name, draw)
+    module = layer_module(loaded.model, layer_info)
     with torch.no_grad():
-        if probe.is_attention:
-            tokens = torch.as_tensor(queries) + probe.num_prefix_tokens
+        if layer_info.is_attention:
+            tokens = torch.as_tensor(queries) + layer_info.num_prefix_tokens
             idx, rho = record.topk_idx[0, head, tokens], record.topk_weights[0, head, tokens]  # (Q, K)
             d = module.head_dim
             taps = module.weight[head * d:(head + 1) * d, 0].T  # (K, d)
             vectors = taps * rho[..., None] * values[0, head, idx]  # (Q, K, d)
             return vectors.float(), torch.zeros(d), layer_output[0, tokens, head * d:(head + 1) * d].float()
-        knn = knn_branch(module, probe)
-        outputs = probe.cell_outputs()[queries].to(record.topk_idx.device)  # the queries' outputs
+        knn = knn_branch(module, layer_info)
+        outputs = layer_info.cell_outputs()[queries].to(record.topk_idx.device)  # the queries' outputs
         idx, rho = record.topk_idx[0, 0, outputs], record.topk_weights[0, 0, outputs]  # (Q, K)
         groups, (c_out, c_in_group, k) = knn.groups, knn.weight.shape
         neighbors = (rho[..., None] * values[0, 0, idx]).unflatten(-1, (groups, c_in_group))  # (Q, K, G, C_in/G)
@@ -194,10 +194,10 @@ def _contribution_vectors(loaded: LoadedModel, image: InputImage, probe: LayerIn
         return vectors.float(), bias.float(), layer_output[0].flatten(1)[:, outputs].T.float()
 
 
-def _check_selects(probe: LayerInfo) -> None:
-    if probe.record_name is None:
-        raise ValueError(f"{probe.name} selects no neighbours ({probe.selection}): open a layer with a ConvNN branch "
-                         "or k-NN attention")
+def _check_selects(layer_info: LayerInfo) -> None:
+    if layer_info.record_name is None:
+        raise ValueError(f"{layer_info.name} selects no neighbours ({layer_info.selection}): open a layer with a "
+                         "ConvNN branch or k-NN attention")
 
 
 def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, query_px: tuple[int, int],
@@ -207,7 +207,7 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     Args:
         loaded (LoadedModel): the model.
         image (InputImage): the image.
-        layer (str): probe layer with a ConvNN branch or k-NN attention.
+        layer (str): layer with a ConvNN branch or k-NN attention.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in model-input pixels.
         head (int): attention head, in [0, num_heads − 1] (0 for maps). Default: 0
 
@@ -218,12 +218,12 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
         ValueError: a layer without ConvNN selection (MHSA, conv-only hybrid), a head out of range, or a pixel
             outside the image.
     """
-    probe = loaded.probe(layer)
-    _check_selects(probe)
-    head = probe.check_head(head)
-    row, col = query_cell(probe, *query_px)
-    index = row * probe.width + col
-    vectors, bias, output = _contribution_vectors(loaded, image, probe, head, np.array([index]), 0)
+    layer_info = loaded.layer_info(layer)
+    _check_selects(layer_info)
+    head = layer_info.check_head(head)
+    row, col = query_cell(layer_info, *query_px)
+    index = row * layer_info.width + col
+    vectors, bias, output = _contribution_vectors(loaded, image, layer_info, head, np.array([index]), 0)
     selection = rule_selection(loaded, image, layer, LAYER_RULE, RuleOptions(head=head))
     return Contributions(selection.cells[index], selection.is_prefix[index], vectors[0].cpu().numpy(),
                          vectors[0].norm(dim=1).cpu().numpy(), bias.cpu().numpy(), output[0].cpu().numpy())
@@ -249,12 +249,12 @@ def contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head:
 @bounded_cache(_LAYER_OUTPUT_CACHE_SIZE)
 def _contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head: int, draw: int) -> np.ndarray:
     """:func:`contribution_norms` for an effective ``draw``."""
-    probe = loaded.probe(layer)
-    _check_selects(probe)
-    head = probe.check_head(head)
-    queries = np.arange(probe.height * probe.width)
+    layer_info = loaded.layer_info(layer)
+    _check_selects(layer_info)
+    head = layer_info.check_head(head)
+    queries = np.arange(layer_info.height * layer_info.width)
     return np.concatenate([
-        _contribution_vectors(loaded, image, probe, head, chunk, draw)[0].norm(dim=-1).cpu().numpy()
+        _contribution_vectors(loaded, image, layer_info, head, chunk, draw)[0].norm(dim=-1).cpu().numpy()
         for chunk in np.array_split(queries, max(1, -(-len(queries) // _CONTRIBUTION_CHUNK)))])
 
 
@@ -293,12 +293,12 @@ def branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0
 @bounded_cache(32)
 def _branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> BranchMix:
     """:func:`branch_mix` for an effective ``draw``."""
-    probe = loaded.probe(layer)
-    if not probe.is_hybrid:
-        raise ValueError(f"{probe.name} is not a hybrid layer: the λ mix exists only in HybridConvNN2d layers")
-    module = probe_module(loaded.model, probe)
+    layer_info = loaded.layer_info(layer)
+    if not layer_info.is_hybrid:
+        raise ValueError(f"{layer_info.name} is not a hybrid layer: the λ mix exists only in HybridConvNN2d layers")
+    module = layer_module(loaded.model, layer_info)
     trace = trace_image(loaded, image, draw)
-    x = trace.inputs[probe.name]
+    x = trace.inputs[layer_info.name]
     with torch.no_grad(), loaded.lock, keyed_draws(trace.sample_keys):  # the candidates it drew in the model
         z = module.branches(x)  # (1, C_out, H, W), ConvNN channels first
         split = module.knn_channels
@@ -308,8 +308,8 @@ def _branch_mix(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -
         knn_norm, conv_norm = knn_part.norm(dim=1)[0], conv_part.norm(dim=1)[0]
         total = knn_norm + conv_norm
         share = torch.where(total > 0, knn_norm / total.clamp_min(torch.finfo(total.dtype).tiny), 0.5)
-        outputs = probe.cell_outputs().to(share.device)
-        knn_norm, conv_norm, share = (t.flatten()[outputs].view(probe.height, probe.width).cpu().numpy()
+        outputs = layer_info.cell_outputs().to(share.device)
+        knn_norm, conv_norm, share = (t.flatten()[outputs].view(layer_info.height, layer_info.width).cpu().numpy()
                                       for t in (knn_norm, conv_norm, share))
     return BranchMix(module.branch_ratio, module.knn_channels, module.conv_channels, knn_norm, conv_norm, share)
 

@@ -10,7 +10,7 @@ from analysis import compare_neighbors, layer_at_depth, map_pixel, query_neighbo
 
 def test_the_layer_at_a_depth_is_that_fraction_of_the_way_through_the_model(load_small):
     loaded = load_small("cnn-l0.5")
-    names = [probe.name for probe in loaded.probes]
+    names = [layer_info.name for layer_info in loaded.layer_infos]
     assert len(names) == 8  # per stage two hybrids, and the downsampling hybrids between stages
     assert layer_at_depth(loaded, 0).name == names[0] and layer_at_depth(loaded, 1).name == names[-1]
     assert layer_at_depth(loaded, 0.5).name == names[4]  # 0.5 · 7 = 3.5 rounds half up

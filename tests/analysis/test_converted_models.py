@@ -62,10 +62,11 @@ def recorded(loaded, image) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_the_card_names_the_constructor_and_the_conversion_and_opens_with_strided_layers(loaded, image):
     assert loaded.card.model == "convnn.convert:torchvision.models.resnet18"
-    assert len(loaded.probes) == 16  # the hybrids; the stem and the 1×1 downsamples are not probes
-    probe = loaded.probe(STRIDED)
-    assert (probe.kind, probe.stride, probe.padding, probe.height, probe.width) == ("hybrid", 2, 1, 16, 16)
-    assert "K=4 stride 2" in layer_label(probe)
+    assert len(loaded.layer_infos) == 16  # the hybrids; the stem and the 1×1 downsamples are not opened
+    layer_info = loaded.layer_info(STRIDED)
+    assert (layer_info.kind, layer_info.stride, layer_info.padding, layer_info.height, layer_info.width) == (
+        "hybrid", 2, 1, 16, 16)
+    assert "K=4 stride 2" in layer_label(layer_info)
     table = page_table(model_view(image, 64), neighbor_table(loaded, image, STRIDED), (20, 44), loaded.card, {})
     assert table["grid"] == [16, 16] and {rule["k"] for rule in table["rules"]} == {4}
     assert any("ConvNN layer with stride 2 and padding 1" in note for note in table["notes"])
@@ -102,18 +103,18 @@ def test_one_hop_of_a_strided_layer_reaches_the_pixels_of_its_outputs_selection(
     selected, the query's own cell being hop 0."""
     idx, _ = recorded(loaded, image)
     field = receptive_field(loaded, image, STRIDED, (20, 44), num_hops=1)
-    probe = loaded.probe(STRIDED)
+    layer_info = loaded.layer_info(STRIDED)
     expected = np.zeros((64, 64), bool)
     for i in idx[2 * 8 + 5].tolist():
-        top, left, bottom, right = cell_rect_px(probe, *divmod(i, 16))
+        top, left, bottom, right = cell_rect_px(layer_info, *divmod(i, 16))
         expected[top:bottom, left:right] = True
-    assert ((field.hops == 0) | (field.hops == 1)).tolist() == (expected | _cell_mask(probe, 5, 11)).tolist()
-    assert _cell_mask(probe, 5, 11).tolist() == (field.hops == 0).tolist()
+    assert ((field.hops == 0) | (field.hops == 1)).tolist() == (expected | _cell_mask(layer_info, 5, 11)).tolist()
+    assert _cell_mask(layer_info, 5, 11).tolist() == (field.hops == 0).tolist()
 
 
-def _cell_mask(probe, row: int, col: int) -> np.ndarray:
+def _cell_mask(layer_info, row: int, col: int) -> np.ndarray:
     mask = np.zeros((64, 64), bool)
-    top, left, bottom, right = cell_rect_px(probe, row, col)
+    top, left, bottom, right = cell_rect_px(layer_info, row, col)
     mask[top:bottom, left:right] = True
     return mask
 
@@ -146,7 +147,7 @@ def test_the_page_draws_as_much_padding_as_a_dilated_window_reaches(tmp_path, im
                      input_size=32, mean=[0.5] * 3, std=[0.25] * 3)
     save_checkpoint(model, tmp_path / "dilated", card)
     loaded = load_model(tmp_path / "dilated.json")
-    layer = loaded.probes[0].name
+    layer = loaded.layer_infos[0].name
     cells = rule_selection(loaded, image, layer, "layer", RuleOptions()).cells
     assert cells[0].tolist() == [[r, c] for r in (-2, 0, 2) for c in (-2, 0, 2)]  # cell (0, 0)'s dilated window
     table = page_table(model_view(image, 32), neighbor_table(loaded, image, layer), (0, 0), card, {})

@@ -36,9 +36,9 @@ EQUIVALENCE_TOL = FP32_EXACT["atol"]  # METHOD §4: fp32 ≤ 1e-5
 
 def test_kernel_summaries_match_the_weights(load_small):
     loaded = load_small("cnn-l0.5")
-    probe = loaded.probes[3]
-    weight = loaded.model.get_submodule(probe.name).knn.weight.detach().numpy()  # (8, 16, 9)
-    kernel = aggregation_kernel(loaded, probe.name)
+    layer_info = loaded.layer_infos[3]
+    weight = loaded.model.get_submodule(layer_info.name).knn.weight.detach().numpy()  # (8, 16, 9)
+    kernel = aggregation_kernel(loaded, layer_info.name)
     assert kernel.kernel.shape == (8, 9) and not kernel.signed
     np.testing.assert_allclose(kernel.kernel, np.linalg.norm(weight, axis=1), rtol=1e-6)
     np.testing.assert_allclose(kernel.slot_norms, np.sqrt((weight**2).sum(axis=(0, 1))), rtol=1e-6)
@@ -83,7 +83,7 @@ def test_clicks_and_heads_reuse_one_call_of_the_layer(load_small, fresh_image, n
     handle = loaded.model.get_submodule(module).register_forward_hook(lambda *_: calls.append(1))
     try:
         for query_px in [(13, 7), (2, 30)]:
-            for head in range(loaded.probe(layer).num_heads):
+            for head in range(loaded.layer_info(layer).num_heads):
                 neighbor_contributions(loaded, fresh_image, layer, query_px, head)
     finally:
         handle.remove()
@@ -173,7 +173,7 @@ def test_the_fields_of_more_queries_than_one_table_holds_are_refused_before_any_
         receptive_fields(loaded, image, "stages.2.0.conv2", 2)
     with pytest.raises(ValueError, match=r"query cells must be in \[0, 63\] for stages.2.0.conv2, got \[64\]"):
         receptive_fields(loaded, image, "stages.2.0.conv2", 2, 0, (64,))
-    assert not spectrum.fits_field_table(loaded.probe("stages.2.0.conv2"))
+    assert not spectrum.fits_field_table(loaded.layer_info("stages.2.0.conv2"))
 
 
 def test_equivalence_demo_differences_are_zero(load_small, image):
@@ -337,7 +337,7 @@ def test_attention_without_biases_is_compared_with_sdpa_on_its_own_projections(i
     card = ModelCard(name="bias-free", model="mine", model_args={}, classes=["a", "b", "c"], input_size=32,
                      mean=[0.5] * 3, std=[0.25] * 3)
     loaded = LoadedModel(model, card, convnn_layers(model, 32), torch.device("cpu"))
-    assert [probe.name for probe in loaded.probes] == ["embed", "attn"]
+    assert [layer_info.name for layer_info in loaded.layer_infos] == ["embed", "attn"]
     result = attention_equivalence(loaded, image, "attn")
     assert "the layer's own q, k, v" in result.description and result.max_abs_diff <= 1e-5
 
@@ -378,7 +378,7 @@ def test_every_view_of_an_image_refuses_numbers_that_are_not_finite_naming_the_m
 
     small = load_small("cnn-l0.5")
     card = dataclasses.replace(small.card, name="overflowing", mean=(0.5, 0.5, 0.5), std=(1e-40, 1e-40, 1e-40))
-    loaded = LoadedModel(small.model, card, small.probes, small.device)
+    loaded = LoadedModel(small.model, card, small.layer_infos, small.device)
     layer = "stages.1.0.conv1"
     views = {
         "predict": lambda: top_classes(loaded, fresh_image),

@@ -1,4 +1,5 @@
-"""Probe layers, checkpoint listing and loading, image intake and display mapping (probes/checkpoints/images)."""
+"""A model's layer infos, checkpoint listing and loading, image intake and display mapping
+(layer infos/checkpoints/images)."""
 
 from __future__ import annotations
 
@@ -36,20 +37,22 @@ from tests.image_files import png_claiming_size
 from tests.small_models import REPO_ROOT
 
 
-def test_resnet_probe_layers_in_forward_order_with_their_grids(load_small):
-    probes = load_small("cnn-l0.5").probes
-    assert [p.name for p in probes] == ["stages.0.0.conv1", "stages.0.0.conv2", "stages.0.1.0", "stages.1.0.conv1",
-                                        "stages.1.0.conv2", "stages.1.1.0", "stages.2.0.conv1", "stages.2.0.conv2"]
-    assert [p.height for p in probes] == [32, 32, 32, 16, 16, 16, 8, 8]
-    assert {(p.kind, p.record_name is not None, p.num_neighbors) for p in probes} == {("hybrid", True, 9)}
+def test_resnet_layer_infos_in_forward_order_with_their_grids(load_small):
+    layer_infos = load_small("cnn-l0.5").layer_infos
+    assert [layer_info.name for layer_info in layer_infos] == [
+        "stages.0.0.conv1", "stages.0.0.conv2", "stages.0.1.0", "stages.1.0.conv1", "stages.1.0.conv2", "stages.1.1.0",
+        "stages.2.0.conv1", "stages.2.0.conv2"]
+    assert [layer_info.height for layer_info in layer_infos] == [32, 32, 32, 16, 16, 16, 8, 8]
+    assert {(layer_info.kind, layer_info.record_name is not None, layer_info.num_neighbors)
+            for layer_info in layer_infos} == {("hybrid", True, 9)}
 
 
-def test_vit_probe_layers_are_the_attention_blocks(load_small):
+def test_vit_layer_infos_are_the_attention_blocks(load_small):
     for name, mixer in (("vit-convnn", "convnn"), ("vit-mhsa", "mhsa")):
-        probes = load_small(name).probes
-        assert [p.name for p in probes] == ["blocks.0.attn", "blocks.1.attn"]
-        assert {(p.kind, p.mixer, p.height, p.width, p.num_prefix_tokens, p.num_heads) for p in probes} == {
-            ("attention", mixer, 8, 8, 1, 2)}
+        layer_infos = load_small(name).layer_infos
+        assert [layer_info.name for layer_info in layer_infos] == ["blocks.0.attn", "blocks.1.attn"]
+        assert {(layer_info.kind, layer_info.mixer, layer_info.height, layer_info.width, layer_info.num_prefix_tokens,
+                 layer_info.num_heads) for layer_info in layer_infos} == {("attention", mixer, 8, 8, 1, 2)}
 
 
 def test_listing_and_cards(checkpoint_dir):
@@ -186,7 +189,7 @@ def test_a_model_with_a_layer_over_the_token_budget_is_refused_at_load(checkpoin
     model, card = load_checkpoint(checkpoint_dir / "cnn-random.json")
     for side in (64, 72):
         save_checkpoint(model, tmp_path / f"side{side}", dataclasses.replace(card, input_size=side))
-    assert load_model(tmp_path / "side64.json").probes[0].num_tokens == 4096 == MAX_EXHAUSTIVE_TOKENS  # the limit
+    assert load_model(tmp_path / "side64.json").layer_infos[0].num_tokens == 4096 == MAX_EXHAUSTIVE_TOKENS  # the limit
     with pytest.raises(CheckpointError) as refused:
         load_model(tmp_path / "side72.json")
     assert str(refused.value) == (
@@ -221,7 +224,7 @@ def test_a_model_whose_output_is_not_finite_is_a_clear_error(load_small, image):
     broken.head.bias.data.fill_(float("inf"))
     with pytest.raises(ValueError, match=r"gives numbers that are not finite \(inf or NaN\) on this image, in the "
                                          "class scores: its weights or its card's mean/std overflow"):
-        top_classes(dataclasses.replace(loaded, model=broken, probes=()), image)
+        top_classes(dataclasses.replace(loaded, model=broken, layer_infos=()), image)
 
 
 def test_image_intake_errors(tmp_path):
@@ -338,6 +341,6 @@ def test_shipped_checkpoints_open_and_answer_a_click(card_path, image, example_i
     answered = top_classes(loaded, image, count=len(card.classes))
     assert next(iter(answered)) == card.classes[probabilities.argmax()]
     assert answered == pytest.approx(expected, abs=1e-5)
-    for probe in loaded.probes:
-        result = query_neighbors(loaded, image, probe.name, (16, 16))
+    for layer_info in loaded.layer_infos:
+        result = query_neighbors(loaded, image, layer_info.name, (16, 16))
         assert result.sets["window"].window_share == 1.0 and "layer" in result.sets

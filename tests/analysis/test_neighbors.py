@@ -32,13 +32,14 @@ from tests.tolerances import FP32_EXACT
 def test_window_neighbors_of_a_16x16_layer_are_the_3x3_cells_around_the_query(load_small, image):
     """32×32 image, 16×16 layer: pixel (10, 20) is cell (5, 10); its window is cells 4..6 × 9..11, 2×2 px each."""
     loaded = load_small("cnn-l0.5")
-    layer = next(p for p in loaded.probes if (p.height, p.width) == (16, 16))
-    result = query_neighbors(loaded, image, layer.name, (10, 20), RuleOptions(num_neighbors=9))
+    layer_info = next(layer_info for layer_info in loaded.layer_infos
+                      if (layer_info.height, layer_info.width) == (16, 16))
+    result = query_neighbors(loaded, image, layer_info.name, (10, 20), RuleOptions(num_neighbors=9))
     assert result.query_cell == (5, 10)
     window = result.sets["window"]
     expected = [(r, c) for r in (4, 5, 6) for c in (9, 10, 11)]  # raster order = Conv1D tap order
     assert [tuple(cell) for cell in window.cells.tolist()] == expected
-    rects = [cell_rect_px(layer, r, c) for r, c in expected]
+    rects = [cell_rect_px(layer_info, r, c) for r, c in expected]
     assert rects[0] == (8, 18, 10, 20)  # (top, left, bottom, right), bottom/right exclusive
     assert rects[4] == (10, 20, 12, 22)  # the query's own cell holds pixel (10, 20)
     assert rects[8] == (12, 22, 14, 24)
@@ -48,19 +49,19 @@ def test_window_neighbors_of_a_16x16_layer_are_the_3x3_cells_around_the_query(lo
 
 def test_window_at_the_border_includes_padding_cells(load_small, image):
     loaded = load_small("cnn-l0.5")
-    layer = loaded.probes[0]  # 32×32
-    cells = query_neighbors(loaded, image, layer.name, (0, 0), RuleOptions(num_neighbors=9)).sets["window"].cells
+    layer_info = loaded.layer_infos[0]  # 32×32
+    cells = query_neighbors(loaded, image, layer_info.name, (0, 0), RuleOptions(num_neighbors=9)).sets["window"].cells
     assert [tuple(c) for c in cells.tolist()][:4] == [(-1, -1), (-1, 0), (-1, 1), (0, -1)]
-    assert cell_rect_px(layer, -1, -1) == (-1, -1, 0, 0)
+    assert cell_rect_px(layer_info, -1, -1) == (-1, -1, 0, 0)
 
 
 def test_layer_selection_equals_the_all_rule_for_an_exhaustive_layer(load_small, image):
     loaded = load_small("cnn-l0.5")
-    for probe in loaded.probes:
-        layer_sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions())
-        all_sel = rule_selection(loaded, image, probe.name, "all", RuleOptions())
+    for layer_info in loaded.layer_infos:
+        layer_sel = rule_selection(loaded, image, layer_info.name, "layer", RuleOptions())
+        all_sel = rule_selection(loaded, image, layer_info.name, "all", RuleOptions())
         np.testing.assert_array_equal(layer_sel.cells, all_sel.cells)
-        grid = np.stack(np.divmod(np.arange(probe.height * probe.width), probe.width), axis=-1)
+        grid = np.stack(np.divmod(np.arange(layer_info.height * layer_info.width), layer_info.width), axis=-1)
         np.testing.assert_array_equal(layer_sel.cells[:, 0], grid)  # the query itself is rank 0
 
 
@@ -70,7 +71,7 @@ def test_recorded_selection_reaggregated_equals_the_layer_output(load_small, ima
     loaded = load_small("cnn-random")
     trace = trace_image(loaded, image)
     outputs = {}
-    knns = {probe.name: loaded.model.get_submodule(probe.name).knn for probe in loaded.probes}
+    knns = {layer_info.name: loaded.model.get_submodule(layer_info.name).knn for layer_info in loaded.layer_infos}
     handles = [knn.register_forward_hook(lambda _, __, out, name=name: outputs.setdefault(name, out))
                for name, knn in knns.items()]
     try:
@@ -89,46 +90,46 @@ def test_recorded_selection_reaggregated_equals_the_layer_output(load_small, ima
 def test_random_rule_reproduces_the_layer_with_its_seed_and_candidates(load_small, image):
     """With the layer's own seed (the default) the random rule draws what the layer drew for this image."""
     loaded = load_small("cnn-random")  # r = 12
-    probe = loaded.probes[3]
-    random_sel = rule_selection(loaded, image, probe.name, "random", RuleOptions())
-    layer_sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions())
+    layer_info = loaded.layer_infos[3]
+    random_sel = rule_selection(loaded, image, layer_info.name, "random", RuleOptions())
+    layer_sel = rule_selection(loaded, image, layer_info.name, "layer", RuleOptions())
     np.testing.assert_array_equal(random_sel.cells, layer_sel.cells)
     candidates = {tuple(c) for c in random_sel.candidates.tolist()}
     assert len(candidates) == 12
     for query, cells in enumerate(random_sel.cells.tolist()):
-        query_rc = divmod(query, probe.width)
+        query_rc = divmod(query, layer_info.width)
         assert tuple(cells[0]) == query_rc
         assert {tuple(c) for c in cells[1:]} <= candidates | {query_rc}
-    other = rule_selection(loaded, image, probe.name, "random", RuleOptions(seed=1))
+    other = rule_selection(loaded, image, layer_info.name, "random", RuleOptions(seed=1))
     assert {tuple(c) for c in other.candidates.tolist()} != candidates
 
 
 def test_the_blend_rules_ends_are_the_window_and_all_rules_order_included(load_small, image):
     loaded = load_small("cnn-l0.5")
-    probe = loaded.probes[3]
+    layer_info = loaded.layer_infos[3]
     for alpha, end in ((0.0, "window"), (1.0, "all")):
-        blend = rule_selection(loaded, image, probe.name, "blend", RuleOptions(num_neighbors=9, blend_alpha=alpha))
-        same = rule_selection(loaded, image, probe.name, end, RuleOptions(num_neighbors=9))
+        blend = rule_selection(loaded, image, layer_info.name, "blend", RuleOptions(num_neighbors=9, blend_alpha=alpha))
+        same = rule_selection(loaded, image, layer_info.name, end, RuleOptions(num_neighbors=9))
         np.testing.assert_array_equal(blend.cells, same.cells)
         np.testing.assert_array_equal(blend.scores, same.scores)
 
 
 def test_conv_only_layer_uses_its_whole_window(load_small, image):
     loaded = load_small("cnn-l0")
-    result = query_neighbors(loaded, image, loaded.probes[4].name, (17, 9))
+    result = query_neighbors(loaded, image, loaded.layer_infos[4].name, (17, 9))
     assert result.overlaps[("window", "layer")] == 1.0
 
 
 def test_vit_patches_map_to_4x4_pixel_cells_and_cls_is_flagged(load_small, image):
     loaded = load_small("vit-convnn")
-    probe = loaded.probes[0]
-    assert (probe.height, probe.width, probe.num_prefix_tokens) == (8, 8, 1)
-    assert query_cell(probe, 10, 21) == (2, 5)
-    assert cell_rect_px(probe, 2, 5) == (8, 20, 12, 24)
+    layer_info = loaded.layer_infos[0]
+    assert (layer_info.height, layer_info.width, layer_info.num_prefix_tokens) == (8, 8, 1)
+    assert query_cell(layer_info, 10, 21) == (2, 5)
+    assert cell_rect_px(layer_info, 2, 5) == (8, 20, 12, 24)
     trace = trace_image(loaded, image)
-    for head in range(probe.num_heads):
-        sel = rule_selection(loaded, image, probe.name, "layer", RuleOptions(head=head))
-        recorded = trace.records[probe.name].topk_idx[0, head, 1:].numpy()  # patch queries, CLS row dropped
+    for head in range(layer_info.num_heads):
+        sel = rule_selection(loaded, image, layer_info.name, "layer", RuleOptions(head=head))
+        recorded = trace.records[layer_info.name].topk_idx[0, head, 1:].numpy()  # patch queries, CLS row dropped
         tokens = np.where(sel.is_prefix, 0, sel.cells[..., 0] * 8 + sel.cells[..., 1] + 1)
         np.testing.assert_array_equal(tokens, recorded)
 
@@ -219,14 +220,14 @@ def test_distance_stats_leave_cls_out_of_the_distance():
 def test_impossible_options_raise_clear_errors(load_small, image, options, message):
     loaded = load_small("cnn-l0.5")
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        query_neighbors(loaded, image, loaded.probes[3].name, (3, 3), options)
+        query_neighbors(loaded, image, loaded.layer_infos[3].name, (3, 3), options)
 
 
 def test_whole_floats_are_accepted_as_integers_whether_or_not_the_cache_is_warm(load_small, fresh_image):
     """RuleOptions(num_neighbors=9.0) used to raise TypeError on a cold cache and to succeed on a warm one."""
     loaded, layer = load_small("cnn-random"), "stages.1.0.conv1"
     floats = RuleOptions(num_neighbors=9.0, window_size=3.0, num_candidates=12.0, seed=np.int64(3), head=0.0)
-    resolved = resolve_options(loaded.probe(layer), floats)
+    resolved = resolve_options(loaded.layer_info(layer), floats)
     assert resolved == RuleOptions(9, 3, 12, 3, 0.5, 0)
     assert {type(v) for v in (resolved.num_neighbors, resolved.window_size, resolved.num_candidates, resolved.seed,
                               resolved.head)} == {int}
@@ -243,16 +244,16 @@ def test_whole_floats_are_accepted_as_integers_whether_or_not_the_cache_is_warm(
 
 def test_the_widest_window_covers_the_grid(load_small, image):
     loaded = load_small("cnn-l0.5")
-    probe = loaded.probe("stages.1.0.conv1")
-    assert max_window_size(probe) == 17 and max_window_size(loaded.probe("stages.2.0.conv1")) == 9
-    result = query_neighbors(loaded, image, probe.name, (0, 0), RuleOptions(window_size=17))
+    layer_info = loaded.layer_info("stages.1.0.conv1")
+    assert max_window_size(layer_info) == 17 and max_window_size(loaded.layer_info("stages.2.0.conv1")) == 9
+    result = query_neighbors(loaded, image, layer_info.name, (0, 0), RuleOptions(window_size=17))
     assert result.options.window_size == 17 and result.sets["window"].window_share == 1.0
 
 
 def test_query_outside_the_image_is_refused(load_small, image):
     loaded = load_small("cnn-l0.5")
     with pytest.raises(ValueError, match="outside the 32×32"):
-        query_neighbors(loaded, image, loaded.probes[0].name, (32, 0))
+        query_neighbors(loaded, image, loaded.layer_infos[0].name, (32, 0))
 
 
 def test_k_equal_to_n_makes_the_random_rule_the_all_rule(load_small, image):

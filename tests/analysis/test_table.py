@@ -50,10 +50,10 @@ def test_every_row_of_the_table_is_what_a_query_of_its_cell_gets(load_small, ima
     """All H·W rows, every rule: cells, prefix flags, scores, distances and the Jaccard overlaps of the sets."""
     loaded = load_small(name)
     table = neighbor_table(loaded, image, layer, options)
-    probe = table.layer
-    for row in range(probe.height):
-        for col in range(probe.width):
-            px = cell_rect_px(probe, row, col)[:2]
+    layer_info = table.layer
+    for row in range(layer_info.height):
+        for col in range(layer_info.width):
+            px = cell_rect_px(layer_info, row, col)[:2]
             expected, got = query_neighbors(loaded, image, layer, px, options), table.query(px)
             assert got.query_cell == expected.query_cell == (row, col)
             for rule, nset in expected.sets.items():
@@ -99,11 +99,11 @@ def test_contribution_norms_of_all_queries_are_the_norms_of_each_query(load_smal
     for name, layer, head in (("cnn-l0.5", "stages.1.0.conv2", 0), ("vit-convnn", "blocks.1.attn", 1)):
         loaded = load_small(name)
         norms = contribution_norms(loaded, image, layer, head)
-        probe = loaded.probe(layer)
-        assert norms.shape == (probe.height * probe.width, probe.num_neighbors)
-        for row, col in ((0, 0), (probe.height - 1, 3), (2, probe.width - 1)):
-            one = neighbor_contributions(loaded, image, layer, cell_rect_px(probe, row, col)[:2], head)
-            np.testing.assert_allclose(norms[row * probe.width + col], np.linalg.norm(one.vectors, axis=1),
+        layer_info = loaded.layer_info(layer)
+        assert norms.shape == (layer_info.height * layer_info.width, layer_info.num_neighbors)
+        for row, col in ((0, 0), (layer_info.height - 1, 3), (2, layer_info.width - 1)):
+            one = neighbor_contributions(loaded, image, layer, cell_rect_px(layer_info, row, col)[:2], head)
+            np.testing.assert_allclose(norms[row * layer_info.width + col], np.linalg.norm(one.vectors, axis=1),
                                        rtol=1e-5, atol=1e-6)
             assert one.max_abs_residual < 1e-4  # Σ contributions + bias = the layer's own output
 
@@ -141,32 +141,32 @@ def test_a_32x32_table_of_k_9_stays_small(load_small, image):
 
 def _receptive_field_by_hand(loaded, image, layer, query_px, num_hops, head):
     """Hop by hop, one query, with Python sets: each hop's pixels are those of the neighbours of every cell of
-    the next probe layer (towards the input) that covers a pixel of the hop before."""
-    probes = list(loaded.probes)
-    start = next(i for i, p in enumerate(probes) if p.name == layer)
-    size = probes[start].input_size
+    the next layer (towards the input) that covers a pixel of the hop before."""
+    layer_infos = list(loaded.layer_infos)
+    start = next(i for i, layer_info in enumerate(layer_infos) if layer_info.name == layer)
+    size = layer_infos[start].input_size
 
-    def pixels(probe, cells):
+    def pixels(layer_info, cells):
         out = set()
         for row, col in cells:
-            if 0 <= row < probe.height and 0 <= col < probe.width:
-                top, left, bottom, right = cell_rect_px(probe, row, col)
+            if 0 <= row < layer_info.height and 0 <= col < layer_info.width:
+                top, left, bottom, right = cell_rect_px(layer_info, row, col)
                 out |= {(y, x) for y in range(top, bottom) for x in range(left, right)}
         return out
 
-    probe = probes[start]
-    frontier = pixels(probe, [(query_px[0] * probe.height // size, query_px[1] * probe.width // size)])
+    layer_info = layer_infos[start]
+    frontier = pixels(layer_info, [(query_px[0] * layer_info.height // size, query_px[1] * layer_info.width // size)])
     hops = np.full((size, size), -1)
     for y, x in frontier:
         hops[y, x] = 0
     for hop, index in enumerate(range(start, max(start - num_hops, -1), -1), start=1):
-        probe = probes[index]
-        sel = rule_selection(loaded, image, probe.name, LAYER_RULE, RuleOptions(head=head))
-        touched = [(r, c) for r in range(probe.height) for c in range(probe.width)
-                   if pixels(probe, [(r, c)]) & frontier]
-        frontier = pixels(probe, [tuple(cell) for r, c in touched for cell, prefix in
-                                  zip(sel.cells[r * probe.width + c].tolist(), sel.is_prefix[r * probe.width + c],
-                                      strict=True) if not prefix])
+        layer_info = layer_infos[index]
+        sel = rule_selection(loaded, image, layer_info.name, LAYER_RULE, RuleOptions(head=head))
+        touched = [(r, c) for r in range(layer_info.height) for c in range(layer_info.width)
+                   if pixels(layer_info, [(r, c)]) & frontier]
+        frontier = pixels(layer_info, [tuple(cell) for r, c in touched for cell, prefix in
+                                       zip(sel.cells[r * layer_info.width + c].tolist(),
+                                           sel.is_prefix[r * layer_info.width + c], strict=True) if not prefix])
         for y, x in frontier:
             if hops[y, x] < 0:
                 hops[y, x] = hop
@@ -179,15 +179,15 @@ def _receptive_field_by_hand(loaded, image, layer, query_px, num_hops, head):
 def test_every_query_s_receptive_field_is_the_one_found_hop_by_hop(load_small, image, name, layer, num_hops, head):
     loaded = load_small(name)
     fields = receptive_fields(loaded, image, layer, num_hops, head)
-    probe = loaded.probe(layer)
-    for row, col in ((0, 0), (probe.height // 2, probe.width - 1), (probe.height - 1, 1)):
-        px = cell_rect_px(probe, row, col)[:2]
+    layer_info = loaded.layer_info(layer)
+    for row, col in ((0, 0), (layer_info.height // 2, layer_info.width - 1), (layer_info.height - 1, 1)):
+        px = cell_rect_px(layer_info, row, col)[:2]
         expected = _receptive_field_by_hand(loaded, image, layer, px, num_hops, head)
-        np.testing.assert_array_equal(fields.hops[row * probe.width + col], expected)
+        np.testing.assert_array_equal(fields.hops[row * layer_info.width + col], expected)
         field = receptive_field(loaded, image, layer, px, num_hops, head)
         np.testing.assert_array_equal(field.hops, expected)
         assert field.pixel_counts == [int(((expected >= 0) & (expected <= h)).sum()) for h in range(num_hops + 1)]
-    payload = page_hops(model_view(image, 32), fields, probe)
+    payload = page_hops(model_view(image, 32), fields, layer_info)
     np.testing.assert_array_equal(unpack(payload["hops"], "int8").reshape(fields.hops.shape), fields.hops)
     assert payload["layers"] == fields.layers and len(payload["colors"]) == len(fields.layers) + 1
 

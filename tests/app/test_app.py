@@ -278,7 +278,7 @@ def test_a_layer_whose_fields_fit_no_table_sends_the_clicked_query_s_field(explo
     loaded = explorer.model("cnn-l0.5")
     whole = {px: an.receptive_field(loaded, image, CELL_LAYER, px, 2, 0) for px in ((10, 20), (3, 30))}
     monkeypatch.setattr(an.views.spectrum, "MAX_FIELD_TABLE", 32 * 32)
-    assert not an.fits_field_table(loaded.probe(CELL_LAYER))  # 256 queries × 1,024 pixels
+    assert not an.fits_field_table(loaded.layer_info(CELL_LAYER))  # 256 queries × 1,024 pixels
     shown = explorer.on_hops(**page("cnn-l0.5", example_image, CELL_LAYER, 10, 20), hops=2)
     clicked = explorer.on_hops_row(**page("cnn-l0.5", example_image, CELL_LAYER), hops=2,
                                    evt=gr.SelectData(None, {"index": [3, 30], "value": None}))
@@ -792,7 +792,7 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     models = ["cnn-l0", "cnn-l0.5", "vit-mhsa"]
     updates = explorer.on_compare_layers(models, 1.0)  # the last layer of each
     assert [updates[name]["value"] for name in app.COMPARE_LAYERS[:3]] == [
-        explorer.model(name).probes[-1].name for name in models]
+        explorer.model(name).layer_infos[-1].name for name in models]
     assert updates[app.COMPARE_LAYERS[3]]["visible"] is False and updates[app.COMPARE_LAYERS[0]]["label"].startswith(
         "cnn-l0: layer")
     layers = [updates[name].get("value") for name in app.COMPARE_LAYERS]
@@ -815,5 +815,5 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
             explorer.on_compare_layers(picked, 0.5)
     with pytest.raises(gr.Error, match="depth must be a fraction in \\[0, 1\\]"):
         explorer.on_compare_layers(models, 1.5)
-    with pytest.raises(gr.Error, match="is not a probe layer of cnn-l0"):  # a column's layer of another model
+    with pytest.raises(gr.Error, match="is not a layer of cnn-l0"):  # a column's layer of another model
         explorer.on_compare(models, "blocks.0.attn", *layers[1:], **page("-", example_image))

@@ -66,7 +66,7 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "window")
         first = api_cells(explorer, values, "window")[0]
         tab.locator("#explorer .cx-canvas").hover(position=pixel_position(tab, table, an.cell_rect_px(
-            explorer.model(checkpoint).probe(CELL_LAYER), *first)[:2]))
+            explorer.model(checkpoint).layer_info(CELL_LAYER), *first)[:2]))
         assert tab.locator(".cx-tip").inner_text().startswith(f"rank 0 · cell ({first[0]}, {first[1]}) · similarity")
         tab.locator("#explorer .cx-canvas").press("ArrowUp")  # the keyboard moves the query by one cell
         assert shown(tab)["cell"] == "14,0"

@@ -149,9 +149,9 @@ def test_lesson_3_steps_through_the_draws_of_a_shipped_random_model():
     query = an.Query(checkpoint=out["checkpoint"], image_file=out["image_file"], layer=out["layer"]["value"],
                      row_px=out["row_px"], col_px=out["col_px"])
     loaded, image = shipped.loaded(query)
-    row, col = an.query_cell(loaded.probe(query.layer), *query.pixel)
+    row, col = an.query_cell(loaded.layer_info(query.layer), *query.pixel)
     used = [an.neighbor_table(loaded, image, query.layer, draw=draw).rules["layer"].selection.cells[
-        row * loaded.probe(query.layer).width + col] for draw in (0, 1)]
+        row * loaded.layer_info(query.layer).width + col] for draw in (0, 1)]
     assert not np.array_equal(*used)
     table = shipped.on_table(dataclasses.replace(query, draw=1))
     assert table["draw"] == 1 and table["spread"]["draws"] == an.SPREAD_DRAWS

@@ -46,7 +46,7 @@ QUANTITIES = {
     "R": lambda loaded, image, query, found, claim: found.options.window_size,
     "r": lambda loaded, image, query, found, claim: found.options.num_candidates,
     "seed": lambda loaded, image, query, found, claim: found.options.seed,
-    "λ": lambda loaded, image, query, found, claim: loaded.probe(query.layer).branch_ratio,
+    "λ": lambda loaded, image, query, found, claim: loaded.layer_info(query.layer).branch_ratio,
     "N": lambda loaded, image, query, found, claim: found.layer.height * found.layer.width,
     "mix kernel": lambda loaded, image, query, found, claim: loaded.model.get_submodule(query.layer).mix.kernel_size[0],
     "mean distance": lambda loaded, image, query, found, claim: found.sets[claim["rule"]].mean_distance,

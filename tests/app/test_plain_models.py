@@ -60,7 +60,7 @@ def uploaded(explorer, plain_checkpoint_dir) -> dict[str, str]:
 def test_a_torchvision_resnet18_answers_with_the_window_its_convolution_reads(explorer, uploaded, example_image):
     shown_model = explorer.on_model(uploaded["tv-resnet18"])
     assert "ResNet, plain convolutions (no ConvNN layer)" in shown_model["card"]
-    assert (an.layer_label(explorer.model(uploaded["tv-resnet18"]).probe(STRIDED)), STRIDED) in \
+    assert (an.layer_label(explorer.model(uploaded["tv-resnet18"]).layer_info(STRIDED)), STRIDED) in \
         shown_model["layer"]["choices"]
     for px in ((13, 22), (0, 31), (31, 4)):
         values = page(uploaded["tv-resnet18"], example_image, STRIDED, *px)
