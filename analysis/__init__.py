@@ -6,7 +6,8 @@ Three roles, one subpackage each, imported in this order (each only imports thos
   their limits by ``image_intake``, decoded by ``image_decode``, fitted to the model and shown by ``image_display``),
   one recorded forward pass per (model, image) (``traces``), every layer's selections under every rule
   (``selections``), the caches under one byte budget (``caching``), the files users bring and take away
-  (``workspace``), the checks of what they type (``inputs``) and the process's C heap (``memory``);
+  (``workspace``), the checks of what they type (``inputs``), the process's C heap (``memory``) and the old names
+  kept for one release (``renamed``: a layer info was called a "probe");
 * :mod:`analysis.views` — one module per view: ``neighbors``, ``weights`` (the aggregation kernel and the λ mix),
   ``spectrum`` (the conv ↔ attention spectrum and multi-hop), ``equivalence``, ``attribution``, ``pixels`` (the
   input-level view), ``draws`` (a random-candidate model's answer over its eval draws), none importing another,

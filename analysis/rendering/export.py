@@ -19,6 +19,7 @@ from PIL import Image, ImageColor, ImageDraw
 from ..session.image_decode import InputImage
 from ..session.image_display import model_view, upscale_nearest
 from ..session.models import LoadedModel
+from ..session.renamed import renamed_keywords
 from ..session.selections import RuleOptions, rule_title
 from ..session.traces import LayerInfo, cell_rect_px
 from ..session.workspace import EXPORTS, Workspace
@@ -96,6 +97,7 @@ def neighbors_summary(neighbors: QueryNeighbors) -> str:
     return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
 
+@renamed_keywords(probe="layer_info")
 def neighbor_notes(layer_info: LayerInfo, options: RuleOptions) -> list[str]:
     """What a reader of the neighbours of ``layer_info`` under resolved ``options`` should know, one sentence each: that
     r ≥ N made the random rule the all rule, that MHSA selects nothing, that a strided or dilated convolution's window

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from plotly.colors import sample_colorscale
 
+from ..session.renamed import renamed_keywords
 from ..session.traces import LayerInfo, cell_rect_px
 from ..views.neighbors import NeighborSet
 
@@ -50,6 +51,7 @@ def rank_colors(num_neighbors: int) -> list[str]:
     return sample_colorscale(RANK_COLORSCALE, np.linspace(0, 1, max(num_neighbors, 2)).tolist())[:num_neighbors]
 
 
+@renamed_keywords(probe="layer_info")
 def ranks_labelled(layer_info: LayerInfo, num_neighbors: int) -> bool:
     """Whether rank numbers are written in the cells of ``layer_info``, in the figures and the PNG export alike.
 
@@ -59,6 +61,7 @@ def ranks_labelled(layer_info: LayerInfo, num_neighbors: int) -> bool:
     return num_neighbors <= MAX_LABELLED_RANKS and layer_info.input_size / layer_info.height >= _MIN_LABELLED_CELL_PX
 
 
+@renamed_keywords(probe="layer_info")
 def overlay_marks(layer_info: LayerInfo, nset: NeighborSet, query_cell: tuple[int, int]) -> list[OverlayMark]:
     """The marks of one rule's overlay, in drawing order: random candidates, the K neighbours (rank 0 first; prefix
     tokens such as CLS have no cell and no mark), then the query.

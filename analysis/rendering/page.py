@@ -20,6 +20,7 @@ from PIL import Image
 from convnn import ModelCard
 
 from ..session.image_decode import InputImage
+from ..session.renamed import renamed_keywords
 from ..session.selections import Selection, rule_title
 from ..session.traces import LayerInfo, cell_rect_px, layer_label
 from ..views.draws import DrawSpread
@@ -195,6 +196,7 @@ def page_json(value: object) -> object:
     return root[0]
 
 
+@renamed_keywords(probe="layer_info")
 def page_hops(view: np.ndarray, fields: ReceptiveFields, layer_info: LayerInfo) -> dict:
     """The multi-hop view's value: the receptive field of every query cell, or of the ones asked for where every
     query's would be more than one table (:func:`analysis.receptive_fields`).

@@ -35,6 +35,7 @@ from convnn.introspect import LayerInfo, convnn_layers, layer_facts, model_famil
 from .caching import bounded_cache
 from .image_display import model_input
 from .image_intake import image_from_array
+from .renamed import RenamedAttribute, renamed_keywords
 from .workspace import UPLOADS, Workspace
 
 __all__ = [
@@ -54,6 +55,7 @@ _CARD_FILE, _WEIGHTS_FILE = "checkpoint.json", "checkpoint.safetensors"  # an up
 _PROBE_GREY = 128  # the overflow probe: an image of this value in every channel, normalised by the card's mean/std
 
 
+@renamed_keywords(probes="layer_infos")
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
     """A checkpoint loaded for analysis: the model in eval mode, its card and the layers the explorer opens.
@@ -76,6 +78,10 @@ class LoadedModel:
     layer_infos: tuple[LayerInfo, ...] = field(default=())
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    probes = RenamedAttribute("layer_infos")  # the old names, for one release (analysis.session.renamed)
+    probe = RenamedAttribute("layer_info")
+    first_probe = RenamedAttribute("first_layer_info")
 
     def layer_info(self, name: str) -> LayerInfo:
         """The layer the explorer opens called ``name``.

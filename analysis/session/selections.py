@@ -44,6 +44,7 @@ from .caching import bounded_cache
 from .image_decode import InputImage
 from .inputs import MAX_SEED, whole_number
 from .models import LoadedModel
+from .renamed import renamed_keywords
 from .traces import LayerInfo, effective_draw, layer_module, layer_query_key, trace_image
 
 __all__ = [
@@ -103,6 +104,7 @@ class RuleOptions:
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
+@renamed_keywords(probe="layer_info")
 def max_window_size(layer_info: LayerInfo) -> int:
     """The largest window side R the rules accept on ``layer_info``: the smallest odd side ≥ the grid's longer side (a
     window as large as the grid, enough for K = H·W), or the layer's own R if that is larger.
@@ -112,6 +114,7 @@ def max_window_size(layer_info: LayerInfo) -> int:
     return max(layer_info.window_size, max(layer_info.height, layer_info.width) | 1)
 
 
+@renamed_keywords(probe="layer_info")
 def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
     """Fill ``None`` fields from the layer and check every value against the layer's grid.
 

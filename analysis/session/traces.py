@@ -30,6 +30,7 @@ from .caching import bounded_cache
 from .image_decode import InputImage
 from .image_display import model_input
 from .models import LoadedModel
+from .renamed import renamed_keywords, renamed_module_names
 
 MAX_DRAW = 9999  # the largest eval draw index the explorer takes: the draw box, a link, the API (METHOD §3b)
 
@@ -50,8 +51,10 @@ __all__ = [
     "top_classes",
     "trace_image",
 ]
+__getattr__ = renamed_module_names(__name__, probe_module="layer_module")  # the old name, for one release
 
 
+@renamed_keywords(probe="layer_info")
 def layer_label(layer_info: LayerInfo) -> str:
     """Human label of a layer, e.g. ``"stages.0.0.conv1 · hybrid λ=0.5 K=9 · all · 32×32"`` (a map layer's stride and
     dilation when > 1: ``"… K=9 stride 2 · …"``)."""
@@ -72,11 +75,13 @@ def layer_label(layer_info: LayerInfo) -> str:
     return f"{layer_info.name} · {what} · {layer_info.selection} · {grid}"
 
 
+@renamed_keywords(probe="layer_info")
 def layer_module(model: nn.Module, layer_info: LayerInfo) -> nn.Module:
     """The module of ``layer_info`` in ``model``."""
     return model.get_submodule(layer_info.name)
 
 
+@renamed_keywords(probe="layer_info")
 def query_cell(layer_info: LayerInfo, row_px: int, col_px: int) -> tuple[int, int]:
     """Model-input pixel → the ``(row, col)`` cell of the layer's grid that covers it.
 
@@ -89,6 +94,7 @@ def query_cell(layer_info: LayerInfo, row_px: int, col_px: int) -> tuple[int, in
     return row_px * layer_info.height // size, col_px * layer_info.width // size
 
 
+@renamed_keywords(probe="layer_info")
 def cell_rect_px(layer_info: LayerInfo, row: int, col: int) -> tuple[int, int, int, int]:
     """The pixels a cell covers in the model input: ``(top, left, bottom, right)``, bottom/right exclusive.
 
@@ -100,6 +106,7 @@ def cell_rect_px(layer_info: LayerInfo, row: int, col: int) -> tuple[int, int, i
             math.floor((row + 1) * size / layer_info.height), math.floor((col + 1) * size / layer_info.width))
 
 
+@renamed_keywords(probe="layer_info")
 def layer_conv(module: nn.Module, layer_info: LayerInfo) -> nn.Conv2d | None:
     """The convolution of a map layer: a hybrid's conv branch, or a plain convolution itself; None for a
     standalone ConvNN2d, attention, or a hybrid whose conv branch is empty (λ = 1)."""
@@ -108,6 +115,7 @@ def layer_conv(module: nn.Module, layer_info: LayerInfo) -> nn.Conv2d | None:
     return module if layer_info.conv_only else None
 
 
+@renamed_keywords(probe="layer_info")
 def knn_branch(module: nn.Module, layer_info: LayerInfo) -> ConvNN2d | None:
     """The ConvNN2d that selects in a map layer: a hybrid's ConvNN branch, or the standalone layer itself.
 
@@ -139,6 +147,7 @@ class Trace:
     draw: int = 0
 
 
+@renamed_keywords(probes="layer_infos")
 def run_trace(model: nn.Module, layer_infos: tuple[LayerInfo, ...], x: Tensor, draw: int = 0) -> Trace:
     """Run ``model`` on ``x`` once, capturing each layer's input and what each ConvNN layer selected.
 
@@ -174,6 +183,7 @@ def run_trace(model: nn.Module, layer_infos: tuple[LayerInfo, ...], x: Tensor, d
     return Trace(logits, inputs, selected, sample_keys(x, draw).cpu(), draw)
 
 
+@renamed_keywords(probe="layer_info")
 def layer_query_key(module: nn.Module, layer_info: LayerInfo, x: Tensor) -> tuple[Tensor, Tensor]:
     """The query and key features the layer's own selection scores, as tokens, every head at once.
 

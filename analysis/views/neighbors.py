@@ -19,6 +19,7 @@ from convnn.selection import rule_names
 
 from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
+from ..session.renamed import renamed_keywords
 from ..session.selections import (
     LAYER_RULE,
     RuleOptions,
@@ -129,6 +130,7 @@ def _rows(selection: Selection, rows: np.ndarray | slice) -> Selection:
                    scores=selection.scores[rows])
 
 
+@renamed_keywords(probe="layer_info")
 def rule_rows(loaded: LoadedModel, image: InputImage, layer_info: LayerInfo, options: RuleOptions,
               rules: tuple[str, ...], rows: np.ndarray | slice = slice(None), draw: int = 0
               ) -> tuple[dict[str, RuleTable], dict[tuple[str, str], np.ndarray]]:
@@ -158,6 +160,7 @@ def rule_rows(loaded: LoadedModel, image: InputImage, layer_info: LayerInfo, opt
     return tables, overlaps
 
 
+@renamed_keywords(probe="layer_info")
 def query_row(layer_info: LayerInfo, options: RuleOptions, query_px: tuple[int, int], tables: dict[str, RuleTable],
               overlaps: dict[tuple[str, str], np.ndarray], row: int) -> QueryNeighbors:
     """Row ``row`` of :func:`rule_rows`'s result as the :class:`QueryNeighbors` of the query pixel ``query_px``.

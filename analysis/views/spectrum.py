@@ -26,6 +26,7 @@ from ..session.caching import bounded_cache
 from ..session.image_decode import InputImage
 from ..session.inputs import whole_number
 from ..session.models import LoadedModel
+from ..session.renamed import renamed_keywords
 from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_selection
 from ..session.traces import LayerInfo, cell_rect_px, effective_draw, query_cell
 
@@ -178,6 +179,7 @@ def _check_hops(num_hops) -> int:
     return num_hops
 
 
+@renamed_keywords(probe="layer_info")
 def fits_field_table(layer_info: LayerInfo, queries: int | None = None) -> bool:
     """Whether the fields of ``queries`` query cells of ``layer_info`` (None: all of them) fit one receptive-field
     table (:data:`MAX_FIELD_TABLE` query-pixels)."""
