@@ -91,7 +91,7 @@ def test_a_registered_model_opens_in_the_explorer(tmp_path, example_image):
     explorer = app.Explorer(tmp_path, device="cpu")
     assert explorer.shipped() == ["toy"] and explorer.left_out() == []  # the model list offers it
     loaded = an.load_model(tmp_path / "toy.json")
-    assert [info.name for info in loaded.probes] == ["0"]  # its ConvNN layer is a layer the views open
+    assert [layer_info.name for layer_info in loaded.layer_infos] == ["0"]  # its ConvNN layer is a layer the views open
     image = an.load_image(example_image)
     x = an.model_input(image, loaded.card)
     expected = torch.softmax(model(x)[0], 0)
