@@ -675,8 +675,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                    concurrency_id=limits.SLOW_GROUP, concurrency_limit=limits.SLOW_CONCURRENCY)
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
     Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING)
-    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS,
-                     server.Pacing(limits.PACE_WINDOW_S, limits.PACE_HEAVY_S, limits.PACE_MAX_WAIT_S))
+    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS)
     return demo
 
 

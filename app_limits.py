@@ -64,8 +64,6 @@ MAX_THREADS = 16  # worker threads running handlers (Gradio's max_threads, 40 by
 #                    model's lock holds one, so one visitor's requests on a slow model must not take them all (with 6,
 #                    a hostile visitor's four held most of them); idle ones cost no memory beyond their stacks, as
 #                    the malloc arenas are capped (MALLOC_ARENAS)
-PACE_WINDOW_S, PACE_HEAVY_S = 30.0, 5.0  # a visitor whose requests ran more than 5 s in the last 30 s is heavy:
-PACE_MAX_WAIT_S = 0.5  # its computation waits between layers while others compute, ≤ 0.5 s a layer (server.Pacing)
 VIEW_THREADS = 1  # torch's threads per computation (--threads): a view on one core, so the cores serve several
 #                  visitors' views at once and the OS shares them out by thread; one visitor's heavy model then takes
 #                  one core, not every core from everyone else (a single user on many cores may ask for more)

@@ -10,8 +10,6 @@
   (:func:`wire`);
 * :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
   holds in the queue (:class:`FairTurns`);
-* :mod:`server.pacing` — a visitor whose requests have computed for long waits between its layers while others
-  compute (:class:`Pacing`);
 * :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`);
 * :mod:`server.visitors` — who sent a request: the visitor-token ASGI middleware (:class:`Visitors`), and a request's
   visitor (:func:`visitor`: whose storage share and slow place it uses) and address (:func:`address`: whose ceiling).
@@ -22,7 +20,6 @@ Each module that touches a part of Gradio outside its public API lists it in its
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
 from .fairness import FairTurns
 from .guards import Admission, RunDropped, SlowRuns, check_dropped, names_a_web_address, waiting_events
-from .pacing import Pacing
 from .requests import RequestSizeLimit
 from .visitors import Visitors, address, trusted_networks, visitor
 from .wiring import wire
@@ -32,7 +29,6 @@ __all__ = [
     "CheckedNumber",
     "CheckedSlider",
     "FairTurns",
-    "Pacing",
     "RequestSizeLimit",
     "RunDropped",
     "SlowRuns",

@@ -17,12 +17,10 @@ It reads and wraps parts of Gradio's queue outside its public API, listed in :da
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import gradio as gr
 
-from .pacing import Pacing
 from .visitors import address, visitor
 
 __all__ = ["GRADIO_PRIVATE", "FairTurns"]
@@ -54,14 +52,10 @@ class FairTurns:
         demo (gr.Blocks): the app, after ``demo.queue()``; its queue's ``push`` and ``process_events`` are wrapped.
         max_waiting (int): events one visitor may have waiting (not yet running), all groups together.
         max_waiting_at_address (int): events the visitors at one address may have waiting together.
-        pacing (Pacing, optional): paces the running events' computations between visitors
-            (:class:`server.Pacing`). Default: None (no pacing)
     """
 
-    def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int,
-                 pacing: Pacing | None = None) -> None:
+    def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int) -> None:
         self.queue, self.max_waiting, self.max_waiting_at_address = demo._queue, max_waiting, max_waiting_at_address
-        self.pacing = pacing
         self.finish: dict[str, dict[tuple, float]] = {}  # group → ("a", address) or ("v", address, visitor) → tag
         self.tags: dict[str, tuple[str, str, float, float, float]] = {}  # event id → (visitor, address, its
         #                                        address's start tag, its start tag among that address's visitors, cost)
@@ -138,14 +132,11 @@ class FairTurns:
         waiting.sort(key=lambda item: order.get(item._id, 0.0))
 
     async def process_events(self, events, batch, begin_time, fn):
-        """Gradio's ``Queue.process_events``, paced as its first event's visitor's (:class:`server.Pacing`);
-        afterwards each event's visitor and address are charged what its run took beyond its estimate (their finish
-        tags move later, or earlier for a run shorter than estimated)."""
+        """Gradio's ``Queue.process_events``; afterwards each event's visitor and address are charged what its run
+        took beyond its estimate (their finish tags move later, or earlier for a run shorter than estimated)."""
         started = self.clock()
-        who = visitor(events[0].request) if events else ""
         try:
-            with self.pacing.computing(who) if self.pacing else contextlib.nullcontext():
-                return await self._process(events, batch, begin_time, fn)
+            return await self._process(events, batch, begin_time, fn)
         finally:
             took = self.clock() - started
             for event in events:
