@@ -19,9 +19,11 @@ from ..checks import check_knn_arguments, chosen, fused_unsupported_reason, trit
 from ..reference import BlendGrid, KnnResult, candidates_on, spatial_profile
 from ..usage import note_backend
 from . import backward, forward
+from .forward import WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM
 from .select import NORM_EPS
 
-_WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
+# ρ → the kernels' WEIGHTING (named in forward.py, where the kernels read them: function.py imports forward)
+_WEIGHTINGS = {"none": WEIGHTING_NONE.value, "softmax": WEIGHTING_SOFTMAX.value, "uniform": WEIGHTING_UNIFORM.value}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
