@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .autocast import autocast_aware
 from .checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
-from .reference import BlendGrid, KnnResult, knn_aggregate_reference
+from .reference import KnnOptions, KnnResult, knn_aggregate_reference, takes_options
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
 
@@ -109,24 +109,9 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
 
 
 @autocast_aware
-def knn_aggregate(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    *,
-    num_neighbors: int,
-    similarity: str = "cosine",
-    weighting: str = "none",
-    temperature: float = 1.0,
-    groups: int = 1,
-    candidates: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    self_first: bool = False,
-    blend: BlendGrid | None = None,
-    backend: str = "auto",
-) -> KnnResult:
+@takes_options
+def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                  attn_mask: Tensor | None = None, backend: str = "auto", **options) -> KnnResult:
     """ConvNN k-NN aggregation (METHOD §2–3), on the fused Triton kernel or the PyTorch reference.
 
     ``out[b, o, i] = bias[o] + Σ_t Σ_c weight[o, c, t] · ρ[b, i, t] · v[b, idx[b, i, t], c]`` with ``idx`` the
@@ -165,12 +150,11 @@ def knn_aggregate(
     Raises:
         ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
     """
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, attn_mask, self_first, blend)
     unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask, weighting,
                                            blend)
-    options = dict(num_neighbors=num_neighbors, similarity=similarity, weighting=weighting, temperature=temperature,
-                   groups=groups, candidates=candidates, self_first=self_first, blend=blend)
     if resolve_backend(backend, q.device, unsupported) == "triton":
         from .knn_triton.function import aggregate_prechecked
 

@@ -30,8 +30,10 @@ entry point is :func:`kernels.knn_aggregate`.
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,7 @@ __all__ = [
     "SIMILARITIES",
     "WEIGHTINGS",
     "BlendGrid",
+    "KnnOptions",
     "KnnResult",
     "aggregate_neighbors",
     "blend_scores",
@@ -58,10 +61,12 @@ __all__ = [
     "similarity_scores",
     "spatial_profile",
     "spatial_scores",
+    "takes_options",
 ]
 
 SIMILARITIES = ("cosine", "dot", "euclidean")
 WEIGHTINGS = ("none", "softmax", "uniform")
+Entry = TypeVar("Entry", bound=Callable)
 
 
 class KnnResult(NamedTuple):
@@ -98,6 +103,39 @@ class BlendGrid(NamedTuple):
     def num_cells(self) -> int:
         """M = (H + 2p)·(W + 2p), the candidates of every query."""
         return (self.height + 2 * self.pad) * (self.width + 2 * self.pad)
+
+
+class KnnOptions(NamedTuple):
+    """The keyword options of a ConvNN aggregation, written once for its entries (:func:`kernels.knn_aggregate`,
+    which documents each, :func:`knn_aggregate_reference`, :func:`kernels.knn_triton.knn_aggregate_triton`): each
+    takes them as ``**options`` and binds them by calling this class, which supplies the defaults and raises
+    ``TypeError`` for a missing ``num_neighbors`` or a name it does not know. ``attn_mask`` (no fused kernel) and
+    ``backend`` (the dispatch's) are keywords of the entries that take them."""
+
+    num_neighbors: int
+    similarity: str = "cosine"
+    weighting: str = "none"
+    temperature: float = 1.0
+    groups: int = 1
+    self_first: bool = False
+    candidates: Tensor | None = None
+    blend: BlendGrid | None = None
+
+
+def takes_options(fn: Entry) -> Entry:
+    """``fn(..., **options)`` with the signature :func:`inspect.signature` and ``help()`` show: the fields of
+    :class:`KnnOptions` as keyword-only parameters in place of ``**options``, after ``fn``'s positional ones (their
+    annotations as written, not the ``ForwardRef`` a NamedTuple makes of them)."""
+    signature = inspect.signature(fn)
+    own = signature.parameters.values()
+    annotations = {name: getattr(hint, "__forward_arg__", hint) for name, hint in KnnOptions.__annotations__.items()}
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotations[name],
+                                 default=KnnOptions._field_defaults.get(name, inspect.Parameter.empty))
+               for name in KnnOptions._fields]
+    positional = [p for p in own if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keywords = [p for p in own if p.kind is p.KEYWORD_ONLY]
+    fn.__signature__ = signature.replace(parameters=[*positional, *options, *keywords])
+    return fn
 
 
 def spatial_profile(window_size: int, max_distance: int, device=None) -> Tensor:
@@ -421,23 +459,9 @@ def select_neighbors(
     return topk_scores, torch.gather(key_idx.expand(*columns.shape[:-1], key_idx.shape[-1]), -1, columns)
 
 
-def knn_aggregate_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    *,
-    num_neighbors: int,
-    similarity: str = "cosine",
-    weighting: str = "none",
-    temperature: float = 1.0,
-    groups: int = 1,
-    candidates: Tensor | None = None,
-    attn_mask: Tensor | None = None,
-    self_first: bool = False,
-    blend: BlendGrid | None = None,
-) -> KnnResult:
+@takes_options
+def knn_aggregate_reference(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                            attn_mask: Tensor | None = None, **options) -> KnnResult:
     """ConvNN aggregation, unfused (METHOD §2–3): dense scores → stable top-K → ρ → gather → Conv1D.
 
     Args:
@@ -462,6 +486,7 @@ def knn_aggregate_reference(
     Returns:
         KnnResult: ``out`` (B, C_out, Nq), ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights`` (B, H, Nq, K).
     """
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
     with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
         topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
                                                  candidates=candidates, attn_mask=attn_mask, self_first=self_first,

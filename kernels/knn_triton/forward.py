@@ -5,7 +5,8 @@ Every kernel takes its tensors as two tuples (``inputs``: Q, K, V, W, Bias, Cand
 Spatial (the blend's spatial profile); ``outputs``: Out, Idx, A, Part), one stride tuple per strided tensor, and one
 ``sizes`` tuple (H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad: the map's
 width and padding for the blend rule, whose candidate columns are the cells of the padded map). Base pointers are
-offset to the program's (sample, head) once, at the top.
+offset to the program's (sample, head) once, at the top. A function that takes a tuple unpacks it whole, by name, at
+its top (a name not read there starts with ``_``); the smaller helpers take the few sizes they read as arguments.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from .select import (
     unpack_column,
     unpack_score,
 )
+
+# The weighting ρ, the kernels' WEIGHTING (the host's names: function._WEIGHTINGS).
+WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -85,11 +89,10 @@ def padded_cells(cols, width, pad, height):
 
 
 @triton.jit
-def _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE: tl.constexpr, IEEE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+def _feature_range(q, q_scale, k_base, k_strides, kinv_base, Nq, num_cols, D, width, pad, COSINE: tl.constexpr,
+                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
     """Blend, first pass: per query the lowest finite feature score over the padded map and max(high − low, tiny)
     (padding cells score 0), as ``kernels.reference.blend_scores`` normalises."""
-    Nq, num_cols, D, width, pad = sizes[1], sizes[3], sizes[6], sizes[10], sizes[11]
     low = tl.full([BLOCK_M], POS_INF, tl.float32)
     high = tl.full([BLOCK_M], NEG_INF, tl.float32)
     for start in range(0, num_cols, BLOCK_N):
@@ -105,15 +108,15 @@ def _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE: tl.c
 
 @triton.jit
 def _blend(feature, low, spread, spatial, blend):
-    """(1 − α)·spatial + α·(feature − low) / spread, in the reference's order of operations."""
-    return blend[0] * spatial + blend[1] * tl.math.div_rn(feature - low, spread)
+    """(1 − α)·spatial + α·(feature − low) / spread, in the reference's order of operations; ``blend`` = (1 − α, α)."""
+    spatial_weight, feature_weight = blend
+    return spatial_weight * spatial + feature_weight * tl.math.div_rn(feature - low, spread)
 
 
 @triton.jit
-def _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend):
+def _blend_tile(s, cols, offs_m, low, spread, Spatial, width, pad, blend):
     """Blend, second pass: the blended scores of a [BLOCK_M, BLOCK_N] feature tile of padded cells ``cols``; the
     spatial term is the profile at the Chebyshev distance between the query's and the cell's padded positions."""
-    width, pad = sizes[10], sizes[11]
     d_row = tl.abs((offs_m // width + pad)[:, None] - (cols // (width + 2 * pad))[None, :])
     d_col = tl.abs((offs_m % width + pad)[:, None] - (cols % (width + 2 * pad))[None, :])
     spatial = tl.load(Spatial + tl.maximum(d_row, d_col))
@@ -127,9 +130,9 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
               BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
     """From the final top-K keys ``acc`` (sorted descending, rank 0 first): indices, weights a, then the Conv1D
     over rank slots; writes Out, Idx and A. ``s_self`` [BLOCK_M]: each query's real own score (SELF_FIRST)."""
-    V, W, Bias, Cand = inputs[2], inputs[3], inputs[4], inputs[5]
-    Out, Idx, A = outputs[0], outputs[1], outputs[2]
-    H, Nq, num_neighbors, Dv, C_out, stride_cb = sizes[0], sizes[1], sizes[5], sizes[7], sizes[8], sizes[9]
+    _Q, _K, V, W, Bias, Cand, _KInv, _Spatial = inputs
+    Out, Idx, A, _Part = outputs
+    H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, Dv, C_out, stride_cb, width, pad = sizes
     b = pid_bh // H
     h = pid_bh % H
     slots = tl.arange(0, K_PAD)
@@ -146,17 +149,17 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     keys_idx = tl.where(mask_mk & (acc != EMPTY_KEY), keys_idx, 0)  # an empty slot never addresses a value row
     rows_idx = keys_idx  # the value row each slot gathers; −1: a padding cell (zero value) of the blend's map
     if BLEND:
-        rows_idx = padded_cells(keys_idx, sizes[10], sizes[11], Nq // sizes[10])
+        rows_idx = padded_cells(keys_idx, width, pad, Nq // width)
     valid = mask_mk & (scores > NEG_INF)
-    if WEIGHTING == 1:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
+    if WEIGHTING == WEIGHTING_SOFTMAX:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
         top = tl.max(tl.where(valid, scores, NEG_INF), axis=1)
         top = tl.where(top > NEG_INF, top, 0.0)  # rows past Nq, or without a valid slot
         e = tl.where(valid, tl.exp((scores - top[:, None]) * inv_temperature), 0.0)
         a = e / tl.maximum(tl.sum(e, axis=1), 1.0)[:, None]  # the row maximum contributes exp(0) = 1
-    elif WEIGHTING == 2:
+    elif WEIGHTING == WEIGHTING_UNIFORM:
         a = valid.to(tl.float32)
         a = a / tl.maximum(tl.sum(a, axis=1), 1.0)[:, None]
-    else:
+    else:  # WEIGHTING_NONE
         a = valid.to(tl.float32)
     rows = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m[:, None] * num_neighbors + slots[None, :]
     tl.store(Idx + rows, keys_idx.to(tl.int64), mask=mask_mk)
@@ -211,14 +214,13 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
 
 
 @triton.jit
-def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low, spread, sizes, blend,
-               SELF_FIRST: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, COSINE: tl.constexpr,
+def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low, spread, D, width, pad,
+               blend, SELF_FIRST: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, COSINE: tl.constexpr,
                BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr):
     """With candidates or a forced self, the query's own candidate enters the accumulator first (split 0): ranked
     +∞ when forced, else by its score. Returns (acc, its column, its real score s_ii: feature, or blended with the
     spatial term 1)."""
-    width, pad = sizes[10], sizes[11]
-    s_self = _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, sizes[6], COSINE, D_PAD)
+    s_self = _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, COSINE, D_PAD)
     self_col = offs_m
     if CANDIDATES:
         self_col = tl.zeros([BLOCK_M], tl.int32)
@@ -243,7 +245,7 @@ def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: t
     the query block scores with, as :func:`knn_fwd` packs it."""
     q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo, self_col = (
         block)
-    Nq, D, stride_cb, width, pad = sizes[1], sizes[6], sizes[9], sizes[10], sizes[11]
+    _H, Nq, _Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, stride_cb, width, pad = sizes
     mask_n = cols < col_hi
     if CANDIDATES:
         key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
@@ -254,7 +256,7 @@ def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: t
     s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE, IEEE,
                     D_PAD)
     if BLEND:
-        s = _blend_tile(s, cols, offs_m, low, spread, Spatial, sizes, blend)
+        s = _blend_tile(s, cols, offs_m, low, spread, Spatial, width, pad, blend)
     # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc already)
     # appears: any tile of sampled keys or of padded cells, the diagonal tiles of a forced self.
     needs_mask = start + BLOCK_N > col_hi
@@ -289,10 +291,9 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     row's K-th score as its floor). Otherwise the insertion rounds alone, ``WARM`` (not with sampled candidates):
     how many key tiles around the block's middle query set each row's floor first."""
     tl.static_assert(BLOCK_N >= K_PAD)
-    Q, K, Cand, KInv, Spatial = inputs[0], inputs[1], inputs[5], inputs[6], inputs[7]
-    H, Nq, num_cols, cols_per_split = sizes[0], sizes[1], sizes[3], sizes[4]
-    num_neighbors, D, width, pad = sizes[5], sizes[6], sizes[10], sizes[11]
-    Nk = sizes[2]
+    Q, K, _V, _W, _Bias, Cand, KInv, Spatial = inputs
+    _Out, _Idx, A, Part = outputs
+    H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, _Dv, _C_out, _stride_cb, width, pad = sizes
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b = pid_bh // H
     h = pid_bh % H
@@ -307,8 +308,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     low = tl.zeros([BLOCK_M], tl.float32)
     spread = tl.zeros([BLOCK_M], tl.float32) + 1.0
     if BLEND:
-        low, spread = _feature_range(q, q_scale, k_base, k_strides, kinv_base, sizes, COSINE, IEEE, BLOCK_M,
-                                     BLOCK_N, D_PAD)
+        low, spread = _feature_range(q, q_scale, k_base, k_strides, kinv_base, Nq, num_cols, D, width, pad, COSINE,
+                                     IEEE, BLOCK_M, BLOCK_N, D_PAD)
     acc = tl.full([BLOCK_M, K_PAD], EMPTY_KEY, tl.int64)
     col_lo = pid_s * cols_per_split
     col_hi = tl.minimum(col_lo + cols_per_split, num_cols)
@@ -316,8 +317,8 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
         col_lo += 1
         col_hi += 1
     acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low,
-                                       spread, sizes, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M, D_PAD,
-                                       K_PAD)
+                                       spread, D, width, pad, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M,
+                                       D_PAD, K_PAD)
     slots = tl.arange(0, K_PAD)
     num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
     block = (q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo,
@@ -379,10 +380,10 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
     if SPLIT:
         part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m
-        tl.store(outputs[3] + part_rows[:, None] * K_PAD + tl.arange(0, K_PAD)[None, :], acc, mask=mask_m[:, None])
+        tl.store(Part + part_rows[:, None] * K_PAD + tl.arange(0, K_PAD)[None, :], acc, mask=mask_m[:, None])
         if SELF_FIRST:  # the merge reads the query's own score from A's first slot: the same bits as unsplit
             if pid_s == 0:
-                tl.store(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, s_self, mask=mask_m)
+                tl.store(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, s_self, mask=mask_m)
     else:
         aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
                   offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, BLOCK_M,
@@ -398,8 +399,8 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
                   BLOCK_O: tl.constexpr):
     """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`.
     Not for the blend rule, whose forward is never split (its normalisation spans the whole map)."""
-    Part = outputs[3]
-    Nq = sizes[1]
+    _Out, _Idx, A, Part = outputs
+    _H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -413,7 +414,7 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
     acc = tl.bitonic_merge(acc, descending=True)
     s_self = tl.zeros([BLOCK_M], tl.float32)
     if SELF_FIRST:  # written by split 0 of knn_fwd into A's first slot
-        s_self = tl.load(outputs[2] + (pid_bh.to(tl.int64) * Nq + offs_m) * sizes[5], mask=mask_m, other=0.0)
+        s_self = tl.load(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, mask=mask_m, other=0.0)
     aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, offs_m,
               mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, False, DEPTHWISE, IEEE, BLOCK_M, K_PAD, BLOCK_C,
               BLOCK_O)

@@ -16,12 +16,14 @@ import triton
 from torch import Tensor
 
 from ..checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
-from ..reference import BlendGrid, KnnResult, candidates_on, spatial_profile
+from ..reference import BlendGrid, KnnOptions, KnnResult, candidates_on, spatial_profile, takes_options
 from ..usage import note_backend
 from . import backward, forward
+from .forward import WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM
 from .select import NORM_EPS
 
-_WEIGHTINGS = {"none": 0, "softmax": 1, "uniform": 2}
+# ρ → the kernels' WEIGHTING (named in forward.py, where the kernels read them: function.py imports forward)
+_WEIGHTINGS = {"none": WEIGHTING_NONE.value, "softmax": WEIGHTING_SOFTMAX.value, "uniform": WEIGHTING_UNIFORM.value}
 _TARGET_PROGRAMS_PER_SM = 2  # a grid of fewer programs than SMs is split up to about this many programs per SM
 _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer key tiles
 _MAX_SPLITS = 16
@@ -425,22 +427,9 @@ def _fused_autograd(ctx, grad_out, grad_idx, grad_a):
 knn_fused.register_autograd(_fused_autograd, setup_context=_setup_fused)
 
 
-def knn_aggregate_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    *,
-    num_neighbors: int,
-    similarity: str = "cosine",
-    weighting: str = "none",
-    temperature: float = 1.0,
-    groups: int = 1,
-    candidates: Tensor | None = None,
-    self_first: bool = False,
-    blend: BlendGrid | None = None,
-) -> KnnResult:
+@takes_options
+def knn_aggregate_triton(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None = None,
+                         **options) -> KnnResult:
     """Fused ConvNN aggregation (METHOD §2–3; docs/method.md §2–3): the result of
     :func:`kernels.reference.knn_aggregate_reference`, without materialising the (Nq, Nk) score matrix.
 
@@ -484,24 +473,23 @@ def knn_aggregate_triton(
         >>> w = torch.randn(64, 64, 9, device="cuda", dtype=torch.bfloat16)
         >>> knn_aggregate_triton(q, k, v, w, num_neighbors=9).out.shape  # torch.Size([2, 64, 1024])
     """
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, None, self_first, blend)
     unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None, weighting, blend)
     if unsupported is not None:
         raise ValueError(unsupported)
-    return aggregate_prechecked(q, k, v, weight, bias, num_neighbors=num_neighbors, similarity=similarity,
-                                weighting=weighting, temperature=temperature, groups=groups, candidates=candidates,
-                                self_first=self_first, blend=blend)
+    return aggregate_prechecked(q, k, v, weight, bias, **options)
 
 
-def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, *,
-                         num_neighbors: int, similarity: str, weighting: str, temperature: float, groups: int,
-                         candidates: Tensor | None, self_first: bool, blend: BlendGrid | None = None) -> KnnResult:
+@takes_options
+def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, **options) -> KnnResult:
     """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
     :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
     Same arguments, result and gradients; arguments that would fail the checks give undefined results. Eager mode
     runs :class:`KnnAggregate`; inside ``torch.compile`` or ``torch.export`` the registered operator
     :func:`knn_fused` (docs/method.md §9), so that the graph calls the kernel without a break."""
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
     note_backend("triton")
     candidates = candidates_on(candidates, q.device)
     if not torch.compiler.is_compiling():
