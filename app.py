@@ -47,9 +47,9 @@ from server import (
     CheckedSlider,
     SlowRuns,
     control,
+    queued_events,
     trusted_networks,
     user_errors,
-    waiting_events,
     wire,
 )
 
@@ -602,7 +602,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # of it on the server: a new model, image, fit or layer in the slow_reset step that ends its chain (no
         # request of its own), a new method or class beside it; so does Cancel. A dropped run's event ends with no
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
-        runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(waiting_events, demo, limits.SLOW_GROUP))
+        runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(queued_events, demo, limits.SLOW_GROUP))
 
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""

@@ -19,7 +19,15 @@ Each module that touches a part of Gradio outside its public API lists it in its
 
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
 from .fairness import FairTurns
-from .guards import Admission, RunDropped, SlowRuns, check_dropped, names_a_web_address, waiting_events
+from .guards import (
+    Admission,
+    RunDropped,
+    SlowRuns,
+    check_dropped,
+    names_a_web_address,
+    queued_events,
+    waiting_events,
+)
 from .requests import RequestSizeLimit
 from .visitors import Visitors, address, trusted_networks, visitor
 from .wiring import wire
@@ -38,6 +46,7 @@ __all__ = [
     "checked_number",
     "control",
     "names_a_web_address",
+    "queued_events",
     "trusted_networks",
     "user_errors",
     "visitor",

@@ -93,6 +93,16 @@ def waiting_events(demo: gr.Blocks, group: str) -> list:
     return list(waiting.queue) if waiting else []
 
 
+def running_events(demo: gr.Blocks, group: str) -> list:
+    """The events of the concurrency group ``group`` that ``demo``'s queue has started and not ended."""
+    return [event for job in demo._queue.active_jobs if job for event in job if event.concurrency_id == group]
+
+
+def queued_events(demo: gr.Blocks, group: str) -> list:
+    """The events of the concurrency group ``group`` in ``demo``'s queue, waiting or started."""
+    return [*waiting_events(demo, group), *running_events(demo, group)]
+
+
 def _owner(request) -> tuple[str, str | None]:
     """Whose a slow run is: the visitor of ``request`` (a ``gr.Request``, or the Starlette request of an event in
     Gradio's queue: :func:`server.visitor`) and its session."""
@@ -120,16 +130,18 @@ class SlowRuns:
 
     Args:
         limit (int): computations at a time.
-        waiting (Callable[[], list]): the slow group's events waiting in Gradio's queue (:func:`waiting_events`),
-            so that a run dropped before it started ends when it starts.
+        queued (Callable[[], list]): the slow group's events in Gradio's queue, waiting or started
+            (:func:`queued_events`), so that a run dropped before its handler began ends when it begins (a Cancel
+            pressed right after Compute can arrive while Gradio still prepares the run's inputs).
     """
 
-    def __init__(self, limit: int, waiting: Callable[[], list]) -> None:
+    def __init__(self, limit: int, queued: Callable[[], list]) -> None:
         self.limit = limit
-        self.waiting = waiting
+        self.queued = queued
         self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
         self._runs: dict[tuple[str, str | None, str], set[_Run]] = {}  # (visitor, session, view) → its started runs
         self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
+        self._begun_joins = weakref.WeakSet()  # the join requests whose handler has begun (then in _runs)
         self._computing: dict[str, int] = {}  # visitor → its computations running (dropped ones until they stop)
         self._idle: dict[str, asyncio.Event] = {}  # visitor → set when its last computation ends
 
@@ -141,8 +153,11 @@ class SlowRuns:
         @functools.wraps(handler)
         async def slow(*args, **kwargs):
             request = signature.bind(*args, **kwargs).arguments.get("request")
-            if getattr(request, "request", None) in self._dropped_joins:
-                return dropped  # dropped while it waited in Gradio's queue
+            join = getattr(request, "request", None)
+            if join in self._dropped_joins:
+                return dropped  # dropped while it waited in Gradio's queue, or before its handler began
+            if join is not None:
+                self._begun_joins.add(join)
             if self._places is None:
                 self._places = asyncio.Semaphore(self.limit)
             run = _Run(asyncio.get_running_loop().create_future())
@@ -243,16 +258,18 @@ class SlowRuns:
     def drop(self, request: gr.Request | None, view: str) -> bool:
         """End the runs of ``view`` (a wrapped handler's name) of ``request``'s visitor and session now: one
         computing or waiting for a place returns its ``dropped`` value and gives its place back at once (its
-        computation stops at its next :func:`check_dropped`), one still in Gradio's queue ends when it starts. Runs
-        in the server's event loop. Returns whether there was a run to end."""
+        computation stops at its next :func:`check_dropped`), one still in Gradio's queue (or started there, its
+        handler not begun) ends when its handler begins. Runs in the server's event loop. Returns whether there was
+        a run to end."""
         owner, ended = _owner(request), False
         for run in self._runs.get((*owner, view), ()):
             self._stop(run)
             if not run.end.done():
                 run.end.set_result(_DROPPED)
                 ended = True
-        for event in self.waiting():
-            if (visitor(event.request), event.session_hash) == owner and event.fn.name == view:
+        for event in self.queued():
+            if ((visitor(event.request), event.session_hash) == owner and event.fn.name == view
+                    and event.request not in self._begun_joins):
                 self._dropped_joins.add(event.request)
                 ended = True
         return ended
@@ -260,11 +277,12 @@ class SlowRuns:
     def dropping(self, views: tuple[str, ...], handler=None, only_if_dropped: bool = False):
         """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
         (:meth:`drop`), then returns ``handler(request)``, or nothing without one; with ``only_if_dropped``, no
-        change (``{}``) when there was no run to end (a Cancel pressed after the result came)."""
+        change (``gr.skip()``: every output kept) when there was no run to end (a Cancel pressed after the result
+        came)."""
         async def drop(request: gr.Request):
             ended = [self.drop(request, view) for view in views]
             if handler is None or (only_if_dropped and not any(ended)):
-                return None if handler is None else {}
+                return None if handler is None else gr.skip()
             return handler(request)
         drop.__name__ = handler.__name__ if handler else f"drop_{'_'.join(views)}"
         return drop
@@ -300,8 +318,7 @@ class Admission:
         """Why a slow request of the visitor ``who`` (``""``: a request the server could not place, which has no
         place of its own) is refused now, or None to admit it."""
         waiting = [visitor(event.request) for event in waiting_events(self.demo, self.group)]
-        running = [visitor(event.request) for job in self.queue.active_jobs if job for event in job
-                   if event.concurrency_id == self.group]
+        running = [visitor(event.request) for event in running_events(self.demo, self.group)]
         if who and who in (*waiting, *running, *self.joining):
             return ("You already have a slow run (attribution, equivalence demo or every model's spectrum) waiting "
                     "or running, in this tab or another: its result comes first. Ask again once it is shown.")

@@ -72,7 +72,7 @@ def test_the_private_parts_have_the_form_the_guards_use(parts):
     assert (body.fn_index, body.session_hash, body.data) == (fn._id, "session", [1])
     assert list(inspect.signature(processing_utils.save_file_to_cache).parameters) == ["file_path", "cache_dir"]
     assert route_utils.API_PREFIX == "/gradio_api"
-    assert guards.waiting_events(parts["Blocks"], "group") == []
+    assert guards.waiting_events(parts["Blocks"], "group") == [] == guards.queued_events(parts["Blocks"], "group")
     assert controls.CheckedNumber(render=False).get_block_name() == "number"
     assert controls.CheckedSlider(render=False).get_block_name() == "slider"
     assert parts["Request"].state.who == "t:1"

@@ -39,7 +39,7 @@ def test_a_slow_run_is_dropped_by_its_own_visitor_and_session_only():
         return "computed"
 
     async def scenario() -> list[bool | str]:
-        runs = SlowRuns(1, waiting=list)
+        runs = SlowRuns(1, queued=list)
         drop = runs.dropping(("on_view",))
         alice = placed("10.0.0.1", "s1")
         run = asyncio.ensure_future(runs.wrap(on_view, dropped="dropped")(request=alice))
@@ -60,7 +60,8 @@ def test_a_slow_run_is_dropped_by_its_own_visitor_and_session_only():
 
 def test_cancel_after_the_result_came_changes_nothing():
     """Cancel pressed once an attribution was shown cleared it ("Cancelled. Press Compute…"): with
-    ``only_if_dropped`` the handler answers only when there was a run to end, else no change."""
+    ``only_if_dropped`` the handler answers only when there was a run to end, else no change (``gr.skip()``: Gradio
+    keeps every output; an empty dict made it raise "didn't return enough output values")."""
     started, release = threading.Event(), threading.Event()
 
     def on_view(request=None):
@@ -69,7 +70,7 @@ def test_cancel_after_the_result_came_changes_nothing():
         return "computed"
 
     async def scenario() -> list:
-        runs = SlowRuns(1, waiting=list)
+        runs = SlowRuns(1, queued=list)
         cancel = runs.dropping(("on_view",), lambda request: {"note": "cancelled"}, only_if_dropped=True)
         alice = placed("10.0.0.1", "s1")
         idle = await cancel(alice)  # nothing running
@@ -78,7 +79,7 @@ def test_cancel_after_the_result_came_changes_nothing():
         return [idle, await cancel(alice), await asyncio.wait_for(run, 5)]
 
     try:
-        assert run_coroutine(scenario()) == [{}, {"note": "cancelled"}, "dropped"]
+        assert run_coroutine(scenario()) == [gr.skip(), {"note": "cancelled"}, "dropped"]
     finally:
         release.set()
 
@@ -96,7 +97,7 @@ def test_a_visitor_computes_one_slow_run_at_a_time_however_often_it_drops_them()
         return name
 
     async def scenario() -> list:
-        runs = SlowRuns(2, waiting=list)
+        runs = SlowRuns(2, queued=list)
         view = runs.wrap(on_view, dropped="dropped")
         drop = runs.dropping(("on_view",))
         alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
@@ -115,3 +116,29 @@ def test_a_visitor_computes_one_slow_run_at_a_time_however_often_it_drops_them()
         assert run_coroutine(scenario()) == ["dropped", True, False, "again", "other"]
     finally:
         release.set()
+
+
+def test_a_cancel_before_the_handler_began_drops_the_run():
+    """Compute then Cancel at once: Gradio had started the event (its inputs being prepared) but the handler had not
+    begun, so the drop found neither a run nor a waiting event; the run then computed and the Cancel changed nothing
+    (the browser test's note was not "Cancelled."). A started event whose handler has not begun is dropped now, and
+    its handler returns at once when it begins."""
+    class Event:  # an event Gradio has started, as its queue lists it
+        def __init__(self, request: gr.Request, name: str) -> None:
+            self.request, self.session_hash, self.fn = request.request, request.session_hash, type("F", (), {})()
+            self.fn.name = name
+
+    computed = []
+
+    def on_view(request=None):
+        computed.append(request)
+        return "computed"
+
+    async def scenario() -> list:
+        alice = placed("10.0.0.1", "s1")
+        started = [Event(alice, "on_view")]
+        runs = SlowRuns(2, queued=lambda: started)
+        dropped = await runs.dropping(("on_view",), lambda request: "cancelled", only_if_dropped=True)(alice)
+        return [dropped, await runs.wrap(on_view, dropped="dropped")(request=alice), computed]
+
+    assert run_coroutine(scenario()) == ["cancelled", "dropped", []]
