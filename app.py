@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP module reads it at import
@@ -679,6 +681,21 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     return demo
 
 
+def import_plugins(modules: list[str]) -> None:
+    """Import each of ``modules`` (dotted names, found from the current folder too) before the explorer is built, so
+    that the models and selection rules they register (``convnn.models.registry.register_model``,
+    ``convnn.selection.register_rule``) open in it: ``python app.py --import mymodels --checkpoints runs/``. Only the
+    server's operator names them, on the command line; nothing a visitor sends is imported.
+
+    Raises:
+        ImportError: a module that cannot be imported (its own error, chained).
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
+        importlib.import_module(module)
+
+
 def main() -> None:
     an.limit_malloc_arenas(limits.MALLOC_ARENAS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -702,6 +719,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=limits.VIEW_THREADS,
                         help=f"torch threads per computation: 1 lets the cores serve several visitors at once, "
                              f"more make one user's views faster on many cores (default: {limits.VIEW_THREADS})")
+    parser.add_argument("--import", dest="plugins", action="append", default=[], metavar="MODULE",
+                        help="a Python module to import first, which registers your models or selection rules (found "
+                             "from this folder too); repeat for several")
     parser.add_argument("--mcp", action="store_true",
                         help="also serve the API as MCP tools at /gradio_api/mcp/ (Gradio's MCP server)")
     args = parser.parse_args()
@@ -715,6 +735,10 @@ def main() -> None:
         parser.error(str(err))
     an.set_cache_budget(args.cache_mb * 2**20)
     torch.set_num_threads(args.threads)
+    try:
+        import_plugins(args.plugins)
+    except ImportError as err:
+        parser.error(f"--import: {err}")
     explorer = Explorer(args.checkpoints, max_upload_mb=args.max_upload_mb)
     for line in explorer.left_out():  # the page says so too, under the model list
         logging.warning("left out of the model list: %s", line)

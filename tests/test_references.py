@@ -121,6 +121,16 @@ def test_every_dotted_name_in_the_documents_resolves(path):
     assert not unresolved, f"{path.relative_to(ROOT)}: {unresolved}"
 
 
+PATH = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|md|json|js|css|sh|txt))(?:::[\w\[\]-]+)?`")
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_file_a_document_names_exists(path):
+    """A file named in backticks with its folder (``tests/app/test_architecture.py::test_…``) is in the tree."""
+    missing = sorted({name for name in PATH.findall(path.read_text(encoding="utf-8")) if not (ROOT / name).exists()})
+    assert not missing, f"{path.relative_to(ROOT)}: {missing}"
+
+
 def test_a_moved_name_is_caught():
     """The check itself: a reference to a name that is not there fails, one that is passes."""
     module = importlib.import_module("analysis")

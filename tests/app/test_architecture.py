@@ -4,13 +4,13 @@ tests/app/test_toy_knob.py), each added the way the page says and nothing else c
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gradio.utils import get_upload_folder
-from torch import nn
 
 import analysis as an
 import app
@@ -75,27 +75,52 @@ def test_a_new_view_is_an_endpoint_of_the_api(checkpoint_dir, example_image, mon
     assert 0 < answer["brightness"] < 255
 
 
-@registry.register_model(name="toy_mean_colour")
+PLUGIN = '''"""A toy model family, registered where the explorer is started with --import."""
+from torch import nn
+
+from convnn import ConvNN2d
+from convnn.models.registry import register_model
+
+
+@register_model
 def toy_mean_colour(num_classes: int = 10) -> nn.Module:
-    """A toy model family: a 3×3 ConvNN layer (the window rule) and a linear head over the mean colour."""
+    """A 3×3 ConvNN layer (the window rule) and a linear head over the mean colour."""
     return nn.Sequential(ConvNN2d(3, 3, kernel_size=3, selection="window"), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(3, num_classes))
+'''
 
 
-def test_a_registered_model_opens_in_the_explorer(tmp_path, example_image):
+@pytest.fixture
+def toy_plugin(tmp_path, monkeypatch):
+    """A module ``toy_models`` in the current folder that registers a model (forgotten again afterwards)."""
+    (tmp_path / "toy_models.py").write_text(PLUGIN, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    sys.modules.pop("toy_models", None)
+    registry._MODELS.pop("toy_mean_colour", None)
+
+
+def test_a_registered_model_opens_in_the_explorer(toy_plugin, example_image):
+    app.import_plugins(["toy_models"])  # what `python app.py --import toy_models` does before building the explorer
     torch.manual_seed(0)
-    model = toy_mean_colour().eval()
+    model = registry.create_model("toy_mean_colour").eval()
     card = ModelCard(name="toy", model="toy_mean_colour", model_args={}, classes=list(CIFAR10_CLASSES), input_size=32,
                      mean=list(CIFAR10_MEAN), std=list(CIFAR10_STD))
-    save_checkpoint(model, tmp_path / "toy", card)
-    explorer = app.Explorer(tmp_path, device="cpu")
+    save_checkpoint(model, toy_plugin / "checkpoints" / "toy", card)
+    explorer = app.Explorer(toy_plugin / "checkpoints", device="cpu")
     assert explorer.shipped() == ["toy"] and explorer.left_out() == []  # the model list offers it
-    loaded = an.load_model(tmp_path / "toy.json")
-    assert [layer_info.name for layer_info in loaded.layer_infos] == ["0"]  # its ConvNN layer is a layer the views open
+    loaded = an.load_model(toy_plugin / "checkpoints" / "toy.json")
+    assert [info.name for info in loaded.layer_infos] == ["0"]  # its ConvNN layer is a layer the views open
     image = an.load_image(example_image)
-    x = an.model_input(image, loaded.card)
-    expected = torch.softmax(model(x)[0], 0)
+    with torch.no_grad():
+        expected = torch.softmax(model(an.model_input(image, loaded.card))[0], 0)
     top = an.top_classes(loaded, image)
     best = max(top, key=top.get)
     assert best == CIFAR10_CLASSES[int(expected.argmax())]
     assert top[best] == pytest.approx(float(expected.max()), abs=1e-6)
+
+
+def test_a_module_that_cannot_be_imported_is_named(toy_plugin):
+    with pytest.raises(ImportError, match="no_such_models"):
+        app.import_plugins(["no_such_models"])
