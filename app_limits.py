@@ -56,8 +56,9 @@ MAX_WAITING_PER_ADDRESS = 96  # … and the visitors at one network address toge
 #                               multiply a client's places past it, and it takes 11 addresses to fill the queue
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
-SLOW_CONCURRENCY = 2  # slow runs at a time, all sessions together, each on VIEW_THREADS threads and one per visitor
-#                       (server.SlowRuns): one visitor's heavy run never keeps another's waiting for its end
+SLOW_CONCURRENCY = 1  # slow runs computing at a time, all sessions together, dropped ones until they stop, one per
+#                       visitor (server.SlowRuns): they never take every core from a click, and one equivalence demo
+#                       takes ≈ 9 GB at its peak on a small CIFAR model (two at once were OOM-killed on 24 GB)
 MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
 #                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
 MAX_THREADS = 16  # worker threads running handlers (Gradio's max_threads, 40 by default): a handler waiting for a

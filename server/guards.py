@@ -115,11 +115,12 @@ class SlowRuns:
     (:func:`server.visitor`: a session id alone, which a client names at will, drops nothing of another visitor's).
 
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own. A dropped run gives its place back at once and its computation stops at its next step (a
-    thread cannot be stopped from outside: the computation calls :func:`check_dropped` between steps, an attribution
-    after each batch of forward passes), so another visitor's run starts at once; it shares the cores with the
-    dropped computation for at most that one step. The same visitor's next run waits for that step to end: a
-    visitor computes one slow run at a time, however often it starts and drops them. Its threads are not daemons:
+    thread of its own. A dropped run's event ends at once, and its computation stops at its next step (a thread
+    cannot be stopped from outside: the computation calls :func:`check_dropped` between steps, an attribution after
+    each batch of forward passes); it keeps its place until then, so that dropped runs never compute beyond the
+    limit (the equivalence demo, which never checks, computes to its end: seconds, and gigabytes). A visitor
+    computes one slow run at a time, however often it starts and drops them: its next run also waits for its own
+    dropped computation to stop. Its threads are not daemons:
     the interpreter waits for a computation at exit instead of cutting it off inside torch (a daemon thread stopped
     there aborted the process, "terminate called without an active exception").
 
@@ -245,20 +246,20 @@ class SlowRuns:
                          daemon=False).start()
 
     def _stop(self, run: _Run) -> None:
-        """Tell ``run``'s computation to stop at its next :func:`check_dropped` and give its place back now."""
+        """Tell ``run``'s computation to stop at its next :func:`check_dropped`; its place is given back when it
+        has."""
         run.stop.set()
-        self._release(run)
 
     def _release(self, run: _Run) -> None:
-        """Give back ``run``'s place, once: when its computation ends or when it is dropped, whichever is first."""
+        """Give back ``run``'s place, once, when its computation ends."""
         if run.holds_place:
             run.holds_place = False
             self._places.release()
 
     def drop(self, request: gr.Request | None, view: str) -> bool:
         """End the runs of ``view`` (a wrapped handler's name) of ``request``'s visitor and session now: one
-        computing or waiting for a place returns its ``dropped`` value and gives its place back at once (its
-        computation stops at its next :func:`check_dropped`), one still in Gradio's queue (or started there, its
+        computing or waiting for a place returns its ``dropped`` value at once (its computation stops at its next
+        :func:`check_dropped` and then gives its place back), one still in Gradio's queue (or started there, its
         handler not begun) ends when its handler begins. Runs in the server's event loop. Returns whether there was
         a run to end."""
         owner, ended = _owner(request), False

@@ -230,7 +230,7 @@ def test_the_queue_refuses_a_request_over_its_size(explorer, monkeypatch, checkp
                                                   blocked_equivalence):
     """500 posts from fake sessions were all accepted. With one slow job running and the queue full, the next
     request is refused (503, "Queue is full") before any work starts. (And the served app sweeps its work dir.)
-    With one slow place, as on a server that sets SLOW_CONCURRENCY to 1."""
+    With one slow place (the default)."""
     monkeypatch.setattr(app_limits, "MAX_QUEUED_EVENTS", 2, raising=False)
     monkeypatch.setattr(app_limits, "SLOW_CONCURRENCY", 1, raising=False)
     stale = app_server.default_workspace().add("someone", "uploads", {"checkpoint.json": b"{}"})
@@ -313,12 +313,12 @@ def test_slow_requests_are_admitted_one_per_visitor_and_a_few_in_all(explorer, m
             release.set()
 
 
-def test_a_cancelled_slow_run_gives_its_place_back_at_once_and_its_computation_stops(
+def test_a_cancelled_slow_run_stops_at_its_next_step_and_then_gives_its_place_back(
         explorer, monkeypatch, example_image, work_dir, blocked_equivalence):
     """A cancelled occlusion on a heavy model kept the slow group's one place until it had computed to its end:
-    another user's 2 s saliency was answered after 354.5 s. Now a cancel gives the place back at once (the next run,
-    by any session, computes right away) and the cancelled computation stops at its next step; nothing is left
-    computing once it has."""
+    another user's 2 s saliency was answered after 354.5 s. Now the cancelled computation stops at its next step and
+    gives the place back then (never more computations than places: two equivalence demos at once were OOM-killed),
+    and the next runs compute; nothing is left computing once it has."""
     started, release, stopped = blocked_equivalence
     attributions = []
     monkeypatch.setattr(an, "attribution_map", lambda *args: attributions.append(args) or an.Attribution(

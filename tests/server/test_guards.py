@@ -142,3 +142,36 @@ def test_a_cancel_before_the_handler_began_drops_the_run():
         return [dropped, await runs.wrap(on_view, dropped="dropped")(request=alice), computed]
 
     assert run_coroutine(scenario()) == ["cancelled", "dropped", []]
+
+
+def test_a_dropped_run_keeps_its_place_until_its_computation_stops():
+    """A drop gave the place back at once while the computation went on to its next step (or, for a view that never
+    checks, to its end): visitors dropping runs in turn had six computations at once under a limit of two, and two
+    equivalence demos at ≈ 9 GB each took the server down. Now the place is given back when the computation
+    stops; the dropped run's event still ends at once."""
+    release = threading.Event()
+    started = {name: threading.Event() for name in ("first", "other")}
+
+    def on_view(name: str, request=None):
+        started[name].set()
+        release.wait(10)  # never looks at check_dropped
+        return name
+
+    async def scenario() -> list:
+        runs = SlowRuns(1, queued=list)
+        view = runs.wrap(on_view, dropped="dropped")
+        alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
+        first = asyncio.ensure_future(view("first", request=alice))
+        await asyncio.to_thread(started["first"].wait, 10)
+        await runs.dropping(("on_view",))(alice)
+        other = asyncio.ensure_future(view("other", request=bob))
+        ended = await asyncio.wait_for(first, 5)  # at once
+        await asyncio.sleep(0.3)
+        waited = not started["other"].is_set()  # the one place is still the dropped computation's
+        release.set()
+        return [ended, waited, await asyncio.wait_for(other, 5)]
+
+    try:
+        assert run_coroutine(scenario()) == ["dropped", True, "other"]
+    finally:
+        release.set()
