@@ -275,6 +275,11 @@ class SlowRuns:
                 ended = True
         return ended
 
+    def was_dropped(self, join) -> bool:
+        """Whether the run that the queue join request ``join`` (an event's ``request``) made was dropped before its
+        handler began: its event still waits in Gradio's queue, to end when it starts."""
+        return join in self._dropped_joins
+
     def dropping(self, views: tuple[str, ...], handler=None, only_if_dropped: bool = False):
         """An event handler (a coroutine taking the ``request``) that drops the session's runs of each of ``views``
         (:meth:`drop`), then returns ``handler(request)``, or nothing without one; with ``only_if_dropped``, no
@@ -305,10 +310,14 @@ class Admission:
         demo (gr.Blocks): the app, after ``demo.queue()``.
         group (str): the slow views' concurrency group.
         max_waiting (int): slow runs waiting at most, all sessions together.
+        dropped (Callable[[object], bool]): whether an event's join request was dropped already
+            (:meth:`SlowRuns.was_dropped`): such an event is not counted (a Cancel pressed while a run waited must
+            not keep its visitor from asking again). Default: none is
     """
 
-    def __init__(self, demo: gr.Blocks, group: str, max_waiting: int) -> None:
-        self.demo, self.group, self.max_waiting = demo, group, max_waiting
+    def __init__(self, demo: gr.Blocks, group: str, max_waiting: int,
+                 dropped: Callable[[object], bool] = lambda join: False) -> None:
+        self.demo, self.group, self.max_waiting, self.dropped = demo, group, max_waiting, dropped
         self.queue = demo._queue
         self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == group}
         self.joining: list[str] = []  # visitors of admitted slow requests not queued yet
@@ -318,8 +327,10 @@ class Admission:
     def refusal(self, who: str) -> str | None:
         """Why a slow request of the visitor ``who`` (``""``: a request the server could not place, which has no
         place of its own) is refused now, or None to admit it."""
-        waiting = [visitor(event.request) for event in waiting_events(self.demo, self.group)]
-        running = [visitor(event.request) for event in running_events(self.demo, self.group)]
+        waiting = [visitor(event.request) for event in waiting_events(self.demo, self.group)
+                   if not self.dropped(event.request)]
+        running = [visitor(event.request) for event in running_events(self.demo, self.group)
+                   if not self.dropped(event.request)]
         if who and who in (*waiting, *running, *self.joining):
             return ("You already have a slow run (attribution, equivalence demo or every model's spectrum) waiting "
                     "or running, in this tab or another: its result comes first. Ask again once it is shown.")

@@ -31,12 +31,12 @@ def module_name(path: Path) -> str:
 
 def lookup(obj: object, names: list[str]) -> object:
     """``obj.a.b…`` for ``names`` [a, b, …]; a dataclass field or an attribute its methods set counts as found."""
-    for name in names:
+    for index, name in enumerate(names):
         found = getattr(obj, name, _MISSING)
         if found is _MISSING and isinstance(obj, type):
             fields = {field.name for field in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
             if name in fields or name in getattr(obj, "__annotations__", {}) or name in _instance_attributes(obj):
-                return True
+                return True if index == len(names) - 1 else _MISSING  # nothing further can be looked up there
         if found is _MISSING:
             return _MISSING
         obj = found
@@ -138,3 +138,5 @@ def test_a_moved_name_is_caught():
     assert not resolves_from_top("convnn.functional.blend_select")
     assert resolves_from_top("analysis.session.image_intake.MAX_IMAGE_SIDE_PX")
     assert resolves_in("ViewState", module, [])
+    assert resolves_from_top("analysis.session.models.LoadedModel.card")  # a field
+    assert not resolves_from_top("analysis.session.models.LoadedModel.card.anything")

@@ -175,3 +175,29 @@ def test_a_dropped_run_keeps_its_place_until_its_computation_stops():
         assert run_coroutine(scenario()) == ["dropped", True, "other"]
     finally:
         release.set()
+
+
+def test_a_run_dropped_while_it_waits_does_not_count_against_its_visitor():
+    """Cancel pressed while an attribution waited in Gradio's queue: the dropped event stayed there until its turn
+    (to end when it starts), and admission counted it, so the visitor's next Compute was refused ("You already have
+    a slow run …") and it held one of the waiting places. A dropped event is not counted now."""
+    from types import SimpleNamespace
+
+    from server import Admission, visitor
+
+    bob = placed("10.0.0.2", "s1")
+    event = SimpleNamespace(request=bob.request, session_hash="s1", fn=SimpleNamespace(name="on_view"),
+                            concurrency_id="slow")
+
+    async def push(body, request, username):
+        return True, "id", "ok"
+
+    queue = SimpleNamespace(event_queue_per_concurrency_id={"slow": SimpleNamespace(queue=[event])}, active_jobs=[],
+                            push=push)
+    demo = SimpleNamespace(_queue=queue, fns={})
+    runs = SlowRuns(1, queued=lambda: [event])
+    admission = Admission(demo, "slow", 1, dropped=runs.was_dropped)
+    before = admission.refusal(visitor(bob.request))
+    assert run_coroutine(runs.dropping(("on_view",), lambda request: "cancelled", only_if_dropped=True)(bob)) == (
+        "cancelled")
+    assert before.startswith("You already have a slow run") and admission.refusal(visitor(bob.request)) is None
