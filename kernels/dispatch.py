@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .autocast import autocast_aware
 from .checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
-from .reference import KnnOptions, KnnResult, knn_aggregate_reference, takes_options
+from .reference import KnnResult, bind_options, knn_aggregate_reference, takes_options
 
 __all__ = ["BACKENDS", "BACKEND_ENV_VAR", "knn_aggregate", "resolve_backend", "triton_available", "use_backend"]
 
@@ -150,7 +150,8 @@ def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor 
     Raises:
         ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
     """
-    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = bind_options(
+        "knn_aggregate", options)
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, attn_mask, self_first, blend)
     unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, attn_mask, weighting,

@@ -122,6 +122,20 @@ class KnnOptions(NamedTuple):
     blend: BlendGrid | None = None
 
 
+def bind_options(entry: str, options: dict) -> KnnOptions:
+    """``options`` (an entry's ``**options``) as :class:`KnnOptions`, defaults filled in.
+
+    Raises:
+        TypeError: an option missing (``num_neighbors``) or unknown, named with the entry ``entry`` as Python names
+            a call's own keyword-only arguments.
+    """
+    try:
+        return KnnOptions(**options)
+    except TypeError as err:
+        message = str(err).replace("KnnOptions.__new__()", f"{entry}()").replace("positional", "keyword-only")
+        raise TypeError(message) from None
+
+
 def takes_options(fn: Entry) -> Entry:
     """``fn(..., **options)`` with the signature :func:`inspect.signature` and ``help()`` show: the fields of
     :class:`KnnOptions` as keyword-only parameters in place of ``**options``, after ``fn``'s positional ones (their
@@ -486,7 +500,8 @@ def knn_aggregate_reference(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bia
     Returns:
         KnnResult: ``out`` (B, C_out, Nq), ``topk_idx`` (B, H, Nq, K) int64, ``topk_weights`` (B, H, Nq, K).
     """
-    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = bind_options(
+        "knn_aggregate_reference", options)
     with torch.set_grad_enabled(torch.is_grad_enabled() and weighting == "softmax"):
         topk_scores, topk_idx = select_neighbors(q, k, num_neighbors=num_neighbors, similarity=similarity,
                                                  candidates=candidates, attn_mask=attn_mask, self_first=self_first,

@@ -16,7 +16,7 @@ import triton
 from torch import Tensor
 
 from ..checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
-from ..reference import BlendGrid, KnnOptions, KnnResult, candidates_on, spatial_profile, takes_options
+from ..reference import BlendGrid, KnnResult, bind_options, candidates_on, spatial_profile, takes_options
 from ..usage import note_backend
 from . import backward, forward
 from .forward import WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM
@@ -473,7 +473,8 @@ def knn_aggregate_triton(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
         >>> w = torch.randn(64, 64, 9, device="cuda", dtype=torch.bfloat16)
         >>> knn_aggregate_triton(q, k, v, w, num_neighbors=9).out.shape  # torch.Size([2, 64, 1024])
     """
-    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = bind_options(
+        "knn_aggregate_triton", options)
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
                         candidates, None, self_first, blend)
     unsupported = fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups, None, weighting, blend)
@@ -489,7 +490,8 @@ def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
     Same arguments, result and gradients; arguments that would fail the checks give undefined results. Eager mode
     runs :class:`KnnAggregate`; inside ``torch.compile`` or ``torch.export`` the registered operator
     :func:`knn_fused` (docs/method.md §9), so that the graph calls the kernel without a break."""
-    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = KnnOptions(**options)
+    num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = bind_options(
+        "aggregate_prechecked", options)
     note_backend("triton")
     candidates = candidates_on(candidates, q.device)
     if not torch.compiler.is_compiling():

@@ -128,3 +128,18 @@ def test_use_backend_sets_what_auto_resolves_to_inside_the_block_only(monkeypatc
     assert resolve_backend("auto", torch.device("cuda")) in ("reference", "triton")  # outside: auto
     with pytest.raises(ValueError, match="backend must be one of"), use_backend("cuda"):
         pass
+
+
+def test_a_missing_or_unknown_option_is_named_with_the_entry():
+    """The options are written once (KnnOptions); a missing or misspelt one is named as Python names a call's own
+    keyword-only argument, with the function the caller called — not the options class."""
+    from kernels import knn_aggregate
+    from kernels.reference import knn_aggregate_reference
+
+    q = torch.randn(1, 1, 4, 2)
+    weight = torch.randn(2, 2, 2)
+    for entry, name in ((knn_aggregate, "knn_aggregate"), (knn_aggregate_reference, "knn_aggregate_reference")):
+        with pytest.raises(TypeError, match=rf"^{name}\(\) missing 1 required keyword-only argument: 'num_neighbors'"):
+            entry(q, q, q, weight)
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'num_neighbours'"):
+            entry(q, q, q, weight, num_neighbours=2)
