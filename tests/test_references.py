@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("analysis", "convnn", "kernels", "server")
 MODULES = tuple(path.stem for path in sorted(ROOT.glob("app*.py")))  # app, app_api, app_limits, …
-ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):`~?([A-Za-z_][A-Za-z0-9_.]*)`")
+ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):`~?(\.*[A-Za-z_][A-Za-z0-9_.]*)`")
 DOTTED = re.compile(r"`+((?:" + "|".join(PACKAGES + MODULES) + r")(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`+")
 FILES = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py")) + sorted(ROOT.glob("app*.py"))
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -73,7 +73,10 @@ def resolves_from_top(name: str) -> bool:
 
 def resolves_in(name: str, module: ModuleType, classes: list[type]) -> bool:
     """``name`` as a Sphinx role finds it: in the enclosing classes, the module, then each package above it, then
-    from the top."""
+    from the top; a leading dot (``.select``) is relative to the module's own package."""
+    if name.startswith("."):
+        package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
+        return resolves_from_top(f"{package}.{name.lstrip('.')}")
     parts = name.split(".")
     if any(lookup(scope, parts) is not _MISSING for scope in (*classes, module)):
         return True
@@ -140,3 +143,5 @@ def test_a_moved_name_is_caught():
     assert resolves_in("ViewState", module, [])
     assert resolves_from_top("analysis.session.models.LoadedModel.card")  # a field
     assert not resolves_from_top("analysis.session.models.LoadedModel.card.anything")
+    package = importlib.import_module("kernels.knn_triton")
+    assert resolves_in(".select", package, []) and not resolves_in(".selection", package, [])
