@@ -281,10 +281,10 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_equivalence(self, query, request=None):
         loaded, image = self.loaded(query, request)
-        summary = an.equivalence_summary(loaded, image, query.layer, query.draw)
+        results = an.equivalences(loaded, image, query.layer, query.draw, between=server.check_dropped)
+        summary = an.equivalence_summary(loaded, image, query.layer, query.draw, results=results)
         return {"equivalence_text": "\n\n".join(filter(None, [summary, self.draw_shown(loaded, query)])),
-                "equivalence_plot": figures.equivalence_figure(an.equivalences(loaded, image, query.layer,
-                                                                               query.draw))}
+                "equivalence_plot": figures.equivalence_figure(results)}
 
     @staticmethod
     def draw_shown(loaded: an.LoadedModel, query: an.Query) -> str:

@@ -390,7 +390,7 @@ class ExplorerAPI:
         ``convnn_path`` and ``reference_path`` (what each side ran), and the pictures over the layer's grid:
         ``channel``, ``convnn`` and ``reference`` (that channel's H × W outputs), ``difference``
         (H × W, max |difference| over channels)."""
-        results = an.equivalences(*self.loaded(query, request), query.layer, query.draw)
+        results = an.equivalences(*self.loaded(query, request), query.layer, query.draw, between=check_dropped)
         return [{name: value.tolist() if isinstance(value, np.ndarray) else value
                  for name, value in dataclasses.asdict(result).items()} for result in results]
 

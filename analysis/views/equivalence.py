@@ -22,6 +22,7 @@ on a GPU, and K = N is not limited by the fused kernel's maximum K.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,25 +203,33 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, dr
                      f"with {source}, on the input tokens of {layer_info.name}", paths, *pictured, (got, expected))
 
 
-def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> list[Equivalence]:
+def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0,
+                 between: Callable[[], None] | None = None) -> list[Equivalence]:
     """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention,
     each on the layer's input in eval draw ``draw`` (METHOD §3b; the same input in every draw of a model without
-    random candidates).
+    random candidates). ``between()``, if given, is called before each demo (a slow run's drop check: it may raise
+    to stop there).
 
     Raises:
         ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
     maps = () if loaded.layer_info(layer).is_attention else (conv_equivalence, depthwise_equivalence)
-    return [demo(loaded, image, layer, draw) for demo in (*maps, attention_equivalence)]
+    results = []
+    for demo in (*maps, attention_equivalence):
+        if between is not None:
+            between()
+        results.append(demo(loaded, image, layer, draw))
+    return results
 
 
-def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0) -> str:
-    """:func:`equivalences` as Markdown paragraphs.
+def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0,
+                        results: list[Equivalence] | None = None) -> str:
+    """:func:`equivalences` (or ``results``, computed already) as Markdown paragraphs.
 
     Raises:
         ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
-    results = equivalences(loaded, image, layer, draw)
+    results = equivalences(loaded, image, layer, draw) if results is None else results
     return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
                         f"{r.max_abs_output:.2e}). ConvNN side: {r.convnn_path}; reference: {r.reference_path}."
                         for r in results)

@@ -436,3 +436,22 @@ def test_an_attribution_whose_own_passes_overflow_is_refused_naming_the_model(lo
                                          r"image, in the Occlusion attribution \(its passes on the occluded or scaled "
                                          r"image\): its weights or its card's mean/std overflow float32"):
         attribution_map(loaded, fresh_image, "occlusion")
+
+
+def test_the_equivalence_demos_can_be_stopped_between_them(load_small, image):
+    """A dropped equivalence demo computed to its end (it never looked at the drop check) and kept the slow views'
+    one place meanwhile: ``between`` is called before each demo, and what it raises stops the rest."""
+    from analysis import equivalences
+
+    cnn = load_small("cnn-l0.5")
+    calls = []
+
+    def between():
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise RuntimeError("dropped")
+
+    with pytest.raises(RuntimeError, match="dropped"):
+        equivalences(cnn, image, "stages.1.0.conv1", between=between)
+    assert calls == [0, 1]  # the first demo computed, the second stopped before it started
+    assert len(equivalences(cnn, image, "stages.1.0.conv1", between=calls.clear)) == 3  # conv, depthwise, attention
