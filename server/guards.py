@@ -80,11 +80,11 @@ def check_dropped() -> None:
 
 
 class _Run:
-    """One started run of a slow view: ``end`` (its outcome: ``(result, error)`` or ``_DROPPED``), ``stop`` (set
-    when it is dropped: :func:`check_dropped` reads it in the computation's thread) and whether it holds a place."""
+    """One started run of a slow view: ``end`` (its outcome: ``(result, error)`` or ``_DROPPED``) and ``stop`` (set
+    when it is dropped: :func:`check_dropped` reads it in the computation's thread)."""
 
     def __init__(self, end: asyncio.Future) -> None:
-        self.end, self.stop, self.holds_place = end, threading.Event(), False
+        self.end, self.stop = end, threading.Event()
 
 
 def waiting_events(demo: gr.Blocks, group: str) -> list:
@@ -120,9 +120,9 @@ class SlowRuns:
     each batch of forward passes); it keeps its place until then, so that dropped runs never compute beyond the
     limit (the equivalence demo, which never checks, computes to its end: seconds, and gigabytes). A visitor
     computes one slow run at a time, however often it starts and drops them: its next run also waits for its own
-    dropped computation to stop. Its threads are not daemons:
-    the interpreter waits for a computation at exit instead of cutting it off inside torch (a daemon thread stopped
-    there aborted the process, "terminate called without an active exception").
+    dropped computation to stop. Its threads are not daemons: the interpreter waits for a computation at exit instead
+    of cutting it off inside torch (a daemon thread stopped there aborted the process, "terminate called without an
+    active exception").
 
     :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
     completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
@@ -166,7 +166,6 @@ class SlowRuns:
             self._runs.setdefault(key, set()).add(run)
             try:
                 if await self._own_turn(key[0], run.end) and await self._take_place(run.end):
-                    run.holds_place = True
                     self._compute(functools.partial(handler, *args, **kwargs), run, view, key[0])
                 ended = await run.end
             finally:
@@ -218,8 +217,8 @@ class SlowRuns:
     def _compute(self, work, run: _Run, view: str, who: str) -> None:
         """``work()`` in a thread of its own (Gradio's progress tracker reads the context, :func:`check_dropped` the
         run's ``stop``; not a daemon, as the server's thread may be one), counted as visitor ``who``'s; when it
-        ends, its place is given back unless a drop gave it back already, and ``run.end`` gets ``(result, error)``
-        unless the run was dropped or cancelled meanwhile."""
+        ends, its place is given back and ``run.end`` gets ``(result, error)`` unless the run was dropped or
+        cancelled meanwhile."""
         loop = run.end.get_loop()
         self._computing[who] = self._computing.get(who, 0) + 1
 
@@ -229,7 +228,7 @@ class SlowRuns:
                 del self._computing[who]
                 if (idle := self._idle.pop(who, None)) is not None:
                     idle.set()
-            self._release(run)
+            self._places.release()
             if not run.end.done():
                 run.end.set_result(outcome)
 
@@ -249,12 +248,6 @@ class SlowRuns:
         """Tell ``run``'s computation to stop at its next :func:`check_dropped`; its place is given back when it
         has."""
         run.stop.set()
-
-    def _release(self, run: _Run) -> None:
-        """Give back ``run``'s place, once, when its computation ends."""
-        if run.holds_place:
-            run.holds_place = False
-            self._places.release()
 
     def drop(self, request: gr.Request | None, view: str) -> bool:
         """End the runs of ``view`` (a wrapped handler's name) of ``request``'s visitor and session now: one
