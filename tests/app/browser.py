@@ -83,7 +83,8 @@ def settle(page, until: int | None = None, timeout_s: float = 60) -> None:
     event of ``page`` (a :func:`browser_page`) has been open (its join unanswered, or its result not delivered) for
     :data:`QUIET_S` since: every event chain started so far has delivered its results. Events, not requests: when an
     event's result arrives before the answer to its join, Gradio's client opens its results stream again, and that
-    stream stays open with nothing to deliver.
+    stream stays open with nothing to deliver. An event the page holds back (always_last: a change made while the one
+    before is answered) is not open until the page sends it: wait for what it draws first.
 
     Raises:
         AssertionError: not settled in ``timeout_s``.
