@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 import gradio as gr
 import torch
 
-from .guards import check_dropped
+from .guards import RunDropped, check_dropped
 from .visitors import address, visitor
 
 __all__ = ["QUANTUM_S", "ComputeShares"]
 
 QUANTUM_S = 0.05  # a running pass gives its place up to a waiting one that has computed this much less, s
+DROP_CHECK_S = 0.1  # how often a pass waiting for a place checks whether its slow run was dropped, s
 
 
 @dataclass(eq=False)
@@ -58,6 +59,7 @@ class _Running:
 
     depth: int = 0
     turn: _Turn | None = None
+    holding: bool = False  # whether the pass holds a place now
     since: float = 0.0  # thread CPU time when the place was taken, s
 
 
@@ -151,10 +153,12 @@ class ComputeShares:
 
     def _enter(self, current: _Visitor) -> None:
         """A module call of a visitor's pass: the outermost one waits for a place; an inner one gives its place up
-        if a computation waits that has computed ``quantum_s`` less. Then a slow run that was dropped stops here
-        (:func:`server.check_dropped` raises; the forward hook still ends the call: torch runs it on errors too)."""
+        if a computation waits that has computed ``quantum_s`` less. Then a slow run that was dropped stops here,
+        or while it waits for a place (:func:`server.check_dropped` raises; the forward hook still ends the call:
+        torch runs it on errors too)."""
         state = self._state()
-        if state.depth == 0:
+        state.depth += 1
+        if state.depth == 1:
             state.turn = _Turn(current.where, current.who, next(self._arrivals))
             with self._lock:
                 self._arrive(state.turn)
@@ -162,13 +166,10 @@ class ComputeShares:
         elif self._waiting:  # read without the lock: a turn that arrives meanwhile is seen at the next call
             with self._lock:
                 if self._should_yield(state):
-                    self._charge(state)
-                    self._running -= 1
-                    self._lock.notify_all()
+                    self._free(state)
                     state.turn.arrival = next(self._arrivals)
                     self._waiting.append(state.turn)
                     self._take(state)
-        state.depth += 1
         check_dropped()
 
     def _leave(self) -> None:
@@ -177,16 +178,24 @@ class ComputeShares:
         state.depth -= 1
         if state.depth == 0:
             with self._lock:
-                self._charge(state)
-                self._running -= 1
+                if state.holding:
+                    self._free(state)
                 for key in (state.turn.where, state.turn.who):
                     self._active[key] -= 1
                     if not self._active[key]:
                         del self._active[key]
                 if not self._active:  # nobody computes: everyone is even, start afresh
                     self.charged.clear()
-                self._lock.notify_all()
             state.turn = None
+
+    def _free(self, state: _Running) -> None:
+        """Charge the CPU time since ``state``'s place was taken to its address and visitor, and free the place."""
+        now = self.clock()
+        for key in (state.turn.where, state.turn.who):
+            self.charged[key] = self.charged.get(key, 0.0) + now - state.since
+        self._running -= 1
+        state.holding = False
+        self._lock.notify_all()
 
     def _arrive(self, turn: _Turn) -> None:
         """Enter ``turn`` among the waiting; a share not computing yet is charged as much as the least charged share
@@ -202,19 +211,24 @@ class ComputeShares:
         return self.charged.get(turn.where, 0.0), self.charged.get(turn.who, 0.0), turn.arrival
 
     def _take(self, state: _Running) -> None:
-        """Wait (holding the condition) until a place is free and ``state``'s turn is the first waiting; take it."""
+        """Wait (holding the condition) until a place is free and ``state``'s turn is the first waiting; take it. A
+        dropped slow run stops waiting (within :data:`DROP_CHECK_S`) and takes none.
+
+        Raises:
+            RunDropped: the slow run computing in this thread was dropped.
+        """
         while self._running >= self.slots or min(self._waiting, key=self._order) is not state.turn:
-            self._lock.wait()
+            self._lock.wait(DROP_CHECK_S)
+            try:
+                check_dropped()
+            except RunDropped:
+                self._waiting.remove(state.turn)
+                self._lock.notify_all()
+                raise
         self._waiting.remove(state.turn)
         self._running += 1
+        state.holding = True
         state.since = self.clock()
-
-    def _charge(self, state: _Running) -> None:
-        """Charge the CPU time since the place was taken to the pass's address and visitor."""
-        now = self.clock()
-        for key in (state.turn.where, state.turn.who):
-            self.charged[key] = self.charged.get(key, 0.0) + now - state.since
-        state.since = now
 
     def _should_yield(self, state: _Running) -> bool:
         """Whether every place is taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at

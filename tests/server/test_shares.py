@@ -135,6 +135,24 @@ def test_a_dropped_slow_run_stops_at_its_next_module_call():
     assert shares._running == 0 and not shares._active  # its place is free
 
 
+def test_a_slow_run_dropped_while_it_waits_for_a_place_stops_waiting():
+    """A dropped slow run does not wait behind everyone else's passes to notice it (it would hold the slow views' one
+    place meanwhile): it stops while the place is still taken."""
+    shares, log, errors, stop, hold = ComputeShares(slots=1, clock=thread_clock), [], [], threading.Event(), \
+        threading.Event()
+    holder = run_as(shares, "10.0.0.2", torch.nn.Sequential(Step("B0", 0.1, log, before=hold.wait)), errors)
+    wait_for(lambda: shares._running == 1, "a pass to hold the one place")
+    dropped = run_as(shares, "10.0.0.1", torch.nn.Sequential(Step("D0", 0.1, log)), errors, stop)
+    wait_for(lambda: len(shares._waiting) == 1, "the slow run to wait")
+    stop.set()
+    dropped.join(10)
+    assert [type(err) for err in errors] == [RunDropped] and not shares._waiting and shares._running == 1
+    assert set(shares._active) == {("10.0.0.2",), ("10.0.0.2", "a:10.0.0.2")}
+    hold.set()
+    holder.join(10)
+    assert log == ["B0"] and shares._running == 0 and not shares._active
+
+
 def test_addresses_share_first_then_their_visitors():
     """Visitors minted at one address share its account: a third address that has computed nothing goes before a
     new visitor at the heavy address."""
