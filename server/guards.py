@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import gradio as gr
 
+import analysis as an
+
 from .visitors import visitor
 
 __all__ = ["GRADIO_PRIVATE", "Admission", "RunDropped", "SlowRuns", "check_dropped", "names_a_web_address",
@@ -235,7 +237,8 @@ class SlowRuns:
         def compute() -> None:
             _STOP.set(run.stop)
             try:
-                outcome = (work(), None)
+                with an.checking_while_waiting(check_dropped):  # a wait for a model's lock stops when dropped
+                    outcome = (work(), None)
             except BaseException as err:  # handed to the event, raised there
                 outcome = (None, err)
             with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits

@@ -15,11 +15,13 @@ upload is stored under fixed names and accepted only once it loads.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import reprlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +57,44 @@ _CARD_FILE, _WEIGHTS_FILE = "checkpoint.json", "checkpoint.safetensors"  # an up
 _PROBE_GREY = 128  # the overflow probe: an image of this value in every channel, normalised by the card's mean/std
 
 
+LOCK_CHECK_S = 0.1  # how often a thread waiting for a model's lock runs its wait check (checking_while_waiting), s
+_WAIT_CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("model_lock_wait_check",
+                                                                                        default=None)
+
+
+class ModelLock:
+    """The re-entrant lock of one model's forward passes (:attr:`LoadedModel.lock`; ``with lock:``). A thread that
+    waits for it runs the check that :func:`checking_while_waiting` set, every :data:`LOCK_CHECK_S`, and stops
+    waiting when the check raises (the server's slow runs: a dropped one stops there instead of waiting behind
+    other requests' passes through the same model while it holds the slow views' place)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> ModelLock:
+        check = _WAIT_CHECK.get()
+        if check is None:
+            self._lock.acquire()
+            return self
+        while not self._lock.acquire(timeout=LOCK_CHECK_S):
+            check()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+@contextlib.contextmanager
+def checking_while_waiting(check: Callable[[], None]) -> Iterator[None]:
+    """Inside, a wait of this thread (and of threads started with a copy of its context) for a model's lock runs
+    ``check()`` every :data:`LOCK_CHECK_S`; what it raises ends the wait and is raised from the ``with``."""
+    token = _WAIT_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _WAIT_CHECK.reset(token)
+
+
 @renamed_keywords(probes="layer_infos")
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
@@ -69,15 +109,15 @@ class LoadedModel:
         layer_infos (tuple[LayerInfo, ...]): the layers the explorer can open, in forward order (looked up by name
             with :meth:`layer_info`).
         device (torch.device): where the model runs.
-        lock (threading.RLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
-            requests never interleave with the neighbour recorder (which is per-module state).
+        lock (ModelLock): held by every forward pass through ``model`` in :mod:`analysis`, so concurrent
+            requests never interleave with the neighbour recorder (which is per-module state); re-entrant.
     """
 
     model: nn.Module
     card: ModelCard
     layer_infos: tuple[LayerInfo, ...] = field(default=())
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: ModelLock = field(default_factory=ModelLock)
 
     probes = RenamedAttribute("layer_infos")  # the old names, for one release (analysis.session.renamed)
     probe = RenamedAttribute("layer_info")

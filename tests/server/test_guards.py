@@ -9,6 +9,7 @@ import threading
 import gradio as gr
 from starlette.requests import Request
 
+from analysis import ModelLock
 from server import SlowRuns, Visitors
 from tests.loops import run_coroutine
 
@@ -201,3 +202,43 @@ def test_a_run_dropped_while_it_waits_does_not_count_against_its_visitor():
     assert run_coroutine(runs.dropping(("on_view",), lambda request: "cancelled", only_if_dropped=True)(bob)) == (
         "cancelled")
     assert before.startswith("You already have a slow run") and admission.refusal(visitor(bob.request)) is None
+
+
+def test_a_dropped_run_waiting_for_a_model_s_lock_stops_waiting():
+    """A slow run that waits for its model's lock (held by other requests' passes through that model, a flood's)
+    holds the slow views' place meanwhile: dropped, it stops waiting within analysis.LOCK_CHECK_S and the next run
+    starts while the lock is still held."""
+    lock, started = ModelLock(), threading.Event()
+
+    def on_view(name: str, request=None):
+        started.set()
+        if name == "first":
+            with lock:  # held by another thread below: waits
+                return name
+        return name
+
+    async def scenario() -> list:
+        runs = SlowRuns(1, queued=list)
+        view = runs.wrap(on_view, dropped="dropped")
+        alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
+        first = asyncio.ensure_future(view("first", request=alice))
+        await asyncio.to_thread(started.wait, 10)
+        await runs.dropping(("on_view",))(alice)
+        ended = await asyncio.wait_for(first, 5)
+        other = await asyncio.wait_for(view("other", request=bob), 5)  # the place is free: the lock is still held
+        return [ended, other]
+
+    holder, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            holder.set()
+            release.wait(30)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holder.wait(10)
+    try:
+        assert run_coroutine(scenario()) == ["dropped", "other"]
+    finally:
+        release.set()
+        thread.join(10)
