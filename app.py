@@ -182,10 +182,12 @@ class Explorer(CompareMode, ExplorerAPI):
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
         (:meth:`view`), its paragraph, and the step reached; without a lesson, or over models it was not written for
-        (:meth:`weights`), only a note where its text goes."""
+        (:meth:`weights`), only a note where its text goes; past either end (Next on the last step, Back on the
+        first), the step's text, the view as the user left it."""
         found = an.lesson_step(self.lessons, lesson, step, self.weights())
-        if found is None or found.unknown:  # said where the lesson's text goes; the view stays as it is (no error
-            #                                 on every box, no narration of models this server does not have)
+        if found is None or found.unknown or found.step != step:  # said where the lesson's text goes; the view stays
+            #  as it is (no error on every box, no narration of models this server does not have, and past the end
+            #  no step applied again over what the user did since)
             return {name: gr.skip() for name in link_outputs(type(state))} | {
                 "lesson_text": found.text if found else texts.LESSON_MISSING, "lesson_step": found.step if found else 0}
         return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
