@@ -209,9 +209,11 @@ class Explorer(CompareMode, ExplorerAPI):
         return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
 
     @user_errors
-    def on_image_upload(self, image_upload: str | None, request=None) -> str:
-        self.image(image_upload)  # refuse what cannot be read before it replaces the current image
-        return image_upload
+    def on_image_upload(self, image_upload: str | None, request=None) -> dict:
+        """An uploaded photo: the image every view reads (refused before it replaces the current one if it cannot
+        be read), and no example thumbnail left highlighted as if it were the image shown."""
+        self.image(image_upload)
+        return {"image_file": image_upload, "examples": gr.Gallery(selected_index=None)}
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
@@ -381,7 +383,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
                                    COMPARE_LAYERS),
         "example": ("on_example", [], ["image_file"]),
-        "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
+        "image_upload": ("on_image_upload", ["image_upload"], ["image_file", "examples"]),
         "first_render": ("on_first_render", query, ["explorer"]),
         "table": ("on_table", query, ["explorer"]),
         "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),

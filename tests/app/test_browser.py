@@ -378,6 +378,24 @@ def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url
             "cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
 
 
+def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chromium):
+    """An example picked, then a photo uploaded: the explorer shows the photo and no example thumbnail stays
+    highlighted as if it were the image shown (the one picked before stayed selected)."""
+    with browser_page(chromium, app_url) as tab:
+        chain = expect_chain(tab, "select", "examples")
+        tab.locator("#examples .thumbnail-item").nth(3).click()
+        settle(tab, chain)
+        assert tab.locator("#examples .thumbnail-item.selected").count() == 1
+        picked = tab.locator(".cx").get_attribute("data-image")
+        chain = expect_chain(tab, "upload", "image_upload")
+        with tab.expect_file_chooser() as chooser:
+            tab.locator("#image_upload").click()
+        chooser.value.set_files(str(explorer.examples[5]))
+        settle(tab, chain)
+        assert tab.locator(".cx").get_attribute("data-image") != picked  # the photo is shown
+        assert tab.locator("#examples .thumbnail-item.selected").count() == 0
+
+
 def test_compare_mode_offers_a_button_for_every_rule_of_its_tables(app_url, explorer, chromium, toy_rule):
     """Compare mode's rule bar is its tables' rules, as the explorer's is (it was a list of five written in
     compare.js, so a rule registered in the library, here the toy one, had no button there, and its titles were not
