@@ -472,6 +472,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Textbox("\n".join(left_out), label="Left out of the model list: they cannot be opened",
                            lines=min(len(left_out), 4), max_lines=8, interactive=False, visible=bool(left_out),
                            elem_id="left_out"))  # plain text: a card's text is never markup
+            add(gr.Markdown(texts.NO_MODEL, visible=ex.default_checkpoint() is None, elem_id="no_model"))
             add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
                            show_label=False, object_fit="cover", buttons=[],
                            elem_id="examples"))  # 32 px images: 2 rows, no icons over them
@@ -613,7 +614,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in knob_fields]
+        opens = ui["checkpoint"].value is not None  # else the page's load has no model to show (texts.NO_MODEL)
         for (source, trigger), chain in refresh_table(ex.state_type).items():
+            if source == "demo" and not opens:
+                continue
             first, *rest = chain
             event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
