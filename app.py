@@ -626,6 +626,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
+                # and the table shown, still valid, loses the "Error" mark of the refusal (its toast says why)
+                event.failure(lambda: gr.skip(), None, ui["explorer"], api_visibility="private")
                 # kept also when the table did not change (R = 5 where auto gives 5), else a later refusal of
                 # another knob put R back to 0
                 event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")

@@ -97,6 +97,8 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
         tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
         assert tab.locator("#window_size input").input_value() == "3"  # R stays as typed (it went back to 0)
+        tab.wait_for_function("!document.querySelector('#explorer .error')", timeout=10_000)  # the toast says it:
+        #                                                                     no "Error" mark left on the valid table
         drawn = tab.locator(".cx").get_attribute("data-drawn")
         tab.locator("#seed input").fill("7")  # so the next knob is not refused for it again
         tab.locator("#seed input").press("Enter")
