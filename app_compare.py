@@ -25,13 +25,6 @@ class CompareMode:
         return compare_models[:an.MAX_COMPARED]
 
     @user_errors
-    def on_compare_open(self, checkpoint, layer, request=None):
-        """Compare mode opened: its depth set to the explorer's layer's (:func:`analysis.layer_depth`), so that the
-        columns open where the explorer is, the explorer's model at its very layer (they opened at the depth last
-        set, another layer than the one just explored)."""
-        return an.layer_depth(self.model(checkpoint, request), layer)
-
-    @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
         """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
         if self.too_few(compare_models):
