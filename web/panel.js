@@ -85,12 +85,13 @@ function readQuery(ids) { // [row_px, col_px] as the boxes hold it, or null (no 
   return px.every((p) => Number.isInteger(p) && p >= 0) ? px : null;
 }
 
-function writeQuery(ids, px) { // the boxes set to px ("input": Gradio's value; "change": every view follows)
+function writeQuery(ids, px) { // the boxes set to px ("input": Gradio's value; one "change": every view follows,
+  // once, reading both boxes)
   const boxes = queryBoxes(ids);
   const changed = boxes.filter((box, axis) => box && box.value !== String(px[axis]));
   boxes.forEach((box, axis) => { if (box) box.value = String(px[axis]); });
   for (const box of changed) box.dispatchEvent(new Event("input", {bubbles: true}));
-  for (const box of changed) box.dispatchEvent(new Event("change", {bubbles: true}));
+  changed.at(-1)?.dispatchEvent(new Event("change", {bubbles: true}));
 }
 
 function followQuery(ids, followed, onChange) { // onChange() when a box's value is entered (typed, or written)
