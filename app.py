@@ -682,6 +682,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
     Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING, dropped=runs.was_dropped)
     server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS)
+    server.ComputeShares(max(1, (os.cpu_count() or 1) // torch.get_num_threads())).attach(demo)
     return demo
 
 

@@ -23,7 +23,7 @@ from starlette.middleware import Middleware
 import analysis as an
 import app_mcp
 from app_api import EXAMPLES_DIR, WEB_DIR
-from server import RequestSizeLimit, Visitors, trusted_networks
+from server import FairTurns, QueueDoor, RequestSizeLimit, Visitors, trusted_networks
 
 __all__ = ["GRADIO_PRIVATE", "default_workspace", "launch"]
 
@@ -81,7 +81,9 @@ def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, worksp
                           trusted_proxies=trusted_networks(trusted_proxies))
     size_limit = Middleware(RequestSizeLimit, max_bytes=(max_upload_mb + limits.REQUEST_SLACK_MB) * 2**20,
                             workspace=workspace, upload_paths=[f"{API_PREFIX}/upload"], page_paths=["/"])
-    app_kwargs = {"middleware": [visitors, size_limit],  # Visitors first: the size limit charges who it records
+    turns = FairTurns.of(demo)
+    door = [Middleware(QueueDoor, turns=turns)] if turns is not None else []
+    app_kwargs = {"middleware": [visitors, *door, size_limit],  # Visitors first: the others read who it records
                   "lifespan": workspace.lifespan(limits.FILE_SWEEP_S)}
     os.environ["FORWARDED_ALLOW_IPS"] = ""  # read by the uvicorn.Config that Gradio's launch makes: trust no peer
     with app_mcp.serving(mcp_schema or {}):

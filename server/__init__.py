@@ -9,7 +9,10 @@
 * :mod:`server.wiring` — the page's events as the handlers take them: inputs by name, the view as one value
   (:func:`wire`);
 * :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
-  holds in the queue (:class:`FairTurns`);
+  holds in the queue (:class:`FairTurns`), whose refusals a flooding client then gets at the door
+  (:class:`QueueDoor`);
+* :mod:`server.shares` — fair shares of the computing cores: every forward pass of a visitor's request computes in
+  one of a few places, given to whoever has computed least (:class:`ComputeShares`);
 * :mod:`server.requests` — the request-size ASGI middleware (:class:`RequestSizeLimit`);
 * :mod:`server.visitors` — who sent a request: the visitor-token ASGI middleware (:class:`Visitors`), and a request's
   visitor (:func:`visitor`: whose storage share and slow place it uses) and address (:func:`address`: whose ceiling).
@@ -18,7 +21,7 @@ Each module that touches a part of Gradio outside its public API lists it in its
 """
 
 from .controls import CheckedNumber, CheckedSlider, checked_number, control, user_errors
-from .fairness import FairTurns
+from .fairness import FairTurns, QueueDoor
 from .guards import (
     Admission,
     RunDropped,
@@ -29,6 +32,7 @@ from .guards import (
     waiting_events,
 )
 from .requests import RequestSizeLimit
+from .shares import ComputeShares
 from .visitors import Visitors, address, trusted_networks, visitor
 from .wiring import wire
 
@@ -36,7 +40,9 @@ __all__ = [
     "Admission",
     "CheckedNumber",
     "CheckedSlider",
+    "ComputeShares",
     "FairTurns",
+    "QueueDoor",
     "RequestSizeLimit",
     "RunDropped",
     "SlowRuns",

@@ -17,13 +17,15 @@ It reads and wraps parts of Gradio's queue outside its public API, listed in :da
 
 from __future__ import annotations
 
+import json
 import time
+import weakref
 
 import gradio as gr
 
 from .visitors import address, visitor
 
-__all__ = ["GRADIO_PRIVATE", "FairTurns"]
+__all__ = ["DOOR_S", "GRADIO_PRIVATE", "FairTurns", "QueueDoor"]
 
 GRADIO_PRIVATE = {
     "Queue.push": "async push(body, request, username) → (queued, event id or message, status); FairTurns wraps it",
@@ -40,6 +42,9 @@ GRADIO_PRIVATE = {
 }
 
 DEFAULT_COST_S = 0.1  # a handler's estimated time before Gradio has measured any run of it
+DOOR_S = 1.0  # a visitor or address refused for its waiting events is refused at the door this long, or until one
+#               of its events starts (QueueDoor)
+_TURNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # app → its FairTurns
 
 
 class FairTurns:
@@ -60,8 +65,28 @@ class FairTurns:
         self.tags: dict[str, tuple[str, str, float, float, float]] = {}  # event id → (visitor, address, its
         #                                        address's start tag, its start tag among that address's visitors, cost)
         self.clock = time.monotonic  # what a run's time is measured with, s
+        self.closed: dict[tuple[str, str], tuple[float, str]] = {}  # ("v", visitor) or ("a", address) refused →
+        #                                                             (until, monotonic s; the refusal's message)
         self._push, self._process = self.queue.push, self.queue.process_events
         self.queue.push, self.queue.process_events = self.push, self.process_events
+        _TURNS[demo] = self
+
+    @staticmethod
+    def of(demo: gr.Blocks) -> FairTurns | None:
+        """The fair turns made for ``demo``, if any."""
+        return _TURNS.get(demo)
+
+    def at_door(self, who: str, where: str) -> str | None:
+        """The message refusing a queue join of visitor ``who`` at address ``where`` before it is read: that visitor
+        or address was refused for its waiting events less than :data:`DOOR_S` ago and none of its events has
+        started since; else None."""
+        now = time.monotonic()
+        for key in (("v", who), ("a", where)):
+            until, message = self.closed.get(key, (0.0, ""))
+            if until > now:
+                return message
+            self.closed.pop(key, None)
+        return None
 
     def waiting(self, who: str, where: str) -> tuple[int, int]:
         """Events waiting in the queue (not started), all groups together: visitor ``who``'s, and those of the
@@ -84,16 +109,21 @@ class FairTurns:
         who, where = visitor(request), address(request)
         mine, here = self.waiting(who, where)
         if who and mine >= self.max_waiting:
-            return False, (f"You have {self.max_waiting} requests waiting already: they are answered first. Ask again "
-                           "once they are."), "error"
+            return self._refuse(("v", who), f"You have {self.max_waiting} requests waiting already: they are "
+                                            "answered first. Ask again once they are.")
         if where and here >= self.max_waiting_at_address:
-            return False, (f"{self.max_waiting_at_address} requests from your network are waiting already: they are "
-                           "answered first. Ask again in a moment."), "error"
+            return self._refuse(("a", where), f"{self.max_waiting_at_address} requests from your network are waiting "
+                                              "already: they are answered first. Ask again in a moment.")
         queued, answer, status = await self._push(body=body, request=request, username=username)
         event = self.queue.event_ids_to_events.get(answer) if queued else None
         if event is not None:
             self.place(event, who, where)
         return queued, answer, status
+
+    def _refuse(self, key: tuple[str, str], message: str) -> tuple[bool, str, str]:
+        """``push``'s refusal with ``message``; ``key``'s next joins are refused at the door (:meth:`at_door`)."""
+        self.closed[key] = (time.monotonic() + DOOR_S, message)
+        return False, message, "error"
 
     def place(self, event, who: str, where: str) -> None:
         """Tag ``event`` (just queued, last of its group) for visitor ``who`` at address ``where`` and sort its
@@ -135,6 +165,9 @@ class FairTurns:
         """Gradio's ``Queue.process_events``; afterwards each event's visitor and address are charged what its run
         took beyond its estimate (their finish tags move later, or earlier for a run shorter than estimated)."""
         started = self.clock()
+        for event in events:  # a place of its visitor's and address's is free: their door opens
+            self.closed.pop(("v", visitor(event.request)), None)
+            self.closed.pop(("a", address(event.request)), None)
         try:
             return await self._process(events, batch, begin_time, fn)
         finally:
@@ -145,3 +178,30 @@ class FairTurns:
                 for key in () if tag is None else (("a", tag[1]), ("v", tag[1], tag[0])):
                     if key in finish:
                         finish[key] += took - tag[4]
+
+
+class QueueDoor:
+    """ASGI middleware, inside :class:`server.Visitors`: a queue join (``POST …/queue/join``) of a visitor or address
+    that ``turns`` refused a moment ago (:meth:`FairTurns.at_door`) is answered 429 with the same message as JSON
+    (``{"detail": …}``, as Gradio's own refusals) before Gradio reads it. A client that keeps sending what is
+    refused (a flood of joins: 200 a second in the class bench) then costs the server a header's parsing each, not
+    Gradio's route, its body's validation and a scan of the queue, which took the event loop from every visitor.
+
+    Args:
+        app: the ASGI application it wraps.
+        turns (FairTurns): the app's fair turns.
+    """
+
+    def __init__(self, app, turns: FairTurns) -> None:
+        self.app, self.turns = app, turns
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path", "").endswith("/queue/join"):
+            message = self.turns.at_door(visitor(scope), address(scope))
+            if message is not None:
+                await send({"type": "http.response.start", "status": 429,
+                            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                                        (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": json.dumps({"detail": message}).encode()})
+                return
+        await self.app(scope, receive, send)

@@ -4,7 +4,6 @@ one browser per test process (:func:`chromium`), a fresh context (cookies, stora
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import urllib.parse
 from pathlib import Path
@@ -15,8 +14,51 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--disable-quic", "--no-first-run"]
 DESKTOP = {"viewport": {"width": 1280, "height": 800}}
-QUIET_S = 0.5  # a page counts as settled once no queue request has been in flight for this long
+QUIET_S = 0.5  # a page counts as settled once none of its queue events has been open for this long
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 3, "is_mobile": True, "has_touch": True}
+# The page's queue events, as Gradio's client sends and receives them (through window.fetch): ``joined`` (the
+# dependencies whose /queue/join has been answered), ``joining`` (joins not answered yet), ``open`` (events joined
+# whose result has not arrived on /queue/data) and ``early`` (results that arrived before their join's answer).
+QUEUE_EVENTS_JS = r"""
+(() => {
+  const queue = window.convnnQueue = {joined: new Set(), joining: 0, open: new Set(), early: new Set()};
+  const pageFetch = window.fetch;
+
+  async function readResults(body) {  // the /queue/data stream: `data: {...}` messages, a blank line after each
+    const reader = body.getReader(), decoder = new TextDecoder();
+    let text = "";
+    try {
+      for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+        const messages = (text + decoder.decode(chunk.value, {stream: true})).split("\n\n");
+        text = messages.pop();
+        for (const message of messages.map(m => JSON.parse(m.replace(/^data: /, "")))) {
+          const id = message.msg === "process_completed" && message.event_id;
+          if (id && !queue.open.delete(id)) queue.early.add(id);
+        }
+      }
+    } catch (error) {}  // the client aborts the stream once it has every result it waits for
+  }
+
+  window.fetch = async function (input, init) {
+    const url = input instanceof Request ? input.url : String(input);
+    if (!url.includes("/queue/join")) {
+      const response = await pageFetch.call(this, input, init);
+      if (url.includes("/queue/data")) readResults(response.clone().body);
+      return response;
+    }
+    queue.joining += 1;
+    try {
+      const response = await pageFetch.call(this, input, init);
+      const id = (await response.clone().json().catch(() => ({}))).event_id;
+      if (id && !queue.early.delete(id)) queue.open.add(id);
+      queue.joined.add(JSON.parse(init.body).fn_index);
+      return response;
+    } finally {
+      queue.joining -= 1;
+    }
+  };
+})();
+"""
 
 
 def expect_chain(page, event: str, elem_id: str | None = None) -> int:
@@ -32,28 +74,31 @@ def expect_chain(page, event: str, elem_id: str | None = None) -> int:
     then = {d["trigger_after"]: d["id"] for d in config["dependencies"] if d["targets"] == [[None, "then"]]}
     while step in then:
         step = then[step]
-    page.convnn_joins.clear()
+    page.evaluate("window.convnnQueue?.joined.clear()")  # none yet before the page opens
     return step
 
 
 def settle(page, until: int | None = None, timeout_s: float = 60) -> None:
     """Wait until the queue has answered the join of step ``until`` (:func:`expect_chain`), if given, and no queue
-    request of ``page`` (a :func:`browser_page`) has been in flight for :data:`QUIET_S` since: every event chain
-    started so far has delivered its results."""
+    event of ``page`` (a :func:`browser_page`) has been open (its join unanswered, or its result not delivered) for
+    :data:`QUIET_S` since: every event chain started so far has delivered its results. Events, not requests: when an
+    event's result arrives before the answer to its join, Gradio's client opens its results stream again, and that
+    stream stays open with nothing to deliver. An event the page holds back (always_last: a change made while the one
+    before is answered) is not open until the page sends it: wait for what it draws first.
+
+    Raises:
+        AssertionError: not settled in ``timeout_s``.
+    """
     start = time.monotonic()
-    while until is not None and until not in page.convnn_joins:
+    while until is not None and not page.evaluate("step => convnnQueue.joined.has(step)", until):
         assert time.monotonic() - start < timeout_s, f"step {until} of an event chain was not sent in {timeout_s} s"
         page.wait_for_timeout(50)
     quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < QUIET_S and time.monotonic() - start < timeout_s:
+    while time.monotonic() - quiet_since < QUIET_S:
         page.wait_for_timeout(50)
-        if page.convnn_pending:
+        if open_events := page.evaluate("convnnQueue.joining + convnnQueue.open.size"):
+            assert time.monotonic() - start < timeout_s, f"{open_events} queue events of the page open at {timeout_s} s"
             quiet_since = time.monotonic()
-
-
-def joined(request) -> int | None:
-    """The dependency id a finished queue/join request asked for (None for any other request)."""
-    return json.loads(request.post_data)["fn_index"] if "/queue/join" in request.url else None
 
 
 @pytest.fixture(scope="session")
@@ -85,11 +130,7 @@ def browser_page(chromium, url: str, context: dict | None = None, ready: str = "
     browser_context = chromium.new_context(**(context or DESKTOP))
     try:
         page = browser_context.new_page()
-        page.convnn_pending = set()  # the queue's requests in flight (a chain streams its results on one)
-        page.convnn_joins = set()  # the dependencies whose queue/join has been answered
-        page.on("request", lambda r: "/queue/" in r.url and page.convnn_pending.add(r))
-        page.on("requestfinished", lambda r: (page.convnn_pending.discard(r), page.convnn_joins.add(joined(r))))
-        page.on("requestfailed", lambda r: page.convnn_pending.discard(r))
+        page.add_init_script(QUEUE_EVENTS_JS)
         parts = urllib.parse.urlsplit(url)
         page.convnn_config = page.request.get(urllib.parse.urlunsplit(
             (*parts[:2], parts.path.rstrip("/") + "/config", "", ""))).json()

@@ -3,12 +3,14 @@ another's first, a visitor's waiting places are bounded, and what a run took is 
 
 from __future__ import annotations
 
+import json
+
 import gradio as gr
 import pytest
 from gradio.data_classes import PredictBodyInternal
 from starlette.requests import Request
 
-from server import FairTurns, Visitors, visitor
+from server import FairTurns, QueueDoor, Visitors, visitor
 from tests.loops import run_coroutine
 
 
@@ -111,3 +113,48 @@ def test_tokens_minted_at_one_address_take_that_address_s_turns(turns):
     assert push("10.0.0.20", 99, minted=True)[0]  # … and a second visitor there
     mine = [label for address, label in waiting(queue) if address == "10.0.0.20"]
     assert mine[:3] == [0, 99, 1]
+
+
+def test_a_refused_visitor_is_refused_at_the_door_until_one_of_its_events_starts(turns):
+    """A client that keeps sending joins past its waiting places gets the refusal from :class:`server.QueueDoor`
+    before Gradio reads them, while other visitors get in; its door opens when one of its events starts."""
+    turns, push, queue = turns
+    for label in range(10):
+        assert push("10.0.0.1", label)[0]
+    refused = push("10.0.0.1", 10)
+    assert not refused[0]
+    hostile = queue.event_queue_per_concurrency_id["group"].queue[0].request
+    answers, reads = [], []
+
+    async def app(scope, receive, send):
+        answers.append("app")
+
+    async def receive():
+        reads.append("body")
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message):
+        answers.append(message)
+
+    door = QueueDoor(app, turns)
+
+    def join(request, path="/gradio_api/queue/join"):
+        answers.clear()
+        run_coroutine(door({**request.scope, "method": "POST", "path": path}, receive, send))
+        return answers
+
+    answer = join(hostile)
+    assert answer[0]["status"] == 429 and json.loads(answer[1]["body"]) == {"detail": refused[1]} and not reads
+    assert join(hostile, "/gradio_api/upload") == ["app"]  # only joins
+    assert join(request_from("10.0.0.2")) == ["app"]  # another visitor gets in
+    first = queue.event_queue_per_concurrency_id["group"].queue.pop(0)
+
+    async def run(*args):
+        return None
+    turns._process = run
+    run_coroutine(turns.process_events([first], False, 0.0, first.fn))  # one of its events starts
+    assert join(hostile) == ["app"]
+    assert push("10.0.0.1", 11)[0] and not push("10.0.0.1", 12)[0]  # its place taken again, and full
+    assert turns.at_door("a:10.0.0.1", "10.0.0.1") is not None
+    turns.closed = {key: (0.0, message) for key, (until, message) in turns.closed.items()}  # DOOR_S later
+    assert turns.at_door("a:10.0.0.1", "10.0.0.1") is None

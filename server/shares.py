@@ -1,0 +1,246 @@
+"""Fair shares of the computing cores between visitors (:class:`ComputeShares`).
+
+:class:`server.FairTurns` orders each event group's waiting events, but once events of several groups run, their
+forward passes share the machine's cores as the operating system pleases: a visitor whose uploaded model takes
+seconds a pass, with a request running in every group, held a core whenever it had one running, and every other
+visitor's views computed on what was left (`bench/RESULTS.md` §9). Here every forward pass that a visitor's request
+runs, in any group and any thread, computes in one of ``slots`` places (one a core, as each computation runs on one
+torch thread: ``--threads``). The places go to the waiting computation whose network address, then whose visitor
+among that address's, has computed least (thread CPU seconds, charged as they are spent); a visitor who starts
+asking while others compute is charged as much as the least charged of them (no credit saved up while idle, as in
+start-time fair queueing). A running pass gives its place up between two module calls when a computation waits
+whose address (or, at the same address, whose visitor) has computed at least ``quantum_s`` less — so a heavy model
+computes on a core only while nobody else wants it, and a click waits at most one module call of it, not a pass.
+A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
+
+Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
+counted and never wait. A pass holds a place only inside the model's ``forward`` (from its outermost module's call
+to that call's end, also when it raises), where it takes no lock, so a pass waiting for a place never holds up one
+that has one.
+
+It wraps ``Queue.process_events`` (listed in :data:`server.fairness.GRADIO_PRIVATE`) to run each event as its
+visitor's, and registers one global forward pre-hook and forward hook with torch (``register_module_forward_*``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import gradio as gr
+import torch
+
+from .guards import RunDropped, check_dropped
+from .visitors import address, visitor
+
+__all__ = ["QUANTUM_S", "ComputeShares"]
+
+QUANTUM_S = 0.05  # a running pass gives its place up to a waiting one that has computed this much less, s
+DROP_CHECK_S = 0.1  # how often a pass waiting for a place checks whether its slow run was dropped, s
+
+
+@dataclass(eq=False)
+class _Turn:
+    """One computation waiting for a place: its share's keys and its order of arrival."""
+
+    where: tuple[str]  # ("address",)
+    who: tuple[str, str]  # (address, visitor)
+    arrival: int
+
+
+@dataclass
+class _Running:
+    """The thread's own state: how deep inside a pass it is, and whose it is."""
+
+    depth: int = 0
+    turn: _Turn | None = None
+    holding: bool = False  # whether the pass holds a place now
+    since: float = 0.0  # thread CPU time when the place was taken, s
+
+
+@dataclass(frozen=True)
+class _Visitor:
+    shares: ComputeShares
+    where: tuple[str]
+    who: tuple[str, str]
+
+
+_CURRENT: contextvars.ContextVar[_Visitor | None] = contextvars.ContextVar("compute_visitor", default=None)
+_HOOKS: list = []  # the two global torch hooks, registered once per process
+
+
+def _enter(module, args) -> None:
+    current = _CURRENT.get()
+    if current is not None:
+        current.shares._enter(current)
+
+
+def _leave(module, args, output) -> None:
+    current = _CURRENT.get()
+    if current is not None:
+        current.shares._leave()
+
+
+@dataclass
+class ComputeShares:
+    """At most ``slots`` forward passes of visitors' requests at a time, given out by least computing time (module
+    docstring). Make one per app with :meth:`attach`.
+
+    Raises:
+        ValueError: ``slots`` < 1.
+
+    Args:
+        slots (int): passes at a time (the cores, divided by torch's threads a computation).
+        quantum_s (float): how much less a waiting computation must have computed to take a running one's place
+            between two module calls, s. Default: :data:`QUANTUM_S`.
+        clock: the seconds a computation is charged by: this thread's CPU time (``time.thread_time``).
+    """
+
+    slots: int
+    quantum_s: float = QUANTUM_S
+    clock: object = time.thread_time
+    charged: dict[tuple, float] = field(default_factory=dict)  # ("address",) or (address, visitor) → seconds
+    _active: Counter = field(default_factory=Counter)  # the keys of computations waiting or running → how many
+    _waiting: list[_Turn] = field(default_factory=list)
+    _running: int = 0
+    _lock: threading.Condition = field(default_factory=threading.Condition)
+    _arrivals: itertools.count = field(default_factory=itertools.count)
+    _threads: threading.local = field(default_factory=threading.local)
+    _process: object = None  # the queue's process_events that attach wrapped
+
+    def __post_init__(self) -> None:
+        if not self.slots >= 1:
+            raise ValueError(f"slots must be at least 1, got {self.slots}")
+        if not _HOOKS:  # once per process: they act only in a context that computing_for set
+            _HOOKS.append(torch.nn.modules.module.register_module_forward_pre_hook(_enter))
+            _HOOKS.append(torch.nn.modules.module.register_module_forward_hook(_leave, always_call=True))
+
+    def attach(self, demo: gr.Blocks) -> ComputeShares:
+        """Run each event of ``demo``'s queue (after ``demo.queue()``) as its visitor's (:meth:`computing_for`).
+        Returns self."""
+        queue = demo._queue
+        self._process = queue.process_events
+
+        async def process_events(events, batch, begin_time, fn):
+            with self.computing_for(events[0].request if events else None):
+                return await self._process(events, batch, begin_time, fn)
+
+        queue.process_events = process_events
+        return self
+
+    @contextlib.contextmanager
+    def computing_for(self, request):
+        """Inside, every forward pass of this thread (and of the threads started with a copy of its context, as
+        Gradio's workers are) computes in a place of these shares, charged to ``request``'s address and visitor
+        (:func:`server.address`, :func:`server.visitor`; a ``gr.Request`` or the queue's Starlette request)."""
+        where = address(request)
+        token = _CURRENT.set(_Visitor(self, (where,), (where, visitor(request))))
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+
+    def _state(self) -> _Running:
+        state = getattr(self._threads, "state", None)
+        if state is None:
+            state = self._threads.state = _Running()
+        return state
+
+    def _enter(self, current: _Visitor) -> None:
+        """A module call of a visitor's pass: the outermost one waits for a place; an inner one gives its place up
+        if a computation waits that has computed ``quantum_s`` less. Then a slow run that was dropped stops here,
+        or while it waits for a place (:func:`server.check_dropped` raises; the forward hook still ends the call:
+        torch runs it on errors too)."""
+        state = self._state()
+        state.depth += 1
+        if state.depth == 1:
+            state.turn = _Turn(current.where, current.who, next(self._arrivals))
+            with self._lock:
+                self._arrive(state.turn)
+                self._take(state)
+        elif self._waiting:  # read without the lock: a turn that arrives meanwhile is seen at the next call
+            with self._lock:
+                if self._should_yield(state):
+                    self._free(state)
+                    state.turn.arrival = next(self._arrivals)
+                    self._waiting.append(state.turn)
+                    self._take(state)
+        check_dropped()
+
+    def _leave(self) -> None:
+        """The end of a module call (also when it raised): the outermost one charges the pass and frees its place."""
+        state = self._state()
+        state.depth -= 1
+        if state.depth == 0:
+            with self._lock:
+                if state.holding:
+                    self._free(state)
+                for key in (state.turn.where, state.turn.who):
+                    self._active[key] -= 1
+                    if not self._active[key]:
+                        del self._active[key]
+                if not self._active:  # nobody computes: everyone is even, start afresh
+                    self.charged.clear()
+            state.turn = None
+
+    def _free(self, state: _Running) -> None:
+        """Charge the CPU time since ``state``'s place was taken to its address and visitor, and free the place."""
+        now = self.clock()
+        for key in (state.turn.where, state.turn.who):
+            self.charged[key] = self.charged.get(key, 0.0) + now - state.since
+        self._running -= 1
+        state.holding = False
+        self._lock.notify_all()
+
+    def _arrive(self, turn: _Turn) -> None:
+        """Enter ``turn`` among the waiting; a share not computing yet is charged as much as the least charged share
+        computing beside it (its address among addresses, its visitor among its address's visitors)."""
+        for key, peers in ((turn.where, [k for k in self._active if len(k) == 1]),
+                           (turn.who, [k for k in self._active if len(k) == 2 and k[0] == turn.who[0]])):
+            if key not in self._active and peers:
+                self.charged[key] = max(self.charged.get(key, 0.0), min(self.charged.get(k, 0.0) for k in peers))
+            self._active[key] += 1
+        self._waiting.append(turn)
+
+    def _order(self, turn: _Turn) -> tuple[float, float, int]:
+        return self.charged.get(turn.where, 0.0), self.charged.get(turn.who, 0.0), turn.arrival
+
+    def _take(self, state: _Running) -> None:
+        """Wait (holding the condition) until a place is free and ``state``'s turn is the first waiting; take it. A
+        dropped slow run stops waiting (within :data:`DROP_CHECK_S`) and takes none.
+
+        Raises:
+            RunDropped: the slow run computing in this thread was dropped.
+        """
+        while self._running >= self.slots or min(self._waiting, key=self._order) is not state.turn:
+            self._lock.wait(DROP_CHECK_S)
+            try:
+                check_dropped()
+            except RunDropped:
+                self._waiting.remove(state.turn)
+                self._lock.notify_all()
+                raise
+        self._waiting.remove(state.turn)
+        self._running += 1
+        state.holding = True
+        state.since = self.clock()
+
+    def _should_yield(self, state: _Running) -> bool:
+        """Whether every place is taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at
+        another address, less than its address; at the same address, less than its visitor."""
+        if self._running < self.slots:
+            return False
+        spent = self.clock() - state.since
+        mine = self.charged.get(state.turn.where, 0.0) + spent, self.charged.get(state.turn.who, 0.0) + spent
+        for turn in self._waiting:
+            theirs = self._order(turn)
+            if turn.where != state.turn.where and theirs[0] < mine[0] - self.quantum_s:
+                return True
+            if turn.where == state.turn.where and turn.who != state.turn.who and theirs[1] < mine[1] - self.quantum_s:
+                return True
+        return False
