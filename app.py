@@ -41,6 +41,7 @@ from analysis import ViewState, knob_names, settings
 from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_compare import COMPARE_LAYERS, CompareMode
+from app_components import CompareView, ExplorerView, HopsView
 from app_server import default_workspace, launch
 from convnn.candidates import draws_candidates
 from server import (
@@ -120,13 +121,15 @@ class Explorer(CompareMode, ExplorerAPI):
         return self.table(query, request)
 
     @user_errors
-    def on_table_row(self, query, evt: gr.SelectData, request=None):
-        """A click's row when K is above the table's bound (the page asks for it, :data:`an.MAX_TABLE_NEIGHBORS`)."""
+    def on_table_row(self, query, evt: gr.EventData, request=None):
+        """A click's row when K is above the table's bound (the explorer's ``row`` event, ``evt.index`` the pixel;
+        :data:`an.MAX_TABLE_NEIGHBORS`)."""
         return self.table(query.at(self.clicked(evt)), request)
 
     @user_errors
     def on_sweep(self, query, request=None):
-        """The α animation's frames for the table shown (the page asks once, when ▶ α is pressed)."""
+        """The α animation's frames for the table shown (the explorer's ``sweep`` event, once per table, when ▶ α is
+        pressed)."""
         loaded, image = self.loaded(query, request)
         return an.page_sweep(an.blend_sweep(loaded, image, query.layer, query.options(), draw=query.draw))
 
@@ -179,10 +182,12 @@ class Explorer(CompareMode, ExplorerAPI):
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
         (:meth:`view`), its paragraph, and the step reached; without a lesson, or over models it was not written for
-        (:meth:`weights`), only a note where its text goes."""
+        (:meth:`weights`), only a note where its text goes; past either end (Next on the last step, Back on the
+        first), the step's text, the view as the user left it."""
         found = an.lesson_step(self.lessons, lesson, step, self.weights())
-        if found is None or found.unknown:  # said where the lesson's text goes; the view stays as it is (no error
-            #                                 on every box, no narration of models this server does not have)
+        if found is None or found.unknown or found.step != step:  # said where the lesson's text goes; the view stays
+            #  as it is (no error on every box, no narration of models this server does not have, and past the end
+            #  no step applied again over what the user did since)
             return {name: gr.skip() for name in link_outputs(type(state))} | {
                 "lesson_text": found.text if found else texts.LESSON_MISSING, "lesson_step": found.step if found else 0}
         return self.view(found.params, state, request) | {"lesson_text": found.text, "lesson_step": found.step}
@@ -200,13 +205,15 @@ class Explorer(CompareMode, ExplorerAPI):
         return self.lesson_step(lesson, (lesson_step or 0) - 1, state, request)
 
     @user_errors
-    def on_example(self, evt: gr.SelectData, request=None) -> str:
+    def on_example(self, evt: gr.EventData, request=None) -> str:
         return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
 
     @user_errors
-    def on_image_upload(self, image_upload: str | None, request=None) -> str:
-        self.image(image_upload)  # refuse what cannot be read before it replaces the current image
-        return image_upload
+    def on_image_upload(self, image_upload: str | None, request=None) -> dict:
+        """An uploaded photo: the image every view reads (refused before it replaces the current one if it cannot
+        be read), and no example thumbnail left highlighted as if it were the image shown."""
+        self.image(image_upload)
+        return {"image_file": image_upload, "examples": gr.Gallery(selected_index=None)}
 
     # -- the tabs ----------------------------------------------------------------------------------------------------
     @user_errors
@@ -241,9 +248,9 @@ class Explorer(CompareMode, ExplorerAPI):
         return self.hop_fields(loaded, image, query.at(query.pixel, loaded.card.input_size), hops)
 
     @user_errors
-    def on_hops_row(self, query, hops, evt: gr.SelectData, request=None):
-        """The field of a clicked query that the multi-hop view's table does not hold (the page asks for it); where
-        the table holds every query, nothing is sent again."""
+    def on_hops_row(self, query, hops, evt: gr.EventData, request=None):
+        """The field of a clicked query that the multi-hop view's table does not hold (its ``field`` event,
+        ``evt.index`` the pixel); where the table holds every query, nothing is sent again."""
         loaded = self.model(query.checkpoint, request)
         if an.fits_field_table(loaded.layer_info(query.layer)):
             return gr.skip()
@@ -340,7 +347,8 @@ API = ["layers", "predict", "neighbors", "table", "export", "spectrum", "multiho
        "compare"]  # the documented API: ExplorerAPI.api_<name> as /<name>, plain values in and out
 SLOW_API = ["attribution", "equivalence"]  # the same, in the slow views' group
 KEPT = ["checkpoint", "image_file", "tab", "compare_models", "compare_depth"]  # what a link it leaves out keeps
-COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "image_file", "fit", "row_px", "col_px"]  # compare mode's
+COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "checkpoint", "image_file", "fit", "row_px",
+                 "col_px"]  # compare mode's: its models and layers, the image, and the query in the explorer's model
 
 
 def query_fields(state_type: type = ViewState) -> list[str]:
@@ -375,7 +383,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
                                    COMPARE_LAYERS),
         "example": ("on_example", [], ["image_file"]),
-        "image_upload": ("on_image_upload", ["image_upload"], ["image_file"]),
+        "image_upload": ("on_image_upload", ["image_upload"], ["image_file", "examples"]),
         "first_render": ("on_first_render", query, ["explorer"]),
         "table": ("on_table", query, ["explorer"]),
         "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
@@ -402,6 +410,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
 # typed passes through values the other knobs refuse (r = 3 on the way to 32, below K = 9), and a refusal put the
 # box back under the user's fingers. Each event runs its chain for the last of quick changes (always_last, set in
 # build_demo): Gradio's default dropped a change made while the one before was answered (K typed "30", view K = 3).
+# Compare mode maps the query from the explorer's model's input: a new model redraws it where it is open.
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
@@ -415,8 +424,8 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
     of ``state_type``'s query (its control's event: a slider's release, a number box's blur) redraws the table."""
     return {
         ("demo", "load"): ["link", *VIEW_CHAIN],
-        ("checkpoint", "input"): ["model", *MODEL_CHAIN],
-        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN],
+        ("checkpoint", "input"): ["model", *MODEL_CHAIN, "compare_if_open"],
+        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN, "compare_if_open"],
         ("examples", "select"): ["example", *IMAGE_CHAIN],
         ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
         ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
@@ -462,6 +471,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Textbox("\n".join(left_out), label="Left out of the model list: they cannot be opened",
                            lines=min(len(left_out), 4), max_lines=8, interactive=False, visible=bool(left_out),
                            elem_id="left_out"))  # plain text: a card's text is never markup
+            add(gr.Markdown(texts.NO_MODEL, visible=ex.default_checkpoint() is None, elem_id="no_model"))
             add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
                            show_label=False, object_fit="cover", buttons=[],
                            elem_id="examples"))  # 32 px images: 2 rows, no icons over them
@@ -505,10 +515,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
                 add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))
-            add(gr.HTML(None, elem_id="explorer", html_template='<div class="cx"></div>',
-                        css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("explorer.js"),
-                        padding=False))
-            add(gr.HTML(None, elem_id="sweep", html_template="<div></div>", js_on_load=_web("sweep.js")))
+            add(ExplorerView(elem_id="explorer", rule_box="focus_rule"))
     ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
     ui["tab"] = gr.State(next(iter(texts.TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):
@@ -555,9 +562,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
                                     visible=index < 3, min_width=160))
-            add(gr.HTML(None, elem_id="compare", html_template='<div class="cc"></div>',
-                        css_template=_web("explorer.css"), js_on_load=_web("panel.js") + _web("compare.js"),
-                        padding=False))
+            add(CompareView(elem_id="compare"))
         with gr.Tab(texts.TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
             add(gr.Markdown(texts.EQUIVALENCE_PROMPT, elem_id="equivalence_text"))
@@ -565,8 +570,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
         with gr.Tab(texts.TABS["hops"], id="hops"):
             gr.Markdown(texts.HOPS_INTRO)
             add(CheckedSlider(1, 4, value=2, step=1, label="hops (towards the input)", elem_id="hops"))
-            add(gr.HTML(None, elem_id="hop_view", html_template='<div class="cx-hops"></div>',
-                        css_template=_web("explorer.css"), js_on_load=_web("hops.js"), padding=False))
+            add(HopsView(elem_id="hop_view"))
         with gr.Tab(texts.TABS["pixels"], id="pixels"):
             gr.Markdown(texts.PIXELS_INTRO)
             with gr.Row():
@@ -580,12 +584,6 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Plot(label="like vs near", elem_id="pixel_plot"))
     guided.change(lambda on: [gr.update(visible=on)] * len(guide), guided, guide, api_visibility="private")
     return ui
-
-
-@functools.cache
-def _web(name: str) -> str:
-    """A file of the page's own JavaScript or CSS, from the ``web/`` folder beside this file."""
-    return (WEB_DIR / name).read_text(encoding="utf-8")
 
 
 def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
@@ -615,7 +613,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in knob_fields]
+        opens = ui["checkpoint"].value is not None  # else the page's load has no model to show (texts.NO_MODEL)
         for (source, trigger), chain in refresh_table(ex.state_type).items():
+            if source == "demo" and not opens:
+                continue
             first, *rest = chain
             event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
@@ -624,19 +625,22 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
+                # and the table shown, still valid, loses the "Error" mark of the refusal (its toast says why)
+                event.failure(lambda: gr.skip(), None, ui["explorer"], api_visibility="private")
                 # kept also when the table did not change (R = 5 where auto gives 5), else a later refusal of
                 # another knob put R back to 0
                 event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
         ui["explorer"].change(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
 
-        # Actions: what the user asks for. A click in the explorer runs nothing on the server; for a K above the
-        # table's bound the page asks for the clicked query's row (explorer.select), and ▶ α for the frames of the
-        # α animation (explorer.click).
-        ui["explorer"].select(**wired("on_table_row", [n for n in query if n not in ("row_px", "col_px")],
-                                ["explorer"]), api_visibility="private")
-        ui["explorer"].click(**wired("on_sweep", query, ["sweep"]), api_visibility="private")  # ▶ α
-        ui["hop_view"].select(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head",
-                                                      "draw"], ["hop_view"]), api_visibility="private")
+        # Actions: what the user asks for. A click in the explorer runs nothing on the server; the page's views ask
+        # by their named events (app_components): for a K above the table's bound the explorer asks for the clicked
+        # query's row (explorer.row), ▶ α for the frames of the α animation (explorer.sweep), and the multi-hop view
+        # for a query's field its table does not hold (hop_view.field).
+        ui["explorer"].row(**wired("on_table_row", [n for n in query if n not in ("row_px", "col_px")],
+                                   ["explorer"]), api_visibility="private")
+        ui["explorer"].sweep(**wired("on_sweep", query, ["explorer"]), api_visibility="private")
+        ui["hop_view"].field(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head",
+                                                     "draw"], ["hop_view"]), api_visibility="private")
         for tab in ui["tabs"].children:  # the open tab, for a link
             tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],

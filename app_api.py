@@ -183,15 +183,17 @@ class ExplorerAPI:
         return value
 
     @staticmethod
-    def clicked(evt: gr.SelectData) -> tuple[int, int]:
-        """The pixel ``[row_px, col_px]`` a page's "select" event names (a click the page asks the server about).
+    def clicked(evt: gr.EventData) -> tuple[int, int]:
+        """The pixel ``[row_px, col_px]`` a view's event names as its ``index`` (a click the page asks the server
+        about: app_components).
 
         Raises:
             ValueError: not a pair of whole numbers; the message quotes what was sent.
         """
-        if not (isinstance(evt.index, list | tuple) and len(evt.index) == 2):
-            raise ValueError(f"a clicked pixel is [row, col], got {reprlib.repr(evt.index)}")
-        return an.Query(row_px=evt.index[0], col_px=evt.index[1]).pixel
+        index = getattr(evt, "index", None)
+        if not (isinstance(index, list | tuple) and len(index) == 2):
+            raise ValueError(f"a clicked pixel is [row, col], got {reprlib.repr(index)}")
+        return an.Query(row_px=index[0], col_px=index[1]).pixel
 
     def shipped(self) -> list[str]:
         """The shipped checkpoints' names (stems), as the model list offers them."""

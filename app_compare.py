@@ -41,17 +41,21 @@ class CompareMode:
     @user_errors
     def on_compare(self, compare_models, compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3, query,
                    request=None):
-        """Compare mode's value: each column's neighbour table (the page's, as the explorer gets it), each layer's
-        own K, R and r, at the query's pixel moved inside each model's input; with fewer than 2 models, no columns
-        and a note."""
+        """Compare mode's value (:class:`app_components.CompareView`): each column's neighbour table (the page's, as
+        the explorer gets it), each layer's own K, R and r, at the query's pixel mapped onto each model's input by
+        its place in the image, and ``query_size``, the input size of the explorer's model, in which the page holds
+        the query; with fewer than 2 models, no columns and a note."""
         if self.too_few(compare_models):
             return {"columns": [], "note": f"Pick 2 to {an.MAX_COMPARED} models to compare."}
+        size = self.model(query.checkpoint, request).card.input_size
+        pixel = query.at(query.pixel, size).pixel
         columns, layers = [], [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3]
         for checkpoint, loaded, layer in zip(compare_models, self.compared(compare_models, request), layers,
                                              strict=False):
             column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit, layer=layer)
-            columns.append(self.table(column.at(query.pixel, loaded.card.input_size), request, keep_query=False))
-        return {"columns": columns}
+            columns.append(self.table(column.at(an.map_pixel(pixel, size, loaded.card.input_size)), request,
+                                      keep_query=False))
+        return {"columns": columns, "query_size": size}
 
     def on_compare_layers_if_open(self, compare_models, compare_depth, tab, request=None):
         """:meth:`on_compare_layers` after a link or a lesson's step that opens compare mode (``tab=compare``), so

@@ -20,6 +20,9 @@ TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attri
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 LESSON_PROMPT = ("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says in plain words "
                  "what to look at.")
+NO_MODEL = ("**No model of this server's checkpoint folder opens**: open your own below, under “Model card, or open "
+            "your own checkpoint” (a `.safetensors` file and its `.json` card), or start the app on a folder of "
+            "checkpoints (`python app.py --checkpoints FOLDER`).")  # beside the model list, instead of every view
 LESSON_MISSING = "Pick a lesson first, in the list beside Back and Next."
 LINK_WARNING = ("This link could not set everything it names: the note under “Copy a link to this view” says what. "
                 "The rest of the view is open.")

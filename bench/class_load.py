@@ -21,7 +21,7 @@ then does a fixed mix per 3 minutes (:data:`MIX`; scaled to ``--minutes``) in a 
 - **upload**: a 12 MP JPEG photo of its own uploaded through "Upload a photo" (upload, then its chain);
 - **click**: a click on a pixel of the image. The page answers it from the neighbour table it holds and sends
   nothing (``web/explorer.js``), unless the table holds one query's row (K above 64) or the multi-hop view's table
-  does not hold the clicked query, when it asks for that row (``explorer.select``, ``hop_view.select``): a click here
+  does not hold the clicked query, when it asks for that row (``explorer.row``, ``hop_view.field``): a click here
   sends exactly those, so most clicks send nothing and are counted, not timed;
 - **knob**: one of K, r, the seed or α set (:data:`KNOBS`) and applied (a number box's blur, a slider's release);
   K = 100 makes the next clicks ask the server;
@@ -296,8 +296,9 @@ class Visitor:
             row, col = action.arg
             page.set("row_px", row)
             page.set("col_px", col)
-            return [fire(view, "select", {"index": [row, col], "value": None})
-                    for view in ("explorer", "hop_view") if _asks_server(page.value(view), row, col)]
+            return [fire(view, trigger, {"index": [row, col], "value": None})
+                    for view, trigger in (("explorer", "row"), ("hop_view", "field"))
+                    if _asks_server(page.value(view), row, col)]
         if action.kind == "saliency":
             fire("tab:attribution", "select")  # the tab, then its button (timed from the button)
             page.set("method", "saliency")

@@ -65,7 +65,7 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
         result = fn(**page, request=request, **kwargs)
         return {ui[name]: value for name, value in result.items()} if len(outputs) > 1 else result
 
-    annotations = {"values": dict, "request": gr.Request, "evt": gr.SelectData, "progress": gr.Progress}
+    annotations = {"values": dict, "request": gr.Request, "evt": gr.EventData, "progress": gr.Progress}
     order = (["values"] if inputs else []) + ["request", *extra]
     handler.__signature__ = inspect.Signature([
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[name],

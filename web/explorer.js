@@ -1,19 +1,20 @@
-// ConvNN Explorer's in-page explorer: the neighbour table of one (model, image, layer, rule knobs), drawn here.
+// ConvNN Explorer's in-page explorer (app_components.ExplorerView): the neighbour table of one (model, image, layer,
+// rule knobs), drawn here with web/panel.js's functions.
 //
-// Run by Gradio's gr.HTML as the body of js_on_load(element, trigger, props, server, upload, watch). The server
-// sends, once per table, every query cell's neighbours under every rule (analysis/rendering/page.py packs it); a
-// click, a tap, a hover or an arrow key only looks rows up and redraws, so it never waits for the server. The page
-// computes nothing the Python API answers: ranks, scores, distances, overlaps, contributions and shares are rows of
-// the table. What the query is, the page writes into the query row/col boxes (#row_px, #col_px), which the
-// server-side views read when they run.
+// The body of the component's js_on_load(element, trigger, props, server, upload, watch), after web/panel.js. The
+// server sends, once per table, every query cell's neighbours under every rule (analysis/rendering/page.py packs it)
+// as this component's value; a click, a tap, a hover or an arrow key only looks rows up and redraws, so it never
+// waits for the server. The page computes nothing the Python API answers: ranks, scores, distances, overlaps,
+// contributions and shares are rows of the table. The query lives in the query row/col boxes (data-query-boxes:
+// panel.js's readQuery/writeQuery): a click writes it there, and this view, like every other, redraws when it
+// changes there (a click in compare mode, a typed row).
 //
-// For a K above the table's bound the server sends one query's row ("queries"); a click on another cell then asks
-// the server for that row (trigger("select")), the one case where a click waits.
-//
-// The α animation: "▶ α" asks the server once (trigger("click")) for every query's blend selection at α = 0 … 1
-// (analysis/rendering/page.py: page_sweep, delivered by web/sweep.js as a "cx-sweep" event) and plays it on the focus
-// panel, frame by frame, for the clicked query (a click during the animation moves it), with the window share and
-// the mean distance traced as curves.
+// The component's value is either a table (it has `rules`) or the α animation's frames for the table shown (it has
+// `alphas`: analysis/rendering/page.py's page_sweep). Two named events ask the server for something: "row", for a
+// K above the table's bound (the table then holds one query's row: a click on another cell asks for that row, the
+// one case where a click waits), and "sweep", once per table when "▶ α" is pressed; each is answered with this
+// component's value. The animation plays the frames on the focus panel, frame by frame, for the query shown (a
+// click during the animation moves it), with the window share and the mean distance traced as curves.
 
 const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
 const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below the focus panel
@@ -47,18 +48,25 @@ const $ = (selector) => root.querySelector(selector);
 const canvas = $(".cx-canvas");
 const tip = $(".cx-tip");
 
+const boxes = root.dataset.queryBoxes.split(" "); // the elem_ids of the query's row and col boxes
+const followed = new WeakSet(); // the boxes this view follows (panel.js: followQuery)
 let table = null; // the decoded table
-let query = null; // [row_px, col_px]
+let shownQuery = null; // [row_px, col_px] last drawn: what is shown while the boxes hold no pixel of this input
 let focusRule = null;
-let appliedHint = ""; // the last rule a link or a lesson's step asked to show large (the #focus_rule box)
+let appliedHint = ""; // the rule a link or a lesson's step last named, in the box that data-rule-box names
 let drawCount = 0;
 let sweep = null; // the decoded α sweep of the current table, once asked for
 let sweepFrame = null; // the α frame shown, or null
 let sweepTimer = null;
 let playWhenSwept = false;
 
-function load(value) {
-  return decodeTable(value, () => draw());
+function currentQuery() { // the boxes' pixel where it is one of this table's input, else the one shown last
+  const px = readQuery(boxes);
+  return px && px[0] < table.input_size && px[1] < table.input_size ? px : shownQuery;
+}
+
+function selectionShown() { // the rule shown large, or the α frame the animation shows
+  return sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
 }
 
 // -- the table's rows ------------------------------------------------------------------------------------------
@@ -80,16 +88,18 @@ function focusWidth() { // as wide as its column allows, and short enough to lea
 }
 
 function draw() {
-  if (!table || !query) return;
-  const row = rowOf(cellOf(query));
-  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
-  const focus = drawPanel(canvas, focusWidth(), selection, row, {labels: true, lines: true});
+  if (!table) return;
+  const query = currentQuery();
+  shownQuery = query;
+  const cell = cellOf(table, query);
+  const row = rowOf(table, cell);
+  const selection = selectionShown();
+  const focus = drawPanel(canvas, table, query, focusWidth(), selection, row, {labels: true, lines: true});
   drawRules();
-  drawSide(row);
+  drawSide(query, row);
   drawSweep(row);
-  drawMultiples(row);
+  drawMultiples(query, row);
   drawCount += 1;
-  const cell = cellOf(query);
   root.dataset.query = query.join(",");
   root.dataset.cell = cell.join(",");
   root.dataset.rule = focusRule;
@@ -102,8 +112,6 @@ function draw() {
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.ranks = focus.ranks;
   root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
-  document.dispatchEvent(new CustomEvent("cx-query", {detail: {px: [...query], layer: table.layer,
-                                                              size: table.input_size}}));
 }
 
 function drawRules() {
@@ -178,9 +186,9 @@ function drawSpread() {
   return [box];
 }
 
-function drawSide(row) {
+function drawSide(query, row) {
   drawPrediction();
-  const cell = cellOf(query);
+  const cell = cellOf(table, query);
   const share = table.branchShare && row >= 0 ? table.branchShare[row] : null;
   const heads = table.heads.length; // a layer of several heads: the rules above read this head's keys
   $(".cx-caption").textContent = `${table.model} · ${table.label}` +
@@ -238,7 +246,7 @@ function drawNeighborList(row) { // every neighbour of the rule shown large, for
   const box = $(".cx-contrib");
   box.replaceChildren();
   if (row < 0) return;
-  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
+  const selection = selectionShown();
   const used = table.contributions ? neighbors(table.byName.layer, row) : [];
   const same = (a, b) => a && b && a[0] === b[0] && a[1] === b[1];
   const list = neighbors(selection, row).map((n) => {
@@ -272,7 +280,7 @@ function drawNeighborList(row) { // every neighbour of the rule shown large, for
   }
 }
 
-function drawMultiples(row) {
+function drawMultiples(query, row) {
   const box = $(".cx-multiples");
   const panels = table.rules.filter((rule) => rule.name !== focusRule).map((rule) => ({
     title: rule.title, selection: rule, onclick: () => { stopSweep(); focusRule = rule.name; draw(); }}));
@@ -288,7 +296,8 @@ function drawMultiples(row) {
     figure.lastChild.textContent = panel.title;
     figure.onclick = panel.onclick || null;
     figure.classList.toggle("cx-clickable", Boolean(panel.onclick));
-    drawPanel(figure.firstChild, figure.clientWidth || MULTIPLE_PX, panel.selection, row, {labels: false, lines: false});
+    drawPanel(figure.firstChild, table, query, figure.clientWidth || MULTIPLE_PX, panel.selection, row,
+              {labels: false, lines: false});
   });
 }
 
@@ -386,46 +395,38 @@ $(".cx-play").addEventListener("click", () => {
   if (sweep) { playSweep(); return; }
   playWhenSwept = true;
   $(".cx-play").textContent = "… computing the frames";
-  trigger("click"); // the server sends the sweep (web/sweep.js), once per table
+  trigger("sweep"); // the server answers with the frames as this component's value, once per table
 });
 
-document.addEventListener("cx-sweep", (event) => {
-  if (!table || !sweepMatches(event.detail)) return;
-  sweep = loadSweep(event.detail);
+function showSweep(value) { // the α frames the server sent, played if "▶ α" asked for them
+  if (!table || !sweepMatches(value)) return;
+  sweep = loadSweep(value);
   if (playWhenSwept) { playWhenSwept = false; playSweep(); }
-});
-
-// -- the user -----------------------------------------------------------------------------------------------------
-function setBox(id, value) { // the query row/col box the server-side views read; no event reaches the server
-  const input = document.querySelector(`#${id} input`);
-  if (!input || input.value === String(value)) return;
-  input.value = String(value);
-  input.dispatchEvent(new Event("input", {bubbles: true}));
 }
 
-function setQuery(px) {
-  query = px;
+// -- the user -----------------------------------------------------------------------------------------------------
+function follow() { // the query changed in its boxes (a click here or in compare mode, a typed row): redraw here
+  if (!table) return;
+  const px = readQuery(boxes);
+  if (!px || px[0] >= table.input_size || px[1] >= table.input_size) return;
   draw();
-  setBox("row_px", px[0]);
-  setBox("col_px", px[1]);
-  if (rowOf(cellOf(px)) < 0) trigger("select", {index: px, value: null}); // a K above the table's bound
+  if (rowOf(table, cellOf(table, px)) < 0) trigger("row", {index: px}); // a K above the table's bound
 }
 
 function position(event) {
   const box = canvas.getBoundingClientRect();
-  return pixelAt(frame(box.width), event.clientX - box.left, event.clientY - box.top);
+  return pixelAt(table, frame(table, box.width), event.clientX - box.left, event.clientY - box.top);
 }
 
 canvas.addEventListener("click", (event) => { // anywhere on the panel: its padding frame snaps to the image
-  if (table) setQuery(position(event));
+  if (table) writeQuery(boxes, position(event));
   showTip(); // the cell under the pointer is now the query (rank 0)
 });
 
 function describe(cell) { // what hovering a cell says: rank, similarity and contribution if it is selected
-  const row = rowOf(cellOf(query));
-  const selection = sweepFrame === null ? table.byName[focusRule] : sweep.frames[sweepFrame];
-  const same = (n) => n.cell && n.cell[0] === cell[0] && n.cell[1] === cell[1];
-  const hit = row < 0 ? null : neighbors(selection, row).find(same);
+  const row = rowOf(table, cellOf(table, currentQuery()));
+  const same = (n) => samePixel(n.cell, cell);
+  const hit = row < 0 ? null : neighbors(selectionShown(), row).find(same);
   let text = `cell (${cell[0]}, ${cell[1]})`;
   if (hit) {
     text = `rank ${hit.rank} · ${text} · similarity ${format(hit.score, 3)}`;
@@ -442,7 +443,8 @@ let pointer = null; // the last pointer position over the focus panel (client pi
 
 function showTip() {
   const box = canvas.getBoundingClientRect();
-  const cell = pointer && table && query && cellAt(frame(box.width), pointer[0] - box.left, pointer[1] - box.top);
+  const cell = pointer && table && cellAt(table, frame(table, box.width), pointer[0] - box.left,
+                                          pointer[1] - box.top);
   if (!cell) { tip.hidden = true; return; }
   tip.textContent = describe(cell);
   tip.hidden = false;
@@ -458,60 +460,47 @@ canvas.addEventListener("pointerleave", () => { pointer = null; tip.hidden = tru
 
 canvas.addEventListener("keydown", (event) => { // arrows move the query by one cell of the layer
   const step = {ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1]}[event.key];
-  if (!step || !table || !query) return;
+  if (!step || !table) return;
   event.preventDefault();
-  const cell = cellOf(query);
+  const cell = cellOf(table, currentQuery());
   const r = Math.min(Math.max(cell[0] + step[0], 0), table.height - 1);
   const c = Math.min(Math.max(cell[1] + step[1], 0), table.width - 1);
-  const f = frame(1);
+  const f = frame(table, 1);
   const y = table.row_edges_px[r + f.pad];
   const x = table.col_edges_px[c + f.pad];
-  setQuery([Math.min(y, table.input_size - 1), Math.min(x, table.input_size - 1)]);
+  writeQuery(boxes, [Math.min(y, table.input_size - 1), Math.min(x, table.input_size - 1)]);
 });
 
-function followBox(id, axis) { // a typed query row or col, entered (Enter or leaving the box)
-  const input = document.querySelector(`#${id} input`);
-  if (!input || input.dataset.cxFollowed) return;
-  input.dataset.cxFollowed = "1";
-  input.addEventListener("change", () => {
-    const value = Number(input.value);
-    if (!table || !query || !Number.isInteger(value) || value < 0 || value >= table.input_size) return;
-    const px = [...query];
-    px[axis] = value;
-    setQuery(px);
-  });
-}
-
-function show() {
-  const value = props.value;
-  if (!value || typeof value !== "object" || !value.rules) return;
-  // The page owns the query: a new table (a knob, a layer) keeps it; a new image or model, or a table of one
-  // query's row, brings the server's (the same pixel, moved inside a smaller input).
-  const keep = query && value.queries == null && value.keep_query && query[0] < value.input_size &&
-    query[1] < value.input_size;
-  table = load(value);
+function showTable(value) {
+  // A new table (a knob, a layer) keeps the query of the boxes; a new image or model, or a table of one query's
+  // row, brings the server's (the same pixel, moved inside a smaller input), which the boxes then hold.
+  const px = readQuery(boxes);
+  const keep = px && value.queries == null && value.keep_query && px[0] < value.input_size &&
+    px[1] < value.input_size;
+  table = decodeTable(value, () => draw());
   stopSweep();
   sweep = null;
   playWhenSwept = false;
-  if (!keep) {
-    query = value.query_px;
-    setBox("row_px", query[0]);
-    setBox("col_px", query[1]);
-  }
-  const hint = document.querySelector("#focus_rule textarea, #focus_rule input")?.value || "";
+  shownQuery = keep ? px : value.query_px;
+  const hint = document.querySelector(`#${root.dataset.ruleBox} textarea, #${root.dataset.ruleBox} input`)
+    ?.value || "";
   if (hint && hint !== appliedHint && table.byName[hint.split("@")[0]]) { // a link's or a lesson step's rule
     appliedHint = hint;
     focusRule = hint.split("@")[0];
   }
   if (!table.byName[focusRule]) focusRule = table.rules[table.rules.length - 1].name;
-  followBox("row_px", 0);
-  followBox("col_px", 1);
+  followQuery(boxes, followed, follow);
+  if (!keep) writeQuery(boxes, value.query_px); // every view follows (this one draws there)
   draw();
 }
 
-document.addEventListener("cc-query", (event) => { // a click in compare mode: the same place of the image here
-  if (table) setQuery(mapPixel(event.detail.px, event.detail.size, table.input_size));
-});
+function show() { // this component's value: a table, or the α frames of the table shown
+  const value = props.value;
+  if (!value || typeof value !== "object") return;
+  if (value.rules) showTable(value);
+  else if (value.alphas) showSweep(value);
+}
+
 new ResizeObserver(() => draw()).observe($(".cx-focus")); // root has no box of its own on a phone (page.css)
 watch("value", show);
 show();

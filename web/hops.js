@@ -1,11 +1,12 @@
-// ConvNN Explorer's multi-hop view: the receptive field of the explorer's query, drawn in the page.
+// ConvNN Explorer's multi-hop view (app_components.HopsView): the receptive field of the query, drawn in the page.
 //
-// Run by Gradio's gr.HTML as the body of js_on_load(element, trigger, props, server, upload, watch). The server
-// sends, per (model, image, layer, hops, head), the first hop reaching each model-input pixel for every query cell
-// of the layer (analysis/rendering/page.py: page_hops). The explorer announces each new query with a "cx-query"
-// event on the document (web/explorer.js); this view then only looks the query's row up and redraws. Where every
-// query's field would be too large a table (a large layer on a large input), the server sends the fields of the
-// queries listed in `queries`, and for a query not among them this view asks for its field (trigger("select")).
+// The body of the component's js_on_load(element, trigger, props, server, upload, watch), after web/panel.js. The
+// server sends, per (model, image, layer, hops, head), the first hop reaching each model-input pixel for every query
+// cell of the layer (analysis/rendering/page.py: page_hops). The view draws the field of the query its boxes hold
+// (its root's data-query-boxes: panel.js's readQuery), and redraws when it changes there: a click only looks the query's row
+// up. Where every query's field would be too large a table (a large layer on a large input), the server sends the
+// fields of the queries listed in `queries`, and for a query not among them this view asks for its field (its named
+// event "field"), which comes back as its value.
 
 const MAX_PX = 420; // the panel's largest CSS width
 const ASK_AGAIN_MS = 100; // after an answer for another query than the one asked for last, ask again this late
@@ -14,34 +15,24 @@ const root = element.querySelector(".cx-hops");
 root.innerHTML = `<canvas class="cx-hop-canvas" aria-label="receptive field of the query"></canvas>
   <div class="cx-legend"></div><div class="cx-counts"></div>`;
 const canvas = root.querySelector("canvas");
+const boxes = root.dataset.queryBoxes.split(" "); // the elem_ids of the query's row and col boxes
+const followed = new WeakSet(); // the boxes this view follows (panel.js: followQuery)
 let field = null;
-let query = null;
 let drawCount = 0;
 let asked = null; // the query cell whose field was asked for and has not arrived yet
 
-function decode(text, Type) {
-  const binary = atob(text);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return new Type(bytes.buffer);
-}
-
-function currentQuery() { // the explorer's query, as its root element states it
-  const explorer = document.querySelector(".cx[data-query]");
-  return explorer ? explorer.dataset.query.split(",").map(Number) : null;
-}
-
 function draw() {
-  if (!field || !query || query[0] >= field.input_size || query[1] >= field.input_size) return;
+  const query = field && readQuery(boxes);
+  if (!query || query[0] >= field.input_size || query[1] >= field.input_size) return;
   const size = field.input_size;
-  const cell = [field.row_cell_of_px[query[0]], field.col_cell_of_px[query[1]]];
-  const raster = cell[0] * field.grid[1] + cell[1];
-  const row = field.queries ? field.queries.indexOf(raster) : raster; // the query's row of the table
+  const cell = cellOf(field, query);
+  const raster = cell[0] * field.width + cell[1];
+  const row = rowOf(field, cell); // the query's row of the table
   if (row < 0) { // not in the table: ask the server for this query's field, once
     if (asked !== raster) {
       asked = raster;
       root.dataset.asked = String(raster);
-      trigger("select", {index: [...query], value: null});
+      trigger("field", {index: [...query]});
     }
     return;
   }
@@ -90,8 +81,9 @@ function draw() {
 function show() {
   const value = props.value;
   if (!value || typeof value !== "object" || !value.hops) return;
-  field = {...value, hops: decode(value.hops, Int8Array), pixel_counts: decode(value.pixel_counts, Int32Array),
-           picture: new Image()};
+  const [height, width] = value.grid;
+  field = {...value, height, width, hops: decode(value.hops, Int8Array),
+           pixel_counts: decode(value.pixel_counts, Int32Array), picture: loadImage(value.image, () => draw())};
   if (asked !== null && field.queries && !field.queries.includes(asked)) {
     // the answer to an earlier click, while a later one's was asked for: Gradio dropped that trigger (it came while
     // this event was on its way), so ask again once this one has finished (`asked` holds the draw below back)
@@ -99,13 +91,10 @@ function show() {
   } else {
     asked = null;
   }
-  field.picture.onload = () => draw();
-  field.picture.src = value.image;
-  query = currentQuery() || query;
+  followQuery(boxes, followed, draw);
   draw();
 }
 
-document.addEventListener("cx-query", (event) => { query = event.detail.px; draw(); });
 new ResizeObserver(() => draw()).observe(root);
 watch("value", show);
 show();

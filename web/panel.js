@@ -1,11 +1,13 @@
-// One panel of the explorer drawn from a neighbour table: decoding the packed arrays, the geometry between
-// model-input pixels, cells and CSS pixels, and the drawing of an image with a query's neighbours outlined.
+// The page's drawing library: decoding the packed arrays the server sends, the geometry between model-input
+// pixels, cells and CSS pixels, the drawing of a panel (an image with a query's neighbours outlined), and the
+// query's one home on the page.
 //
-// Shared by web/explorer.js and web/compare.js: app.py puts this file before each of them in one js_on_load body.
-// The functions read that script's `table` (a decoded table: analysis/rendering/page.py's value) and `query`
-// ([row_px, col_px]); the explorer has one of each, the compare view sets them to a column's before drawing it.
+// Pure functions, each given what it reads (a decoded table, a query [row_px, col_px], a canvas): no variable of
+// its own and none of its caller's. app_components.py puts this file before each view's own script (explorer.js,
+// compare.js, hops.js) in that view's js_on_load body, so every view has the same functions and no view shares a
+// variable with another.
 
-const PREFIX = -32768; // the packed cell of a prefix token (CLS)
+const PREFIX = -32768; // the packed cell of a prefix token (CLS): analysis/rendering/page.py's PREFIX_CELL
 const LABEL_FONT_PX = 11; // rank numbers inside their cells at this size, smaller in narrower cells (0.7 of the
 const LABEL_MIN_FONT_PX = 8; // cell's width) down to this size; narrower cells get lines + chips instead
 
@@ -13,7 +15,7 @@ function labelFontPx(cellPx) { // the size of the rank numbers drawn inside cell
   return Math.min(LABEL_FONT_PX, Math.floor(cellPx * 0.7));
 }
 
-function decode(text, Type) {
+function decode(text, Type) { // a packed array (base64, little-endian) as a typed array of Type
   const binary = atob(text);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
@@ -29,6 +31,13 @@ function decodeSelection(entry) {
   };
 }
 
+function loadImage(src, onImage) { // an Image of a data URL; onImage() once it has loaded
+  const image = new Image();
+  image.onload = onImage;
+  image.src = src;
+  return image;
+}
+
 function decodeTable(value, onImage) { // the page's value, its arrays decoded; onImage() once its image loads
   const [height, width] = value.grid;
   const t = {
@@ -42,11 +51,9 @@ function decodeTable(value, onImage) { // the page's value, its arrays decoded; 
     contributions: value.contributions ? decode(value.contributions, Float32Array) : null,
     branchShare: value.branch_share ? decode(value.branch_share, Float32Array) : null,
     heads: value.heads.map(decodeSelection),
-    image: new Image(),
+    image: loadImage(value.image, onImage),
   };
   t.byName = Object.fromEntries(t.rules.map((rule) => [rule.name, rule]));
-  t.image.onload = onImage;
-  t.image.src = value.image;
   return t;
 }
 
@@ -58,12 +65,50 @@ function format(value, digits = 2) { // a number as the page shows it, "—" for
   return Number.isFinite(value) ? value.toFixed(digits) : "—";
 }
 
-// -- the table's rows ------------------------------------------------------------------------------------------
-function cellOf(px) {
+function samePixel(a, b) {
+  return Boolean(a && b) && a[0] === b[0] && a[1] === b[1];
+}
+
+// -- the query's one home: the page's query row and col boxes -----------------------------------------------------
+// The server's views read the query pixel from the two number boxes (analysis.Query's row_px and col_px), links and
+// lessons set it there, and every view of the page reads it there and writes a click there; a view keeps no query
+// of its own. `ids` are the boxes' elem_ids (its root's data-query-boxes: app_components.PageView).
+
+function queryBoxes(ids) {
+  return ids.map((id) => document.querySelector(`#${id} input`));
+}
+
+function readQuery(ids) { // [row_px, col_px] as the boxes hold it, or null (no boxes, or not whole numbers ≥ 0)
+  const boxes = queryBoxes(ids);
+  if (boxes.some((box) => !box)) return null;
+  const px = boxes.map((box) => Number(box.value));
+  return px.every((p) => Number.isInteger(p) && p >= 0) ? px : null;
+}
+
+function writeQuery(ids, px) { // the boxes set to px ("input": Gradio's value; one "change": every view follows,
+  // once, reading both boxes)
+  const boxes = queryBoxes(ids);
+  const changed = boxes.filter((box, axis) => box && box.value !== String(px[axis]));
+  boxes.forEach((box, axis) => { if (box) box.value = String(px[axis]); });
+  for (const box of changed) box.dispatchEvent(new Event("input", {bubbles: true}));
+  changed.at(-1)?.dispatchEvent(new Event("change", {bubbles: true}));
+}
+
+function followQuery(ids, followed, onChange) { // onChange() when a box's value is entered (typed, or written)
+  for (const box of queryBoxes(ids)) { // `followed`: a WeakSet of the boxes this view already follows
+    if (box && !followed.has(box)) {
+      followed.add(box);
+      box.addEventListener("change", onChange);
+    }
+  }
+}
+
+// -- a table's rows ------------------------------------------------------------------------------------------------
+function cellOf(table, px) { // the layer's cell [row, col] covering a model-input pixel
   return [table.row_cell_of_px[px[0]], table.col_cell_of_px[px[1]]];
 }
 
-function rowOf(cell) { // the table row of a query cell, or -1 when the table does not hold it
+function rowOf(table, cell) { // the table row of a query cell, or -1 when the table does not hold it
   const index = cell[0] * table.width + cell[1];
   if (table.queries == null) return index;
   return table.queries.indexOf(index);
@@ -90,7 +135,7 @@ function candidates(selection) {
 }
 
 // -- geometry: model-input pixels ↔ CSS pixels of a panel ---------------------------------------------------------
-function frame(cssWidth) {
+function frame(table, cssWidth) { // a panel of `table` this wide: its padding, offset and scale (CSS px per pixel)
   const pad = table.padding;
   const top = -table.row_edges_px[0];
   const left = -table.col_edges_px[0];
@@ -100,7 +145,7 @@ function frame(cssWidth) {
   return {pad, top, left, scale, width: spanX * scale, height: spanY * scale};
 }
 
-function rect(f, cell) { // a cell's rectangle in the panel's CSS pixels
+function rect(table, f, cell) { // a cell's rectangle in the panel's CSS pixels
   const r = cell[0] + f.pad;
   const c = cell[1] + f.pad;
   const y0 = (table.row_edges_px[r] + f.top) * f.scale;
@@ -110,7 +155,7 @@ function rect(f, cell) { // a cell's rectangle in the panel's CSS pixels
   return {x: x0, y: y0, w: x1 - x0, h: y1 - y0};
 }
 
-function cellAt(f, x, y) { // CSS position → the cell [row, col] under it, padding cells included, or null
+function cellAt(table, f, x, y) { // CSS position → the cell [row, col] under it, padding cells included, or null
   const find = (edges, at) => {
     for (let i = 0; i + 1 < edges.length; i++) if (edges[i] <= at && at < edges[i + 1]) return i - f.pad;
     return null;
@@ -120,28 +165,32 @@ function cellAt(f, x, y) { // CSS position → the cell [row, col] under it, pad
   return row === null || col === null ? null : [row, col];
 }
 
-function pixelAt(f, x, y) { // CSS position → the model-input pixel [row, col] nearest to it: a position in the
-  // padding frame snaps to the image's edge, so that its cell is the query cell nearest to the position
+function pixelAt(table, f, x, y) { // CSS position → the model-input pixel [row, col] nearest to it: a position in
+  // the padding frame snaps to the image's edge, so that its cell is the query cell nearest to the position
   const nearest = (at) => Math.min(Math.max(Math.floor(at), 0), table.input_size - 1);
   return [nearest(y / f.scale - f.top), nearest(x / f.scale - f.left)];
 }
 
 // -- drawing ----------------------------------------------------------------------------------------------------
-function sized(target, cssWidth) {
-  const f = frame(cssWidth);
+function sized(table, canvas, cssWidth) { // the canvas sized for a panel this wide: its context and frame
+  const f = frame(table, cssWidth);
   const ratio = window.devicePixelRatio || 1;
-  target.style.width = `${f.width}px`;
-  target.style.height = `${f.height}px`;
-  target.width = Math.round(f.width * ratio);
-  target.height = Math.round(f.height * ratio);
-  const ctx = target.getContext("2d");
+  canvas.style.width = `${f.width}px`;
+  canvas.style.height = `${f.height}px`;
+  canvas.width = Math.round(f.width * ratio);
+  canvas.height = Math.round(f.height * ratio);
+  const ctx = canvas.getContext("2d");
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   return [ctx, f];
 }
 
-function drawPanel(target, cssWidth, selection, row, options) {
-  const [ctx, f] = sized(target, cssWidth);
-  f.ranks = "none"; // how the rank numbers were drawn: "inside:N" (in N cells), "chips:N", or not at all
+// One panel: the table's image, the query's cell outlined, and the neighbours `selection` gives it (its `row` of
+// the table; -1: none held), drawn on `canvas` at `cssWidth`. Options: `labels` (rank numbers), `lines` (lines
+// from the query where cells are too small for numbers). Returns the frame, with `ranks` saying how the rank
+// numbers were drawn: "inside:N" (in N cells), "chips:N", or "none".
+function drawPanel(canvas, table, query, cssWidth, selection, row, options) {
+  const [ctx, f] = sized(table, canvas, cssWidth);
+  f.ranks = "none";
   ctx.fillStyle = "#3a3a3a"; // padding cells around the image (darker than a letterbox's grey bars)
   ctx.fillRect(0, 0, f.width, f.height);
   ctx.imageSmoothingEnabled = false;
@@ -149,14 +198,13 @@ function drawPanel(target, cssWidth, selection, row, options) {
     ctx.drawImage(table.image, f.left * f.scale, f.top * f.scale, table.input_size * f.scale,
                   table.input_size * f.scale);
   }
-  const cell = cellOf(query);
-  const q = rect(f, cell);
+  const q = rect(table, f, cellOf(table, query));
   const qx = q.x + q.w / 2;
   const qy = q.y + q.h / 2;
   ctx.strokeStyle = table.candidate_color;
   ctx.lineWidth = 1;
   for (const c of candidates(selection)) {
-    const r = rect(f, c);
+    const r = rect(table, f, c);
     ctx.strokeRect(r.x + 0.5, r.y + 0.5, r.w - 1, r.h - 1);
   }
   if (row < 0) return f;
@@ -166,7 +214,7 @@ function drawPanel(target, cssWidth, selection, row, options) {
   if (small && options.lines) {
     ctx.lineWidth = 1.5;
     for (const n of list) {
-      const r = rect(f, n.cell);
+      const r = rect(table, f, n.cell);
       ctx.strokeStyle = table.colors[n.rank];
       ctx.beginPath();
       ctx.moveTo(qx, qy);
@@ -176,7 +224,7 @@ function drawPanel(target, cssWidth, selection, row, options) {
   }
   ctx.lineWidth = Math.max(1.5, Math.min(3, q.w / 6));
   for (const n of [...list].reverse()) { // rank 0 drawn last, on top
-    const r = rect(f, n.cell);
+    const r = rect(table, f, n.cell);
     ctx.strokeStyle = table.colors[n.rank];
     ctx.strokeRect(r.x + ctx.lineWidth / 2, r.y + ctx.lineWidth / 2, r.w - ctx.lineWidth, r.h - ctx.lineWidth);
   }
@@ -186,20 +234,20 @@ function drawPanel(target, cssWidth, selection, row, options) {
   ctx.strokeStyle = "#fff";
   ctx.strokeRect(q.x - 3, q.y - 3, q.w + 6, q.h + 6);
   if (options.labels && selection.k <= table.max_labelled_ranks) {
-    const drawn = drawRanks(ctx, f, list, small ? LABEL_FONT_PX : fontPx, small);
+    const drawn = drawRanks(ctx, table, f, list, small ? LABEL_FONT_PX : fontPx, small);
     f.ranks = `${small ? "chips" : "inside"}:${drawn}`;
   }
   return f;
 }
 
-function drawRanks(ctx, f, list, fontPx, small) { // returns how many numbers it drew
+function drawRanks(ctx, table, f, list, fontPx, small) { // returns how many numbers it drew
   ctx.textAlign = "center";
   ctx.textBaseline = "middle";
   ctx.font = `600 ${fontPx}px system-ui, sans-serif`;
   const placed = [];
   let drawn = 0;
   for (const n of list) {
-    const r = rect(f, n.cell);
+    const r = rect(table, f, n.cell);
     const x = r.x + r.w / 2;
     const y = r.y + r.h / 2;
     const label = String(n.rank);
@@ -221,4 +269,3 @@ function drawRanks(ctx, f, list, fontPx, small) { // returns how many numbers it
   }
   return drawn;
 }
-

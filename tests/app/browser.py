@@ -117,14 +117,15 @@ def chromium():
 
 
 @contextlib.contextmanager
-def browser_page(chromium, url: str, context: dict | None = None):
-    """A page on ``url``, in a new context of the :func:`chromium` browser, once the explorer has drawn its first
-    table and the page's first load is done.
+def browser_page(chromium, url: str, context: dict | None = None, ready: str = ".cx[data-drawn]"):
+    """A page on ``url``, in a new context of the :func:`chromium` browser, once ``ready`` is in it (by default:
+    the explorer has drawn its first table) and the page's first load is done.
 
     Args:
         chromium: the :func:`chromium` fixture.
         url (str): the app.
         context (dict, optional): Playwright ``new_context`` arguments (viewport, touch…). Default: :data:`DESKTOP`
+        ready (str): a selector of what the page shows once open. Default: the explorer drawn
     """
     browser_context = chromium.new_context(**(context or DESKTOP))
     try:
@@ -133,9 +134,10 @@ def browser_page(chromium, url: str, context: dict | None = None):
         parts = urllib.parse.urlsplit(url)
         page.convnn_config = page.request.get(urllib.parse.urlunsplit(
             (*parts[:2], parts.path.rstrip("/") + "/config", "", ""))).json()
-        load = expect_chain(page, "load")
+        loads = any(event == "load" for step in page.convnn_config["dependencies"] for _, event in step["targets"])
+        load = expect_chain(page, "load") if loads else None
         page.goto(url)
-        page.wait_for_selector(".cx[data-drawn]", timeout=60_000)
+        page.wait_for_selector(ready, timeout=60_000)
         settle(page, load)  # the rest of the first load's views arrive too
         yield page
     finally:

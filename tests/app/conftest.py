@@ -1,4 +1,5 @@
-"""Fixtures of the app tests: handlers on the small checkpoints, and one in-process server for the session."""
+"""Fixtures of the app tests: handlers on the small checkpoints, one in-process server for the session, and a toy
+selection rule."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import os
 import socket
 
 import pytest
+import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app
 import app_server
+from convnn.selection import SELECTION_RULES, Neighbors, SelectionRule, register_rule
 from tests import small_models
 from tests.app import browser
 
@@ -34,3 +37,18 @@ def app_url(explorer):
     _, url, _ = app_server.launch(demo, port, prevent_thread_lock=True, workspace=explorer.workspace)
     yield url
     demo.close()
+
+
+def first_keys(q, k, grid, options) -> Neighbors:
+    """A toy rule: every query's neighbours are the map's first K tokens, in order, each scoring 0."""
+    batch, heads, tokens = q.shape[:3]
+    idx = torch.arange(options.num_neighbors).expand(batch, heads, tokens, options.num_neighbors)
+    return Neighbors(topk_idx=idx, topk_scores=torch.zeros(idx.shape, dtype=q.dtype))
+
+
+@pytest.fixture
+def toy_rule():
+    """The toy rule :func:`first_keys` registered as "first" for one test, as docs/architecture.md says a rule is."""
+    rule = register_rule(SelectionRule("first", "first keys (toy)", first_keys))
+    yield rule
+    del SELECTION_RULES[rule.name]

@@ -394,8 +394,8 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
     explorer_block = blocks_by_id(demo)["explorer"]
     events = [(trigger, step) for step in demo.fns.values() for block_id, trigger in step.targets
               if block_id == explorer_block._id]
-    assert [(trigger, step.name) for trigger, step in events if step.fn] == [("select", "on_table_row"),
-                                                                              ("click", "on_sweep")]
+    assert [(trigger, step.name) for trigger, step in events if step.fn] == [("row", "on_table_row"),
+                                                                              ("sweep", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values
     assert in_page == [("change", app_texts.KEEP_KNOBS_JS)]
 
@@ -778,8 +778,11 @@ def test_every_lesson_step_opens_on_the_shipped_models(shipped):
             assert out["lesson_text"].startswith(f"**Step {index + 1} of {len(steps)}.**")
             assert out["lesson_step"] == index
             assert out["lesson_text"].endswith("explore from here.*") == (index == len(steps) - 1)  # the end, said
-        assert shipped.lesson_step(lesson["title"], len(steps) + 3, view("cnn-l0.5"))["lesson_step"] == len(steps) - 1
-        assert shipped.lesson_step(lesson["title"], -1, view("cnn-l0.5"))["lesson_step"] == 0
+        for asked, shown in ((len(steps), len(steps) - 1), (-1, 0)):  # Next on the last step, Back on the first:
+            out = shipped.lesson_step(lesson["title"], asked, view("cnn-l0.5"))  # the step stays, and the view too
+            assert out["lesson_step"] == shown and out["lesson_text"].startswith(f"**Step {shown + 1} of")
+            assert out["layer"] == gr.skip() and out["row_px"] == gr.skip()  # (Next applied the last step again,
+            #                                                                   undoing what the user did since)
     unpicked = shipped.lesson_step("Lesson 99", 0, view("cnn-l0.5"))  # Next before a lesson: a note, no error
     assert unpicked["lesson_text"].startswith("Pick a lesson first") and unpicked["layer"] == gr.skip()
     words = " ".join(step["text"] for lesson in shipped.lessons for step in lesson["steps"])
@@ -796,18 +799,19 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     assert updates[app.COMPARE_LAYERS[3]]["visible"] is False and updates[app.COMPARE_LAYERS[0]]["label"].startswith(
         "cnn-l0: layer")
     layers = [updates[name].get("value") for name in app.COMPARE_LAYERS]
-    value = explorer.on_compare(models, *layers, **page("-", example_image, row_px=31, col_px=0))
+    value = explorer.on_compare(models, *layers, **page("cnn-l0.5", example_image, row_px=31, col_px=0))
     assert [column["model"] for column in value["columns"]] == models
     assert [column["layer"] for column in value["columns"]] == layers[:3]
     assert all(column["query_px"] == [31, 0] for column in value["columns"])
-    shown = page("-", example_image, row_px=31, col_px=0)
+    assert value["query_size"] == 32  # the explorer's model's input, in which the page holds the query
+    shown = page("cnn-l0.5", example_image, row_px=31, col_px=0)
     assert explorer.on_compare_if_open(models, *layers, **shown, tab="weights") == gr.skip()
     opened = explorer.on_compare_layers_if_open(models, 1.0, "compare")  # a link or a step opening compare mode
     assert [opened[name]["value"] for name in app.COMPARE_LAYERS[:3]] == layers[:3]
     assert explorer.on_compare_layers_if_open(models, 1.0, "hops")[app.COMPARE_LAYERS[0]] == gr.skip()
     for picked in ([], ["cnn-l0"]):  # the user removing models: no columns and a note, not an error
         assert all(update == gr.update(visible=False) for update in explorer.on_compare_layers(picked, 0.5).values())
-        value = explorer.on_compare(picked, *layers, **page("-", example_image, row_px=31, col_px=0))
+        value = explorer.on_compare(picked, *layers, **page("cnn-l0.5", example_image, row_px=31, col_px=0))
         assert value == {"columns": [], "note": "Pick 2 to 4 models to compare."}
     for picked, message in ((["cnn-l0"] * 5, "Pick 2 to 4 models"), ("cnn-l0", "Pick 2 to 4 models"),
                             (["cnn-l0", "../../etc/passwd"], "")):
@@ -816,4 +820,4 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
     with pytest.raises(gr.Error, match="depth must be a fraction in \\[0, 1\\]"):
         explorer.on_compare_layers(models, 1.5)
     with pytest.raises(gr.Error, match="is not a layer of cnn-l0"):  # a column's layer of another model
-        explorer.on_compare(models, "blocks.0.attn", *layers[1:], **page("-", example_image))
+        explorer.on_compare(models, "blocks.0.attn", *layers[1:], **page("cnn-l0.5", example_image))

@@ -1,5 +1,6 @@
 """The how-tos of docs/architecture.md, each done: a new selection rule, a new view and a new model (the knob's is
-tests/app/test_toy_knob.py), each added the way the page says and nothing else changed."""
+tests/app/test_toy_knob.py), each added the way the page says and nothing else changed. The toy rule is
+:func:`tests.app.conftest.toy_rule` (compare mode's button for it: tests/app/test_browser.py)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,7 @@ from app_api import endpoint, takes
 from convnn import ConvNN2d, ModelCard, save_checkpoint
 from convnn.data import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from convnn.models import registry
-from convnn.selection import SELECTION_RULES, Neighbors, SelectionRule, register_rule
 from tests.app.test_app import CELL_LAYER
-
-
-def first_keys(q, k, grid, options) -> Neighbors:
-    """A toy rule: every query's neighbours are the map's first K tokens, in order, each scoring 0."""
-    batch, heads, tokens = q.shape[:3]
-    idx = torch.arange(options.num_neighbors).expand(batch, heads, tokens, options.num_neighbors)
-    return Neighbors(topk_idx=idx, topk_scores=torch.zeros(idx.shape, dtype=q.dtype))
-
-
-@pytest.fixture
-def toy_rule():
-    rule = register_rule(SelectionRule("first", "first keys (toy)", first_keys))
-    yield rule
-    del SELECTION_RULES[rule.name]
 
 
 def test_a_registered_rule_runs_in_a_layer_and_in_the_tables(toy_rule, checkpoint_dir, example_image):

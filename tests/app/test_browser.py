@@ -19,7 +19,7 @@ import app_server
 import app_texts
 from analysis.rendering.overlay import MAX_LABELLED_RANKS
 from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
-from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, page
+from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, cells, page
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored: the last run's pictures
 pytestmark = pytest.mark.browser
@@ -96,6 +96,8 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
         tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
         assert tab.locator("#window_size input").input_value() == "3"  # R stays as typed (it went back to 0)
+        tab.wait_for_function("!document.querySelector('#explorer .error')", timeout=10_000)  # the toast says it:
+        #                                                                     no "Error" mark left on the valid table
         drawn = tab.locator(".cx").get_attribute("data-drawn")
         tab.locator("#seed input").fill("7")  # so the next knob is not refused for it again
         tab.locator("#seed input").press("Enter")
@@ -397,6 +399,44 @@ def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url
         assert tab.locator(".cc").get_attribute("data-columns") == "4"
         assert [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-model") for i in range(4)] == [
             "cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
+
+
+def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chromium):
+    """An example picked, then a photo uploaded: the explorer shows the photo and no example thumbnail stays
+    highlighted as if it were the image shown (the one picked before stayed selected)."""
+    with browser_page(chromium, app_url) as tab:
+        chain = expect_chain(tab, "select", "examples")
+        tab.locator("#examples .thumbnail-item").nth(3).click()
+        settle(tab, chain)
+        assert tab.locator("#examples .thumbnail-item.selected").count() == 1
+        picked = tab.locator(".cx").get_attribute("data-image")
+        chain = expect_chain(tab, "upload", "image_upload")
+        with tab.expect_file_chooser() as chooser:
+            tab.locator("#image_upload").click()
+        chooser.value.set_files(str(explorer.examples[5]))
+        settle(tab, chain)
+        assert tab.locator(".cx").get_attribute("data-image") != picked  # the photo is shown
+        assert tab.locator("#examples .thumbnail-item.selected").count() == 0
+
+
+def test_compare_mode_offers_a_button_for_every_rule_of_its_tables(app_url, explorer, chromium, toy_rule):
+    """Compare mode's rule bar is its tables' rules, as the explorer's is (it was a list of five written in
+    compare.js, so a rule registered in the library, here the toy one, had no button there, and its titles were not
+    the server's): the toy rule's button shows, in every column, the neighbours the server's table gives."""
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        settle(tab)
+        columns = [tab.locator(f".cc-col:nth-child({i + 1})") for i in range(2)]
+        tables = [explorer.table(an.Query(checkpoint=column.get_attribute("data-model"), layer=column.get_attribute(
+            "data-layer"), image_file=str(explorer.examples[0]))) for column in columns]
+        titles = [rule["title"] for rule in tables[0]["rules"]]
+        assert "first keys (toy)" in titles
+        assert tab.locator(".cc-rules button").all_inner_texts() == titles
+        tab.locator(".cc-rules button", has_text="first keys (toy)").click()
+        assert tab.locator(".cc").get_attribute("data-rule") == "first"
+        for column, table in zip(columns, tables, strict=True):  # the toy rule: every query's row is the same
+            assert json.loads(column.get_attribute("data-neighbors")) == cells(table, "first", 0)
 
 
 @pytest.fixture(scope="module")

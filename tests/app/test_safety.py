@@ -594,6 +594,21 @@ def test_a_hostile_card_renders_nothing_in_the_page(checkpoint_dir, tmp_path, ch
         assert page.locator("[id^=evil]").count() == 0 and page.locator("#attribution_plot .gtitle a").count() == 0
 
 
+@pytest.mark.browser
+def test_a_checkpoint_folder_with_no_model_that_opens_says_so_once(checkpoint_dir, tmp_path, chromium):
+    """--checkpoints on a folder where no model opens (empty, or only files left out) opened a page of red "Error"
+    marks and a "Choose a model first" toast, its load running every view on no model: the page says instead, once,
+    beside the model list, that no model opens and how to open one, and nothing is marked as an error."""
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "broken.json").write_text("{")
+    demo = app.build_demo(app.Explorer(folder, device="cpu"))
+    with served(demo) as url, browser_page(chromium, url, ready="#no_model") as tab:
+        assert tab.locator("#no_model").inner_text() == app_texts.NO_MODEL.replace("**", "").replace("`", "")
+        assert tab.locator("#left_out textarea").input_value().startswith("broken.json: ")  # and why it is left out
+        assert tab.locator(".toast-body").count() == 0 and tab.locator(".error").count() == 0
+
+
 # -- 6 · messages name no server path -------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["x" * 5000, "x" * 5000 + ".json", "../" * 2000 + "etc/passwd"])
 def test_long_checkpoint_names_give_a_short_message_without_server_paths(explorer, value):
