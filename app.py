@@ -657,9 +657,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                     trigger_mode="always_last", api_visibility="private")
 
         def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]) -> None:
+            """``button`` runs the slow view, its progress shown on its chart only (on its note too, Gradio's
+            progress text covered the note's words)."""
             event = wired(fn_name, inputs, outputs)
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
-            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
+            chart = [ui[name] for name in outputs if isinstance(ui[name], gr.Plot)]
+            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, show_progress_on=chart,
+                             **slow)
 
         slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target",
                                                            "draw"],

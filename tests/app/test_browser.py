@@ -236,6 +236,30 @@ def apart(a: dict, b: dict) -> bool:
         b["y"] + b["h"] <= a["y"]
 
 
+def box_of(locator) -> dict:
+    """A locator's box as :func:`apart` takes it ({x, y, w, h}, in the page's CSS pixels)."""
+    box = locator.bounding_box()
+    return {"x": box["x"], "y": box["y"], "w": box["width"], "h": box["height"]}
+
+
+def test_the_attribution_s_progress_leaves_its_note_readable(app_url, chromium, monkeypatch):
+    """Gradio's progress (the method, the passes made, the time) was drawn over the attribution's note, on its
+    words, while the attribution ran: it shows on the chart alone, clear of the note."""
+    attribution_map = an.attribution_map  # an attribution that takes seconds, as occlusion's does
+    monkeypatch.setattr(an, "attribution_map", lambda *args: time.sleep(3) or attribution_map(*args))
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
+        chain = expect_chain(tab, "click", "attribution_button")
+        tab.locator("#attribution_button").click()
+        tab.wait_for_selector("#tabs .progress-text:has-text('passes')", timeout=30_000)
+        note = box_of(tab.locator("#attribution_note p"))
+        progress = [box_of(text) for text in tab.locator("#tabs .progress-text:visible, "
+                                                         "#tabs .progress-level-inner:visible").all()]
+        assert progress and all(apart(text, note) for text in progress), (note, progress)
+        settle(tab, chain)
+        tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=30_000)
+
+
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
     """At 390 × 844: the whole image and the top-1 prediction on the first screen, the layer, fit and K controls by
     the end of the second (they were below 2,200 px, after the explorer's statistics); every chart's titles inside
