@@ -511,7 +511,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
                 with gr.Row():
                     add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
-                                    elem_id="lesson", scale=3))
+                                    elem_id="lesson", scale=3, min_width=260))  # a title whole (a row on a phone)
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
                 add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))

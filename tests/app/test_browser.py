@@ -260,6 +260,45 @@ def test_the_attribution_s_progress_leaves_its_note_readable(app_url, chromium, 
         tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=30_000)
 
 
+DROPDOWN_TEXT_JS = """(selector) => [...document.querySelectorAll(`${selector} input`)]
+  .filter((input) => input.offsetParent).map((input) => {
+    const box = input.getBoundingClientRect(), style = getComputedStyle(input);
+    const arrow = input.parentElement.querySelector(".icon-wrap")?.getBoundingClientRect();
+    const control = input.closest(".wrap-inner").getBoundingClientRect();
+    const rect = (r) => r && {x: r.left, y: r.top, w: r.width, h: r.height};
+    return {value: input.value, scroll: input.scrollWidth, client: input.clientWidth, arrow: rect(arrow),
+            control: rect(control), text: {x: box.left + parseFloat(style.paddingLeft), y: box.top,
+                                           w: input.clientWidth - parseFloat(style.paddingLeft) -
+                                              parseFloat(style.paddingRight), h: box.height}};
+  })"""  # each shown dropdown of a selector's: its name, the box its text is drawn in (inside its padding), its
+#        menu arrow and its control, in the page's CSS pixels
+
+
+def whole_beside_arrow(shown: dict, width: int) -> bool:
+    """Whether a dropdown (:data:`DROPDOWN_TEXT_JS`) shows its whole name, clear of its arrow, the arrow inside its
+    control and the control inside a page ``width`` wide."""
+    arrow, control = shown["arrow"], shown["control"]
+    inside = (control["x"] <= arrow["x"] and arrow["x"] + arrow["w"] <= control["x"] + control["w"]
+              and arrow["y"] >= control["y"] and arrow["y"] + arrow["h"] <= control["y"] + control["h"])
+    return (bool(shown["value"]) and shown["scroll"] <= shown["client"] and apart(shown["text"], arrow) and inside
+            and 0 <= control["x"] and control["x"] + control["w"] <= width)
+
+
+def test_a_phone_shows_the_chosen_lesson_s_title_whole_before_the_list_s_arrow(app_url, explorer, chromium):
+    """At 390 × 844 the lesson list sat beside ◀ Back, 164 px wide: its arrow was drawn on the chosen lesson's
+    title, which was cut mid-word ("1 · Convolution is the w"). The longest title shows whole, ending before the
+    arrow, which sits inside the list's box."""
+    title = max((lesson["title"] for lesson in explorer.lessons), key=len)
+    with browser_page(chromium, app_url, PHONE) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        tab.get_by_role("option", name=title).click()
+        settle(tab, chain)
+        [shown] = tab.evaluate(DROPDOWN_TEXT_JS, "#lesson")
+        assert shown["value"] == title and whole_beside_arrow(shown, PHONE["viewport"]["width"]), json.dumps(shown)
+
+
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
     """At 390 × 844: the whole image and the top-1 prediction on the first screen, the layer, fit and K controls by
     the end of the second (they were below 2,200 px, after the explorer's statistics); every chart's titles inside
