@@ -561,7 +561,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             with gr.Row():
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
-                                    visible=index < 3, min_width=160))
+                                    visible=index < 3, min_width=260))  # a layer's name whole (a row on a phone)
             add(CompareView(elem_id="compare"))
         with gr.Tab(texts.TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))

@@ -299,6 +299,20 @@ def test_a_phone_shows_the_chosen_lesson_s_title_whole_before_the_list_s_arrow(a
         assert shown["value"] == title and whole_beside_arrow(shown, PHONE["viewport"]["width"]), json.dumps(shown)
 
 
+def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
+    """At 390 × 844 compare mode's layer lists stood two to a row, 126 px for a name 162 px long ("stages.1.0.conv2
+    · 16×16" showed as "stages.1.0.conv…"): each column's layer name shows whole, clear of its list's arrow."""
+    url, _ = shipped_url
+    with browser_page(chromium, url, PHONE) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
+        settle(tab)
+        lists = tab.evaluate(DROPDOWN_TEXT_JS, "[id^=compare_layer_]")
+        assert [shown["value"].split(" · ")[0] for shown in lists] == [
+            tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-layer") for i in range(3)]
+        assert all(whole_beside_arrow(shown, PHONE["viewport"]["width"]) for shown in lists), json.dumps(lists)
+
+
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
     """At 390 × 844: the whole image and the top-1 prediction on the first screen, the layer, fit and K controls by
     the end of the second (they were below 2,200 px, after the explorer's statistics); every chart's titles inside
