@@ -377,6 +377,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
                               ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
         "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
+        "compare_open": ("on_compare_open", ["checkpoint", "layer", "tab"], ["compare_depth", "tab"]),
         "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
         "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
         "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
@@ -432,7 +433,7 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
         ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
         ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
         ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
-        ("compare_tab", "select"): ["compare_layers", "compare"],
+        ("compare_tab", "select"): ["compare_open", "compare_layers", "compare"],
         ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
         ("compare_depth", "release"): ["compare_layers", "compare"],
         **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
@@ -641,8 +642,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].sweep(**wired("on_sweep", query, ["explorer"]), api_visibility="private")
         ui["hop_view"].field(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head",
                                                      "draw"], ["hop_view"]), api_visibility="private")
-        for tab in ui["tabs"].children:  # the open tab, for a link
-            tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
+        for tab in ui["tabs"].children:  # the open tab, for a link (compare mode's keeps it in on_compare_open)
+            if tab is not ui["compare_tab"]:
+                tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
                                                          ["link", "link_note"]),
                                             api_visibility="private")

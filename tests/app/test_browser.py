@@ -37,7 +37,8 @@ def pixel_position(page_, table: dict, px: tuple[int, int], canvas: str = "#expl
 
 def shown(page_) -> dict:
     root = page_.locator(".cx")
-    return {name: root.get_attribute(f"data-{name}") for name in ("query", "cell", "rule", "layer", "neighbors")}
+    return {name: root.get_attribute(f"data-{name}") for name in ("query", "cell", "rule", "layer", "neighbors",
+                                                                  "model")}
 
 
 def api_cells(explorer, values: dict, rule: str) -> list:
@@ -620,7 +621,7 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
     reaches the server; the explorer's query follows it, so a copied link holds it; a hover previews a pixel in
-    every column; the rule buttons switch every column."""
+    every column; the rule buttons switch every column. The columns open at the explorer's layer's depth."""
     url, explorer = shipped_url
     with browser_page(chromium, url) as tab:
         tab.get_by_role("tab", name="Compare models").click()
@@ -629,7 +630,8 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
         models = explorer.compare_default()
         layers = [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-layer") for i in range(3)]
         loaded = [explorer.model(name) for name in models]
-        assert layers == [an.layer_at_depth(m, 0.5).name for m in loaded]
+        depth = an.layer_depth(explorer.model(shown(tab)["model"]), shown(tab)["layer"])  # where the explorer is
+        assert layers == [an.layer_at_depth(m, depth).name for m in loaded]
         image_file = explorer.examples[0]
         table = explorer.on_table(**page(models[1], image_file, layers[1]))
         requests = []
