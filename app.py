@@ -377,6 +377,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "checkpoint_upload": ("on_checkpoint_upload", ["checkpoint_files", "uploads"],
                               ["checkpoint", "uploads", "checkpoint_files", "compare_models"]),
         "compare_pick": ("on_compare_pick", ["compare_models"], ["compare_models"]),
+        "compare_open": ("on_compare_open", ["checkpoint", "layer", "tab"], ["compare_depth", "tab"]),
         "compare_layers": ("on_compare_layers", ["compare_models", "compare_depth"], COMPARE_LAYERS),
         "compare": ("on_compare", COMPARE_QUERY, ["compare"]),
         "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
@@ -432,7 +433,7 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
         ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
         ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
         ("fit", "change"): ["first_render", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"],
-        ("compare_tab", "select"): ["compare_layers", "compare"],
+        ("compare_tab", "select"): ["compare_open", "compare_layers", "compare"],
         ("compare_models", "input"): ["compare_pick", "compare_layers", "compare"],
         ("compare_depth", "release"): ["compare_layers", "compare"],
         **{(layer, "input"): ["compare"] for layer in COMPARE_LAYERS},
@@ -511,7 +512,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
                 with gr.Row():
                     add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
-                                    elem_id="lesson", scale=3))
+                                    elem_id="lesson", scale=3, min_width=260))  # a title whole (a row on a phone)
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
                 add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))
@@ -561,7 +562,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             with gr.Row():
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
-                                    visible=index < 3, min_width=160))
+                                    visible=index < 3, min_width=260))  # a layer's name whole (a row on a phone)
             add(CompareView(elem_id="compare"))
         with gr.Tab(texts.TABS["equivalence"], id="equivalence"):
             add(gr.Button("Run on this layer's features", elem_id="equivalence_button"))
@@ -641,8 +642,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].sweep(**wired("on_sweep", query, ["explorer"]), api_visibility="private")
         ui["hop_view"].field(**wired("on_hops_row", ["checkpoint", "image_file", "fit", "layer", "hops", "head",
                                                      "draw"], ["hop_view"]), api_visibility="private")
-        for tab in ui["tabs"].children:  # the open tab, for a link
-            tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
+        for tab in ui["tabs"].children:  # the open tab, for a link (compare mode's keeps it in on_compare_open)
+            if tab is not ui["compare_tab"]:
+                tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
                                                          ["link", "link_note"]),
                                             api_visibility="private")
@@ -657,9 +659,13 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                     trigger_mode="always_last", api_visibility="private")
 
         def slow_view(button: str, fn_name: str, inputs: list[str], outputs: list[str]) -> None:
+            """``button`` runs the slow view, its progress shown on its chart only (on its note too, Gradio's
+            progress text covered the note's words)."""
             event = wired(fn_name, inputs, outputs)
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
-            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, **slow)
+            chart = [ui[name] for name in outputs if isinstance(ui[name], gr.Plot)]
+            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, show_progress_on=chart,
+                             **slow)
 
         slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target",
                                                            "draw"],

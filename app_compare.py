@@ -25,6 +25,17 @@ class CompareMode:
         return compare_models[:an.MAX_COMPARED]
 
     @user_errors
+    def on_compare_open(self, checkpoint, layer, tab, request=None):
+        """Compare mode opened from ``tab``, the tab open before (its select keeps ``tab``, as every tab's does): its
+        depth set to the explorer's layer's (:func:`analysis.layer_depth`), so that the columns open where the
+        explorer is, the explorer's model at its very layer (they opened at the depth last set, another layer). A
+        link or a lesson's step that opens compare mode has set ``tab`` to it already, with its own depth, which
+        stays: its select fires too, and a depth set here raced the link's own."""
+        if tab == "compare":
+            return {"compare_depth": gr.skip(), "tab": gr.skip()}
+        return {"compare_depth": an.layer_depth(self.model(checkpoint, request), layer), "tab": "compare"}
+
+    @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):
         """Each column's layer list, set to the layer ``compare_depth`` of the way through its model."""
         if self.too_few(compare_models):

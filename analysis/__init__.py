@@ -116,7 +116,7 @@ from .views.attribution import (
     attribution_passes,
     reporting_passes,
 )
-from .views.compare import compare_neighbors, layer_at_depth, map_pixel
+from .views.compare import compare_neighbors, layer_at_depth, layer_depth, map_pixel
 from .views.draws import SPREAD_DRAWS, DrawSpread, draw_spread
 from .views.equivalence import (
     Equivalence,
@@ -247,6 +247,7 @@ __all__ = [
     "jaccard",
     "knob_names",
     "layer_at_depth",
+    "layer_depth",
     "layer_label",
     "lesson_step",
     "limit_malloc_arenas",

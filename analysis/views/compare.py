@@ -21,7 +21,7 @@ from ..session.state import MAX_COMPARED
 from ..session.traces import LayerInfo
 from .neighbors import QueryNeighbors, query_neighbors
 
-__all__ = ["MAX_COMPARED", "compare_neighbors", "layer_at_depth", "map_pixel"]
+__all__ = ["MAX_COMPARED", "compare_neighbors", "layer_at_depth", "layer_depth", "map_pixel"]
 
 
 
@@ -37,6 +37,16 @@ def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:
     if not loaded.layer_infos:
         raise ValueError(f"{loaded.card.name} has no layer these views open")
     return loaded.layer_infos[math.floor(fraction * (len(loaded.layer_infos) - 1) + 0.5)]
+
+
+def layer_depth(loaded: LoadedModel, layer: str) -> float:
+    """How far through ``loaded``'s layers ``layer`` is: its index over L − 1 (0 for a model of one layer), the
+    fraction :func:`layer_at_depth` opens it at.
+
+    Raises:
+        ValueError: ``layer`` is not one of the layers these views open (:meth:`LoadedModel.layer_info`).
+    """
+    return loaded.layer_infos.index(loaded.layer_info(layer)) / max(len(loaded.layer_infos) - 1, 1)
 
 
 def map_pixel(px: tuple[int, int], from_size: int, to_size: int) -> tuple[int, int]:

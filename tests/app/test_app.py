@@ -450,6 +450,34 @@ def test_switching_to_a_model_with_the_same_layer_names_shows_the_new_model_ever
     assert values[blocks["explorer"]._id] == explorer.on_first_render(**page(new, image, layer))
 
 
+def test_compare_mode_opened_from_another_tab_opens_where_the_explorer_is(explorer, example_image):
+    """Opening compare mode opened each column at the depth last set (0.5), so the explorer's own model showed
+    another layer than the one being explored: opened from another tab, the depth is now the explorer's layer's, and
+    that model's column opens at that very layer, the others as far through theirs. Opened by a link or a lesson's
+    step, which set the open tab to compare mode with its own depth before the tab's select fires, that depth stays
+    (a depth set from the explorer's layer raced the link's)."""
+    demo = app.build_demo(explorer)
+    blocks = blocks_by_id(demo)
+    values = {block._id: getattr(block, "value", None) for block in demo.blocks.values()}
+    tab = next(block for block in chain_steps(demo, blocks["compare_tab"], "select")[0].inputs
+               if isinstance(block, gr.State))  # the open tab (a State has no elem_id)
+    models = ["cnn-l0", "cnn-l0.5", "vit-mhsa"]
+    layers = [layer_info.name for layer_info in explorer.model("cnn-l0.5").layer_infos]
+    values |= {blocks["checkpoint"]._id: "cnn-l0.5", blocks["layer"]._id: layers[1], blocks["compare_models"]._id:
+               models, blocks["image_file"]._id: str(example_image)}
+    assert values[tab._id] == "weights"
+    run_event(demo, values, blocks["compare_tab"], "select")
+    depth = an.layer_depth(explorer.model("cnn-l0.5"), layers[1])
+    assert values[blocks["compare_depth"]._id] == depth == 1 / (len(layers) - 1) and values[tab._id] == "compare"
+    assert [values[blocks[name]._id] for name in app.COMPARE_LAYERS[:3]] == [
+        layers[1] if name == "cnn-l0.5" else an.layer_at_depth(explorer.model(name), depth).name for name in models]
+    values[blocks["compare_depth"]._id] = 0.25  # a link's depth, the open tab set to compare mode with it
+    run_event(demo, values, blocks["compare_tab"], "select")
+    assert values[blocks["compare_depth"]._id] == 0.25
+    assert [values[blocks[name]._id] for name in app.COMPARE_LAYERS[:3]] == [
+        an.layer_at_depth(explorer.model(name), 0.25).name for name in models]
+
+
 def test_tab_handlers_explain_layers_they_do_not_apply_to(explorer, checkpoint_dir, example_image):
     checkpoint = "vit-mhsa"
     weights = explorer.on_weights(an.Query(checkpoint=checkpoint, layer="blocks.0.attn"))

@@ -37,7 +37,8 @@ def pixel_position(page_, table: dict, px: tuple[int, int], canvas: str = "#expl
 
 def shown(page_) -> dict:
     root = page_.locator(".cx")
-    return {name: root.get_attribute(f"data-{name}") for name in ("query", "cell", "rule", "layer", "neighbors")}
+    return {name: root.get_attribute(f"data-{name}") for name in ("query", "cell", "rule", "layer", "neighbors",
+                                                                  "model")}
 
 
 def api_cells(explorer, values: dict, rule: str) -> list:
@@ -234,6 +235,83 @@ def apart(a: dict, b: dict) -> bool:
     """Whether two boxes ({x, y, w, h}) do not overlap."""
     return a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"] or a["y"] + a["h"] <= b["y"] or \
         b["y"] + b["h"] <= a["y"]
+
+
+def box_of(locator) -> dict:
+    """A locator's box as :func:`apart` takes it ({x, y, w, h}, in the page's CSS pixels)."""
+    box = locator.bounding_box()
+    return {"x": box["x"], "y": box["y"], "w": box["width"], "h": box["height"]}
+
+
+def test_the_attribution_s_progress_leaves_its_note_readable(app_url, chromium, monkeypatch):
+    """Gradio's progress (the method, the passes made, the time) was drawn over the attribution's note, on its
+    words, while the attribution ran: it shows on the chart alone, clear of the note."""
+    attribution_map = an.attribution_map  # an attribution that takes seconds, as occlusion's does
+    monkeypatch.setattr(an, "attribution_map", lambda *args: time.sleep(3) or attribution_map(*args))
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
+        chain = expect_chain(tab, "click", "attribution_button")
+        tab.locator("#attribution_button").click()
+        tab.wait_for_selector("#tabs .progress-text:has-text('passes')", timeout=30_000)
+        note = box_of(tab.locator("#attribution_note p"))
+        progress = [box_of(text) for text in tab.locator("#tabs .progress-text:visible, "
+                                                         "#tabs .progress-level-inner:visible").all()]
+        assert progress and all(apart(text, note) for text in progress), (note, progress)
+        settle(tab, chain)
+        tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=30_000)
+
+
+DROPDOWN_TEXT_JS = """(selector) => [...document.querySelectorAll(`${selector} input`)]
+  .filter((input) => input.offsetParent).map((input) => {
+    const box = input.getBoundingClientRect(), style = getComputedStyle(input);
+    const arrow = input.parentElement.querySelector(".icon-wrap")?.getBoundingClientRect();
+    const control = input.closest(".wrap-inner").getBoundingClientRect();
+    const rect = (r) => r && {x: r.left, y: r.top, w: r.width, h: r.height};
+    return {value: input.value, scroll: input.scrollWidth, client: input.clientWidth, arrow: rect(arrow),
+            control: rect(control), text: {x: box.left + parseFloat(style.paddingLeft), y: box.top,
+                                           w: input.clientWidth - parseFloat(style.paddingLeft) -
+                                              parseFloat(style.paddingRight), h: box.height}};
+  })"""  # each shown dropdown of a selector's: its name, the box its text is drawn in (inside its padding), its
+#        menu arrow and its control, in the page's CSS pixels
+
+
+def whole_beside_arrow(shown: dict, width: int) -> bool:
+    """Whether a dropdown (:data:`DROPDOWN_TEXT_JS`) shows its whole name, clear of its arrow, the arrow inside its
+    control and the control inside a page ``width`` wide."""
+    arrow, control = shown["arrow"], shown["control"]
+    inside = (control["x"] <= arrow["x"] and arrow["x"] + arrow["w"] <= control["x"] + control["w"]
+              and arrow["y"] >= control["y"] and arrow["y"] + arrow["h"] <= control["y"] + control["h"])
+    return (bool(shown["value"]) and shown["scroll"] <= shown["client"] and apart(shown["text"], arrow) and inside
+            and 0 <= control["x"] and control["x"] + control["w"] <= width)
+
+
+def test_a_phone_shows_the_chosen_lesson_s_title_whole_before_the_list_s_arrow(app_url, explorer, chromium):
+    """At 390 × 844 the lesson list sat beside ◀ Back, 164 px wide: its arrow was drawn on the chosen lesson's
+    title, which was cut mid-word ("1 · Convolution is the w"). The longest title shows whole, ending before the
+    arrow, which sits inside the list's box."""
+    title = max((lesson["title"] for lesson in explorer.lessons), key=len)
+    with browser_page(chromium, app_url, PHONE) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        tab.get_by_role("option", name=title).click()
+        settle(tab, chain)
+        [shown] = tab.evaluate(DROPDOWN_TEXT_JS, "#lesson")
+        assert shown["value"] == title and whole_beside_arrow(shown, PHONE["viewport"]["width"]), json.dumps(shown)
+
+
+def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
+    """At 390 × 844 compare mode's layer lists stood two to a row, 126 px for a name 162 px long ("stages.1.0.conv2
+    · 16×16" showed as "stages.1.0.conv…"): each column's layer name shows whole, clear of its list's arrow."""
+    url, _ = shipped_url
+    with browser_page(chromium, url, PHONE) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
+        settle(tab)
+        lists = tab.evaluate(DROPDOWN_TEXT_JS, "[id^=compare_layer_]")
+        assert [shown["value"].split(" · ")[0] for shown in lists] == [
+            tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-layer") for i in range(3)]
+        assert all(whole_beside_arrow(shown, PHONE["viewport"]["width"]) for shown in lists), json.dumps(lists)
 
 
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
@@ -543,7 +621,7 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
     reaches the server; the explorer's query follows it, so a copied link holds it; a hover previews a pixel in
-    every column; the rule buttons switch every column."""
+    every column; the rule buttons switch every column. The columns open at the explorer's layer's depth."""
     url, explorer = shipped_url
     with browser_page(chromium, url) as tab:
         tab.get_by_role("tab", name="Compare models").click()
@@ -552,7 +630,8 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
         models = explorer.compare_default()
         layers = [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-layer") for i in range(3)]
         loaded = [explorer.model(name) for name in models]
-        assert layers == [an.layer_at_depth(m, 0.5).name for m in loaded]
+        depth = an.layer_depth(explorer.model(shown(tab)["model"]), shown(tab)["layer"])  # where the explorer is
+        assert layers == [an.layer_at_depth(m, depth).name for m in loaded]
         image_file = explorer.examples[0]
         table = explorer.on_table(**page(models[1], image_file, layers[1]))
         requests = []
