@@ -145,6 +145,19 @@ def test_a_cancel_before_the_handler_began_drops_the_run():
     assert run_coroutine(scenario()) == ["cancelled", "dropped", []]
 
 
+async def drop_first_run(on_view, started: threading.Event) -> tuple:
+    """A slow view ``on_view`` under a limit of one place, its run "first" of visitor 10.0.0.1 started (``started``
+    set) and then dropped by that session. Returns the wrapped view, that run's future and visitor 10.0.0.2's
+    request."""
+    runs = SlowRuns(1, queued=list)
+    view = runs.wrap(on_view, dropped="dropped")
+    alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
+    first = asyncio.ensure_future(view("first", request=alice))
+    await asyncio.to_thread(started.wait, 10)
+    await runs.dropping(("on_view",))(alice)
+    return view, first, bob
+
+
 def test_a_dropped_run_keeps_its_place_until_its_computation_stops():
     """A drop gave the place back at once while the computation went on to its next step (or, for a view that never
     checks, to its end): visitors dropping runs in turn had six computations at once under a limit of two, and two
@@ -159,12 +172,7 @@ def test_a_dropped_run_keeps_its_place_until_its_computation_stops():
         return name
 
     async def scenario() -> list:
-        runs = SlowRuns(1, queued=list)
-        view = runs.wrap(on_view, dropped="dropped")
-        alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
-        first = asyncio.ensure_future(view("first", request=alice))
-        await asyncio.to_thread(started["first"].wait, 10)
-        await runs.dropping(("on_view",))(alice)
+        view, first, bob = await drop_first_run(on_view, started["first"])
         other = asyncio.ensure_future(view("other", request=bob))
         ended = await asyncio.wait_for(first, 5)  # at once
         await asyncio.sleep(0.3)
@@ -218,12 +226,7 @@ def test_a_dropped_run_waiting_for_a_model_s_lock_stops_waiting():
         return name
 
     async def scenario() -> list:
-        runs = SlowRuns(1, queued=list)
-        view = runs.wrap(on_view, dropped="dropped")
-        alice, bob = placed("10.0.0.1", "s1"), placed("10.0.0.2", "s1")
-        first = asyncio.ensure_future(view("first", request=alice))
-        await asyncio.to_thread(started.wait, 10)
-        await runs.dropping(("on_view",))(alice)
+        view, first, bob = await drop_first_run(on_view, started)
         ended = await asyncio.wait_for(first, 5)
         other = await asyncio.wait_for(view("other", request=bob), 5)  # the place is free: the lock is still held
         return [ended, other]
