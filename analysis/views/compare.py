@@ -40,13 +40,17 @@ def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:
 
 
 def layer_depth(loaded: LoadedModel, layer: str) -> float:
-    """How far through ``loaded``'s layers ``layer`` is: its index over L − 1 (0 for a model of one layer), the
-    fraction :func:`layer_at_depth` opens it at.
+    """How far through ``loaded``'s layers ``layer`` is: its index over L − 1 (0 for a model of one layer), written
+    with the fewest decimals (2 at least) at which :func:`layer_at_depth` still opens ``layer`` — 0.86, not
+    0.8571428571428571, for the 7th of 8 layers: the depth box shows it whole.
 
     Raises:
         ValueError: ``layer`` is not one of the layers these views open (:meth:`LoadedModel.layer_info`).
     """
-    return loaded.layer_infos.index(loaded.layer_info(layer)) / max(len(loaded.layer_infos) - 1, 1)
+    info = loaded.layer_info(layer)
+    exact = loaded.layer_infos.index(info) / max(len(loaded.layer_infos) - 1, 1)
+    return next(depth for depth in (round(exact, digits) for digits in range(2, 17))
+                if layer_at_depth(loaded, depth) is info)
 
 
 def map_pixel(px: tuple[int, int], from_size: int, to_size: int) -> tuple[int, int]:

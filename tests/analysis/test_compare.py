@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import compare_neighbors, layer_at_depth, map_pixel, query_neighbors
+from analysis import compare_neighbors, layer_at_depth, layer_depth, map_pixel, query_neighbors
 
 
 def test_the_layer_at_a_depth_is_that_fraction_of_the_way_through_the_model(load_small):
@@ -18,6 +18,13 @@ def test_the_layer_at_a_depth_is_that_fraction_of_the_way_through_the_model(load
     for bad in (-0.1, 1.01, float("nan"), "0.5", True):
         with pytest.raises(ValueError, match="depth must be a fraction"):
             layer_at_depth(loaded, bad)
+
+
+def test_a_layer_s_depth_is_a_short_decimal_that_opens_that_layer(load_small):
+    loaded = load_small("cnn-l0.5")
+    names = [layer_info.name for layer_info in loaded.layer_infos]
+    assert [layer_depth(loaded, name) for name in names] == [0.0, 0.14, 0.29, 0.43, 0.57, 0.71, 0.86, 1.0]  # i / 7
+    assert [layer_at_depth(loaded, layer_depth(loaded, name)).name for name in names] == names
 
 
 @pytest.mark.parametrize("px, from_size, to_size, expected", [
