@@ -157,6 +157,9 @@ class Explorer(CompareMode, ExplorerAPI):
         out |= {name: getattr(query, name) for name in ("row_px", "col_px", *knob_names(query))
                 if name not in MODEL_KNOBS}
         out |= {name: getattr(query, name) for name in named & {"checkpoint", "image_file"}}
+        if "image_file" in named:  # its thumbnail highlighted, or none for another image
+            shown = [index for index, path in enumerate(self.examples) if path == query.image_file]
+            out["examples"] = gr.Gallery(selected_index=shown[0] if shown else None)
         if "compare_models" in named:
             out["compare_models"] = list(opened.state.compare_models)
         if "compare_depth" in named:
@@ -360,7 +363,7 @@ def link_outputs(state_type: type = ViewState) -> list[str]:
     """What a link or a lesson's step sets (:meth:`Explorer.view`)."""
     return ["checkpoint", "card", "layer", *MODEL_KNOBS, *DRAW_STEPS, "image_file", "row_px", "col_px",
             *[name for name in knob_names(state_type().query) if name not in MODEL_KNOBS], "tabs", "tab",
-            "focus_rule", "compare_models", "compare_depth", "link_note"]
+            "focus_rule", "compare_models", "compare_depth", "link_note", "examples"]
 
 
 def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[str]]]:

@@ -711,6 +711,7 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
                        view("cnn-l0.5"))
     assert out["checkpoint"] == "vit-convnn16" and out["layer"]["value"] == "blocks.2.attn"
     assert Path(out["image_file"]).name == "dog_0.png" and out["row_px"] == 5 and out["tab"] == "spectrum"
+    assert shipped.examples[out["examples"].selected_index] == out["image_file"]  # its thumbnail, not the last one
     assert out["head"]["value"] == 3 and out["head"]["maximum"] == 3  # 4 heads
     # 40 ≥ 32 px, K < 0, α > 1 are refused: those controls take their defaults, as for a knob the link leaves out
     assert (out["col_px"], out["num_neighbors"], out["blend_alpha"], out["seed"]) == (16, 0, 0.5, 0)
@@ -733,6 +734,7 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     plain = shipped.view({}, view("cnn-l0.5"))  # a plain address: the model's default view, no note
     assert plain["link_note"] == "" and plain["layer"]["value"] == "stages.1.0.conv1"
     assert plain["compare_models"] == gr.update() and plain["compare_depth"] == gr.update()  # compare stays as is
+    assert plain["examples"] == gr.update()  # the image too, and its thumbnail
 
 
 def test_a_link_sets_compare_modes_models_and_depth(shipped):
