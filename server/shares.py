@@ -14,7 +14,11 @@ computes on a core only while nobody else wants it, and a click waits at most on
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
 Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
-counted and never wait. A pass holds a place only inside the model's ``forward`` (from its outermost module's call
+counted and never wait. What is gated is module calls: gradients (an attribution's backward passes), tensor work
+outside any module and a TorchScript model's inner calls compute beside the places, uncharged; a pass must not hand
+its modules to another thread that copies its context (that thread would wait for a second place while the pass
+waits for it); and a ``BaseException`` other than ``Exception`` raised inside a pass (torch then skips the forward
+hook) leaks its place. A pass holds a place only inside the model's ``forward`` (from its outermost module's call
 to that call's end, also when it raises), where it takes no lock, so a pass waiting for a place never holds up one
 that has one.
 
@@ -173,8 +177,11 @@ class ComputeShares:
         check_dropped()
 
     def _leave(self) -> None:
-        """The end of a module call (also when it raised): the outermost one charges the pass and frees its place."""
+        """The end of a module call (also when it raised): the outermost one charges the pass and frees its place. A
+        call whose start was not seen (another global pre-hook raised first) changes nothing."""
         state = self._state()
+        if state.depth == 0 or state.turn is None:
+            return
         state.depth -= 1
         if state.depth == 0:
             with self._lock:
@@ -184,6 +191,12 @@ class ComputeShares:
                     self._active[key] -= 1
                     if not self._active[key]:
                         del self._active[key]
+                floor = {level: min((self.charged.get(key, 0.0) for key in self._active if len(key) == level),
+                                    default=None) for level in (1, 2)}
+                for key in (state.turn.where, state.turn.who):  # an idle share at or below the least charged
+                    if key not in self._active and (floor[len(key)] is None  # one computing is lifted to it anyway
+                                                    or self.charged.get(key, 0.0) <= floor[len(key)]):
+                        self.charged.pop(key, None)
                 if not self._active:  # nobody computes: everyone is even, start afresh
                     self.charged.clear()
             state.turn = None
@@ -233,7 +246,7 @@ class ComputeShares:
     def _should_yield(self, state: _Running) -> bool:
         """Whether every place is taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at
         another address, less than its address; at the same address, less than its visitor."""
-        if self._running < self.slots:
+        if self._running < self.slots or not state.holding:  # a pass whose drop its model swallowed holds none
             return False
         spent = self.clock() - state.since
         mine = self.charged.get(state.turn.where, 0.0) + spent, self.charged.get(state.turn.who, 0.0) + spent
