@@ -158,8 +158,8 @@ class Explorer(CompareMode, ExplorerAPI):
                 if name not in MODEL_KNOBS}
         out |= {name: getattr(query, name) for name in named & {"checkpoint", "image_file"}}
         if "image_file" in named:  # its thumbnail highlighted, or none for another image
-            shown = [index for index, path in enumerate(self.examples) if path == query.image_file]
-            out["examples"] = gr.Gallery(selected_index=shown[0] if shown else None)
+            shown = query.image_file in self.examples
+            out["examples"] = gr.Gallery(selected_index=self.examples.index(query.image_file) if shown else None)
         if "compare_models" in named:
             out["compare_models"] = list(opened.state.compare_models)
         if "compare_depth" in named:

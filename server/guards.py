@@ -70,8 +70,10 @@ class RunDropped(Exception):
 
 def check_dropped() -> None:
     """Raise :class:`RunDropped` if the slow run computing in this thread (:meth:`SlowRuns.wrap`) was dropped; a
-    no-op elsewhere. A computation calls it between its steps (an attribution: after each batch of forward passes),
-    so a dropped run stops at the next one instead of computing to its end.
+    no-op elsewhere. In the served app it runs at every module call of a visitor's forward pass and while a pass
+    waits for a place (:class:`server.ComputeShares`) or for its model's lock (:class:`analysis.ModelLock`); views
+    also call it between their own steps (an attribution after each batch, the equivalence demo between demos). So
+    a dropped run stops at the next one instead of computing to its end.
 
     Raises:
         RunDropped: the run was dropped.
@@ -118,9 +120,9 @@ class SlowRuns:
 
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
     thread of its own. A dropped run's event ends at once, and its computation stops at its next step (a thread
-    cannot be stopped from outside: the computation calls :func:`check_dropped` between steps, an attribution after
-    each batch of forward passes); it keeps its place until then, so that dropped runs never compute beyond the
-    limit (the equivalence demo, which never checks, computes to its end: seconds, and gigabytes). A visitor
+    cannot be stopped from outside: :func:`check_dropped` runs at its next module call, or while it waits for a
+    compute place or a model's lock); it keeps its place until then, so that dropped runs never compute beyond the
+    limit (an equivalence demo takes gigabytes). A visitor
     computes one slow run at a time, however often it starts and drops them: its next run also waits for its own
     dropped computation to stop. Its threads are not daemons: the interpreter waits for a computation at exit instead
     of cutting it off inside torch (a daemon thread stopped there aborted the process, "terminate called without an
