@@ -62,13 +62,15 @@ QUEUE_EVENTS_JS = r"""
 
 
 def expect_chain(page, event: str, elem_id: str | None = None) -> int:
-    """The id of the last step of the event chain that ``elem_id``'s ``event`` starts (``demo.load`` for
-    ``event="load"``; ``.then`` steps followed to the end, from the app's ``/config``), for :func:`settle` to wait
-    for; forgets the steps answered so far. The client sends each step only once the one before has delivered, so a
-    pause between two can outlast :data:`QUIET_S` on a loaded machine (in CI the last three steps of the page's load
-    came after a test had started)."""
+    """The id of the last step of the event chain that ``elem_id``'s ``event`` starts (a tab's ``id`` names it too;
+    ``demo.load`` for ``event="load"``; ``.then`` steps followed to the end, from the app's ``/config``), for
+    :func:`settle` to wait for; forgets the steps answered so far. The client sends each step only once the one
+    before has delivered, so a pause between two can outlast :data:`QUIET_S` on a loaded machine (in CI the last
+    three steps of the page's load came after a test had started)."""
     config = page.convnn_config
-    owner = next(c["id"] for c in config["components"] if c["props"].get("elem_id") == elem_id) if elem_id else None
+    names = {c["id"]: (c["props"].get("elem_id"), c["type"] == "tabitem" and c["props"].get("id"))
+             for c in config["components"]}
+    owner = next(key for key, name in names.items() if elem_id in name) if elem_id else None
     step = next(d["id"] for d in config["dependencies"]
                 if any(e == event and (owner is None or c == owner) for c, e in d["targets"]))
     then = {d["trigger_after"]: d["id"] for d in config["dependencies"] if d["targets"] == [[None, "then"]]}

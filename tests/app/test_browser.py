@@ -144,8 +144,10 @@ def test_a_vit_shows_every_head_and_the_multi_hop_view_follows_the_click(app_url
         table = explorer.on_table(**page(checkpoint, explorer.examples[0], "blocks.0.attn"))
         assert tab.locator(".cx-multiples figure").count() == 4 + 2  # the other rules, and each head's selection
         assert tab.locator(".cx-caption").inner_text().endswith("· head 0 of 2 (0–1)")  # whose keys the rules read
+        tab_chain = expect_chain(tab, "select", "hops")  # the open tab, kept for a link: its event
         tab.get_by_role("tab", name="Multi-hop").click()
         tab.wait_for_selector(".cx-hops[data-drawn]")
+        settle(tab, tab_chain)  # its results stream opened after the view was drawn, counted as the click's (CI)
         requests = []
         tab.on("request", lambda request: requests.append(request.url))
         tab.locator("#explorer .cx-canvas").first.click(position=pixel_position(tab, table, (5, 27)))
