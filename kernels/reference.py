@@ -297,12 +297,15 @@ def select_topk(scores: Tensor, num_neighbors: int, self_index: Tensor | None = 
         ranking = ranking.masked_fill(forced, math.inf)
     # torch.topk is much faster than a sort but leaves ties unordered: its K are re-ordered by (score, index), which
     # is exact for every key above the K-th score; the slots of keys tied with the K-th score are refilled with the
-    # lowest-index tied keys, in index order. Branch-free: every row takes the same ops. The re-ordering sorts the
-    # distinct integers (number of the K scoring higher)·M + index, so no stable sort is needed (ONNX has none).
+    # lowest-index tied keys, in index order. Branch-free: every row takes the same ops. topk gives its K in
+    # descending order, so equal scores are runs: the re-ordering sorts the distinct integers (the score's run
+    # number, a cumulative sum)·M + index, so no stable sort is needed (ONNX has none), in O(K) memory per query.
     topk_vals, topk_idx = torch.topk(ranking, num_neighbors, dim=-1)
-    higher = (topk_vals.unsqueeze(-2) > topk_vals.unsqueeze(-1)).sum(-1)  # (..., Nq, K): of the K, how many above
+    new_run = torch.cat([torch.ones_like(topk_vals[..., :1], dtype=torch.bool),
+                         topk_vals[..., 1:] != topk_vals[..., :-1]], dim=-1)
+    run = new_run.cumsum(-1)  # (..., Nq, K): the rank of each of the K's score among the K's distinct scores
     num_keys = ranking.shape[-1]
-    topk_idx = torch.remainder((higher * num_keys + topk_idx).sort(dim=-1).values, num_keys)
+    topk_idx = torch.remainder((run * num_keys + topk_idx).sort(dim=-1).values, num_keys)
     kth = topk_vals[..., -1:]
     above = (topk_vals > kth).sum(-1, keepdim=True)  # (..., Nq, 1) keys strictly above the K-th score, < K
     negated = -torch.arange(ranking.shape[-1], device=scores.device, dtype=torch.float32)
