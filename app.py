@@ -293,8 +293,9 @@ class Explorer(CompareMode, ExplorerAPI):
         loaded, image = self.loaded(query, request)
         results = an.equivalences(loaded, image, query.layer, query.draw, between=server.check_dropped)
         summary = an.equivalence_summary(loaded, image, query.layer, query.draw, results=results)
+        # no demo fits an attention layer past the attention demo's memory bound: the text says why, no picture
         return {"equivalence_text": "\n\n".join(filter(None, [summary, self.draw_shown(loaded, query)])),
-                "equivalence_plot": figures.equivalence_figure(results)}
+                "equivalence_plot": figures.equivalence_figure(results) if results else None}
 
     @staticmethod
     def draw_shown(loaded: an.LoadedModel, query: an.Query) -> str:

@@ -36,9 +36,10 @@ from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.traces import layer_conv, layer_module, trace_image
 
-__all__ = ["Equivalence", "attention_equivalence", "conv_equivalence", "depthwise_equivalence",
-           "equivalence_summary", "equivalences"]
+__all__ = ["ATTENTION_DEMO_MAX_BYTES", "Equivalence", "attention_demo_bytes", "attention_equivalence",
+           "conv_equivalence", "depthwise_equivalence", "equivalence_summary", "equivalences"]
 
+ATTENTION_DEMO_MAX_BYTES = 2 * 2**30  # the attention demo's memory at most (attention_demo_bytes): past it, left out
 DEMO_SEED = 0  # seed of the stand-in weights when the layer has none of the needed kind
 _DEMO_CHANNELS = 16  # output channels of the stand-in convolution
 _DEMO_WEIGHT_STD = 0.05
@@ -203,19 +204,42 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, dr
                      f"with {source}, on the input tokens of {layer_info.name}", paths, *pictured, (got, expected))
 
 
+def attention_demo_bytes(num_tokens: int, dim: int) -> int:
+    """The memory :func:`attention_equivalence` holds at its peak on ``num_tokens`` tokens N of ``dim`` channels,
+    bytes: K = N, so the reference path gathers every key's value for every query (N·N·dim fp32 values), weighs
+    them into a second such tensor, and scores N·N pairs (measured: 0.55 GB on the 1,024 tokens of 64 channels of
+    a CIFAR model's first layer; this gives 0.55 GB)."""
+    return 4 * num_tokens**2 * (2 * dim + 4)
+
+
+def _attention_left_out(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> str | None:
+    """Why the attention demo is not run on ``layer`` (its memory past :data:`ATTENTION_DEMO_MAX_BYTES`), or
+    None."""
+    x = trace_image(loaded, image, draw).inputs[loaded.layer_info(layer).name]
+    num_tokens, dim = (x.shape[1], x.shape[2]) if x.dim() == 3 else (x.shape[2] * x.shape[3], x.shape[1])
+    need = attention_demo_bytes(num_tokens, dim)
+    if need <= ATTENTION_DEMO_MAX_BYTES:
+        return None
+    return (f"The attention demo is left out on this layer: with K = N = {num_tokens} tokens of {dim} channels it "
+            f"would hold {need / 2**30:.1f} GB (every query gathers every key's value), more than the "
+            f"{ATTENTION_DEMO_MAX_BYTES / 2**30:.0f} GB it may; a later layer has fewer tokens.")
+
+
 def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0,
                  between: Callable[[], None] | None = None) -> list[Equivalence]:
-    """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention,
-    each on the layer's input in eval draw ``draw`` (METHOD §3b; the same input in every draw of a model without
-    random candidates). ``between()``, if given, is called before each demo (a slow run's drop check: it may raise
-    to stop there).
+    """Every demo that applies to ``layer``: convolution and depthwise convolution on a map layer, then attention
+    (unless its memory would pass :data:`ATTENTION_DEMO_MAX_BYTES`: :func:`attention_demo_bytes`; the summary says
+    so), each on the layer's input in eval draw ``draw`` (METHOD §3b; the same input in every draw of a model
+    without random candidates). ``between()``, if given, is called before each demo (a slow run's drop check: it
+    may raise to stop there).
 
     Raises:
         ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
     maps = () if loaded.layer_info(layer).is_attention else (conv_equivalence, depthwise_equivalence)
+    attention = () if _attention_left_out(loaded, image, layer, draw) else (attention_equivalence,)
     results = []
-    for demo in (*maps, attention_equivalence):
+    for demo in (*maps, *attention):
         if between is not None:
             between()
         results.append(demo(loaded, image, layer, draw))
@@ -230,6 +254,6 @@ def equivalence_summary(loaded: LoadedModel, image: InputImage, layer: str, draw
         ValueError: unknown layer, or a ``draw`` that is not an integer ≥ 0.
     """
     results = equivalences(loaded, image, layer, draw) if results is None else results
-    return "\n\n".join(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
-                        f"{r.max_abs_output:.2e}). ConvNN side: {r.convnn_path}; reference: {r.reference_path}."
-                        for r in results)
+    return "\n\n".join([*(f"**{r.description}**: max |difference| = {r.max_abs_diff:.2e} (output scale "
+                          f"{r.max_abs_output:.2e}). ConvNN side: {r.convnn_path}; reference: {r.reference_path}."
+                          for r in results), *filter(None, [_attention_left_out(loaded, image, layer, draw)])])

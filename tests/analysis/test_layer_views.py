@@ -455,3 +455,28 @@ def test_the_equivalence_demos_can_be_stopped_between_them(load_small, image):
         equivalences(cnn, image, "stages.1.0.conv1", between=between)
     assert calls == [0, 1]  # the first demo computed, the second stopped before it started
     assert len(equivalences(cnn, image, "stages.1.0.conv1", between=calls.clear)) == 3  # conv, depthwise, attention
+
+
+def test_an_attention_demo_past_its_memory_bound_is_left_out_and_the_summary_says_why(load_small, image,
+                                                                                      monkeypatch):
+    """K = N gathers every key's value for every query: on a large layer that was gigabytes (a 64 px model's first
+    layer asked for 64 GB and failed). Past the bound the attention demo is not run; the convolution demos are, and
+    the summary names the layer's N, its channels and the memory it would have held."""
+    from analysis import equivalence_summary, equivalences, trace_image
+    from analysis.views import equivalence
+
+    cnn = load_small("cnn-l0.5")
+    x = trace_image(cnn, image).inputs["stages.1.0.conv1"]  # (1, C, H, W): every pixel a token
+    tokens, channels = x.shape[2] * x.shape[3], x.shape[1]
+    need = 4 * tokens**2 * (2 * channels + 4)  # the gathered values, their weighted copy and the N·N scores, fp32
+    monkeypatch.setattr(equivalence, "ATTENTION_DEMO_MAX_BYTES", need)  # at the bound: run
+    assert [r.reference_path for r in equivalences(cnn, image, "stages.1.0.conv1")][-1] == \
+        "F.scaled_dot_product_attention"
+    monkeypatch.setattr(equivalence, "ATTENTION_DEMO_MAX_BYTES", need - 1)
+    results = equivalences(cnn, image, "stages.1.0.conv1")
+    assert [r.reference_path for r in results] == ["F.conv2d", f"F.conv2d, groups={channels}"]
+    summary = equivalence_summary(cnn, image, "stages.1.0.conv1", results=results)
+    assert summary.endswith(f"The attention demo is left out on this layer: with K = N = {tokens} tokens of "
+                            f"{channels} channels it would hold {need / 2**30:.1f} GB (every query gathers every "
+                            f"key's value), more than the {(need - 1) / 2**30:.0f} GB it may; a later layer has "
+                            "fewer tokens.")
