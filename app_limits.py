@@ -56,9 +56,13 @@ MAX_WAITING_PER_ADDRESS = 96  # … and the visitors at one network address toge
 #                               multiply a client's places past it, and it takes 11 addresses to fill the queue
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
-SLOW_CONCURRENCY = 1  # slow runs computing at a time, all sessions together, dropped ones until they stop, one per
-#                       visitor (server.SlowRuns): they never take every core from a click, and one equivalence demo
-#                       takes ≈ 9 GB at its peak on a small CIFAR model (two at once were OOM-killed on 24 GB)
+SLOW_CONCURRENCY = 3  # slow runs computing at a time, all sessions together, dropped ones until they stop, one per
+#                       visitor, a free place to the address holding fewest (server.SlowRuns): one visitor's run that
+#                       computes for minutes (an occlusion of a heavy model: 188 s on a core) leaves two to the rest;
+#                       their cores are shared as every pass's are (server.ComputeShares). Memory: an attribution
+#                       holds at most ≈ 0.8 GB of activations (its batches are bounded), an equivalence demo's
+#                       attention side at most 2 GB (analysis.views.equivalence.ATTENTION_DEMO_MAX_BYTES; 0.55 GB on
+#                       a CIFAR model's first layer, where ties were ranked in 9 GB before), so three fit
 MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
 #                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
 MAX_THREADS = 16  # worker threads running handlers (Gradio's max_threads, 40 by default): a handler waiting for a

@@ -13,15 +13,17 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Callable
 
 import gradio as gr
 
 import analysis as an
 
-from .visitors import visitor
+from .visitors import address, visitor
 
 __all__ = ["GRADIO_PRIVATE", "Admission", "RunDropped", "SlowRuns", "check_dropped", "names_a_web_address",
            "waiting_events"]
@@ -119,14 +121,16 @@ class SlowRuns:
     (:func:`server.visitor`: a session id alone, which a client names at will, drops nothing of another visitor's).
 
     A handler made by :meth:`wrap` is a coroutine that waits, holding no thread, for a free place, then computes in a
-    thread of its own. A dropped run's event ends at once, and its computation stops at its next step (a thread
-    cannot be stopped from outside: :func:`check_dropped` runs at its next module call, or while it waits for a
-    compute place or a model's lock); it keeps its place until then, so that dropped runs never compute beyond the
-    limit (an equivalence demo takes gigabytes). A visitor
-    computes one slow run at a time, however often it starts and drops them: its next run also waits for its own
-    dropped computation to stop. Its threads are not daemons: the interpreter waits for a computation at exit instead
-    of cutting it off inside torch (a daemon thread stopped there aborted the process, "terminate called without an
-    active exception").
+    thread of its own. A free place goes to the waiting run whose network address holds the fewest places, so a run
+    that computes for minutes (an occlusion of a heavy uploaded model, given the cores only when nobody else wants
+    them: :class:`server.ComputeShares`) holds one place, not the slow views. A dropped run's event ends at once,
+    and its computation stops at its next step (a thread cannot be stopped from outside: :func:`check_dropped` runs
+    at its next module call, or while it waits for a compute place or a model's lock); it keeps its place until
+    then, so that dropped runs never compute beyond the limit (each holds memory). A visitor computes one slow run
+    at a time, however often it starts and drops them: its next run also waits for its own dropped computation to
+    stop. Its threads are not daemons: the interpreter waits for a computation at exit instead of cutting it off
+    inside torch (a daemon thread stopped there aborted the process, "terminate called without an active
+    exception").
 
     :meth:`drop` ends a run on the server: the run's event returns its ``dropped`` value (no change, for the page) and
     completes as any event does. Gradio's own ``cancels=`` is not used: the page ran it only after the Cancel
@@ -143,7 +147,10 @@ class SlowRuns:
     def __init__(self, limit: int, queued: Callable[[], list]) -> None:
         self.limit = limit
         self.queued = queued
-        self._places: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+        self._free = limit  # places no computation holds
+        self._held: Counter = Counter()  # address → places its visitors' computations hold
+        self._waiters: list[tuple[int, str, asyncio.Future]] = []  # (arrival, address, set when given a place)
+        self._arrivals = itertools.count()
         self._runs: dict[tuple[str, str | None, str], set[_Run]] = {}  # (visitor, session, view) → its started runs
         self._dropped_joins = weakref.WeakSet()  # the join requests of runs dropped while in Gradio's queue
         self._begun_joins = weakref.WeakSet()  # the join requests whose handler has begun (then in _runs)
@@ -163,14 +170,12 @@ class SlowRuns:
                 return dropped  # dropped while it waited in Gradio's queue, or before its handler began
             if join is not None:
                 self._begun_joins.add(join)
-            if self._places is None:
-                self._places = asyncio.Semaphore(self.limit)
             run = _Run(asyncio.get_running_loop().create_future())
-            key = (*_owner(request), view)
+            key, where = (*_owner(request), view), address(request)
             self._runs.setdefault(key, set()).add(run)
             try:
-                if await self._own_turn(key[0], run.end) and await self._take_place(run.end):
-                    self._compute(functools.partial(handler, *args, **kwargs), run, view, key[0])
+                if await self._own_turn(key[0], run.end) and await self._take_place(where, run.end):
+                    self._compute(functools.partial(handler, *args, **kwargs), run, view, key[0], where)
                 ended = await run.end
             finally:
                 if run.end.cancelled() or not run.end.done():  # Gradio's /cancel: stopped as a dropped run is
@@ -199,26 +204,53 @@ class SlowRuns:
                 return False
         return True
 
-    async def _take_place(self, end: asyncio.Future) -> bool:
-        """Wait for a free place, or for ``end`` (the run dropped): whether the place was taken. A run dropped, or
-        cancelled through Gradio's ``/cancel``, while it waits takes nothing."""
-        place = asyncio.ensure_future(self._places.acquire())
-        try:
-            await asyncio.wait([place, end], return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            self._give_back(place)
-            raise
+    async def _take_place(self, where: str, end: asyncio.Future) -> bool:
+        """Wait for a place, or for ``end`` (the run dropped): whether the place was taken. A free place goes to the
+        waiting run whose address (``where``) holds the fewest places, the first to come among those
+        (:meth:`_give_places`), so that visitors at one address (tokens a client minted) cannot take every place
+        while another address waits. A run dropped, or cancelled through Gradio's ``/cancel``, while it waits takes
+        nothing."""
+        given = asyncio.get_running_loop().create_future()
+        self._waiters.append((next(self._arrivals), where, given))
+        self._give_places()
+        if not given.done():
+            try:
+                await asyncio.wait([given, end], return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                self._no_longer_waiting(where, given)
+                raise
         if end.done():
-            self._give_back(place)
+            self._no_longer_waiting(where, given)
             return False
         return True
 
-    def _give_back(self, place: asyncio.Future) -> None:
-        """The place a run that will not compute asked for: released if it was taken, else no longer asked for."""
-        if not place.cancel():
-            self._places.release()
+    def _no_longer_waiting(self, where: str, given: asyncio.Future) -> None:
+        """A run that asked for a place will not compute: the place it was given goes back, or it stops waiting."""
+        if given.done():
+            self._give_back(where)
+        else:
+            given.cancel()
+            self._waiters = [waiter for waiter in self._waiters if waiter[2] is not given]
 
-    def _compute(self, work, run: _Run, view: str, who: str) -> None:
+    def _give_places(self) -> None:
+        """Give the free places to the waiting runs, each to the one whose address holds the fewest, then the
+        first to come."""
+        while self._free and self._waiters:
+            waiter = min(self._waiters, key=lambda waiter: (self._held[waiter[1]], waiter[0]))
+            self._waiters.remove(waiter)
+            self._free -= 1
+            self._held[waiter[1]] += 1
+            waiter[2].set_result(True)
+
+    def _give_back(self, where: str) -> None:
+        """A place that a run at address ``where`` held is free again; it goes to the next waiting run."""
+        self._held[where] -= 1
+        if not self._held[where]:
+            del self._held[where]
+        self._free += 1
+        self._give_places()
+
+    def _compute(self, work, run: _Run, view: str, who: str, where: str) -> None:
         """``work()`` in a thread of its own (Gradio's progress tracker reads the context, :func:`check_dropped` the
         run's ``stop``; not a daemon, as the server's thread may be one), counted as visitor ``who``'s; when it
         ends, its place is given back and ``run.end`` gets ``(result, error)`` unless the run was dropped or
@@ -232,7 +264,7 @@ class SlowRuns:
                 del self._computing[who]
                 if (idle := self._idle.pop(who, None)) is not None:
                     idle.set()
-            self._places.release()
+            self._give_back(where)
             if not run.end.done():
                 run.end.set_result(outcome)
 

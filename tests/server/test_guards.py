@@ -14,9 +14,9 @@ from server import SlowRuns, Visitors
 from tests.loops import run_coroutine
 
 
-def placed(client: str, session: str) -> gr.Request:
+def placed(client: str, session: str, mint: bool = False) -> gr.Request:
     """A handler's ``gr.Request`` for ``session`` of a request from ``client`` that :class:`server.Visitors` placed
-    (it mints no token here, so the visitor is ``"a:<client>"``)."""
+    (it mints no token here, so the visitor is ``"a:<client>"``; with ``mint``, a new visitor's token each call)."""
     scopes = []
 
     async def app(scope, receive, send):
@@ -24,7 +24,7 @@ def placed(client: str, session: str) -> gr.Request:
 
     scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": [],
              "client": (client, 5000)}
-    run_coroutine(Visitors(app, mint_burst=0, mint_per_hour=0)(scope, None, None))
+    run_coroutine(Visitors(app, mint_burst=int(mint), mint_per_hour=0)(scope, None, None))
     return gr.Request(request=Request(scopes[0]), session_hash=session)
 
 
@@ -117,6 +117,51 @@ def test_a_visitor_computes_one_slow_run_at_a_time_however_often_it_drops_them()
         assert run_coroutine(scenario()) == ["dropped", True, False, "again", "other"]
     finally:
         release.set()
+
+
+def test_a_free_slow_place_goes_to_the_address_holding_fewest_and_a_long_run_holds_one():
+    """The slow views had one place, first come first served: a hostile visitor's occlusion of a heavy model (minutes,
+    its cores given only when nobody else wanted them) held it, and every other visitor's 2 s saliency waited or
+    was refused. Now there are several places, and a free one goes to the waiting run of the address holding
+    fewest, not to the first to come: with two places, both held at address 10.0.0.1 (two tokens), a third run
+    there and then one from 10.0.0.2 wait; the place freed goes to 10.0.0.2's."""
+    release = {name: threading.Event() for name in ("long", "a2", "a3", "b")}
+    order = []
+
+    def on_view(name: str, request=None):
+        order.append(name)
+        release[name].wait(10)
+        return name
+
+    async def scenario() -> list:
+        runs = SlowRuns(2, queued=list)
+        view = runs.wrap(on_view, dropped="dropped")
+        long = asyncio.ensure_future(view("long", request=placed("10.0.0.1", "s1", mint=True)))
+        a2 = asyncio.ensure_future(view("a2", request=placed("10.0.0.1", "s2", mint=True)))
+        while len(order) < 2:
+            await asyncio.sleep(0.01)
+        a3 = asyncio.ensure_future(view("a3", request=placed("10.0.0.1", "s3", mint=True)))  # a token, same address
+        await asyncio.sleep(0.05)
+        b = asyncio.ensure_future(view("b", request=placed("10.0.0.2", "s1")))
+        await asyncio.sleep(0.05)
+        waited = list(order)
+        release["a2"].set()  # a place is free: 10.0.0.1 still holds one (long), 10.0.0.2 none
+        await asyncio.wait_for(a2, 5)
+        while len(order) < 3:
+            await asyncio.sleep(0.01)
+        release["b"].set()
+        await asyncio.wait_for(b, 5)
+        release["a3"].set()
+        await asyncio.wait_for(a3, 5)
+        release["long"].set()
+        await asyncio.wait_for(long, 5)
+        return [waited, order]
+
+    try:
+        assert run_coroutine(scenario()) == [["long", "a2"], ["long", "a2", "b", "a3"]]
+    finally:
+        for event in release.values():
+            event.set()
 
 
 def test_a_cancel_before_the_handler_began_drops_the_run():
