@@ -11,6 +11,9 @@ asking while others compute is charged as much as the least charged of them (no 
 start-time fair queueing). A running pass gives its place up between two module calls when a computation waits
 whose address (or, at the same address, whose visitor) has computed at least ``quantum_s`` less — so a heavy model
 computes on a core only while nobody else wants it, and a click waits at most one module call of it, not a pass.
+While a request of an address that has computed ``quantum_s`` less is being served (in or between its passes: an
+image's decode, a figure, its answer's JSON compute outside them), an address holds all places but one, so that
+work outside the places is not left to share the cores with a heavy model computing in all of them.
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
 Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
@@ -112,6 +115,8 @@ class ComputeShares:
     _active: Counter = field(default_factory=Counter)  # the keys of computations waiting or running → how many
     _waiting: list[_Turn] = field(default_factory=list)
     _running: int = 0
+    _holding: Counter = field(default_factory=Counter)  # address → places its passes hold
+    _serving: Counter = field(default_factory=Counter)  # address → its requests being served (computing_for)
     _lock: threading.Condition = field(default_factory=threading.Condition)
     _arrivals: itertools.count = field(default_factory=itertools.count)
     _threads: threading.local = field(default_factory=threading.local)
@@ -144,10 +149,17 @@ class ComputeShares:
         (:func:`server.address`, :func:`server.visitor`; a ``gr.Request`` or the queue's Starlette request)."""
         where = address(request)
         token = _CURRENT.set(_Visitor(self, (where,), (where, visitor(request))))
+        with self._lock:
+            self._serving[where] += 1
         try:
             yield
         finally:
             _CURRENT.reset(token)
+            with self._lock:
+                self._serving[where] -= 1
+                if not self._serving[where]:
+                    del self._serving[where]
+                self._lock.notify_all()
 
     def _state(self) -> _Running:
         state = getattr(self._threads, "state", None)
@@ -167,7 +179,8 @@ class ComputeShares:
             with self._lock:
                 self._arrive(state.turn)
                 self._take(state)
-        elif self._waiting:  # read without the lock: a turn that arrives meanwhile is seen at the next call
+        elif self._waiting or len(self._serving) > 1:  # read without the lock: what changes meanwhile is seen at
+            #                                              the next call
             with self._lock:
                 if self._should_yield(state):
                     self._free(state)
@@ -207,6 +220,10 @@ class ComputeShares:
         for key in (state.turn.where, state.turn.who):
             self.charged[key] = self.charged.get(key, 0.0) + now - state.since
         self._running -= 1
+        where = state.turn.where[0]
+        self._holding[where] -= 1
+        if not self._holding[where]:
+            del self._holding[where]
         state.holding = False
         self._lock.notify_all()
 
@@ -230,7 +247,7 @@ class ComputeShares:
         Raises:
             RunDropped: the slow run computing in this thread was dropped.
         """
-        while self._running >= self.slots or min(self._waiting, key=self._order) is not state.turn:
+        while self._running >= self.slots or self._next() is not state.turn:
             self._lock.wait(DROP_CHECK_S)
             try:
                 check_dropped()
@@ -240,15 +257,40 @@ class ComputeShares:
                 raise
         self._waiting.remove(state.turn)
         self._running += 1
+        self._holding[state.turn.where[0]] += 1
         state.holding = True
         state.since = self.clock()
 
+    def _next(self) -> _Turn | None:
+        """The waiting turn that takes the next free place: the least charged (:meth:`_order`) of those whose
+        address is not held back (:meth:`_held_back`)."""
+        return min((turn for turn in self._waiting
+                    if not self._held_back(turn.where[0], self._holding[turn.where[0]] + 1)),
+                   key=self._order, default=None)
+
+    def _held_back(self, where: str, places: int, spent: float = 0.0) -> bool:
+        """Whether address ``where`` may not hold ``places`` places: more than all but one (at least one), while a
+        request of another address that has computed ``quantum_s`` less is being served. Such a request computes
+        outside any pass too (an image's decode, a figure, its answer's JSON), and those cores are the OS's to share:
+        a heavy model computing in every place took half of them from it. One place always remains, so a pass held
+        back waits only for one of its own address's to end. ``spent``: what the asking pass has computed since it
+        took its place, not charged yet, s."""
+        if places <= max(1, self.slots - 1):
+            return False
+        mine = self.charged.get((where,), 0.0) + spent - self.quantum_s
+        return any(other != where and self.charged.get((other,), 0.0) < mine for other in self._serving)
+
     def _should_yield(self, state: _Running) -> bool:
-        """Whether every place is taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at
-        another address, less than its address; at the same address, less than its visitor."""
-        if self._running < self.slots or not state.holding:  # a pass whose drop its model swallowed holds none
+        """Whether ``state``'s address holds more places than it may now (:meth:`_held_back`), or every place is
+        taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at another address, less than
+        its address; at the same address, less than its visitor."""
+        if not state.holding:  # a pass whose drop its model swallowed holds none
             return False
         spent = self.clock() - state.since
+        if self._held_back(state.turn.where[0], self._holding[state.turn.where[0]], spent):
+            return True
+        if self._running < self.slots:
+            return False
         mine = self.charged.get(state.turn.where, 0.0) + spent, self.charged.get(state.turn.who, 0.0) + spent
         for turn in self._waiting:
             theirs = self._order(turn)

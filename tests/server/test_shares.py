@@ -230,3 +230,50 @@ def test_each_event_of_the_queue_computes_as_its_visitor():
     with pytest.raises(ValueError, match="slots must be at least 1"):
         ComputeShares(slots=0)
     assert shares.slots == 1
+
+
+def test_a_heavy_address_keeps_one_place_free_while_another_address_is_served_outside_a_pass():
+    """A request computes outside its forward passes too (an image's decode, a figure, its answer's JSON), where the
+    cores are the OS's to share: a heavy model computing in both places took half of them from every other visitor
+    then (the class bench's uploads and examples, 2.1× and 2.5× slower). While another address that has computed
+    less is being served, an address holds all places but one: of its two passes, the first to reach a module call
+    gives its place up and computes again only once the other has ended, a place left free meanwhile."""
+    shares, log, errors = ComputeShares(slots=2, clock=thread_clock), [], []
+    served, done = threading.Event(), threading.Event()
+
+    def decode():  # another address's request, between its passes
+        with shares.computing_for(request_from("10.0.0.2")):
+            served.set()
+            done.wait(10)
+
+    other = threading.Thread(target=decode)
+    other.start()
+    served.wait(10)
+    both, hold = threading.Barrier(2, timeout=10), threading.Event()  # both passes hold a place at their step 0
+    passes = [run_as(shares, "10.0.0.1", torch.nn.Sequential(
+        *[Step(f"{name}{i}", 0.1, log, before={0: both.wait, 3: hold.wait}.get(i)) for i in range(6)]), errors)
+        for name in "AB"]
+    wait_for(lambda: len(shares._waiting) == 1 and len(log) == 4, "one heavy pass to give its place up")
+    assert shares._running == 1  # the other computes on; one place is free for the request being served
+    hold.set()
+    for thread in passes:
+        thread.join(10)
+    done.set()
+    other.join(10)
+    assert not errors and sorted(log) == [f"{name}{i}" for name in "AB" for i in range(6)]
+    last = {name: log.index(f"{name}5") for name in "AB"}
+    first, second = sorted("AB", key=last.get)  # the one that gave its place up (at its step 1) ended second
+    assert log.index(f"{second}1") > log.index(f"{first}5")  # it computed again only once the other had ended
+
+
+def test_without_another_address_served_an_address_computes_in_every_place():
+    """The hold-back above is for others' requests being served: alone, an address's two passes compute at once."""
+    shares, log, errors = ComputeShares(slots=2, clock=thread_clock), [], []
+    both = threading.Barrier(2, timeout=10)
+    passes = [run_as(shares, "10.0.0.1", torch.nn.Sequential(
+        *[Step(f"{name}{i}", 0.1, log, before=both.wait if i in (0, 4) else None) for i in range(6)]), errors)
+        for name in "AB"]
+    for thread in passes:
+        thread.join(10)
+    assert not errors and sorted(log) == [f"{name}{i}" for name in "AB" for i in range(6)]  # the barrier at step 4
+    #                                                                      passed: both passes held a place then
