@@ -207,6 +207,17 @@ class Explorer(CompareMode, ExplorerAPI):
     def on_lesson_back(self, lesson, lesson_step, state, request=None):
         return self.lesson_step(lesson, (lesson_step or 0) - 1, state, request)
 
+    @staticmethod
+    def on_own_image(lesson, lesson_step, request=None):
+        """An image picked by hand (an example, an upload) while a lesson is open: the step's text no longer
+        describes the screen, so it says so; no change without a lesson."""
+        return texts.LESSON_ASIDE.format(step=(lesson_step or 0) + 1, what="image") if lesson else gr.skip()
+
+    @staticmethod
+    def on_own_model(lesson, lesson_step, request=None):
+        """A model picked or opened by hand while a lesson is open: as :meth:`on_own_image`."""
+        return texts.LESSON_ASIDE.format(step=(lesson_step or 0) + 1, what="model") if lesson else gr.skip()
+
     @user_errors
     def on_example(self, evt: gr.EventData, request=None) -> str:
         return self.examples[an.whole_number(evt.index, "the example's index", 0, len(self.examples) - 1)]
@@ -387,6 +398,8 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "compare_if_open": ("on_compare_if_open", [*COMPARE_QUERY, "tab"], ["compare"]),
         "compare_layers_if_open": ("on_compare_layers_if_open", ["compare_models", "compare_depth", "tab"],
                                    COMPARE_LAYERS),
+        "own_image": ("on_own_image", ["lesson", "lesson_step"], ["lesson_text"]),
+        "own_model": ("on_own_model", ["lesson", "lesson_step"], ["lesson_text"]),
         "example": ("on_example", [], ["image_file"]),
         "image_upload": ("on_image_upload", ["image_upload"], ["image_file", "examples"]),
         "first_render": ("on_first_render", query, ["explorer"]),
@@ -429,10 +442,10 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
     of ``state_type``'s query (its control's event: a slider's release, a number box's blur) redraws the table."""
     return {
         ("demo", "load"): ["link", *VIEW_CHAIN],
-        ("checkpoint", "input"): ["model", *MODEL_CHAIN, "compare_if_open"],
-        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN, "compare_if_open"],
-        ("examples", "select"): ["example", *IMAGE_CHAIN],
-        ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
+        ("checkpoint", "input"): ["model", *MODEL_CHAIN, "compare_if_open", "own_model"],
+        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN, "compare_if_open", "own_model"],
+        ("examples", "select"): ["example", *IMAGE_CHAIN, "own_image"],
+        ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN, "own_image"],
         ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
         ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
         ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],

@@ -24,6 +24,9 @@ NO_MODEL = ("**No model of this server's checkpoint folder opens**: open your ow
             "your own checkpoint” (a `.safetensors` file and its `.json` card), or start the app on a folder of "
             "checkpoints (`python app.py --checkpoints FOLDER`).")  # beside the model list, instead of every view
 LESSON_MISSING = "Pick a lesson first, in the list beside Back and Next."
+# a lesson's text once the user picks an image or a model of their own
+LESSON_ASIDE = ("**Step {step}** is about the lesson's {what}; the view now shows the {what} you picked. "
+                "**◀ Back** or **Next step ▶** returns to the lesson, on its image and model.")
 LINK_WARNING = ("This link could not set everything it names: the note under “Copy a link to this view” says what. "
                 "The rest of the view is open.")
 ATTRIBUTION_PROMPT = (f"Pick a method and press **Compute attribution**: it runs on demand (a few seconds for "

@@ -377,7 +377,8 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
         for view in views:
             fn, inputs, outputs = app.VIEWS[view]
             opened = trigger == "click" or source.endswith("_tab")  # a button pressed, a tab opened: an action
-            assert not inputs or written & set(inputs) or source == "demo" or opened, (source, view)
+            narrated = outputs == ["lesson_text"]  # what the change itself means to an open lesson
+            assert not inputs or written & set(inputs) or source == "demo" or opened or narrated, (source, view)
             assert fn not in ("on_attribution", "on_equivalence")
             written |= set(outputs)
     for key in (("examples", "select"), ("image_upload", "upload")):
@@ -385,6 +386,23 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
     assert app.REFRESH[("checkpoint", "input")][:2] == ["model", "first_render"]
     for key in (("demo", "load"), ("lesson", "input"), ("lesson_next", "click")):  # a link or a lesson's step
         assert app.REFRESH[key][1:] == app.VIEW_CHAIN and set(app.VIEW_CHAIN) >= set(app.MODEL_CHAIN)
+    for key, aside in ((("examples", "select"), "own_image"), (("image_upload", "upload"), "own_image"),
+                       (("checkpoint", "input"), "own_model"), (("checkpoint_files", "upload"), "own_model")):
+        assert app.REFRESH[key][-1] == aside  # once the view is the user's own, an open lesson says so
+    assert not any(view.startswith("own_") for chain in app.REFRESH.values() for view in chain
+                   if chain[0] in ("link", "lesson_start", "lesson_next", "lesson_back"))
+
+
+def test_an_open_lesson_says_when_the_image_or_model_shown_is_the_user_s_own():
+    """A photo uploaded (or an example, a model picked) during a lesson left its step's text narrating what the
+    screen no longer showed; now the text says the step is about the lesson's, and how to go on. No lesson: no
+    change."""
+    assert app.Explorer.on_own_image(None, 0) == gr.skip()
+    assert app.Explorer.on_own_image("Lesson 1", 2) == ("**Step 3** is about the lesson's image; the view now shows "
+                                                        "the image you picked. **◀ Back** or **Next step ▶** "
+                                                        "returns to the lesson, on its image and model.")
+    assert app.Explorer.on_own_model("Lesson 1", None).startswith("**Step 1** is about the lesson's model; the view "
+                                                                  "now shows the model you picked.")
 
 
 def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bound(explorer):

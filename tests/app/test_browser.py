@@ -591,7 +591,9 @@ def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app
 def test_each_lesson_runs_end_to_end(shipped_url, chromium):
     """Every lesson, chosen and then stepped through with Next: each step shows its text and the explorer shows
     the step's layer and pixel, with the neighbours the API gives, each numbered inside its cell on a desktop
-    (lesson 1's 5 × 5 window on 12-pixel cells had dark rank chips over its cells, and only 11 of its 25 numbers)."""
+    (lesson 1's 5 × 5 window on 12-pixel cells had dark rank chips over its cells, and only 11 of its 25 numbers).
+    An example picked then is the user's own image: the lesson's text says its step was about the lesson's (it went
+    on narrating the image no longer shown)."""
     url, explorer = shipped_url
     with browser_page(chromium, url) as tab:
         tab.get_by_text("Lessons: convolution").click()
@@ -617,6 +619,12 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
                 numbered = [cell for cell in cells if cell is not None]  # a CLS token has no cell to number
                 ranks = f"inside:{len(numbered)}" if len(cells) <= MAX_LABELLED_RANKS else "none"
                 assert tab.locator(".cx").get_attribute("data-ranks") == ranks, step["link"]
+        last = explorer.lessons[-1]["steps"]
+        chain = expect_chain(tab, "select", "examples")  # an image of one's own: the step's words are not about it
+        tab.locator("#examples .thumbnail-item").nth(5).click()
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text() == app_texts.LESSON_ASIDE.format(
+            step=len(last), what="image").replace("**", "")
 
 
 def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
