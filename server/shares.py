@@ -13,11 +13,10 @@ whose address (or, at the same address, whose visitor) has computed at least ``q
 computes on a core only while nobody else wants it, and a click waits at most one module call of it, not a pass.
 While a request of an address that has computed ``quantum_s`` less is being served (in or between its passes: an
 image's decode, a figure, its answer's JSON compute outside them), an address holds all places but one, and none at
-all while it is heavy (:data:`HEAVY_S` of computing in the last :data:`RECENT_S`, half a core sustained; a click,
-a knob or an attribution computes well under a second): a heavy model then computes between everyone else's
-requests, not beside them. A pass is never held back from every place while its thread holds a model's lock that
-another thread waits for (:func:`analysis.holds_up_a_waiter`), and one held back for :data:`RESCUE_S` computes a
-module call, so that it cannot hold up, through a wait the shares do not see, the requests it gives way to.
+all once it has computed :data:`FAR_S` more: a heavy model then computes between everyone else's requests, not beside
+them. A pass is never held back from every place while its thread holds a model's lock that another thread waits for
+(:func:`analysis.holds_up_a_waiter`), and one held back for :data:`RESCUE_S` computes a module call, so that it
+cannot hold up, through a wait the shares do not see, the requests it gives way to.
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
 Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
@@ -55,11 +54,8 @@ from .visitors import address, visitor
 __all__ = ["QUANTUM_S", "ComputeShares"]
 
 QUANTUM_S = 0.05  # a running pass gives its place up to a waiting one that has computed this much less, s
-RECENT_S = 10.0  # an address's recent computing decays with this time constant, s
-HEAVY_S = 5.0  # an address whose recent computing is this much (half a core, sustained) computes in no place while
-#                another address's request is being served, s
+FAR_S = 1.0  # an address that has computed this much more than another one being served computes in no place, s
 RESCUE_S = 1.0  # a pass held back from every place for this long takes one (a wait the shares cannot see), s
-_RECENT_KEPT = 1024  # addresses whose recent computing is kept before the idle ones are forgotten
 DROP_CHECK_S = 0.1  # how often a pass waiting for a place checks whether its slow run was dropped, s
 
 
@@ -134,8 +130,6 @@ class ComputeShares:
     _running: int = 0
     _holding: Counter = field(default_factory=Counter)  # address → places its passes hold
     _serving: Counter = field(default_factory=Counter)  # address → its requests being served (computing_for)
-    _recent: dict[str, tuple[float, float]] = field(default_factory=dict)  # address → (its recent computing, s;
-    #                                                                          when it was last charged, wall s)
     _lock: threading.Condition = field(default_factory=threading.Condition)
     _arrivals: itertools.count = field(default_factory=itertools.count)
     _threads: threading.local = field(default_factory=threading.local)
@@ -241,9 +235,6 @@ class ComputeShares:
             self.charged[key] = self.charged.get(key, 0.0) + now - state.since
         self._running -= 1
         where = state.turn.where[0]
-        self._recent[where] = (self._recent_use(where, now - state.since), self.wall())
-        if len(self._recent) > _RECENT_KEPT:  # those that have not computed for a while: as good as none
-            self._recent = {key: item for key, item in self._recent.items() if self._recent_use(key) > 0.01}
         self._holding[where] -= 1
         if not self._holding[where]:
             del self._holding[where]
@@ -301,25 +292,15 @@ class ComputeShares:
         ``where`` has computed ``quantum_s`` more than it (``spent``: what the asking pass has computed since it took
         its place, not charged yet, s), all places but one (at least one): a request computes outside its passes
         too (an image's decode, a figure, its answer's JSON), and those cores are the OS's to share; a heavy model
-        computing in every place took half of them from it. A heavy address (:data:`HEAVY_S` of recent computing): no
-        place, so that everyone else's requests have every core while they are served and a heavy model computes
-        between them (the charges cannot tell it: a visitor who starts asking is charged as much as the least
-        charged one computing, the heavy one when no one else computes). A pass that is
+        computing in every place took half of them from it. :data:`FAR_S` more: no place, so that everyone else's
+        requests have every core while they are served and a heavy model computes between them. A pass that is
         ``needed`` is never held back from every place: its thread holds a model's lock another thread waits for
         (:func:`analysis.holds_up_a_waiter`), or it has waited :data:`RESCUE_S` (another wait the shares cannot see,
         a cache's entry being computed by it), so a held-back pass never holds up the requests it yields to."""
         served = [self.charged.get((other,), 0.0) for other in self._serving if other != where]
-        if not served:
-            return self.slots
-        ahead = self.charged.get((where,), 0.0) + spent - min(served)
-        places = (0 if self._recent_use(where, spent) >= HEAVY_S else
-                  max(1, self.slots - 1) if ahead > self.quantum_s else self.slots)
+        ahead = self.charged.get((where,), 0.0) + spent - min(served, default=math.inf)
+        places = 0 if ahead > FAR_S else max(1, self.slots - 1) if ahead > self.quantum_s else self.slots
         return max(places, int(needed))
-
-    def _recent_use(self, where: str, spent: float = 0.0) -> float:
-        """Address ``where``'s recent computing (decaying with :data:`RECENT_S`) and ``spent`` more, s."""
-        used, at = self._recent.get(where, (0.0, 0.0))
-        return used * math.exp(-max(0.0, self.wall() - at) / RECENT_S) + spent
 
     def _should_yield(self, state: _Running) -> bool:
         """Whether ``state``'s address holds more places than it may now (:meth:`_allowed`), or every place is

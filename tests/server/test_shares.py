@@ -13,7 +13,7 @@ import torch
 
 from server import ComputeShares, RunDropped
 from server.guards import _STOP
-from server.shares import HEAVY_S, RESCUE_S
+from server.shares import RESCUE_S
 from tests.loops import run_coroutine
 from tests.server.test_fairness import request_from
 
@@ -280,11 +280,11 @@ def test_without_another_address_served_an_address_computes_in_every_place():
     #                                                                      passed: both passes held a place then
 
 
-def heavy_and_another_served(wall=None):
-    """Shares of two places where 10.0.0.1 is heavy (20 × HEAVY_S of recent computing, now) and
-    10.0.0.2 has a request being served outside any pass (until the returned event is set)."""
+def far_ahead_and_another_served(wall=None):
+    """Shares of two places where 10.0.0.1 has computed 5 s and 10.0.0.2 (0 s) has a request being served outside
+    any pass (until the returned event is set)."""
     shares = ComputeShares(slots=2, clock=thread_clock, **({"wall": wall} if wall else {}))
-    shares._recent["10.0.0.1"] = (20 * HEAVY_S, shares.wall())
+    shares.charged[("10.0.0.1",)] = 5.0
     served, done = threading.Event(), threading.Event()
 
     def decode():
@@ -297,11 +297,11 @@ def heavy_and_another_served(wall=None):
     return shares, done
 
 
-def test_a_heavy_address_computes_in_no_place_while_another_is_served():
+def test_an_address_far_ahead_computes_in_no_place_while_another_is_served():
     """All places but one still left the heavy model a core while others' requests were served (their clicks,
-    knobs and examples 2.2–2.9× slower). A heavy address (HEAVY_S of computing in the last RECENT_S) now computes
-    in no place until that request ends: its pass waits though both places are free."""
-    shares, done = heavy_and_another_served()
+    knobs and examples 2.2–2.9× slower). An address that has computed FAR_S more than one being served now
+    computes in no place until that request ends: its pass waits though both places are free."""
+    shares, done = far_ahead_and_another_served()
     log, errors = [], []
     thread = run_as(shares, "10.0.0.1", torch.nn.Sequential(Step("A0", 0.1, log)), errors)
     wait_for(lambda: len(shares._waiting) == 1, "the pass to wait")
@@ -317,8 +317,8 @@ def test_a_pass_holding_a_model_s_lock_that_another_waits_for_keeps_one_place():
     that request up, and with it its own turn: it keeps one place (analysis.holds_up_a_waiter)."""
     from analysis import ModelLock
 
-    shares, done = heavy_and_another_served(wall=lambda: 0.0)  # no rescue after RESCUE_S (below)
-    recent = shares._recent.pop("10.0.0.1")  # not heavy at first: the pass takes a place, and the model's lock
+    shares, done = far_ahead_and_another_served(wall=lambda: 0.0)  # no rescue after RESCUE_S (below)
+    shares.charged[("10.0.0.1",)] = 0.0  # even at first: the pass takes a place, and the model's lock
     lock, log, errors, go = ModelLock(), [], [], threading.Event()
     model = torch.nn.Sequential(Step("A0", 0.1, log, before=lambda: go.wait(10)), Step("A1", 0.1, log),
                                 Step("A2", 0.1, log))
@@ -334,7 +334,7 @@ def test_a_pass_holding_a_model_s_lock_that_another_waits_for_keeps_one_place():
     thread, other = threading.Thread(target=with_lock), threading.Thread(target=waiter)
     thread.start()
     wait_for(lambda: shares._running == 1, "the pass to take a place")
-    shares._recent["10.0.0.1"] = recent  # heavy now
+    shares.charged[("10.0.0.1",)] = 5.0  # far ahead now
     other.start()
     wait_for(lambda: lock.waiting == 1, "another thread to wait for the model's lock")
     go.set()
@@ -349,7 +349,7 @@ def test_a_pass_held_back_from_every_place_computes_one_module_call_each_rescue_
     """A held-back pass may hold up what the shares cannot see (a cache entry another request waits for): after
     RESCUE_S of waiting it computes one module call, then waits again."""
     now = [0.0]
-    shares, done = heavy_and_another_served(wall=lambda: now[0])
+    shares, done = far_ahead_and_another_served(wall=lambda: now[0])
     log, errors = [], []
     thread = run_as(shares, "10.0.0.1", torch.nn.Sequential(*[Step(f"A{i}", 0.1, log) for i in range(3)]), errors)
     wait_for(lambda: len(shares._waiting) == 1, "the pass to wait")
@@ -361,17 +361,3 @@ def test_a_pass_held_back_from_every_place_computes_one_module_call_each_rescue_
     thread.join(10)
     done.set()
     assert not errors
-
-
-def test_an_address_far_ahead_in_charges_but_not_heavy_keeps_one_place():
-    """Charges cannot tell a heavy model from a visitor who just computed an attribution (a newcomer is charged as
-    much as the least charged one computing): holding back by them alone held honest visitors back from every core
-    (the class bench's clicks 6.5× slower). Far ahead in charges but not heavy, an address keeps one place."""
-    shares, done = heavy_and_another_served()
-    shares._recent.clear()
-    shares.charged[("10.0.0.1",)] = 100.0
-    log, errors = [], []
-    thread = run_as(shares, "10.0.0.1", torch.nn.Sequential(*[Step(f"A{i}", 0.1, log) for i in range(3)]), errors)
-    thread.join(5)
-    assert log == ["A0", "A1", "A2"] and not errors
-    done.set()
