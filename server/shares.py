@@ -12,11 +12,8 @@ start-time fair queueing). A running pass gives its place up between two module 
 whose address (or, at the same address, whose visitor) has computed at least ``quantum_s`` less — so a heavy model
 computes on a core only while nobody else wants it, and a click waits at most one module call of it, not a pass.
 While a request of an address that has computed ``quantum_s`` less is being served (in or between its passes: an
-image's decode, a figure, its answer's JSON compute outside them), an address holds all places but one, and none at
-all once it has computed :data:`FAR_S` more: a heavy model then computes between everyone else's requests, not beside
-them. A pass is never held back from every place while its thread holds a model's lock that another thread waits for
-(:func:`analysis.holds_up_a_waiter`), and one held back for :data:`RESCUE_S` computes a module call, so that it
-cannot hold up, through a wait the shares do not see, the requests it gives way to.
+image's decode, a figure, its answer's JSON compute outside them), an address holds all places but one, so that
+work outside the places is not left to share the cores with a heavy model computing in all of them.
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
 Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
@@ -37,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import math
 import threading
 import time
 from collections import Counter
@@ -46,16 +42,12 @@ from dataclasses import dataclass, field
 import gradio as gr
 import torch
 
-import analysis as an
-
 from .guards import RunDropped, check_dropped
 from .visitors import address, visitor
 
 __all__ = ["QUANTUM_S", "ComputeShares"]
 
 QUANTUM_S = 0.05  # a running pass gives its place up to a waiting one that has computed this much less, s
-FAR_S = 1.0  # an address that has computed this much more than another one being served computes in no place, s
-RESCUE_S = 1.0  # a pass held back from every place for this long takes one (a wait the shares cannot see), s
 DROP_CHECK_S = 0.1  # how often a pass waiting for a place checks whether its slow run was dropped, s
 
 
@@ -66,8 +58,6 @@ class _Turn:
     where: tuple[str]  # ("address",)
     who: tuple[str, str]  # (address, visitor)
     arrival: int
-    since: float = 0.0  # when it began to wait (the shares' ``wall`` clock), s
-    holds_up: bool = False  # whether its thread holds a model's lock another thread waits for
 
 
 @dataclass
@@ -77,7 +67,6 @@ class _Running:
     depth: int = 0
     turn: _Turn | None = None
     holding: bool = False  # whether the pass holds a place now
-    rescued: bool = False  # whether it took its place only as needed (ComputeShares._allowed): one module call
     since: float = 0.0  # thread CPU time when the place was taken, s
 
 
@@ -117,13 +106,11 @@ class ComputeShares:
         quantum_s (float): how much less a waiting computation must have computed to take a running one's place
             between two module calls, s. Default: :data:`QUANTUM_S`.
         clock: the seconds a computation is charged by: this thread's CPU time (``time.thread_time``).
-        wall: the seconds a held-back pass's wait is measured by (``time.monotonic``).
     """
 
     slots: int
     quantum_s: float = QUANTUM_S
     clock: object = time.thread_time
-    wall: object = time.monotonic
     charged: dict[tuple, float] = field(default_factory=dict)  # ("address",) or (address, visitor) → seconds
     _active: Counter = field(default_factory=Counter)  # the keys of computations waiting or running → how many
     _waiting: list[_Turn] = field(default_factory=list)
@@ -188,7 +175,7 @@ class ComputeShares:
         state = self._state()
         state.depth += 1
         if state.depth == 1:
-            state.turn = _Turn(current.where, current.who, next(self._arrivals), self.wall(), an.holds_up_a_waiter())
+            state.turn = _Turn(current.where, current.who, next(self._arrivals))
             with self._lock:
                 self._arrive(state.turn)
                 self._take(state)
@@ -197,10 +184,9 @@ class ComputeShares:
             with self._lock:
                 if self._should_yield(state):
                     self._free(state)
-                    state.turn.arrival, state.turn.since = next(self._arrivals), self.wall()
+                    state.turn.arrival = next(self._arrivals)
                     self._waiting.append(state.turn)
                     self._take(state)
-                    state.rescued = False  # the module call about to start is its one
         check_dropped()
 
     def _leave(self) -> None:
@@ -263,7 +249,6 @@ class ComputeShares:
         """
         while self._running >= self.slots or self._next() is not state.turn:
             self._lock.wait(DROP_CHECK_S)
-            state.turn.holds_up = an.holds_up_a_waiter()  # someone may have come to wait for its model's lock
             try:
                 check_dropped()
             except RunDropped:
@@ -271,49 +256,38 @@ class ComputeShares:
                 self._lock.notify_all()
                 raise
         self._waiting.remove(state.turn)
-        where = state.turn.where[0]
-        state.rescued = self._holding[where] >= self._allowed(where)  # else it would not have been let in
         self._running += 1
-        self._holding[where] += 1
+        self._holding[state.turn.where[0]] += 1
         state.holding = True
         state.since = self.clock()
 
     def _next(self) -> _Turn | None:
         """The waiting turn that takes the next free place: the least charged (:meth:`_order`) of those whose
-        address may hold one more (:meth:`_allowed`)."""
-        now = self.wall()
+        address is not held back (:meth:`_held_back`)."""
         return min((turn for turn in self._waiting
-                    if self._holding[turn.where[0]] < self._allowed(turn.where[0], 0.0, turn.holds_up
-                                                                     or now - turn.since >= RESCUE_S)),
+                    if not self._held_back(turn.where[0], self._holding[turn.where[0]] + 1)),
                    key=self._order, default=None)
 
-    def _allowed(self, where: str, spent: float = 0.0, needed: bool = False) -> int:
-        """The places address ``where`` may hold now. While a request of another address is being served, and
-        ``where`` has computed ``quantum_s`` more than it (``spent``: what the asking pass has computed since it took
-        its place, not charged yet, s), all places but one (at least one): a request computes outside its passes
-        too (an image's decode, a figure, its answer's JSON), and those cores are the OS's to share; a heavy model
-        computing in every place took half of them from it. :data:`FAR_S` more: no place, so that everyone else's
-        requests have every core while they are served and a heavy model computes between them. A pass that is
-        ``needed`` is never held back from every place: its thread holds a model's lock another thread waits for
-        (:func:`analysis.holds_up_a_waiter`), or it has waited :data:`RESCUE_S` (another wait the shares cannot see,
-        a cache's entry being computed by it), so a held-back pass never holds up the requests it yields to."""
-        served = [self.charged.get((other,), 0.0) for other in self._serving if other != where]
-        ahead = self.charged.get((where,), 0.0) + spent - min(served, default=math.inf)
-        places = 0 if ahead > FAR_S else max(1, self.slots - 1) if ahead > self.quantum_s else self.slots
-        return max(places, int(needed))
+    def _held_back(self, where: str, places: int, spent: float = 0.0) -> bool:
+        """Whether address ``where`` may not hold ``places`` places: more than all but one (at least one), while a
+        request of another address that has computed ``quantum_s`` less is being served. Such a request computes
+        outside any pass too (an image's decode, a figure, its answer's JSON), and those cores are the OS's to share:
+        a heavy model computing in every place took half of them from it. One place always remains, so a pass held
+        back waits only for one of its own address's to end. ``spent``: what the asking pass has computed since it
+        took its place, not charged yet, s."""
+        if places <= max(1, self.slots - 1):
+            return False
+        mine = self.charged.get((where,), 0.0) + spent - self.quantum_s
+        return any(other != where and self.charged.get((other,), 0.0) < mine for other in self._serving)
 
     def _should_yield(self, state: _Running) -> bool:
-        """Whether ``state``'s address holds more places than it may now (:meth:`_allowed`), or every place is
+        """Whether ``state``'s address holds more places than it may now (:meth:`_held_back`), or every place is
         taken and some waiting turn has computed ``quantum_s`` less than ``state``'s: at another address, less than
         its address; at the same address, less than its visitor."""
         if not state.holding:  # a pass whose drop its model swallowed holds none
             return False
         spent = self.clock() - state.since
-        where = state.turn.where[0]
-        if state.rescued:  # let in as needed: its next module call computes
-            state.rescued = False
-            return False
-        if self._holding[where] > self._allowed(where, spent, an.holds_up_a_waiter()):
+        if self._held_back(state.turn.where[0], self._holding[state.turn.where[0]], spent):
             return True
         if self._running < self.slots:
             return False

@@ -13,7 +13,6 @@ import torch
 
 from server import ComputeShares, RunDropped
 from server.guards import _STOP
-from server.shares import RESCUE_S
 from tests.loops import run_coroutine
 from tests.server.test_fairness import request_from
 
@@ -278,86 +277,3 @@ def test_without_another_address_served_an_address_computes_in_every_place():
         thread.join(10)
     assert not errors and sorted(log) == [f"{name}{i}" for name in "AB" for i in range(6)]  # the barrier at step 4
     #                                                                      passed: both passes held a place then
-
-
-def far_ahead_and_another_served(wall=None):
-    """Shares of two places where 10.0.0.1 has computed 5 s and 10.0.0.2 (0 s) has a request being served outside
-    any pass (until the returned event is set)."""
-    shares = ComputeShares(slots=2, clock=thread_clock, **({"wall": wall} if wall else {}))
-    shares.charged[("10.0.0.1",)] = 5.0
-    served, done = threading.Event(), threading.Event()
-
-    def decode():
-        with shares.computing_for(request_from("10.0.0.2")):
-            served.set()
-            done.wait(10)
-
-    threading.Thread(target=decode).start()
-    served.wait(10)
-    return shares, done
-
-
-def test_an_address_far_ahead_computes_in_no_place_while_another_is_served():
-    """All places but one still left the heavy model a core while others' requests were served (their clicks,
-    knobs and examples 2.2–2.9× slower). An address that has computed FAR_S more than one being served now
-    computes in no place until that request ends: its pass waits though both places are free."""
-    shares, done = far_ahead_and_another_served()
-    log, errors = [], []
-    thread = run_as(shares, "10.0.0.1", torch.nn.Sequential(Step("A0", 0.1, log)), errors)
-    wait_for(lambda: len(shares._waiting) == 1, "the pass to wait")
-    threading.Event().wait(0.3)
-    assert log == [] and shares._running == 0
-    done.set()
-    thread.join(10)
-    assert log == ["A0"] and not errors
-
-
-def test_a_pass_holding_a_model_s_lock_that_another_waits_for_keeps_one_place():
-    """A pass held back from every place while it held the lock of a model another request waited for would hold
-    that request up, and with it its own turn: it keeps one place (analysis.holds_up_a_waiter)."""
-    from analysis import ModelLock
-
-    shares, done = far_ahead_and_another_served(wall=lambda: 0.0)  # no rescue after RESCUE_S (below)
-    shares.charged[("10.0.0.1",)] = 0.0  # even at first: the pass takes a place, and the model's lock
-    lock, log, errors, go = ModelLock(), [], [], threading.Event()
-    model = torch.nn.Sequential(Step("A0", 0.1, log, before=lambda: go.wait(10)), Step("A1", 0.1, log),
-                                Step("A2", 0.1, log))
-
-    def with_lock():  # the pass computes under the model's lock, as analysis's passes do
-        with shares.computing_for(request_from("10.0.0.1")), lock:
-            model(torch.zeros(1))
-
-    def waiter():  # another request's pass through the same model
-        with lock:
-            pass
-
-    thread, other = threading.Thread(target=with_lock), threading.Thread(target=waiter)
-    thread.start()
-    wait_for(lambda: shares._running == 1, "the pass to take a place")
-    shares.charged[("10.0.0.1",)] = 5.0  # far ahead now
-    other.start()
-    wait_for(lambda: lock.waiting == 1, "another thread to wait for the model's lock")
-    go.set()
-    thread.join(5)
-    assert log == ["A0", "A1", "A2"] and not errors  # it computed to its end while the other was still served
-    done.set()
-    for item in (thread, other):
-        item.join(10)
-
-
-def test_a_pass_held_back_from_every_place_computes_one_module_call_each_rescue_s():
-    """A held-back pass may hold up what the shares cannot see (a cache entry another request waits for): after
-    RESCUE_S of waiting it computes one module call, then waits again."""
-    now = [0.0]
-    shares, done = far_ahead_and_another_served(wall=lambda: now[0])
-    log, errors = [], []
-    thread = run_as(shares, "10.0.0.1", torch.nn.Sequential(*[Step(f"A{i}", 0.1, log) for i in range(3)]), errors)
-    wait_for(lambda: len(shares._waiting) == 1, "the pass to wait")
-    for step in range(3):
-        threading.Event().wait(0.3)
-        assert log == [f"A{i}" for i in range(step)]  # nothing more while the clock stands
-        now[0] += RESCUE_S
-        wait_for(lambda: len(log) == step + 1, "one module call")  # noqa: B023
-    thread.join(10)
-    done.set()
-    assert not errors
