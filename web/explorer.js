@@ -32,10 +32,10 @@ root.innerHTML = `
     <div class="cx-focus">
       <canvas class="cx-canvas" tabindex="0" aria-label="the image at the model's resolution: click or tap a pixel"></canvas>
       <div class="cx-tip" role="status" hidden></div>
-      <div class="cx-seen"></div>
     </div>
     <div class="cx-side">
       <div class="cx-prediction" aria-label="prediction"></div>
+      <div class="cx-seen"></div>
       <div class="cx-query"></div>
       <div class="cx-sweep" hidden><canvas class="cx-curve" aria-label="window share and mean distance against α"></canvas><div class="cx-sweep-text"></div></div>
       <table class="cx-stats"><thead></thead><tbody></tbody></table>

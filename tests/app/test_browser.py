@@ -3,6 +3,7 @@ nothing to the server; a knob fetches a new table; the core loop fits a phone an
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import socket
@@ -12,6 +13,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import analysis as an
 import app
@@ -324,12 +326,24 @@ def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whol
     axis title ran off the chart). Each wait is for what the page shows, never for a time."""
     height = PHONE["viewport"]["height"]
     with browser_page(chromium, app_url, PHONE) as tab:
-        boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
-            ("image", "#explorer .cx-canvas"), ("top-1", ".cx-predicted"), ("layer", "#layer"), ("fit", "#fit"),
-            ("K", "#num_neighbors"))}
-        bottoms = {name: round(box["y"] + box["height"]) for name, box in boxes.items()}
-        assert bottoms["image"] <= height and bottoms["top-1"] <= height, bottoms
-        assert max(bottoms[name] for name in ("layer", "fit", "K")) <= 2 * height, bottoms
+        for image in ("example", "upload"):  # a phone photo's note (its size, its crop) pushed the top-1 below
+            if image == "upload":
+                photo = io.BytesIO()
+                Image.new("RGB", (3000, 2000), (90, 140, 60)).save(photo, "JPEG")
+                chain = expect_chain(tab, "upload", "image_upload")
+                with tab.expect_file_chooser() as chooser:
+                    tab.locator("#image_upload").click()
+                chooser.value.set_files({"name": "phone-photo.jpg", "mimeType": "image/jpeg",
+                                         "buffer": photo.getvalue()})
+                settle(tab, chain)
+                tab.evaluate("window.scrollTo(0, 0)")  # the first screen, as the page opened
+                assert "3000×2000" in tab.locator(".cx-seen").inner_text()  # the note in its longest form
+            boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
+                ("image", "#explorer .cx-canvas"), ("top-1", ".cx-predicted"), ("layer", "#layer"), ("fit", "#fit"),
+                ("K", "#num_neighbors"))}
+            bottoms = {name: round(box["y"] + box["height"]) for name, box in boxes.items()}
+            assert bottoms["image"] <= height and bottoms["top-1"] <= height, (image, bottoms)
+            assert max(bottoms[name] for name in ("layer", "fit", "K")) <= 2 * height, (image, bottoms)
         for tab_id, charts in PHONE_CHARTS.items():
             tab.get_by_role("tab", name=app_texts.TABS[tab_id]).click()
             for chart in charts:
