@@ -442,10 +442,10 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
     of ``state_type``'s query (its control's event: a slider's release, a number box's blur) redraws the table."""
     return {
         ("demo", "load"): ["link", *VIEW_CHAIN],
-        ("checkpoint", "input"): ["model", *MODEL_CHAIN, "compare_if_open", "own_model"],
-        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN, "compare_if_open", "own_model"],
-        ("examples", "select"): ["example", *IMAGE_CHAIN, "own_image"],
-        ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN, "own_image"],
+        ("checkpoint", "input"): ["model", *MODEL_CHAIN, "compare_if_open"],
+        ("checkpoint_files", "upload"): ["checkpoint_upload", "model", *MODEL_CHAIN, "compare_if_open"],
+        ("examples", "select"): ["example", *IMAGE_CHAIN],
+        ("image_upload", "upload"): ["image_upload", *IMAGE_CHAIN],
         ("lesson", "input"): ["lesson_start", *VIEW_CHAIN],
         ("lesson_next", "click"): ["lesson_next", *VIEW_CHAIN],
         ("lesson_back", "click"): ["lesson_back", *VIEW_CHAIN],
@@ -467,6 +467,10 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
 
 
 VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
+# An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
+# was refused), the lesson's text says its step is about the lesson's own.
+OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
+             ("checkpoint", "input"): "own_model", ("checkpoint_files", "upload"): "own_model"}
 
 
 def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
@@ -639,6 +643,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
             run(rest, event)
+            if (source, trigger) in OWN_PICKS:
+                event.success(**wired(*table_views[OWN_PICKS[source, trigger]]), api_visibility="private")
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from

@@ -364,9 +364,8 @@ def test_the_page_runs_the_refresh_policy_as_written(explorer):
 def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
     """What a view shows is redrawn whenever a control it reads changes (by it, or by a view of the same outputs or
     more: a lesson's start writes the text that the note on a user's own image writes); a chain runs only views that
-    read its control, or what an earlier step of the chain wrote (or the action's own views: a button, a tab opened;
-    or a note on the change itself to an open lesson); no chain runs attribution or the equivalence demo (they run
-    when asked)."""
+    read its control, or what an earlier step of the chain wrote (or the action's own views: a button, a tab
+    opened); no chain runs attribution or the equivalence demo (they run when asked)."""
     writers = {name for _, _, outputs in app.VIEWS.values() for name in outputs}
     for _, inputs, outputs in app.VIEWS.values():
         for control in set(inputs) - {"row_px", "col_px"} - writers:  # the page owns the query (no server call)
@@ -378,8 +377,7 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
         for view in views:
             fn, inputs, outputs = app.VIEWS[view]
             opened = trigger == "click" or source.endswith("_tab")  # a button pressed, a tab opened: an action
-            narrated = outputs == ["lesson_text"]  # what the change itself means to an open lesson
-            assert not inputs or written & set(inputs) or source == "demo" or opened or narrated, (source, view)
+            assert not inputs or written & set(inputs) or source == "demo" or opened, (source, view)
             assert fn not in ("on_attribution", "on_equivalence")
             written |= set(outputs)
     for key in (("examples", "select"), ("image_upload", "upload")):
@@ -387,17 +385,22 @@ def test_the_refresh_policy_leaves_no_view_stale_and_runs_nothing_slow():
     assert app.REFRESH[("checkpoint", "input")][:2] == ["model", "first_render"]
     for key in (("demo", "load"), ("lesson", "input"), ("lesson_next", "click")):  # a link or a lesson's step
         assert app.REFRESH[key][1:] == app.VIEW_CHAIN and set(app.VIEW_CHAIN) >= set(app.MODEL_CHAIN)
-    for key, aside in ((("examples", "select"), "own_image"), (("image_upload", "upload"), "own_image"),
-                       (("checkpoint", "input"), "own_model"), (("checkpoint_files", "upload"), "own_model")):
-        assert app.REFRESH[key][-1] == aside  # once the view is the user's own, an open lesson says so
-    assert not any(view.startswith("own_") for chain in app.REFRESH.values() for view in chain
-                   if chain[0] in ("link", "lesson_start", "lesson_next", "lesson_back"))
 
 
-def test_an_open_lesson_says_when_the_image_or_model_shown_is_the_user_s_own():
+def test_an_open_lesson_says_when_the_image_or_model_shown_is_the_user_s_own(explorer):
     """A photo uploaded (or an example, a model picked) during a lesson left its step's text narrating what the
-    screen no longer showed; now the text says the step is about the lesson's, and how to go on. No lesson: no
-    change."""
+    screen no longer showed; now the text says the step is about the lesson's, and how to go on, once the pick was
+    taken (its chain's first step succeeded: a refused upload leaves the lesson's image, and its text). No lesson:
+    no change."""
+    demo = app.build_demo(explorer)
+    blocks = blocks_by_id(demo)
+    for (source, trigger), view in app.OWN_PICKS.items():
+        first = next(fn for fn in demo.fns.values() if (blocks[source]._id, trigger) in fn.targets)
+        after = [fn for fn in demo.fns.values() if fn.trigger_after == first._id and fn.trigger_only_on_success]
+        assert [fn.name for fn in after] == [app.VIEWS[view][0]], (source, trigger)
+    lessons = {app.VIEWS[chain[0]][0] for chain in app.REFRESH.values() if chain[0].startswith(("link", "lesson"))}
+    assert not any(fn.name.startswith("on_own_") for fn in demo.fns.values()
+                   if any(step.name in lessons for step in demo.fns.values() if step._id == fn.trigger_after))
     assert app.Explorer.on_own_image(None, 0) == gr.skip()
     assert app.Explorer.on_own_image("Lesson 1", 2) == ("**Step 3** is about the lesson's image; the view now shows "
                                                         "the image you picked. **◀ Back** or **Next step ▶** "
