@@ -204,25 +204,29 @@ def attention_equivalence(loaded: LoadedModel, image: InputImage, layer: str, dr
                      f"with {source}, on the input tokens of {layer_info.name}", paths, *pictured, (got, expected))
 
 
-def attention_demo_bytes(num_tokens: int, dim: int) -> int:
-    """The memory :func:`attention_equivalence` holds at its peak on ``num_tokens`` tokens N of ``dim`` channels,
-    bytes: K = N, so the reference path gathers every key's value for every query (N·N·dim fp32 values), weighs
-    them into a second such tensor, and scores N·N pairs (measured: 0.55 GB on the 1,024 tokens of 64 channels of
-    a CIFAR model's first layer; this gives 0.55 GB)."""
-    return 4 * num_tokens**2 * (2 * dim + 4)
+def attention_demo_bytes(num_tokens: int, dim: int, heads: int = 1) -> int:
+    """The memory :func:`attention_equivalence` holds at its peak on ``num_tokens`` tokens N of ``dim`` channels in
+    ``heads`` heads, bytes: K = N, so the reference path gathers every key's value for every query (N·N·dim fp32
+    values) and weighs them into a second such tensor, and each head scores, ranks and selects its N·N pairs (scores,
+    int64 indices, run numbers and sort keys: ≈ 40 bytes a pair). Measured peaks: 0.55 GB at N = 1,024, dim 64, one
+    head (a CIFAR model's first layer; this gives 0.59 GB); 9.4 GB at N = 4,096, dim 12, 12 heads (11.3 GB)."""
+    return 8 * num_tokens**2 * dim + 48 * heads * num_tokens**2
 
 
 def _attention_left_out(loaded: LoadedModel, image: InputImage, layer: str, draw: int) -> str | None:
     """Why the attention demo is not run on ``layer`` (its memory past :data:`ATTENTION_DEMO_MAX_BYTES`), or
     None."""
-    x = trace_image(loaded, image, draw).inputs[loaded.layer_info(layer).name]
+    layer_info = loaded.layer_info(layer)
+    x = trace_image(loaded, image, draw).inputs[layer_info.name]
     num_tokens, dim = (x.shape[1], x.shape[2]) if x.dim() == 3 else (x.shape[2] * x.shape[3], x.shape[1])
-    need = attention_demo_bytes(num_tokens, dim)
+    heads = as_self_attention(layer_module(loaded.model, layer_info)).num_heads if layer_info.is_attention else 1
+    need = attention_demo_bytes(num_tokens, dim, heads)
     if need <= ATTENTION_DEMO_MAX_BYTES:
         return None
-    return (f"The attention demo is left out on this layer: with K = N = {num_tokens} tokens of {dim} channels it "
-            f"would hold {need / 2**30:.1f} GB (every query gathers every key's value), more than the "
-            f"{ATTENTION_DEMO_MAX_BYTES / 2**30:.0f} GB it may; a later layer has fewer tokens.")
+    return (f"The attention demo is left out on this layer: with K = N = {num_tokens} tokens of {dim} channels in "
+            f"{heads} head{'s' * (heads > 1)} it would hold {need / 2**30:.1f} GB (every query gathers every key's "
+            f"value), more than the {ATTENTION_DEMO_MAX_BYTES / 2**30:.0f} GB it may; a later layer has fewer "
+            "tokens.")
 
 
 def equivalences(loaded: LoadedModel, image: InputImage, layer: str, draw: int = 0,

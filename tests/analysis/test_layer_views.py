@@ -461,14 +461,16 @@ def test_an_attention_demo_past_its_memory_bound_is_left_out_and_the_summary_say
                                                                                       monkeypatch):
     """K = N gathers every key's value for every query: on a large layer that was gigabytes (a 64 px model's first
     layer asked for 64 GB and failed). Past the bound the attention demo is not run; the convolution demos are, and
-    the summary names the layer's N, its channels and the memory it would have held."""
+    the summary names the layer's N, its channels and the memory it would have held. Each head scores its own N·N
+    pairs: a ViT's heads count (12 heads at 4,096 tokens took 9.4 GB where one head's estimate said 1.8)."""
     from analysis import equivalence_summary, equivalences, trace_image
     from analysis.views import equivalence
 
     cnn = load_small("cnn-l0.5")
     x = trace_image(cnn, image).inputs["stages.1.0.conv1"]  # (1, C, H, W): every pixel a token
     tokens, channels = x.shape[2] * x.shape[3], x.shape[1]
-    need = 4 * tokens**2 * (2 * channels + 4)  # the gathered values, their weighted copy and the N·N scores, fp32
+    need = 8 * tokens**2 * channels + 48 * tokens**2  # the gathered values and their weighted copy (fp32), and one
+    #                                                    head's N·N scores, ranks and selections
     monkeypatch.setattr(equivalence, "ATTENTION_DEMO_MAX_BYTES", need)  # at the bound: run
     assert [r.reference_path for r in equivalences(cnn, image, "stages.1.0.conv1")][-1] == \
         "F.scaled_dot_product_attention"
@@ -477,6 +479,24 @@ def test_an_attention_demo_past_its_memory_bound_is_left_out_and_the_summary_say
     assert [r.reference_path for r in results] == ["F.conv2d", f"F.conv2d, groups={channels}"]
     summary = equivalence_summary(cnn, image, "stages.1.0.conv1", results=results)
     assert summary.endswith(f"The attention demo is left out on this layer: with K = N = {tokens} tokens of "
-                            f"{channels} channels it would hold {need / 2**30:.1f} GB (every query gathers every "
-                            f"key's value), more than the {(need - 1) / 2**30:.0f} GB it may; a later layer has "
-                            "fewer tokens.")
+                            f"{channels} channels in 1 head it would hold {need / 2**30:.1f} GB (every query gathers "
+                            f"every key's value), more than the {(need - 1) / 2**30:.0f} GB it may; a later layer "
+                            "has fewer tokens.")
+
+
+def test_the_attention_demo_s_memory_counts_every_head(load_small, image, monkeypatch):
+    """On a ViT layer the estimate counts its heads (read from the layer's own attention, not assumed one): a bound
+    just above one head's estimate leaves the demo out on vit-convnn's two heads, and the summary says 2 heads."""
+    from analysis import equivalence_summary, equivalences, trace_image
+    from analysis.views import equivalence
+
+    vit = load_small("vit-convnn")
+    tokens, dim = trace_image(vit, image).inputs["blocks.1.attn"].shape[1:]
+    heads = vit.model.get_submodule("blocks.1.attn").num_heads
+    assert heads == 2
+    one, both = (8 * tokens**2 * dim + 48 * count * tokens**2 for count in (1, heads))
+    monkeypatch.setattr(equivalence, "ATTENTION_DEMO_MAX_BYTES", both)
+    assert len(equivalences(vit, image, "blocks.1.attn")) == 1  # the attention demo, run
+    monkeypatch.setattr(equivalence, "ATTENTION_DEMO_MAX_BYTES", one)
+    assert equivalences(vit, image, "blocks.1.attn") == []
+    assert f"{dim} channels in 2 heads it would hold" in equivalence_summary(vit, image, "blocks.1.attn")
