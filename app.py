@@ -709,7 +709,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             gr.api(runs.wrap(endpoint(getattr(ex, f"api_{name}"), ex.state_type)), api_name=name,
                    concurrency_id=limits.SLOW_GROUP, concurrency_limit=limits.SLOW_CONCURRENCY)
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
-    Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING, dropped=runs.was_dropped)
+    Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING, dropped=runs.was_dropped,
+              max_waiting_at_address=limits.MAX_SLOW_WAITING_PER_ADDRESS)
     server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS)
     server.ComputeShares(max(1, (os.cpu_count() or 1) // torch.get_num_threads())).attach(demo)
     return demo

@@ -57,7 +57,7 @@ MAX_WAITING_PER_ADDRESS = 96  # … and the visitors at one network address toge
 FAST_CONCURRENCY = 2  # runs of one event at a time (per event; the model's lock serialises their forward passes)
 SLOW_GROUP = "slow"  # the concurrency group of the views that take seconds: attribution, the equivalence demo
 SLOW_CONCURRENCY = 3  # slow runs computing at a time, all sessions together, dropped ones until they stop, one per
-#                       visitor, a free place to the address holding fewest (server.SlowRuns): one visitor's run that
+#                       visitor, a free place to the address holding fewest, two at most (server.SlowRuns): a run that
 #                       computes for minutes (an occlusion of a heavy model: 188 s on a core) leaves two to the rest;
 #                       their cores are shared as every pass's are (server.ComputeShares). Memory: an attribution
 #                       holds at most ≈ 0.8 GB of activations (its batches are bounded), an equivalence demo's
@@ -65,6 +65,8 @@ SLOW_CONCURRENCY = 3  # slow runs computing at a time, all sessions together, dr
 #                       a CIFAR model's first layer, where ties were ranked in 9 GB before), so three fit
 MAX_SLOW_WAITING = 8  # slow runs waiting, all sessions together; the next is refused, so the slow views never hold
 #                       more than this of the queue's MAX_QUEUED_EVENTS places (and a session holds one at a time)
+MAX_SLOW_WAITING_PER_ADDRESS = 6  # … of them, one network address's: tokens minted there cannot take every place
+#                                   and get everyone else refused (a class behind one NAT shares it)
 MAX_THREADS = 16  # worker threads running handlers (Gradio's max_threads, 40 by default): a handler waiting for a
 #                    model's lock holds one, so one visitor's requests on a slow model must not take them all (with 6,
 #                    a hostile visitor's four held most of them); idle ones cost no memory beyond their stacks, as

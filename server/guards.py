@@ -234,9 +234,11 @@ class SlowRuns:
 
     def _give_places(self) -> None:
         """Give the free places to the waiting runs, each to the one whose address holds the fewest, then the
-        first to come."""
-        while self._free and self._waiters:
-            waiter = min(self._waiters, key=lambda waiter: (self._held[waiter[1]], waiter[0]))
+        first to come; an address holds all places but one at most (at least one), so that another address's run
+        never waits for a place behind runs of one address that may compute for minutes."""
+        most = max(1, self.limit - 1)
+        while self._free and (waiting := [waiter for waiter in self._waiters if self._held[waiter[1]] < most]):
+            waiter = min(waiting, key=lambda waiter: (self._held[waiter[1]], waiter[0]))
             self._waiters.remove(waiter)
             self._free -= 1
             self._held[waiter[1]] += 1
@@ -278,8 +280,11 @@ class SlowRuns:
             with contextlib.suppress(RuntimeError):  # the server's loop has closed: no one waits
                 loop.call_soon_threadsafe(deliver, outcome)
 
-        threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
-                         daemon=False).start()
+        try:
+            threading.Thread(target=contextvars.copy_context().run, args=(compute,), name=f"slow-{view}",
+                             daemon=False).start()
+        except BaseException as err:  # no thread to compute in ("can't start new thread"): the place goes back
+            deliver((None, err))
 
     def _stop(self, run: _Run) -> None:
         """Tell ``run``'s computation to stop at its next :func:`check_dropped`; its place is given back when it
@@ -328,7 +333,8 @@ class Admission:
     """What the server admits to its queue, whatever the client: no file given by a web address (Gradio would
     download it with no size limit, past the work dir's byte budget); and for the slow group, one slow run waiting
     or running per visitor (:func:`server.visitor`; over all slow views and all the visitor's sessions, which a
-    client names at will) and at most ``max_waiting`` slow runs waiting over all visitors. A request past any of
+    client names at will), at most ``max_waiting`` slow runs waiting over all visitors and ``max_waiting_at_address``
+    of one network address (whose visitor tokens a client can mint). A request past any of
     these is refused before it enters the queue, with a message (the page shows it), so slow runs can neither pile
     up for one visitor nor fill the queue that clicks and predictions need.
 
@@ -340,33 +346,39 @@ class Admission:
         demo (gr.Blocks): the app, after ``demo.queue()``.
         group (str): the slow views' concurrency group.
         max_waiting (int): slow runs waiting at most, all sessions together.
+        max_waiting_at_address (int, optional): of them, those of one network address at most. Default: all
         dropped (Callable[[object], bool]): whether an event's join request was dropped already
             (:meth:`SlowRuns.was_dropped`): such an event is not counted (a Cancel pressed while a run waited must
             not keep its visitor from asking again). Default: none is
     """
 
     def __init__(self, demo: gr.Blocks, group: str, max_waiting: int,
-                 dropped: Callable[[object], bool] = lambda join: False) -> None:
+                 dropped: Callable[[object], bool] = lambda join: False,
+                 max_waiting_at_address: int | None = None) -> None:
         self.demo, self.group, self.max_waiting, self.dropped = demo, group, max_waiting, dropped
+        self.max_waiting_at_address = max_waiting if max_waiting_at_address is None else max_waiting_at_address
         self.queue = demo._queue
         self.slow_fns = {fn._id for fn in demo.fns.values() if fn.concurrency_id == group}
-        self.joining: list[str] = []  # visitors of admitted slow requests not queued yet
+        self.joining: list[tuple[str, str]] = []  # (visitor, address) of admitted slow requests not queued yet
         self._push = self.queue.push
         self.queue.push = self.push
 
-    def refusal(self, who: str) -> str | None:
-        """Why a slow request of the visitor ``who`` (``""``: a request the server could not place, which has no
-        place of its own) is refused now, or None to admit it."""
-        waiting = [visitor(event.request) for event in waiting_events(self.demo, self.group)
-                   if not self.dropped(event.request)]
-        running = [visitor(event.request) for event in running_events(self.demo, self.group)
-                   if not self.dropped(event.request)]
-        if who and who in (*waiting, *running, *self.joining):
+    def refusal(self, who: str, where: str = "") -> str | None:
+        """Why a slow request of the visitor ``who`` at address ``where`` (``""``: a request the server could not
+        place, which has no place of its own) is refused now, or None to admit it."""
+        waiting = [(visitor(event.request), address(event.request))
+                   for event in waiting_events(self.demo, self.group) if not self.dropped(event.request)]
+        running = [(visitor(event.request), address(event.request))
+                   for event in running_events(self.demo, self.group) if not self.dropped(event.request)]
+        if who and who in [item[0] for item in (*waiting, *running, *self.joining)]:
             return ("You already have a slow run (attribution, equivalence demo or every model's spectrum) waiting "
                     "or running, in this tab or another: its result comes first. Ask again once it is shown.")
         if len(waiting) + len(self.joining) >= self.max_waiting:
             return (f"The slow views (attribution, equivalence demo) are busy: {self.max_waiting} requests are "
                     "waiting for them. Try again in a minute; everything else still answers.")
+        if where and sum(item[1] == where for item in (*waiting, *self.joining)) >= self.max_waiting_at_address:
+            return (f"{self.max_waiting_at_address} slow requests from your network are waiting already: try again "
+                    "once they are answered; everything else still answers.")
         return None
 
     async def push(self, body, request, username):
@@ -377,8 +389,8 @@ class Admission:
                            "https://) is not fetched by the server."), "error"
         if body.fn_index not in self.slow_fns:
             return await self._push(body=body, request=request, username=username)
-        who = visitor(request)
-        if (message := self.refusal(who)) is not None:
+        who = visitor(request), address(request)
+        if (message := self.refusal(*who)) is not None:
             return False, message, "error"
         self.joining.append(who)
         try:

@@ -122,9 +122,9 @@ def test_a_visitor_computes_one_slow_run_at_a_time_however_often_it_drops_them()
 def test_a_free_slow_place_goes_to_the_address_holding_fewest_and_a_long_run_holds_one():
     """The slow views had one place, first come first served: a hostile visitor's occlusion of a heavy model (minutes,
     its cores given only when nobody else wanted them) held it, and every other visitor's 2 s saliency waited or
-    was refused. Now there are several places, and a free one goes to the waiting run of the address holding
-    fewest, not to the first to come: with two places, both held at address 10.0.0.1 (two tokens), a third run
-    there and then one from 10.0.0.2 wait; the place freed goes to 10.0.0.2's."""
+    was refused. Now there are several places, and no address holds more than all but one: with three places, two
+    held at 10.0.0.1 (two tokens), a third run there waits though a place is free, and a run from 10.0.0.2, come
+    later, takes it at once; the next place freed goes to the one waiting."""
     release = {name: threading.Event() for name in ("long", "a2", "a3", "b")}
     order = []
 
@@ -133,35 +133,63 @@ def test_a_free_slow_place_goes_to_the_address_holding_fewest_and_a_long_run_hol
         release[name].wait(10)
         return name
 
+    async def until(count: int) -> None:
+        while len(order) < count:
+            await asyncio.sleep(0.01)
+
     async def scenario() -> list:
-        runs = SlowRuns(2, queued=list)
+        runs = SlowRuns(3, queued=list)
         view = runs.wrap(on_view, dropped="dropped")
-        long = asyncio.ensure_future(view("long", request=placed("10.0.0.1", "s1", mint=True)))
-        a2 = asyncio.ensure_future(view("a2", request=placed("10.0.0.1", "s2", mint=True)))
-        while len(order) < 2:
-            await asyncio.sleep(0.01)
-        a3 = asyncio.ensure_future(view("a3", request=placed("10.0.0.1", "s3", mint=True)))  # a token, same address
-        await asyncio.sleep(0.05)
-        b = asyncio.ensure_future(view("b", request=placed("10.0.0.2", "s1")))
-        await asyncio.sleep(0.05)
-        waited = list(order)
-        release["a2"].set()  # a place is free: 10.0.0.1 still holds one (long), 10.0.0.2 none
-        await asyncio.wait_for(a2, 5)
-        while len(order) < 3:
-            await asyncio.sleep(0.01)
-        release["b"].set()
-        await asyncio.wait_for(b, 5)
-        release["a3"].set()
-        await asyncio.wait_for(a3, 5)
-        release["long"].set()
-        await asyncio.wait_for(long, 5)
-        return [waited, order]
+        started = {"long": asyncio.ensure_future(view("long", request=placed("10.0.0.1", "s1", mint=True))),
+                   "a2": asyncio.ensure_future(view("a2", request=placed("10.0.0.1", "s2", mint=True)))}
+        await until(2)
+        started["a3"] = asyncio.ensure_future(view("a3", request=placed("10.0.0.1", "s3", mint=True)))
+        await asyncio.sleep(0.1)
+        waited = list(order)  # a place is free, but not for a third run of 10.0.0.1
+        started["b"] = asyncio.ensure_future(view("b", request=placed("10.0.0.2", "s1")))
+        await until(3)
+        release["a2"].set()
+        await until(4)
+        for event in release.values():
+            event.set()
+        return [waited, order, [await asyncio.wait_for(run, 5) for run in started.values()]]
 
     try:
-        assert run_coroutine(scenario()) == [["long", "a2"], ["long", "a2", "b", "a3"]]
+        assert run_coroutine(scenario()) == [["long", "a2"], ["long", "a2", "b", "a3"], ["long", "a2", "a3", "b"]]
     finally:
         for event in release.values():
             event.set()
+
+
+def test_a_slow_run_whose_thread_cannot_start_gives_its_place_back(monkeypatch):
+    """A computation's thread that could not start ("can't start new thread") left its place taken and its visitor
+    counted as computing: the visitor's next run waited for it forever, and three such closed the slow views. The
+    run now fails with the error, and the visitor's next run computes."""
+    start = threading.Thread.start
+    failed = []
+
+    def start_once_failing(thread):
+        if thread.name.startswith("slow-") and not failed:
+            failed.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+
+    def on_view(request=None):
+        return "computed"
+
+    async def scenario() -> list:
+        runs = SlowRuns(1, queued=list)
+        view = runs.wrap(on_view, dropped="dropped")
+        alice = placed("10.0.0.1", "s1")
+        try:
+            await view(request=alice)
+        except RuntimeError as err:
+            first = str(err)
+        return [first, await asyncio.wait_for(view(request=alice), 5), runs._free, dict(runs._held)]
+
+    assert run_coroutine(scenario()) == ["can't start new thread", "computed", 1, {}]
 
 
 def test_a_cancel_before_the_handler_began_drops_the_run():
@@ -290,3 +318,26 @@ def test_a_dropped_run_waiting_for_a_model_s_lock_stops_waiting():
     finally:
         release.set()
         thread.join(10)
+
+
+def test_one_address_cannot_fill_the_slow_views_waiting_places():
+    """Visitor tokens minted at one address each had a slow run waiting, up to all MAX_SLOW_WAITING, and everyone
+    else's was refused ("busy"). One address's waiting runs stop at ``max_waiting_at_address`` now; another
+    address's is still admitted."""
+    from types import SimpleNamespace
+
+    from server import Admission, visitor
+
+    tokens = [placed("10.6.6.6", f"s{index}", mint=True) for index in range(3)]
+    waiting = [SimpleNamespace(request=token.request, session_hash=token.session_hash,
+                               fn=SimpleNamespace(name="on_view"), concurrency_id="slow") for token in tokens]
+    queue = SimpleNamespace(event_queue_per_concurrency_id={"slow": SimpleNamespace(queue=waiting)}, active_jobs=[],
+                            push=None)
+    admission = Admission(SimpleNamespace(_queue=queue, fns={}), "slow", 8, max_waiting_at_address=3)
+    fourth, other = placed("10.6.6.6", "s9", mint=True), placed("10.0.0.2", "s1")
+    assert admission.refusal(visitor(fourth.request), "10.6.6.6") == (
+        "3 slow requests from your network are waiting already: try again once they are answered; everything else "
+        "still answers.")
+    assert admission.refusal(visitor(other.request), "10.0.0.2") is None
+    del waiting[0]
+    assert admission.refusal(visitor(fourth.request), "10.6.6.6") is None
