@@ -13,7 +13,8 @@ whose address (or, at the same address, whose visitor) has computed at least ``q
 computes on a core only while nobody else wants it, and a click waits at most one module call of it, not a pass.
 While a request of an address that has computed ``quantum_s`` less is being served (in or between its passes: an
 image's decode, a figure, its answer's JSON compute outside them), an address holds all places but one, so that
-work outside the places is not left to share the cores with a heavy model computing in all of them.
+work outside the places is not left to share the cores with a heavy model computing in all of them; a pass whose
+thread holds a model's lock that another thread waits for (:func:`analysis.holds_up_a_waiter`) is not held back.
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
 Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
@@ -42,6 +43,8 @@ from dataclasses import dataclass, field
 import gradio as gr
 import torch
 
+import analysis as an
+
 from .guards import RunDropped, check_dropped
 from .visitors import address, visitor
 
@@ -58,6 +61,7 @@ class _Turn:
     where: tuple[str]  # ("address",)
     who: tuple[str, str]  # (address, visitor)
     arrival: int
+    holds_up: bool = False  # whether its thread holds a model's lock that another thread waits for
 
 
 @dataclass
@@ -175,7 +179,7 @@ class ComputeShares:
         state = self._state()
         state.depth += 1
         if state.depth == 1:
-            state.turn = _Turn(current.where, current.who, next(self._arrivals))
+            state.turn = _Turn(current.where, current.who, next(self._arrivals), an.holds_up_a_waiter())
             with self._lock:
                 self._arrive(state.turn)
                 self._take(state)
@@ -249,6 +253,7 @@ class ComputeShares:
         """
         while self._running >= self.slots or self._next() is not state.turn:
             self._lock.wait(DROP_CHECK_S)
+            state.turn.holds_up = an.holds_up_a_waiter()  # someone may have come to wait for its model's lock
             try:
                 check_dropped()
             except RunDropped:
@@ -265,17 +270,19 @@ class ComputeShares:
         """The waiting turn that takes the next free place: the least charged (:meth:`_order`) of those whose
         address is not held back (:meth:`_held_back`)."""
         return min((turn for turn in self._waiting
-                    if not self._held_back(turn.where[0], self._holding[turn.where[0]] + 1)),
+                    if not self._held_back(turn.where[0], self._holding[turn.where[0]] + 1, holds_up=turn.holds_up)),
                    key=self._order, default=None)
 
-    def _held_back(self, where: str, places: int, spent: float = 0.0) -> bool:
+    def _held_back(self, where: str, places: int, spent: float = 0.0, holds_up: bool = False) -> bool:
         """Whether address ``where`` may not hold ``places`` places: more than all but one (at least one), while a
         request of another address that has computed ``quantum_s`` less is being served. Such a request computes
         outside any pass too (an image's decode, a figure, its answer's JSON), and those cores are the OS's to share:
         a heavy model computing in every place took half of them from it. One place always remains, so a pass held
         back waits only for one of its own address's to end. ``spent``: what the asking pass has computed since it
-        took its place, not charged yet, s."""
-        if places <= max(1, self.slots - 1):
+        took its place, not charged yet, s. A pass that ``holds_up`` another thread (it holds a model's lock that
+        thread waits for: :func:`analysis.holds_up_a_waiter`) is not held back: the request it would make room for
+        may be the one waiting for it."""
+        if places <= max(1, self.slots - 1) or holds_up:
             return False
         mine = self.charged.get((where,), 0.0) + spent - self.quantum_s
         return any(other != where and self.charged.get((other,), 0.0) < mine for other in self._serving)
@@ -287,7 +294,7 @@ class ComputeShares:
         if not state.holding:  # a pass whose drop its model swallowed holds none
             return False
         spent = self.clock() - state.since
-        if self._held_back(state.turn.where[0], self._holding[state.turn.where[0]], spent):
+        if self._held_back(state.turn.where[0], self._holding[state.turn.where[0]], spent, an.holds_up_a_waiter()):
             return True
         if self._running < self.slots:
             return False

@@ -62,26 +62,51 @@ _WAIT_CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.Con
                                                                                         default=None)
 
 
+_HELD = threading.local()  # .locks: the ModelLocks this thread holds, once per acquisition
+
+
 class ModelLock:
     """The re-entrant lock of one model's forward passes (:attr:`LoadedModel.lock`; ``with lock:``). A thread that
     waits for it runs the check that :func:`checking_while_waiting` set, every :data:`LOCK_CHECK_S`, and stops
     waiting when the check raises (the server's slow runs: a dropped one stops there instead of waiting behind
-    other requests' passes through the same model while it holds the slow views' place)."""
+    other requests' passes through the same model while it holds the slow views' place). It counts the threads
+    waiting for it, so that a thread holding it can tell it holds others up (:func:`holds_up_a_waiter`)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self.waiting = 0  # threads waiting for it now
 
     def __enter__(self) -> ModelLock:
-        check = _WAIT_CHECK.get()
-        if check is None:
-            self._lock.acquire()
-            return self
-        while not self._lock.acquire(timeout=LOCK_CHECK_S):
-            check()
+        if not self._lock.acquire(blocking=False):
+            check = _WAIT_CHECK.get()
+            with self._count:
+                self.waiting += 1
+            try:
+                while not self._lock.acquire(timeout=LOCK_CHECK_S if check else -1):
+                    check()
+            finally:
+                with self._count:
+                    self.waiting -= 1
+        _held_locks().append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        held = _held_locks()
+        del held[len(held) - 1 - held[::-1].index(self)]
         self._lock.release()
+
+
+def _held_locks() -> list[ModelLock]:
+    if not hasattr(_HELD, "locks"):
+        _HELD.locks = []
+    return _HELD.locks
+
+
+def holds_up_a_waiter() -> bool:
+    """Whether this thread holds a model's lock (:class:`ModelLock`) that another thread waits for: the server's
+    compute shares never hold such a pass back from every core (its waiters would wait on it)."""
+    return any(lock.waiting for lock in _held_locks())
 
 
 @contextlib.contextmanager

@@ -277,3 +277,41 @@ def test_without_another_address_served_an_address_computes_in_every_place():
         thread.join(10)
     assert not errors and sorted(log) == [f"{name}{i}" for name in "AB" for i in range(6)]  # the barrier at step 4
     #                                                                      passed: both passes held a place then
+
+
+def test_a_pass_holding_a_model_s_lock_that_a_served_request_waits_for_is_not_held_back():
+    """The request a held-back pass makes room for may be the one waiting for it: another address's click waited for
+    the lock of a shared model that a held-back pass held, with a core idle, until the heavy address's other pass
+    ended (2.5 s in an adversary's run). A pass whose thread holds a model's lock another thread waits for is not
+    held back (analysis.holds_up_a_waiter)."""
+    from analysis import ModelLock
+
+    shares, log, errors = ComputeShares(slots=2, clock=thread_clock), [], []
+    shares.charged[("10.0.0.1",)] = 1.0  # ahead of 10.0.0.2
+    lock, hold, go, locked = ModelLock(), threading.Event(), threading.Event(), threading.Event()
+    first = run_as(shares, "10.0.0.1", torch.nn.Sequential(Step("A0", 0.1, log, before=hold.wait)), errors)
+    wait_for(lambda: shares._running == 1, "the heavy address's first pass to hold a place")
+
+    def second():  # the same address's pass through a shared model, under its lock
+        with lock:
+            locked.set()
+            go.wait(10)
+            with shares.computing_for(request_from("10.0.0.1")):
+                torch.nn.Sequential(Step("B0", 0.1, log), Step("B1", 0.1, log))(torch.zeros(1))
+
+    def click():  # another address's request, served, waiting for that model's lock
+        with shares.computing_for(request_from("10.0.0.2")), lock:
+            log.append("click")
+
+    threads = [threading.Thread(target=second), threading.Thread(target=click)]
+    threads[0].start()
+    wait_for(locked.is_set, "the second pass to hold the lock")
+    threads[1].start()
+    wait_for(lambda: lock.waiting == 1, "the click to wait for the lock")
+    go.set()
+    for thread in threads:
+        thread.join(5)
+    assert log == ["B0", "B1", "click"]  # while the first pass still holds its place
+    hold.set()
+    first.join(10)
+    assert not errors and log[-1] == "A0"
