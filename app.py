@@ -578,8 +578,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 compare_choices = ex.choices([])
                 add(gr.Dropdown(compare_choices, value=ex.compare_default(), multiselect=True,  # past the limit:
                                 label=f"models, one column each (2–{an.MAX_COMPARED})",  # on_compare_pick
-                                elem_id="compare_models", scale=3))
-                add(control(ex.state_type, "compare_depth", scale=2, min_width=200))
+                                elem_id="compare_models", scale=3, min_width=300))  # on a phone, the picker
+                add(control(ex.state_type, "compare_depth", scale=2, min_width=260))  # and depth a row each
             with gr.Row():
                 for index, name in enumerate(COMPARE_LAYERS):
                     add(gr.Dropdown(label=f"column {index + 1}: layer", allow_custom_value=True, elem_id=name,
@@ -687,8 +687,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             event = wired(fn_name, inputs, outputs)
             unchanged = {ui[name]: gr.skip() for name in outputs} if len(outputs) > 1 else gr.skip()
             chart = [ui[name] for name in outputs if isinstance(ui[name], gr.Plot)]
-            ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)}, show_progress_on=chart,
-                             **slow)
+            clicked = ui[button].click(**{**event, "fn": runs.wrap(event["fn"], dropped=unchanged)},
+                                       show_progress_on=chart, **slow)
+            # a refusal (a class the model does not have) leaves the last result shown, without an "Error" mark
+            clicked.failure(lambda: unchanged, None, [ui[name] for name in outputs], api_visibility="private")
 
         slow_view("attribution_button", "on_attribution", ["checkpoint", "image_file", "fit", "method", "target",
                                                            "draw"],

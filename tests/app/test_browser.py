@@ -446,6 +446,18 @@ def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
         tab.get_by_role("tab", name=app_texts.TABS["attribution"]).click()
         tab.locator("#attribution_button").click()
         tab.wait_for_selector("#attribution_plot .js-plotly-plot", timeout=60_000)
+        tab.locator("#target textarea, #target input").first.fill("giraffe")  # not a class of the model: refused
+        chain = expect_chain(tab, "click", "attribution_button")
+        tab.locator("#attribution_button").click()
+        tab.wait_for_selector(".toast-body.error:has-text(\"class 'giraffe' is not one of the model's classes\")",
+                              timeout=60_000)
+        settle(tab, chain)
+        tab.wait_for_function("!document.querySelector('#attribution_plot .error, #attribution_note .error')",
+                              timeout=10_000)  # the refusal's step that takes the mark off may come a moment later
+        assert tab.locator("#attribution_plot .js-plotly-plot").count() == 1  # the last result stays
+        tab.locator(".toast-body.error .toast-close").first.click()
+        tab.wait_for_selector(".toast-body.error", state="detached", timeout=10_000)
+        tab.locator("#target textarea, #target input").first.fill("")
         tab.get_by_role("tab", name=app_texts.TABS["equivalence"]).click()
         tab.locator("#equivalence_button").click()
         tab.wait_for_function("document.querySelector('#equivalence_text').innerText.includes('max |difference|')",
