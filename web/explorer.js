@@ -20,6 +20,7 @@ const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
 const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below the focus panel
 const MULTIPLE_PX = 132; // each small multiple's CSS width
 const SWEEP_FRAME_MS = 160; // each α of the animation is shown this long
+const ASK_AGAIN_MS = 100; // after a row that answers an earlier click than the boxes' query, ask again this late
 
 const root = element.querySelector(".cx");
 root.innerHTML = `
@@ -475,13 +476,17 @@ function showTable(value) {
   // A new table (a knob, a layer) keeps the query of the boxes; a new image or model, or a table of one query's
   // row, brings the server's (the same pixel, moved inside a smaller input), which the boxes then hold.
   const px = readQuery(boxes);
-  const keep = px && value.queries == null && value.keep_query && px[0] < value.input_size &&
-    px[1] < value.input_size;
+  const inside = px && px[0] < value.input_size && px[1] < value.input_size;
+  const keep = inside && value.queries == null && value.keep_query;
   table = decodeTable(value, () => draw());
+  // One query's row that answers an earlier click while the boxes have moved on (a second click, an arrow key):
+  // Gradio dropped the later "row" trigger (it came while this one was on its way), so the boxes stay and their
+  // row is asked for again once this answer has settled.
+  const behind = inside && value.queries != null && rowOf(table, cellOf(table, px)) < 0;
   stopSweep();
   sweep = null;
   playWhenSwept = false;
-  shownQuery = keep ? px : value.query_px;
+  shownQuery = keep || behind ? px : value.query_px;
   const hint = document.querySelector(`#${root.dataset.ruleBox} textarea, #${root.dataset.ruleBox} input`)
     ?.value || "";
   if (hint && hint !== appliedHint && table.byName[hint.split("@")[0]]) { // a link's or a lesson step's rule
@@ -490,8 +495,9 @@ function showTable(value) {
   }
   if (!table.byName[focusRule]) focusRule = table.rules[table.rules.length - 1].name;
   followQuery(boxes, followed, follow);
-  if (!keep) writeQuery(boxes, value.query_px); // every view follows (this one draws there)
+  if (!keep && !behind) writeQuery(boxes, value.query_px); // every view follows (this one draws there)
   draw();
+  if (behind) setTimeout(follow, ASK_AGAIN_MS);
 }
 
 function show() { // this component's value: a table, or the α frames of the table shown

@@ -187,6 +187,24 @@ def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_the
         assert tab.locator(".toast-body.error").count() == 0
 
 
+def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
+    """With K above the table's bound each click asks the server for its row; a second click while the first's row
+    was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's
+    five arrow keys moved four cells). Now the boxes keep the last click and its row is asked for again."""
+    tables = an.neighbor_table  # a row that takes 0.5 s, as a large model's can
+    monkeypatch.setattr(an, "neighbor_table", lambda *args: time.sleep(0.5) or tables(*args))
+    with browser_page(chromium, f"{app_url}?k=200&row=16&col=16&rule=all") as tab:
+        tab.wait_for_function("document.querySelector('.cx').dataset.query === '16,16'", timeout=60_000)
+        table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0], num_neighbors=200))
+        for px in ((0, 0), (31, 31)):  # two clicks in quick succession
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, px))
+        tab.wait_for_function("document.querySelector('.cx').dataset.query === '31,31'"
+                              " && document.querySelector('.cx').dataset.neighbors !== 'null'", timeout=30_000)
+        values = page("cnn-l0.5", explorer.examples[0], row_px=31, col_px=31, num_neighbors=200)
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "all")
+        assert tab.locator(".toast-body.error").count() == 0
+
+
 @pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
 def test_the_core_loop_fits_the_screen(app_url, context, chromium):
     """Image, click, focus panel and prediction: inside the viewport (at 1280×800 all on the first screen; at
