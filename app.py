@@ -645,6 +645,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             run(rest, event)
             if (source, trigger) in OWN_PICKS:
                 event.success(**wired(*table_views[OWN_PICKS[source, trigger]]), api_visibility="private")
+            if source == "layer":  # a refused layer (a name typed in part) goes back to the one the explorer shows,
+                #                    and the table shown, still valid, loses the refusal's "Error" mark
+                event.failure(None, None, ui["layer"], js=texts.RESTORE_LAYER_JS, api_visibility="private")
+                event.failure(lambda: gr.skip(), None, ui["explorer"], api_visibility="private")
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from

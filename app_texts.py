@@ -44,6 +44,7 @@ PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its featur
 # refused knob value is put back to them, so that the next change of another knob is not refused for it again.
 KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
 RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
+RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # The page's address with a view's query string, copied to the clipboard where the browser allows it.
 COPY_LINK_JS = """(query) => {
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;

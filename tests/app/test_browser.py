@@ -187,6 +187,26 @@ def test_the_multi_hop_view_asks_for_each_query_s_field_where_no_table_holds_the
         assert tab.locator(".toast-body.error").count() == 0
 
 
+def test_a_refused_layer_name_goes_back_to_the_layer_shown(app_url, chromium):
+    """A layer name typed in part ("stages.2") was refused, and the Layer box kept it with an "Error" mark on the
+    explorer, so every knob was refused after it until a valid layer was picked. The box now goes back to the layer
+    the explorer shows, the mark goes, and a knob applies again."""
+    with browser_page(chromium, app_url) as tab:
+        shown_layer = tab.locator(".cx").get_attribute("data-layer")
+        tab.locator("#layer input").fill("stages.2")
+        tab.locator("#layer input").press("Tab")  # leaves the box: the typed name is its value
+        tab.wait_for_selector(".toast-body.error:has-text('is not a layer of')", timeout=30_000)
+        tab.wait_for_function("(layer) => document.querySelector('#layer input').value.startsWith(`${layer} ·`)"
+                              " && !document.querySelector('#explorer .error')", arg=shown_layer, timeout=10_000)
+        #                                                                        the layer's label: name · facts
+        settle(tab)  # the refusal's steps answered
+        drawn = tab.locator(".cx").get_attribute("data-drawn")
+        tab.locator("#seed input").fill("7")  # a knob applies again
+        tab.locator("#seed input").press("Enter")
+        tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
+        assert tab.locator(".cx").get_attribute("data-layer") == shown_layer
+
+
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
     """With K above the table's bound each click asks the server for its row; a second click while the first's row
     was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's
