@@ -62,7 +62,12 @@ _WAIT_CHECK: contextvars.ContextVar[Callable[[], None] | None] = contextvars.Con
                                                                                         default=None)
 
 
-_HELD = threading.local()  # .locks: the ModelLocks this thread holds, once per acquisition
+class _Held(threading.local):
+    def __init__(self) -> None:
+        self.locks: list[ModelLock] = []  # the ModelLocks this thread holds, once per acquisition
+
+
+_HELD = _Held()
 
 
 class ModelLock:
@@ -88,25 +93,18 @@ class ModelLock:
             finally:
                 with self._count:
                     self.waiting -= 1
-        _held_locks().append(self)
+        _HELD.locks.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        held = _held_locks()
-        del held[len(held) - 1 - held[::-1].index(self)]
+        _HELD.locks.remove(self)  # one of its acquisitions: they are alike
         self._lock.release()
-
-
-def _held_locks() -> list[ModelLock]:
-    if not hasattr(_HELD, "locks"):
-        _HELD.locks = []
-    return _HELD.locks
 
 
 def holds_up_a_waiter() -> bool:
     """Whether this thread holds a model's lock (:class:`ModelLock`) that another thread waits for: the server's
     compute shares never hold such a pass back from every core (its waiters would wait on it)."""
-    return any(lock.waiting for lock in _held_locks())
+    return any(lock.waiting for lock in _HELD.locks)
 
 
 @contextlib.contextmanager
