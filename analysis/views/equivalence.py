@@ -219,7 +219,7 @@ def _attention_left_out(loaded: LoadedModel, image: InputImage, layer: str, draw
     layer_info = loaded.layer_info(layer)
     x = trace_image(loaded, image, draw).inputs[layer_info.name]
     num_tokens, dim = (x.shape[1], x.shape[2]) if x.dim() == 3 else (x.shape[2] * x.shape[3], x.shape[1])
-    heads = as_self_attention(layer_module(loaded.model, layer_info)).num_heads if layer_info.is_attention else 1
+    heads = layer_info.num_heads  # 1 for a map layer
     need = attention_demo_bytes(num_tokens, dim, heads)
     if need <= ATTENTION_DEMO_MAX_BYTES:
         return None
