@@ -246,9 +246,7 @@ class SlowRuns:
 
     def _give_back(self, where: str) -> None:
         """A place that a run at address ``where`` held is free again; it goes to the next waiting run."""
-        self._held[where] -= 1
-        if not self._held[where]:
-            del self._held[where]
+        self._held -= Counter((where,))  # an address holding none drops out
         self._free += 1
         self._give_places()
 

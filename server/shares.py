@@ -160,9 +160,7 @@ class ComputeShares:
         finally:
             _CURRENT.reset(token)
             with self._lock:
-                self._serving[where] -= 1
-                if not self._serving[where]:
-                    del self._serving[where]
+                self._serving -= Counter((where,))  # an address no longer served drops out
                 self._lock.notify_all()
 
     def _state(self) -> _Running:
@@ -224,10 +222,7 @@ class ComputeShares:
         for key in (state.turn.where, state.turn.who):
             self.charged[key] = self.charged.get(key, 0.0) + now - state.since
         self._running -= 1
-        where = state.turn.where[0]
-        self._holding[where] -= 1
-        if not self._holding[where]:
-            del self._holding[where]
+        self._holding -= Counter(state.turn.where)
         state.holding = False
         self._lock.notify_all()
 
