@@ -208,15 +208,16 @@ class Explorer(CompareMode, ExplorerAPI):
         return self.lesson_step(lesson, (lesson_step or 0) - 1, state, request)
 
     @staticmethod
-    def on_own_image(lesson, lesson_step, request=None):
-        """An image picked by hand (an example, an upload) while a lesson is open: the step's text no longer
-        describes the screen, so it says so; no change without a lesson."""
-        return texts.LESSON_ASIDE.format(step=(lesson_step or 0) + 1, what="image") if lesson else gr.skip()
+    def own_pick(what: str, lesson, lesson_step):
+        """An image or a model (``what``) picked by hand while a lesson is open: the step's text no longer describes
+        the screen, so it says so; no change without a lesson."""
+        return texts.LESSON_ASIDE.format(step=(lesson_step or 0) + 1, what=what) if lesson else gr.skip()
 
-    @staticmethod
-    def on_own_model(lesson, lesson_step, request=None):
-        """A model picked or opened by hand while a lesson is open: as :meth:`on_own_image`."""
-        return texts.LESSON_ASIDE.format(step=(lesson_step or 0) + 1, what="model") if lesson else gr.skip()
+    def on_own_image(self, lesson, lesson_step, request=None):
+        return self.own_pick("image", lesson, lesson_step)
+
+    def on_own_model(self, lesson, lesson_step, request=None):
+        return self.own_pick("model", lesson, lesson_step)
 
     @user_errors
     def on_example(self, evt: gr.EventData, request=None) -> str:
@@ -645,15 +646,14 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             run(rest, event)
             if (source, trigger) in OWN_PICKS:
                 event.success(**wired(*table_views[OWN_PICKS[source, trigger]]), api_visibility="private")
-            if source == "layer":  # a refused layer (a name typed in part) goes back to the one the explorer shows,
-                #                    and the table shown, still valid, loses the refusal's "Error" mark
+            if source == "layer":  # a refused layer (a name typed in part) goes back to the one the explorer shows
                 event.failure(None, None, ui["layer"], js=texts.RESTORE_LAYER_JS, api_visibility="private")
-                event.failure(lambda: gr.skip(), None, ui["explorer"], api_visibility="private")
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
-                # and the table shown, still valid, loses the "Error" mark of the refusal (its toast says why)
+            if source == "layer" or source in knob_fields:  # and the table shown, still valid, loses the "Error"
+                #                                                mark of the refusal (its toast says why)
                 event.failure(lambda: gr.skip(), None, ui["explorer"], api_visibility="private")
                 # kept also when the table did not change (R = 5 where auto gives 5), else a later refusal of
                 # another knob put R back to 0

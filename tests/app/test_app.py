@@ -401,11 +401,11 @@ def test_an_open_lesson_says_when_the_image_or_model_shown_is_the_user_s_own(exp
     lessons = {app.VIEWS[chain[0]][0] for chain in app.REFRESH.values() if chain[0].startswith(("link", "lesson"))}
     assert not any(fn.name.startswith("on_own_") for fn in demo.fns.values()
                    if any(step.name in lessons for step in demo.fns.values() if step._id == fn.trigger_after))
-    assert app.Explorer.on_own_image(None, 0) == gr.skip()
-    assert app.Explorer.on_own_image("Lesson 1", 2) == ("**Step 3** is about the lesson's image; the view now shows "
+    assert explorer.on_own_image(None, 0) == gr.skip()
+    assert explorer.on_own_image("Lesson 1", 2) == ("**Step 3** is about the lesson's image; the view now shows "
                                                         "the image you picked. **◀ Back** or **Next step ▶** "
                                                         "returns to the lesson, on its image and model.")
-    assert app.Explorer.on_own_model("Lesson 1", None).startswith("**Step 1** is about the lesson's model; the view "
+    assert explorer.on_own_model("Lesson 1", None).startswith("**Step 1** is about the lesson's model; the view "
                                                                   "now shows the model you picked.")
 
 
