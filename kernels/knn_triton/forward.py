@@ -2,7 +2,8 @@
 ranges (:func:`knn_fwd_merge`), and the weights + Conv1D over rank slots both end with (:func:`aggregate`).
 
 Every kernel takes its tensors as two tuples (``inputs``: Q, K, V, W, Bias, Cand, KInv (fp32 inverse key norms),
-Spatial (the blend's spatial profile); ``outputs``: Out, Idx, A, Part), one stride tuple per strided tensor, and one
+Spatial (the blend's spatial profile); ``outputs``: Out, Idx, A, Part, Count, Rows — the last two the lists of rows
+the lanes could not certify, :func:`knn_fwd_repair`), one stride tuple per strided tensor, and one
 ``sizes`` tuple (H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad: the map's
 width and padding for the blend rule, whose candidate columns are the cells of the padded map). Base pointers are
 offset to the program's (sample, head) once, at the top. A function that takes a tuple unpacks it whole, by name, at
@@ -26,7 +27,9 @@ from .select import (
     lane_columns,
     lane_empty,
     lane_insert,
+    lane_insert2,
     lane_merge,
+    lowered,
     merge_tile,
     pack,
     repair_tile,
@@ -131,7 +134,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     """From the final top-K keys ``acc`` (sorted descending, rank 0 first): indices, weights a, then the Conv1D
     over rank slots; writes Out, Idx and A. ``s_self`` [BLOCK_M]: each query's real own score (SELF_FIRST)."""
     _Q, _K, V, W, Bias, Cand, _KInv, _Spatial = inputs
-    Out, Idx, A, _Part = outputs
+    Out, Idx, A, _Part, _Count, _Rows = outputs
     H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, Dv, C_out, stride_cb, width, pad = sizes
     b = pid_bh // H
     h = pid_bh % H
@@ -238,11 +241,12 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
 
 @triton.jit
 def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
-                 CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+                 CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, ANY_ROWS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
     """The canonical scores [BLOCK_M, BLOCK_N] of the key tile whose columns are ``cols`` (some order of
     ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞). ``block``: what
-    the query block scores with, as :func:`knn_fwd` packs it."""
+    the query block scores with, as :func:`knn_fwd` packs it; ``ANY_ROWS``: its rows are any rows of the map (the
+    repair's lists), not ``row_lo + [0, BLOCK_M)``."""
     q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo, self_col = (
         block)
     _H, Nq, _Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, stride_cb, width, pad = sizes
@@ -263,7 +267,10 @@ def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: t
     if CANDIDATES or BLEND:
         needs_mask = start >= 0
     elif SELF_FIRST:
-        needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
+        if ANY_ROWS:  # any tile may hold one of the rows' own keys
+            needs_mask = start >= 0
+        else:
+            needs_mask = needs_mask | ((start < row_lo + BLOCK_M) & (start + BLOCK_N > row_lo))
     valid = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     if needs_mask:
         valid = valid & mask_n[None, :]
@@ -276,31 +283,18 @@ def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: t
     return s, valid
 
 
-@triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
-def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
-            blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
-            CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
-            SPLIT: tl.constexpr, LANES: tl.constexpr, WARM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-            BLOCK_O: tl.constexpr):
-    """Grid (query blocks, B·H, splits): scores + exact top-K over one split of the candidates; without a split
-    also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part.
-
-    ``LANES``: the lane selection (:func:`select.lane_insert`), then the insertion rounds of
-    :func:`select.merge_tile` again only if some row of the block could not be certified (a repair, from that
-    row's K-th score as its floor). Otherwise the insertion rounds alone, ``WARM`` (not with sampled candidates):
-    how many key tiles around the block's middle query set each row's floor first."""
-    tl.static_assert(BLOCK_N >= K_PAD)
+@triton.jit
+def _open_block(inputs, q_strides, k_strides, sizes, scale, blend, pid_bh, pid_s, offs_m, mask_m, row_lo,
+                SELF_FIRST: tl.constexpr, COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr,
+                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+                K_PAD: tl.constexpr):
+    """What a block of query rows ``offs_m`` scores with, for split ``pid_s``: (block — the tuple
+    :func:`_stream_tile` reads —, the accumulator [BLOCK_M, K_PAD] with the query's own key where it enters first,
+    each query's real own score, the split's candidate columns [col_lo, col_hi))."""
     Q, K, _V, _W, _Bias, Cand, KInv, Spatial = inputs
-    _Out, _Idx, A, Part = outputs
-    H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, _Dv, _C_out, _stride_cb, width, pad = sizes
-    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    H, Nq, Nk, num_cols, cols_per_split, _num_neighbors, D, _Dv, _C_out, _stride_cb, width, pad = sizes
     b = pid_bh // H
     h = pid_bh % H
-    row_lo = pid_m * BLOCK_M
-    offs_m = row_lo + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < Nq
-    live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
     k_base = K + b * k_strides[0] + h * k_strides[1]
     kinv_base = KInv + pid_bh * Nk
     q, q_scale = _load_queries(Q + b * q_strides[0] + h * q_strides[1], q_strides, offs_m, mask_m, scale, D,
@@ -319,10 +313,38 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     acc, self_col, s_self = _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pid_s, low,
                                        spread, D, width, pad, blend, SELF_FIRST, CANDIDATES, BLEND, COSINE, BLOCK_M,
                                        D_PAD, K_PAD)
-    slots = tl.arange(0, K_PAD)
-    num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
     block = (q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo,
              self_col)
+    return block, acc, s_self, col_lo, col_hi
+
+
+@triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
+def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
+            blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
+            CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
+            SPLIT: tl.constexpr, LANES: tl.constexpr, LANE_DEPTH: tl.constexpr, DEFER: tl.constexpr,
+            WARM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+    """Grid (query blocks, B·H, splits): scores + exact top-K over one split of the candidates; without a split
+    also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part.
+
+    ``LANES``: the lane selection (:func:`select.lane_insert`); a row it cannot certify is repaired from its K-th
+    score as its floor by :func:`select.repair_tile` — with ``DEFER`` by :func:`knn_fwd_repair`, launched next, to
+    which the row goes through the lists Count, Rows (its floor key in the slot that kernel overwrites), without
+    ``DEFER`` by its own block streaming the tiles again. Otherwise the insertion rounds alone, ``WARM`` (not with
+    sampled candidates): how many key tiles around the block's middle query set each row's floor first."""
+    tl.static_assert(BLOCK_N >= K_PAD)
+    _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, width, pad = sizes
+    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row_lo = pid_m * BLOCK_M
+    offs_m = row_lo + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < Nq
+    live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
+    block, acc, s_self, col_lo, col_hi = _open_block(inputs, q_strides, k_strides, sizes, scale, blend, pid_bh, pid_s,
+                                                     offs_m, mask_m, row_lo, SELF_FIRST, COSINE, CANDIDATES, BLEND,
+                                                     IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
+    slots = tl.arange(0, K_PAD)
+    num_tiles = tl.cdiv(col_hi - col_lo, BLOCK_N)
     if LANES:
         # Tile t of this range is tile first_tile + t of the whole range: the same rotation, split or not, and the
         # repair reads each tile as the lanes did (the same bits for every score).
@@ -332,20 +354,27 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             start = col_lo + t * BLOCK_N
             cols = lane_columns(start, first_tile + t, BLOCK_N)
             s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                    BLOCK_M, BLOCK_N, D_PAD)
-            a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
+                                    False, BLOCK_M, BLOCK_N, D_PAD)
+            if LANE_DEPTH == 3:
+                a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
+            else:
+                a1, a2, c1, c2, over = lane_insert2(a1, a2, c1, c2, over, s, cols)
+        if LANE_DEPTH == 2:  # the third entries stay empty (made here, so the stream carries no copy of them)
+            a3 = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+            c3 = tl.full([BLOCK_M, BLOCK_N], -1, tl.int32)
         first = acc
         acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
         certified = certified | (mask_m == 0)  # rows past the map are never read
-        if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
-            acc = tl.where(certified[:, None], acc, first)
-            for t in range(num_tiles):
-                start = col_lo + t * BLOCK_N
-                cols = lane_columns(start, first_tile + t, BLOCK_N)
-                s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                        BLOCK_M, BLOCK_N, D_PAD)
-                keys = tl.where(valid & (certified == 0)[:, None], pack(s, cols[None, :]), EMPTY_KEY)
-                acc = repair_tile(acc, keys, live, floor, num_neighbors)
+        if not DEFER:  # with DEFER, knn_fwd_repair takes the rows not certified (after the block's end, below)
+            if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
+                acc = tl.where(certified[:, None], acc, first)
+                for t in range(num_tiles):
+                    start = col_lo + t * BLOCK_N
+                    cols = lane_columns(start, first_tile + t, BLOCK_N)
+                    s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                                            False, BLOCK_M, BLOCK_N, D_PAD)
+                    keys = tl.where(valid & (certified == 0)[:, None], pack(s, cols[None, :]), EMPTY_KEY)
+                    acc = repair_tile(acc, keys, live, floor, num_neighbors)
     else:
         # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
         # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).
@@ -366,7 +395,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             start = col_lo + tile * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                    BLOCK_M, BLOCK_N, D_PAD)
+                                    False, BLOCK_M, BLOCK_N, D_PAD)
             warm = False
             if WARM > 0:
                 warm = t < 0
@@ -377,6 +406,43 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                         floor = column(tl.topk(bound, K_PAD), slots, wanted - 1)
             else:
                 acc = merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM > 0, K_PAD, BLOCK_N)
+    _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, pid_s,
+            offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT, BLOCK_M,
+            K_PAD, BLOCK_C, BLOCK_O)
+    if LANES:
+        if DEFER:
+            _defer(certified, floor, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT, K_PAD)
+
+
+@triton.jit
+def _defer(certified, floor, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr):
+    """The rows of a lane block that are not ``certified`` join their (sample, head, split)'s list for
+    :func:`knn_fwd_repair`: Count[list] += how many, Rows[list, position] = the row, and the row's floor key
+    ``floor`` goes to the first slot the repair overwrites (Idx's, or the split's Part row's)."""
+    _Out, Idx, _A, Part, Count, Rows = outputs
+    _H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
+    failed = (certified == 0).to(tl.int32)
+    num_failed = tl.sum(failed, axis=0)
+    if num_failed > 0:
+        lst = pid_bh * tl.num_programs(2) + pid_s
+        position = tl.atomic_add(Count + lst, num_failed) + tl.cumsum(failed, axis=0) - 1
+        tl.store(Rows + lst.to(tl.int64) * Nq + position, offs_m, mask=failed != 0)
+        if SPLIT:
+            slot = Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
+        else:
+            slot = Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
+        tl.store(slot, floor, mask=failed != 0)
+
+
+@triton.jit
+def _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, pid_s,
+            offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
+            CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
+            SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+            BLOCK_O: tl.constexpr):
+    """A block's end, its top-K keys ``acc`` found: sorted, then to Part (with a split) or to :func:`aggregate`."""
+    _Out, _Idx, A, Part, _Count, _Rows = outputs
+    Nq, num_neighbors = sizes[1], sizes[5]
     acc = tl.sort(acc, descending=True)  # [BLOCK_M, K_PAD], rank 0 first
     if SPLIT:
         part_rows = (pid_bh.to(tl.int64) * tl.num_programs(2) + pid_s) * Nq + offs_m
@@ -390,6 +456,52 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                   K_PAD, BLOCK_C, BLOCK_O)
 
 
+@triton.jit(do_not_specialize=["sizes"])
+def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale,
+                   inv_temperature, blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr,
+                   IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+    """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on the same grid (query blocks, B·H,
+    splits): program i of a (sample, head, split) takes entries [i·BLOCK_M, (i + 1)·BLOCK_M) of its list of rows
+    the lanes could not certify (a program past the list's count does nothing), so a few failed rows of many
+    blocks stream the tiles once, together, instead of each block again for its own. Each row restarts from its
+    first key and takes the split's keys ≥ its floor with :func:`select.repair_tile` (packed keys compared whole:
+    any column order), then the block ends as knn_fwd's does (Part, or :func:`aggregate`), overwriting what knn_fwd
+    wrote for those rows. Tiles are read in the lanes' column order (a score's place in its tile is the lanes'),
+    but the rows sit in another block, so nothing promises a score the lanes' bits: the floor is the lanes' K-th key
+    lowered by :func:`select.lowered`."""
+    _Out, Idx, _A, Part, Count, Rows = outputs
+    _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
+    pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    lst = pid_bh * tl.num_programs(2) + pid_s
+    count = tl.load(Count + lst)
+    if pid_m * BLOCK_M < count:
+        position = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = position < count
+        offs_m = tl.load(Rows + lst.to(tl.int64) * Nq + position, mask=mask_m, other=0)
+        if SPLIT:
+            slot = Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
+        else:
+            slot = Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
+        floor = lowered(tl.load(slot, mask=mask_m, other=EMPTY_KEY))
+        live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
+        block, acc, s_self, col_lo, col_hi = _open_block(inputs, q_strides, k_strides, sizes, scale, blend, pid_bh,
+                                                         pid_s, offs_m, mask_m, 0, SELF_FIRST, COSINE, CANDIDATES,
+                                                         BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
+        first_tile = pid_s * (cols_per_split // BLOCK_N)  # each tile in the lanes' column order
+        for t in range(tl.cdiv(col_hi - col_lo, BLOCK_N)):
+            start = col_lo + t * BLOCK_N
+            cols = lane_columns(start, first_tile + t, BLOCK_N)
+            s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, True,
+                                    BLOCK_M, BLOCK_N, D_PAD)
+            keys = tl.where(valid & mask_m[:, None], pack(s, cols[None, :]), EMPTY_KEY)
+            acc = repair_tile(acc, keys, live, floor, num_neighbors)
+        _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
+                pid_s, offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT,
+                BLOCK_M, K_PAD, BLOCK_C, BLOCK_O)
+
+
 @triton.jit(do_not_specialize=["sizes", "num_splits"])
 def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale,
                   inv_temperature, num_splits,
@@ -399,7 +511,7 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
                   BLOCK_O: tl.constexpr):
     """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`.
     Not for the blend rule, whose forward is never split (its normalisation spans the whole map)."""
-    _Out, _Idx, A, Part = outputs
+    _Out, _Idx, A, Part, _Count, _Rows = outputs
     _H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)

@@ -70,7 +70,7 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
                 num_warps=4 if narrow or (not lanes and k_pad <= 16) else 8, num_stages=3 if lanes else 2,
-                LANES=lanes, WARM=4 if blend and not lanes else 0)
+                LANES=lanes, LANE_DEPTH=3, DEFER=True, WARM=4 if blend and not lanes else 0)
 
 
 @functools.cache
@@ -159,10 +159,16 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     num_splits = triton.cdiv(num_cols, cols_per_split)
     split = num_splits > 1
     part = torch.empty(B * H, num_splits, Nq, k_pad, device=q.device, dtype=torch.int64) if split else idx
+    defer = bool(cfg["LANES"] and cfg["DEFER"])
+    if defer:  # per (sample, head, split): how many rows the lanes could not certify, and which (knn_fwd_repair)
+        count = torch.zeros(B * H * num_splits, device=q.device, dtype=torch.int32)
+        rows = torch.empty(B * H * num_splits, Nq, device=q.device, dtype=torch.int32)
+    else:
+        count = rows = idx  # any pointer: never read
     weight = _channel_major(weight)
     args = dict(
         inputs=(q, k, v, weight, bias if bias is not None else weight, cand, kinv, spatial),
-        outputs=(out, idx, a, part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
+        outputs=(out, idx, a, part, count, rows), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
         w_strides=weight.stride(), o_strides=out.stride(),
         sizes=(H, Nq, Nk, num_cols, cols_per_split, num_neighbors, D, Dv, C_out, stride_cb, width, pad),
         scale=1.0 if similarity == "cosine" else 1.0 / math.sqrt(D), inv_temperature=1.0 / temperature,
@@ -171,8 +177,11 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
         IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=cfg["D_PAD"], K_PAD=k_pad, BLOCK_C=cfg["BLOCK_C"],
         BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     warm = cfg["WARM"] if candidates is None else 0  # sampled candidates have no neighbourhood
-    forward.knn_fwd[(grid_m, B * H, num_splits)](**args, blend=mix, BLEND=blend is not None, SPLIT=split,
-                                                 LANES=cfg["LANES"], WARM=warm, BLOCK_N=block_n)
+    grid = (grid_m, B * H, num_splits)
+    forward.knn_fwd[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
+                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n)
+    if defer:
+        forward.knn_fwd_repair[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=block_n)
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a

@@ -196,6 +196,21 @@ def lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols):
 
 
 @triton.jit
+def lane_insert2(a1, a2, c1, c2, over, s, cols):
+    """:func:`lane_insert` for lanes of two entries (``LANE_DEPTH`` = 2): each lane keeps its two best, ``over``
+    takes the largest score that leaves it. Returns (a1, a2, c1, c2, over)."""
+    col = cols[None, :]
+    g1 = s > a1
+    g2 = s > a2
+    over = tl.maximum(over, tl.minimum(a2, s))
+    c2 = tl.where(g1, c1, tl.where(g2, col, c2))
+    c1 = tl.where(g1, col, c1)
+    a2 = tl.maximum(a2, tl.minimum(a1, s))
+    a1 = tl.maximum(a1, s)
+    return a1, a2, c1, c2, over
+
+
+@triton.jit
 def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
     """Take each row's K best candidates from its lanes and ``acc`` (at most one key: the query's own), best first:
     a round takes the row's best lane head — the largest score (an fp32 row maximum), then among the heads with that
@@ -251,3 +266,17 @@ def repair_tile(acc, keys, live, floor, num_neighbors):
         keys = tl.where(keys == best[:, None], EMPTY_KEY, keys)
         kth = kth_key(acc, live)
     return acc
+
+
+REPAIR_MARGIN = tl.constexpr(2.0**-10)  # lowered: relative, and the same times 2^-6 absolute
+
+
+@triton.jit
+def lowered(floor):
+    """A floor key [rows] int64 lowered to the smallest key of a score below the floor's by 2^-10 of its magnitude
+    plus 2^-16: every score within that of the floor's score passes it, whatever bits the score gets where it is
+    recomputed (another block's rows, another column order: fp32 dot products of the same rows and columns that
+    round differently stay far inside that). EMPTY_KEY stays EMPTY_KEY (a row not full: no floor)."""
+    score = tl.minimum(unpack_score(floor), _MAX_SCORE)  # a forced self ranks +∞
+    low = score - (tl.abs(score) * REPAIR_MARGIN + REPAIR_MARGIN * 2.0**-6)
+    return tl.where(floor == EMPTY_KEY, EMPTY_KEY, pack(low, tl.full(floor.shape, 0x7FFFFFFF, tl.int32)))

@@ -66,13 +66,20 @@ def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neigh
     _check_stream(stream, num_neighbors, candidates, warm=0, lanes=True)
 
 
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("num_neighbors", [9, 16])
+def test_lanes_of_two_entries_select_exactly_the_reference_sets(stream, num_neighbors):
+    """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the repair."""
+    _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2)
+
+
 @pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
                                                    ("equal", 128), ("nan", 128)])
 def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
     _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
 
-def _check_stream(stream, num_neighbors, candidates, warm, lanes):
+def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
     # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
     # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
@@ -97,7 +104,7 @@ def _check_stream(stream, num_neighbors, candidates, warm, lanes):
     options["candidates"] = cand
     result = function.launch_forward(q, k, v, weight, None, *options.values(),
                                      config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                 LANES=lanes, WARM=warm))
+                                                 LANES=lanes, LANE_DEPTH=depth, WARM=warm))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
@@ -115,10 +122,12 @@ def _one_lane_keys(n: int, block_n: int, wanted: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
-def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits):
-    """Every query's 8 best keys sit in one lane (:func:`_one_lane_keys`): the lanes keep 3 of them, the row is not
-    certified, and the repair streams the tiles again (packed keys compared whole) from the lanes' K-th key as the
-    floor.
+@pytest.mark.parametrize("defer, depth", [(True, 3), (True, 2), (False, 3)])
+def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth):
+    """Every query's 8 best keys sit in one lane (:func:`_one_lane_keys`): the lanes keep 3 (or 2) of them, the row
+    is not certified, and the repair streams the tiles again (packed keys compared whole) from the lanes' K-th key
+    as the floor: deferred (``DEFER``: the failed rows of every block in one list per sample and split, repaired
+    together by ``knn_fwd_repair``) or in the failed row's own block.
     Rows of other blocks (keys of their own) are certified and must come through the repair untouched. Exact
     integer scores: the reference's sets, ties included, with and without a split candidate range."""
     n, block_n, K = 203, 16, 9
@@ -133,7 +142,8 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits):
                    candidates=None, self_first=False)
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
     result = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=num_splits,
-                                     config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True))
+                                     config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True, DEFER=defer,
+                                                 LANE_DEPTH=depth))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
