@@ -65,30 +65,47 @@ def rounds_count(scores: np.ndarray, wanted: int, floor: np.ndarray | None = Non
     return rounds
 
 
-def lanes_certified(scores: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which rows of ``scores`` [rows, N] the lane selection certifies, and each row's K-th score (its floor)."""
+def lanes_certified(scores: np.ndarray, wanted: int, depth: int = DEPTH) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows of ``scores`` [rows, N] the lane selection with ``depth`` entries a lane certifies, and each row's
+    K-th score (its floor)."""
     rows, n = scores.shape
     tiles = -(-n // BLOCK_N)
     t = np.arange(tiles)[:, None]
     cols = t * BLOCK_N + (np.arange(BLOCK_N)[None, :] + t * ROTATION) % BLOCK_N
     lanes = np.where(cols < n, scores[:, np.minimum(cols, n - 1)], -np.inf)  # [rows, tiles, lanes]
     ordered = -np.sort(-lanes, axis=1, kind="stable")
-    kept = ordered[:, :DEPTH, :].reshape(rows, -1)
-    dropped = ordered[:, DEPTH:, :].max(axis=(1, 2)) if tiles > DEPTH else np.full(rows, -np.inf)
+    kept = ordered[:, :depth, :].reshape(rows, -1)
+    dropped = ordered[:, depth:, :].max(axis=(1, 2)) if tiles > depth else np.full(rows, -np.inf)
     kth = _topk_sorted(kept, wanted)[:, -1]
     return dropped < kth, kth
 
 
 def simulate(blocks: list[np.ndarray], wanted: int) -> dict:
-    """Per block on average: tiles, rounds, the share of blocks the lanes repair and their repair's rounds."""
+    """Per block on average: tiles, rounds, the share of blocks the lanes repair in their own block and that
+    repair's rounds; and for the deferred repair (``knn_fwd_repair``: the failed rows of all blocks, 64 to a
+    gathered block), per lane depth 3 and 2, the share of failed rows and the gathered blocks' tiles-streams and
+    rounds per original block."""
     repaired, repair_rounds = [], []
     for block in blocks:
         certified, kth = lanes_certified(block, wanted)
         repaired.append(not certified.all())
         repair_rounds.append(0 if certified.all() else rounds_count(block[~certified], wanted, kth[~certified]))
-    return {"tiles": -(-blocks[0].shape[1] // BLOCK_N),
-            "rounds": float(np.mean([rounds_count(block, wanted) for block in blocks])),
-            "repaired": float(np.mean(repaired)), "repair_rounds": float(np.mean(repair_rounds))}
+    features = {"tiles": -(-blocks[0].shape[1] // BLOCK_N),
+                "rounds": float(np.mean([rounds_count(block, wanted) for block in blocks])),
+                "repaired": float(np.mean(repaired)), "repair_rounds": float(np.mean(repair_rounds))}
+    for depth in (3, 2):
+        failed_rows, floors = [], []
+        for block in blocks:
+            certified, kth = lanes_certified(block, wanted, depth)
+            failed_rows.append(block[~certified])
+            floors.append(kth[~certified])
+        failed, floor = np.concatenate(failed_rows), np.concatenate(floors)
+        gathered = -(-len(failed) // BLOCK_M)
+        rounds = sum(rounds_count(failed[i:i + BLOCK_M], wanted, floor[i:i + BLOCK_M])
+                     for i in range(0, len(failed), BLOCK_M))
+        features[f"deferred{depth}"] = {"failed_rows": len(failed) / (BLOCK_M * len(blocks)),
+                                        "streams": gathered / len(blocks), "rounds": rounds / len(blocks)}
+    return features
 
 
 def fit(features: dict) -> dict:

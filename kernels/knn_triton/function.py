@@ -29,7 +29,7 @@ _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer k
 _MAX_SPLITS = 16
 
 
-SELECTIONS = ("auto", "lanes", "rounds")  # "auto": the default, now the lanes for every K (bench/RESULTS.md §1h)
+SELECTIONS = ("auto", "lanes", "deferred", "rounds")  # "auto": the default, the lanes (bench/RESULTS.md §1h)
 SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
@@ -37,10 +37,12 @@ _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
     """Inside the block the forward selects with ``selection``: ``"lanes"`` (per-lane lists, a certificate and a
-    repair; docs/kernel.md, "Lane selection"), ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the default:
-    the lanes, for every K since their end of row works in 32-bit reductions, 1.5–3.0× faster than the rounds at
-    K = 9–64 on an H100, bench/RESULTS.md §1h). Both are exact; the switch exists to measure one beside the other
-    (bench/kernel.py). Blocks nest; each thread and task sees its own.
+    repair in the failed row's block; docs/kernel.md, "Lane selection"), ``"deferred"`` (the lanes, their failed
+    rows repaired together by a kernel of their own, ``forward.knn_fwd_repair``; not yet timed on a GPU),
+    ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the default: the lanes, for every K since their end of
+    row works in 32-bit reductions, 1.5–3.0× faster than the rounds at K = 9–64 on an H100, bench/RESULTS.md §1h).
+    All are exact; the switch exists to measure one beside the other (bench/kernel.py). Blocks nest; each thread
+    and task sees its own.
 
     Raises:
         ValueError: an unknown selection.
@@ -62,15 +64,17 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     at K = 9 / 32 against 0.63 / 2.65, and 1.01 against 0.77 ms at K = 16 (where 32 lanes leave most blocks to
     the repair); at N = 16384, K = 9, 10.9 against 9.4 ms. The insertion rounds use 4 warps up to K = 16, 8 above,
     and ``WARM``: the key tiles around each query block that set its rows' floors before the rounds
-    (:func:`select.merge_tile`): 4 for the blend rule, none otherwise. Entries can be overridden through
-    :func:`launch_forward`'s ``config``."""
+    (:func:`select.merge_tile`): 4 for the blend rule, none otherwise. ``LANE_DEPTH``: entries a lane keeps (3);
+    ``DEFER``: the rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (the ``"deferred"`` selection).
+    Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
-    lanes = _SELECTION.get() != "rounds"
+    selection = _SELECTION.get()
+    lanes = selection != "rounds"
     narrow = lanes and num_cols <= SMALL_MAP_COLS and (num_neighbors <= 9 or 16 < num_neighbors <= 32)
     return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
                 num_warps=4 if narrow or (not lanes and k_pad <= 16) else 8, num_stages=3 if lanes else 2,
-                LANES=lanes, LANE_DEPTH=3, DEFER=True, WARM=4 if blend and not lanes else 0)
+                LANES=lanes, LANE_DEPTH=3, DEFER=selection == "deferred", WARM=4 if blend and not lanes else 0)
 
 
 @functools.cache

@@ -455,7 +455,7 @@ def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
 # GPU only: bf16 and sizes the interpreter is too slow for
 # ---------------------------------------------------------------------------------------------------------------
 @CUDA_ONLY
-@pytest.mark.parametrize("selection", ["lanes", "rounds"])
+@pytest.mark.parametrize("selection", ["lanes", "deferred", "rounds"])
 @pytest.mark.parametrize("similarity, weighting, aggregation, candidates", [
     ("cosine", "none", "standard", "all"),
     ("dot", "softmax", "depthwise", "all"),
@@ -464,7 +464,7 @@ def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
 ])
 def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candidates, selection):
     """bf16 in, fp32 accumulate: every row's selection, outputs and gradients to bf16 rounding, under both
-    selection loops (:func:`kernels.knn_triton.use_selection`)."""
+    selections (:func:`kernels.knn_triton.use_selection`)."""
     depthwise = aggregation == "depthwise"
     q, k, v, weight, bias, groups = random_inputs(
         batch=2, heads=2 if depthwise else 1, tokens=1500, dim=64, value_dim=32 if depthwise else 64,
@@ -478,11 +478,11 @@ def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candi
 
 
 @CUDA_ONLY
-@pytest.mark.parametrize("selection", ["lanes", "rounds"])
+@pytest.mark.parametrize("selection", ["lanes", "deferred", "rounds"])
 @pytest.mark.parametrize("num_neighbors", [9, 32])
 def test_large_n_fp32_matches_reference_on_gpu(num_neighbors, selection):
     """N = 4096, one head: the candidate range is split across programs and merged (fp32, exact IEEE scores),
-    under both selection loops."""
+    under each selection."""
     q, k, v, weight, bias, groups = random_inputs(batch=1, heads=1, tokens=4096, dim=64, value_dim=64,
                                                   out_channels=64, num_neighbors=num_neighbors, depthwise=False,
                                                   seed=num_neighbors)

@@ -68,9 +68,10 @@ def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neigh
 
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("num_neighbors", [9, 16])
-def test_lanes_of_two_entries_select_exactly_the_reference_sets(stream, num_neighbors):
-    """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the repair."""
-    _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2)
+def test_lanes_of_two_entries_with_the_deferred_repair_select_exactly_the_reference_sets(stream, num_neighbors):
+    """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the repair, here the deferred one
+    (``DEFER``: ``knn_fwd_repair``)."""
+    _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2, defer=True)
 
 
 @pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
@@ -79,7 +80,7 @@ def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
     _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
 
-def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3):
+def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=False):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
     # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
     # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
@@ -104,7 +105,7 @@ def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3):
     options["candidates"] = cand
     result = function.launch_forward(q, k, v, weight, None, *options.values(),
                                      config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                 LANES=lanes, LANE_DEPTH=depth, WARM=warm))
+                                                 LANES=lanes, LANE_DEPTH=depth, DEFER=defer, WARM=warm))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
