@@ -119,7 +119,7 @@ def main() -> int:
         q = torch.randn(B, heads, N, D, dtype=dtype)
         w = torch.randn(128 if depthwise else 64, 1 if depthwise else 64, K, dtype=dtype)
         cand = torch.randint(0, N, (B, 160)) if sampled else None
-        for selection in ("lanes", "rounds"):  # both exact loops of the forward (function.use_selection)
+        for selection in function.SELECTIONS:  # every exact selection of the forward (function.use_selection)
             with function.use_selection(selection):
                 function.launch_forward(q, q, q, w, None, K, "cosine", "softmax", 1.0, groups, cand, True)
                 function.launch_forward(q, q, q, w, w[:, 0, 0], K, "dot", "uniform", 1.0, groups, cand, False,
@@ -133,7 +133,7 @@ def main() -> int:
     for dtype, window in itertools.product((torch.bfloat16, torch.float32), (3, 5)):
         q = torch.randn(B, 1, 42, D, dtype=dtype)
         w = torch.randn(64, 64, 9, dtype=dtype)
-        for selection in ("lanes", "rounds"):
+        for selection in function.SELECTIONS:
             with function.use_selection(selection):
                 function.launch_forward(q, q, q, w, None, 9, "cosine", "none", 1.0, 1, None, True,
                                         BlendGrid(6, 7, window, 0.5))

@@ -39,6 +39,9 @@ BLOCK_M, BLOCK_N, ROTATION, DEPTH = 64, 64, 13, 3
 MEASURED = {(1024, 2048, 9): (0.961, 0.891), (1024, 2048, 16): (1.584, 1.712), (1024, 2048, 32): (7.000, 4.155),
             (1024, 2048, 64): (12.940, 8.645)}
 LANES_FITTED_AT = (9, 32)  # the lanes' d and e come from these K; the others are predicted
+# bench/RESULTS.md §1j, one H100 (2026-12-06, logs/2026-12-06_deferred/ablate3.json): the lanes repaired in their
+# own block against the deferred repair, same shapes, same call; K → (in-block ms, deferred ms).
+MEASURED_DEFERRED = {9: (0.539, 0.553), 16: (0.963, 0.840), 32: (1.989, 1.496), 64: (5.588, 5.417)}
 
 
 def _topk_sorted(x: np.ndarray, k: int) -> np.ndarray:
@@ -144,14 +147,16 @@ def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def predict(units: dict, f: dict, k: int, blocks: int) -> tuple[float, float]:
-    """(rounds ms, lanes ms) for ``blocks`` query blocks with features ``f`` at K = ``k``."""
+def predict(units: dict, f: dict, k: int, blocks: int) -> tuple[float, float, float]:
+    """(rounds ms, lanes ms, deferred lanes ms) for ``blocks`` query blocks with features ``f`` at K = ``k``: the
+    deferred repair streams its gathered blocks (``deferred3``) at the rounds' cost a tile and a round."""
     k_pad = max(2, 1 << (k - 1).bit_length())
     per_round = units["b"] + units["c"] * k_pad
     rounds = units["a"] * f["tiles"] + f["rounds"] * per_round
-    lanes = (units["d"] * f["tiles"] + units["e"] * k + f["repaired"] * units["a"] * f["tiles"]
-             + f["repair_rounds"] * per_round)
-    return rounds * blocks, lanes * blocks
+    own = units["d"] * f["tiles"] + units["e"] * k
+    lanes = own + f["repaired"] * units["a"] * f["tiles"] + f["repair_rounds"] * per_round
+    deferred = own + f["deferred3"]["streams"] * units["a"] * f["tiles"] + f["deferred3"]["rounds"] * per_round
+    return rounds * blocks, lanes * blocks, deferred * blocks
 
 
 def _random_blocks(n: int, count: int, dim: int = 64) -> list[np.ndarray]:
@@ -213,18 +218,22 @@ def model_table(images: int = 2) -> dict:
     table = {}
     for (n, k), f in features.items():
         blocks = MEASURED_BLOCKS[(n, k)]
-        rounds_ms, lanes_ms = predict(units, f, k, blocks)
+        rounds_ms, lanes_ms, deferred_ms = predict(units, f, k, blocks)
         measured = MEASURED[(n, blocks, k)]
-        table[f"random N={n} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms,
+        own_block, deferred = MEASURED_DEFERRED[k]
+        table[f"random N={n} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms, "deferred_ms": deferred_ms,
                                         "measured_rounds_ms": measured[0], "measured_lanes_ms": measured[1],
                                         "same_order": (lanes_ms < rounds_ms) == (measured[1] < measured[0]),
-                                        "lanes_fitted_here": k in LANES_FITTED_AT}
+                                        "lanes_fitted_here": k in LANES_FITTED_AT,
+                                        "measured_own_block_ms": own_block, "measured_deferred_ms": deferred,
+                                        "deferred_same_order": (deferred_ms <= lanes_ms) == (deferred <= own_block)}
     for name, rule in (("cnn-l0.5", "all"), ("cnn-l0.5-blend0.5", "blend")):
         for size, streams in _layer_streams(name, rule, images).items():
             for k in (9, 16, 32):
                 f = simulate(streams, k - 1)  # the query is forced first
-                rounds_ms, lanes_ms = predict(units, f, k, 1)
-                table[f"{rule} {size} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms}
+                rounds_ms, lanes_ms, deferred_ms = predict(units, f, k, 1)
+                table[f"{rule} {size} K={k}"] = {**f, "rounds_ms": rounds_ms, "lanes_ms": lanes_ms,
+                                                 "deferred_ms": deferred_ms}
     return {"units_ms_per_block": units, "cases": table}
 
 
@@ -235,16 +244,19 @@ def main() -> None:
     args = parser.parse_args()
     result = model_table(args.images)
     print("| case | rounds per block | blocks repaired | repair rounds | lanes / rounds (model) "
-          "| measured, rounds / lanes |")
-    print("|---|---:|---:|---:|---:|---|")
+          "| measured, rounds / lanes | rows deferred | deferred / lanes (model) | measured, lanes / deferred |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---|")
     for case, row in result["cases"].items():
-        measured = ""
+        measured = deferred = ""
         if "measured_rounds_ms" in row:
             measured = (f"{row['measured_rounds_ms']:.3f} / {row['measured_lanes_ms']:.3f} ms, "
                         f"{'same order' if row['same_order'] else 'OTHER ORDER'}")
+            deferred = (f"{row['measured_own_block_ms']:.3f} / {row['measured_deferred_ms']:.3f} ms, "
+                        f"{'same order' if row['deferred_same_order'] else 'OTHER ORDER'}")
         ratio = f"{row['lanes_ms'] / row['rounds_ms']:.2f}" if row["rounds_ms"] > 0 else "—"
         print(f"| {case} | {row['rounds']:.1f} | {100 * row['repaired']:.0f} % | {row['repair_rounds']:.1f} | "
-              f"{ratio} | {measured} |")
+              f"{ratio} | {measured} | {100 * row['deferred3']['failed_rows']:.2f} % | "
+              f"{row['deferred_ms'] / row['lanes_ms']:.2f} | {deferred} |")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
 

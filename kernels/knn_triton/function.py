@@ -29,18 +29,18 @@ _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer k
 _MAX_SPLITS = 16
 
 
-SELECTIONS = ("auto", "lanes", "deferred", "rounds")  # "auto": the default, the lanes (bench/RESULTS.md §1h)
+SELECTIONS = ("auto", "lanes", "rounds")  # "auto": the default, the lanes with the deferred repair (RESULTS.md §1j)
 SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
-    """Inside the block the forward selects with ``selection``: ``"lanes"`` (per-lane lists, a certificate and a
-    repair in the failed row's block; docs/kernel.md, "Lane selection"), ``"deferred"`` (the lanes, their failed
-    rows repaired together by a kernel of their own, ``forward.knn_fwd_repair``; not yet timed on a GPU),
-    ``"rounds"`` (the insertion rounds alone) or ``"auto"`` (the default: the lanes, for every K since their end of
-    row works in 32-bit reductions, 1.5–3.0× faster than the rounds at K = 9–64 on an H100, bench/RESULTS.md §1h).
+    """Inside the block the forward selects with ``selection``: ``"auto"`` (the default: the lanes — per-lane
+    lists and a certificate, docs/kernel.md, "Lane selection" — whose failed rows are repaired together by a kernel
+    of their own, ``forward.knn_fwd_repair``; on an H100 at K = 16, 32 and N = 16384 0.72×, 0.75× and 0.78× the
+    time of the next, bench/RESULTS.md §1j), ``"lanes"`` (the lanes, a failed row repaired by its own block
+    streaming the tiles again, with §1h's shapes) or ``"rounds"`` (the insertion rounds alone).
     All are exact; the switch exists to measure one beside the other (bench/kernel.py). Blocks nest; each thread
     and task sees its own.
 
@@ -57,24 +57,29 @@ def _next_pow2(n: int, floor: int = 1) -> int:
 
 def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, blend: bool = False) -> dict:
     """Block sizes of the forward for K = ``num_neighbors`` over ``num_cols`` candidate columns: 64 query rows a
-    block; ``LANES``, the selection (:func:`use_selection`). The lanes stream 64-wide key tiles with 8 warps and 3
-    pipeline stages, except on a small map (≤ :data:`SMALL_MAP_COLS` columns) for K ≤ 9 or K = 17–32: 32-wide tiles
-    with 4 warps (half the lane state a thread; more blocks an SM, where the end of row and the aggregation weigh
-    most). On an H100, random features (bench/RESULTS.md §1h): at N = 1024 the 32-wide tiles took 0.52 / 1.95 ms
-    at K = 9 / 32 against 0.63 / 2.65, and 1.01 against 0.77 ms at K = 16 (where 32 lanes leave most blocks to
-    the repair); at N = 16384, K = 9, 10.9 against 9.4 ms. The insertion rounds use 4 warps up to K = 16, 8 above,
-    and ``WARM``: the key tiles around each query block that set its rows' floors before the rounds
-    (:func:`select.merge_tile`): 4 for the blend rule, none otherwise. ``LANE_DEPTH``: entries a lane keeps (3);
-    ``DEFER``: the rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (the ``"deferred"`` selection).
-    Entries can be overridden through :func:`launch_forward`'s ``config``."""
+    block; ``LANES``, the selection (:func:`use_selection`); ``LANE_DEPTH``, the entries a lane keeps; ``DEFER``,
+    whether the rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (``"auto"``) or are repaired in
+    their own block (``"lanes"``). With the deferred repair (one H100, random features, CIFAR
+    kernel configuration, bench/RESULTS.md §1j): on a small map (≤ :data:`SMALL_MAP_COLS` columns) the lanes stream
+    32-wide tiles with 4 warps for every K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes repaired in their own
+    block), 64-wide with 8 warps above; on a larger map, K ≤ 9 keeps two entries a lane over 64-wide tiles with 4
+    warps (N = 16384: 7.46 ms against 9.62), K > 9 64-wide tiles with 8 warps. Without it (``"lanes"``, §1h):
+    32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
+    insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query
+    block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for the blend rule, none
+    otherwise. Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
     lanes = selection != "rounds"
-    narrow = lanes and num_cols <= SMALL_MAP_COLS and (num_neighbors <= 9 or 16 < num_neighbors <= 32)
+    defer = selection == "auto"
+    small = num_cols <= SMALL_MAP_COLS
+    narrow = lanes and small and (num_neighbors <= 32 if defer else num_neighbors <= 9 or 16 < num_neighbors <= 32)
+    shallow = defer and not small and num_neighbors <= 9  # two entries a lane, 4 warps over 64-wide tiles
     return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=4 if narrow or (not lanes and k_pad <= 16) else 8, num_stages=3 if lanes else 2,
-                LANES=lanes, LANE_DEPTH=3, DEFER=selection == "deferred", WARM=4 if blend and not lanes else 0)
+                num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
+                num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=2 if shallow else 3, DEFER=defer,
+                WARM=4 if blend and not lanes else 0)
 
 
 @functools.cache

@@ -99,8 +99,10 @@ def _forward_variants(q, k, v, weight, bias, options, **overrides):
 
 @pytest.mark.parametrize("candidates", ["all", "random"])
 def test_split_candidate_range_merges_to_the_same_result(candidates):
-    """Splitting the candidates across programs (partial top-K lists, then a merge) gives the reference's result,
-    bit for bit the unsplit one's."""
+    """Splitting the candidates across programs (partial top-K lists, then a merge) gives the reference's result:
+    the unsplit one's keys, and its weights and output to fp32 rounding (a row the lanes cannot certify in one and
+    not the other is scored again in another block by the deferred repair, and the interpreter's matrix products
+    may round a score differently there)."""
     q, k, v, weight, bias, groups = random_inputs(batch=2, heads=1, tokens=230, dim=24, value_dim=20,
                                                   out_channels=12, num_neighbors=16, depthwise=False, seed=5)
     cand = random_candidates(2, 230, 200, shared=False, seed=5) if candidates == "random" else None
@@ -108,8 +110,10 @@ def test_split_candidate_range_merges_to_the_same_result(candidates):
                    groups=groups, candidates=cand, self_first=True)
     single, split = _forward_variants(q, k, v, weight, bias, options, num_splits=3)
     check_every_row(split, q, k, v, weight, bias, **options)
-    for got, expected in zip(split, single, strict=True):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    (out, idx, a), (single_out, single_idx, single_a) = split, single
+    torch.testing.assert_close(idx, single_idx, rtol=0, atol=0)
+    torch.testing.assert_close(out, single_out)
+    torch.testing.assert_close(a, single_a)
 
 
 @pytest.mark.parametrize("num_neighbors, candidates, self_first", [
@@ -455,7 +459,7 @@ def test_a_nan_token_is_its_own_rank_zero_and_no_one_elses_neighbour(weighting):
 # GPU only: bf16 and sizes the interpreter is too slow for
 # ---------------------------------------------------------------------------------------------------------------
 @CUDA_ONLY
-@pytest.mark.parametrize("selection", ["lanes", "deferred", "rounds"])
+@pytest.mark.parametrize("selection", ["auto", "lanes", "rounds"])
 @pytest.mark.parametrize("similarity, weighting, aggregation, candidates", [
     ("cosine", "none", "standard", "all"),
     ("dot", "softmax", "depthwise", "all"),
@@ -478,7 +482,7 @@ def test_bf16_matches_reference_on_gpu(similarity, weighting, aggregation, candi
 
 
 @CUDA_ONLY
-@pytest.mark.parametrize("selection", ["lanes", "deferred", "rounds"])
+@pytest.mark.parametrize("selection", ["auto", "lanes", "rounds"])
 @pytest.mark.parametrize("num_neighbors", [9, 32])
 def test_large_n_fp32_matches_reference_on_gpu(num_neighbors, selection):
     """N = 4096, one head: the candidate range is split across programs and merged (fp32, exact IEEE scores),

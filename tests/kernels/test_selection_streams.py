@@ -12,10 +12,12 @@ floors first) test the floor against ties with it (all equal), −∞ floors (Na
 the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
 warmed by the tiles around its own middle query.
 
-Both selection loops run every stream (``LANES``: the lane selection, its certificate and repair; the insertion
-rounds alone); the lanes with K = 1, 9, 16, 64 and 128. Further streams aimed at the lanes: one that puts a row's
-best keys into a single lane, so that the certificate fails and the repair must find them (split and unsplit), and
-spatially smooth features in raster order (a map's neighbours a tile apart share a lane without the rotation).
+Both selection loops run every stream (``LANES``: the lane selection, its certificate and the deferred repair; the
+insertion rounds alone); the lanes with K = 1, 9, 16, 64 and 128, and lanes of two entries at K = 9, 16. Further
+streams aimed at the lanes: one that puts a row's best keys into a single lane, so that the certificate fails and
+the repair must find them (split and unsplit; deferred, with two or three entries a lane, or in the row's own
+block), and spatially smooth features in raster order (a map's neighbours a tile apart share a lane without the
+rotation).
 """
 
 from __future__ import annotations
@@ -68,10 +70,9 @@ def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neigh
 
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("num_neighbors", [9, 16])
-def test_lanes_of_two_entries_with_the_deferred_repair_select_exactly_the_reference_sets(stream, num_neighbors):
-    """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the repair, here the deferred one
-    (``DEFER``: ``knn_fwd_repair``)."""
-    _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2, defer=True)
+def test_lanes_of_two_entries_select_exactly_the_reference_sets(stream, num_neighbors):
+    """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the (deferred) repair."""
+    _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2)
 
 
 @pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
@@ -80,7 +81,7 @@ def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
     _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
 
-def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=False):
+def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=True):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
     # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
     # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
