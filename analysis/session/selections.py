@@ -95,12 +95,13 @@ class RuleOptions:
         seed.
 
         Raises:
-            ValueError: K, R or r not a whole finite number ≥ 0 (``inf``, ``NaN``, ``2.7``, ``−1``); the message names
-                the field. The other fields, and the ranges that depend on the layer, are checked by
-                :func:`resolve_options`.
+            ValueError: K not a whole finite number (``inf``, ``NaN``, ``2.7``), R or r not one ≥ 0 (``−1`` too); the
+                message names the field. The other fields, and the ranges that depend on the layer (K's, from 1 to
+                the layer's H·W: a negative K is named with it), are checked by :func:`resolve_options`.
         """
-        k, window, candidates = (0 if v is None else whole_number(v, name, minimum=0) for v, name in (
-            (k, "K (neighbours per query)"), (window, "the window side R"), (candidates, "r (random candidates)")))
+        k = 0 if k is None else whole_number(k, "K (neighbours per query)")
+        window, candidates = (0 if v is None else whole_number(v, name, minimum=0) for v, name in (
+            (window, "the window side R"), (candidates, "r (random candidates)")))
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
@@ -137,7 +138,7 @@ def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
         DEFAULT_NUM_NEIGHBORS, grid)
     k = whole_number(k, "K (neighbours per query)")
     if not 1 <= k <= grid:
-        raise ValueError(f"K (neighbours per query) must be in [1, {grid}] for the "
+        raise ValueError(f"K (neighbours per query) must be from 1 to {grid} for the "
                          f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}, got {k}")
     window = options.window_size
     if window is None:

@@ -57,9 +57,10 @@ def setting(default: object, link: str | None, kind: str, **control) -> dataclas
     return field(default=default, metadata={"setting": Setting(link, kind, **control)})
 
 
-def knob(default: object, link: str, label: str, kind: str = "whole", minimum: float = 0, **control
+def knob(default: object, link: str, label: str, kind: str = "whole", minimum: float | None = 0, **control
          ) -> dataclasses.Field:
-    """A rule knob's field (:func:`setting` with ``is_knob``): a number box from ``minimum`` up, or a slider."""
+    """A rule knob's field (:func:`setting` with ``is_knob``): a number box from ``minimum`` up (None: no bound of its
+    own, the layer's range checks it), or a slider."""
     return setting(default, link, kind, label=label, minimum=minimum, is_knob=True, **control)
 
 
@@ -87,7 +88,7 @@ class Query:
     layer: str | None = setting(None, "layer", "text")
     row_px: int = setting(16, "row", "whole", label="query row (px)", minimum=0)
     col_px: int = setting(16, "col", "whole", label="query col (px)", minimum=0)
-    num_neighbors: int = knob(0, "k", "K (0 = layer's)")
+    num_neighbors: int = knob(0, "k", "K (0 = layer's)", minimum=None)  # 1 to the layer's H·W: resolve_options
     window_size: int = knob(0, "window", "window R (0 = auto)")
     num_candidates: int = knob(0, "r", "random r (0 = layer's / 32)")
     seed: int = knob(0, "seed", "seed (0 = the layer's)")

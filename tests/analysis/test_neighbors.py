@@ -198,7 +198,7 @@ def test_distance_stats_leave_cls_out_of_the_distance():
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (RuleOptions(num_neighbors=300), "K (neighbours per query) must be in [1, 256]"),
+    (RuleOptions(num_neighbors=300), "K (neighbours per query) must be from 1 to 256"),
     (RuleOptions(num_neighbors=9, window_size=4), "R must be odd"),
     (RuleOptions(num_neighbors=9, window_size=1), "R² ≥ K = 9"),
     (RuleOptions(num_neighbors=16, num_candidates=8),

@@ -58,7 +58,8 @@ def test_every_value_a_link_cannot_set_is_named_and_the_rest_still_opens(models)
         tab="mix", compare_models=("cnn-l0", "cnn-l0.5"), compare_depth=0.25, rule="layer")
     assert opened.note.startswith("**This link could not set everything:** the link's model `nope` is not one of")
     for part in ("image `dog_9`", "layer `blocks.7` is not a layer", "row must be below 32 for this model, got 32",
-                 "the link's k:", "tab `secret` is not one of: weights, mix, hops, compare",
+                 "the link's knobs: K (neighbours per query) must be from 1 to 256",
+                 "tab `secret` is not one of: weights, mix, hops, compare",
                  "rule `bogus` is not one of", "compare must name shipped models only", "the link's depth:"):
         assert part in opened.note, part
     assert opened.note.count(";") == 8 and opened.note.endswith(".")  # nine problems, one sentence
@@ -76,7 +77,7 @@ def test_fit_to_model_replaces_only_what_the_model_cannot_show(models):
         "the link's layer `blocks.9` is not a layer of this model",
         "the link's row must be below 32 for this model, got 32",
         "the link's head must be below 2 for this model, got 2",
-        "the link's knobs: K (neighbours per query) must be in [1, 64] for the 8×8 grid of blocks.0.attn, got 65"]
+        "the link's knobs: K (neighbours per query) must be from 1 to 64 for the 8×8 grid of blocks.0.attn, got 65"]
     kept, problems = fit_to_model(Query(layer="blocks.0.attn", num_neighbors=999, head=1), loaded)
     assert kept == Query(layer="blocks.0.attn", head=1) and len(problems) == 1  # K goes back, the head stays
 

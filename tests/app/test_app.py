@@ -134,10 +134,26 @@ def test_bad_checkpoints_and_options_give_clear_messages(explorer, checkpoint_di
     assert explorer.on_model("cnn-l0")["card"].startswith("cnn-l0: ResNet")
     with pytest.raises(gr.Error, match="Choose a model first"):
         explorer.on_model(None)
-    with pytest.raises(gr.Error, match=r"K \(neighbours per query\) must be in \[1, 256\]"):
+    with pytest.raises(gr.Error, match=r"K \(neighbours per query\) must be from 1 to 256 for the 16×16 grid"):
         explorer.on_table(**page("cnn-l0.5", example_image, num_neighbors=999))
     with pytest.raises(gr.Error, match=r"the fit must be one of \('crop', 'letterbox', 'stretch'\), got 'zoom'"):
         explorer.on_table(**page("cnn-l0.5", example_image, fit="zoom"))
+
+
+def test_a_negative_k_typed_is_refused_with_the_range_the_layer_allows(explorer, example_image):
+    """K = −1 typed in its box was refused as "K (0 = layer's) must be in [0, ∞], got -1": no K is infinite, and 0
+    is the layer's own. K runs from 1 to the layer's H·W, which the box cannot know: it takes any whole number, and
+    the table's check names the layer's range."""
+    demo = app.build_demo(explorer)
+    blocks = blocks_by_id(demo)
+    values = {block._id: getattr(block, "value", None) for block in demo.blocks.values()}
+    values |= {blocks["checkpoint"]._id: "cnn-l0.5", blocks["layer"]._id: CELL_LAYER,
+               blocks["image_file"]._id: str(example_image),
+               blocks["num_neighbors"]._id: blocks["num_neighbors"].preprocess(-1)}  # the box's value, as sent
+    with pytest.raises(gr.Error) as refused:
+        run_event(demo, values, blocks["num_neighbors"], "blur")
+    assert refused.value.message == ("K (neighbours per query) must be from 1 to 256 for the 16×16 grid of "
+                                     "stages.1.0.conv1, got -1")
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -737,14 +753,15 @@ def test_a_link_sets_what_it_names_and_names_what_it_refuses(shipped):
     assert out["head"]["value"] == 3 and out["head"]["maximum"] == 3  # 4 heads
     # 40 ≥ 32 px, K < 0, α > 1 are refused: those controls take their defaults, as for a knob the link leaves out
     assert (out["col_px"], out["num_neighbors"], out["blend_alpha"], out["seed"]) == (16, 0, 0.5, 0)
-    for named in ("col must be below 32", "K (0 = layer's) must be in [0", "blend α", "`zzz`"):
+    for named in ("col must be below 32", "K (neighbours per query) must be from 1 to 64 for the 8×8 grid of "
+                  "blocks.2.attn, got -1", "blend α", "`zzz`"):
         assert named in out["link_note"], named
     bad = shipped.view({"model": "../../etc/passwd", "layer": "nope", "image": "x", "tab": "secret"}, view("cnn-l0.5"))
     assert "checkpoint" not in bad or bad["checkpoint"] == gr.update()
     assert all(word in bad["link_note"] for word in ("model", "layer", "image", "tab"))
     assert str(SHIPPED_DIR) not in bad["link_note"]
     too_many = shipped.view({"k": "999999999999", "layer": "stages.2.0.conv1"}, view("cnn-l0.5"))  # K > the 8×8 grid
-    assert "K (neighbours per query) must be in [1, 64]" in too_many["link_note"] and too_many["num_neighbors"] == 0
+    assert "K (neighbours per query) must be from 1 to 64" in too_many["link_note"] and too_many["num_neighbors"] == 0
     ruled = shipped.view({"rule": "window"}, view("cnn-l0.5"))  # the rule shown large goes to the page's hidden box
     assert ruled["focus_rule"].startswith("window@") and ruled["link_note"] == ""
     assert "rule `nope`" in shipped.view({"rule": "nope"}, view("cnn-l0.5"))["link_note"]
