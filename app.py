@@ -147,7 +147,9 @@ class Explorer(CompareMode, ExplorerAPI):
     def view(self, params: dict, state: an.ViewState, request=None) -> dict:
         """The page's updates for a link's fields, opened from the view ``state`` shown (:func:`analysis.open_link`:
         each checked as its control checks it and against the model; a model, image, tab or compare mode's models
-        or depth the link leaves out stays as it is; every value refused is named in ``link_note``)."""
+        or depth the link leaves out stays as it is, but for the depth of compare mode opened by the link, which
+        opens at the depth it opens at by hand (:meth:`opening_depth`); every value refused is named in
+        ``link_note``)."""
         opened = an.open_link(params, state, self.shipped(), self.example_paths,
                               lambda name: self.model(name, request), list(texts.TABS), an.page_rules())
         query, named = opened.state.query, opened.named
@@ -164,6 +166,8 @@ class Explorer(CompareMode, ExplorerAPI):
             out["compare_models"] = list(opened.state.compare_models)
         if "compare_depth" in named:
             out["compare_depth"] = opened.state.compare_depth
+        elif "tab" in named and opened.state.tab == "compare":
+            out["compare_depth"] = self.opening_depth(query.checkpoint, query.layer, request)
         if "tab" in named:
             out["tabs"], out["tab"] = gr.Tabs(selected=opened.state.tab), opened.state.tab
         return out | {"focus_rule": opened.focus_rule, "link_note": opened.note}

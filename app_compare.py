@@ -24,16 +24,21 @@ class CompareMode:
         gr.Warning(f"Compare mode shows {an.MAX_COMPARED} models at most: remove one to add another.")
         return compare_models[:an.MAX_COMPARED]
 
+    def opening_depth(self, checkpoint, layer, request=None) -> float:
+        """The depth compare mode opens at: the explorer's layer's (:func:`analysis.layer_depth`), so that the columns
+        open where the explorer is, the explorer's model at its very layer (they opened at the depth last set,
+        another layer)."""
+        return an.layer_depth(self.model(checkpoint, request), layer)
+
     @user_errors
     def on_compare_open(self, checkpoint, layer, tab, request=None):
-        """Compare mode opened from ``tab``, the tab open before (its select keeps ``tab``, as every tab's does): its
-        depth set to the explorer's layer's (:func:`analysis.layer_depth`), so that the columns open where the
-        explorer is, the explorer's model at its very layer (they opened at the depth last set, another layer). A
-        link or a lesson's step that opens compare mode has set ``tab`` to it already, with its own depth, which
-        stays: its select fires too, and a depth set here raced the link's own."""
+        """Compare mode opened from ``tab``, the tab open before (its select keeps ``tab``, as every tab's does), at
+        its :meth:`opening_depth`. A link or a lesson's step that opens compare mode has set ``tab`` to it already,
+        with its depth (its own, else the same opening depth: ``app.Explorer.view``), which stays: its select fires
+        too, and a depth set here raced the link's own."""
         if tab == "compare":
             return {"compare_depth": gr.skip(), "tab": gr.skip()}
-        return {"compare_depth": an.layer_depth(self.model(checkpoint, request), layer), "tab": "compare"}
+        return {"compare_depth": self.opening_depth(checkpoint, layer, request), "tab": "compare"}
 
     @user_errors
     def on_compare_layers(self, compare_models, compare_depth, request=None):

@@ -792,6 +792,20 @@ def test_a_link_sets_compare_modes_models_and_depth(shipped):
         assert refused["compare_models"] == gr.update() and refused["compare_depth"] == gr.update(), params
 
 
+def test_a_link_that_opens_compare_mode_without_a_depth_opens_it_where_the_tab_opens_by_hand(shipped):
+    """``?tab=compare`` opened compare mode at depth 0.5, the depth box's first value, where the tab opened by hand
+    opens at the explorer's layer's depth (cnn-l0.5's stages.1.0.conv1: 0.43 of its 8 layers): now at that depth,
+    the link's layer's when it names one; a link's own depth stays, and a link to another tab leaves it alone."""
+    by_hand = {layer: shipped.on_compare_open("cnn-l0.5", layer, "weights")["compare_depth"]
+               for layer in ("stages.1.0.conv1", "stages.2.0.conv1")}
+    assert by_hand == {"stages.1.0.conv1": 0.43, "stages.2.0.conv1": 0.86}
+    out = shipped.view({"tab": "compare"}, view("cnn-l0.5"))
+    assert (out["tab"], out["compare_depth"], out["link_note"]) == ("compare", 0.43, "")
+    assert shipped.view({"tab": "compare", "layer": "stages.2.0.conv1"}, view("cnn-l0.5"))["compare_depth"] == 0.86
+    assert shipped.view({"tab": "compare", "depth": "0.25"}, view("cnn-l0.5"))["compare_depth"] == 0.25
+    assert shipped.view({"tab": "spectrum"}, view("cnn-l0.5", "compare"))["compare_depth"] == gr.update()
+
+
 def test_a_copied_link_reopens_the_same_view(shipped):
     image = next(path for path in shipped.examples if Path(path).stem == "ship_1")
     copied = shipped.on_link_copy(view("cnn-l0.5-random32", "hops", image_file=image, layer="stages.2.0.conv1",
