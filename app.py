@@ -499,9 +499,11 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                            lines=min(len(left_out), 4), max_lines=8, interactive=False, visible=bool(left_out),
                            elem_id="left_out"))  # plain text: a card's text is never markup
             add(gr.Markdown(texts.NO_MODEL, visible=ex.default_checkpoint() is None, elem_id="no_model"))
-            add(gr.Gallery(ex.examples, columns=10, rows=2, height=80, allow_preview=False, label="Examples",
-                           show_label=False, object_fit="cover", buttons=[],
-                           elem_id="examples"))  # 32 px images: 2 rows, no icons over them
+            # 32 px images: 2 rows, no icons over them; each captioned with its name (as a link names it), which
+            # Gradio gives the thumbnail as its alt text (web/page.css hides the caption drawn over it)
+            add(gr.Gallery([(path, stem) for stem, path in ex.example_paths.items()], columns=10, rows=2, height=80,
+                           allow_preview=False, label="Examples", show_label=False, object_fit="cover", buttons=[],
+                           elem_id="examples"))
             add(gr.UploadButton(f"Upload a photo (≤ {upload_mb} MB)", file_types=["image"], size="md",
                                 elem_id="image_upload"))
             add(gr.Radio(list(an.FITS), value="crop", label="A photo that is not square is…", elem_id="fit"))

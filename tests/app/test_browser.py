@@ -563,6 +563,23 @@ def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chro
         assert tab.locator("#examples .thumbnail-item.selected").count() == 0
 
 
+def test_each_example_thumbnail_is_named_by_its_example(app_url, explorer, chromium):
+    """The example thumbnails had no name (an empty alt text): a screen reader had only "Thumbnail 4 of 20", a test
+    only a place. Each is named as a link names its example (its file's stem), by Gradio's caption, which is its
+    alt text; the caption Gradio draws over a thumbnail is not shown (it hid half of a 32 px image)."""
+    stems = [Path(path).stem for path in explorer.examples]
+    with browser_page(chromium, app_url) as tab:
+        assert tab.locator("#examples .thumbnail-item img").evaluate_all("images => images.map(i => i.alt)") == stems
+        assert tab.locator("#examples .caption-label").evaluate_all(
+            "labels => labels.filter(label => label.checkVisibility()).length") == 0
+        chain = expect_chain(tab, "select", "examples")
+        tab.get_by_role("img", name="dog_1", exact=True).click()
+        settle(tab, chain)
+        assert tab.locator("#examples .thumbnail-item.selected img").get_attribute("alt") == "dog_1"
+        dog = next(path for path in explorer.examples if Path(path).stem == "dog_1")
+        assert tab.locator(".cx").get_attribute("data-image") == explorer.image(dog).digest
+
+
 def test_compare_mode_offers_a_button_for_every_rule_of_its_tables(app_url, explorer, chromium, toy_rule):
     """Compare mode's rule bar is its tables' rules, as the explorer's is (it was a list of five written in
     compare.js, so a rule registered in the library, here the toy one, had no button there, and its titles were not
