@@ -682,6 +682,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                                                          ["link", "link_note"]),
                                             api_visibility="private")
         link_copy.then(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
+        link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
+        #                                             answered with no request)
+        ui["explorer"].view(None, link_shown, link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")
+        gr.on([ui["tabs"].change, ui["compare_models"].change, ui["compare_depth"].change], None, link_shown,
+              link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wired("on_export", query, ["exports", "neighbors_data"]),
                                   api_visibility="private")
         pixel_click = ui["pixel_image"].select(ex.on_pixel_click, ui["image_file"],

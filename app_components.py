@@ -63,7 +63,8 @@ class ExplorerView(PageView):
 
     Its value is a table, or the α animation's frames for the table shown (:func:`analysis.page_sweep`). Its named
     events: ``row`` (a K above the table's bound: the clicked query's row, ``evt.index`` its pixel), answered with a
-    table, and ``sweep`` (▶ α pressed), answered with the frames.
+    table, ``sweep`` (▶ α pressed), answered with the frames, and ``view`` (what it draws, as a link names it,
+    changed), answered in the page only (a copied link is cleared: ``app_texts.CLEAR_LINK_JS``).
 
     Args:
         rule_box (str): the ``elem_id`` of the hidden box where a link or a lesson's step names the rule shown large.

@@ -45,6 +45,10 @@ PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its featur
 KEEP_KNOBS_JS = "(...values) => { window.convnnKnobs = values; }"
 RESTORE_KNOBS_JS = "(...values) => window.convnnKnobs ?? values"
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
+# A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,
+# the open tab, compare mode's models or depth), both are cleared (a link to a view no longer shown stayed there);
+# with no link copied, the note of the link the page opened stays.
+CLEAR_LINK_JS = "(link, note) => (link ? ['', ''] : [link, note])"
 # The page's address with a view's query string, copied to the clipboard where the browser allows it.
 COPY_LINK_JS = """(query) => {
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;

@@ -13,7 +13,8 @@
 // `alphas`: analysis/rendering/page.py's page_sweep). Two named events ask the server for something: "row", for a
 // K above the table's bound (the table then holds one query's row: a click on another cell asks for that row, the
 // one case where a click waits), and "sweep", once per table when "▶ α" is pressed; each is answered with this
-// component's value. The animation plays the frames on the focus panel, frame by frame, for the query shown (a
+// component's value. A third, "view", tells the page that what it shows, as a link names it, changed (the page
+// answers it in the page: app_texts.CLEAR_LINK_JS). The animation plays the frames on the focus panel, frame by frame, for the query shown (a
 // click during the animation moves it), with the window share and the mean distance traced as curves.
 
 const FOCUS_MAX_PX = 560; // the focus panel's largest CSS width
@@ -21,6 +22,7 @@ const FOCUS_HEADROOM_PX = 190; // of the window's height, left above and below t
 const MULTIPLE_PX = 132; // each small multiple's CSS width
 const SWEEP_FRAME_MS = 160; // each α of the animation is shown this long
 const ASK_AGAIN_MS = 100; // after a row that answers an earlier click than the boxes' query, ask again this late
+const VIEW_DATA = ["model", "image", "layer", "options", "draw", "query", "rule"]; // the drawn view, as a link names it
 
 const root = element.querySelector(".cx");
 root.innerHTML = `
@@ -56,6 +58,7 @@ let shownQuery = null; // [row_px, col_px] last drawn: what is shown while the b
 let focusRule = null;
 let appliedHint = ""; // the rule a link or a lesson's step last named, in the box that data-rule-box names
 let drawCount = 0;
+let viewDrawn = ""; // VIEW_DATA's values last drawn
 let sweep = null; // the decoded α sweep of the current table, once asked for
 let sweepFrame = null; // the α frame shown, or null
 let sweepTimer = null;
@@ -113,6 +116,8 @@ function draw() {
   root.dataset.neighbors = JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell));
   root.dataset.ranks = focus.ranks;
   root.dataset.drawn = String(drawCount); // last, so that a watcher of this attribute sees everything drawn
+  const view = JSON.stringify(VIEW_DATA.map((name) => root.dataset[name]));
+  if (view !== viewDrawn) { viewDrawn = view; trigger("view"); }
 }
 
 function drawRules() {

@@ -434,8 +434,9 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
               if block_id == explorer_block._id]
     assert [(trigger, step.name) for trigger, step in events if step.fn] == [("row", "on_table_row"),
                                                                               ("sweep", "on_sweep")]
-    in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values
-    assert in_page == [("change", app_texts.KEEP_KNOBS_JS)]
+    in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values,
+    #                                                                            a new view clears a copied link
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("view", app_texts.CLEAR_LINK_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:

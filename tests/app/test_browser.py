@@ -655,6 +655,67 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chro
         assert tab.locator("#link textarea, #link input").first.input_value().endswith(f"{compared}&rule=layer")
 
 
+def test_a_copied_link_is_cleared_once_the_view_moves_on(app_url, explorer, chromium, tmp_path):
+    """The link box kept a copied link, and its note, after the view changed: a link to a view no longer shown, next
+    to the button that says "a link to this view". Each change of what a link names (the clicked pixel, the rule
+    shown large, the open tab, K, the image) clears both, in the page (a click still sends nothing), and the link
+    copied again is the new view's."""
+    table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
+    with browser_page(chromium, app_url) as tab:
+        box = tab.locator("#link textarea, #link input").first
+
+        def copied() -> str:
+            tab.locator("#link_button").click()
+            tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
+            return box.input_value().split("?", 1)[1]
+
+        def cleared() -> None:
+            tab.wait_for_function("document.querySelector('#link textarea, #link input').value === '' && "
+                                  "document.querySelector('#link_note').innerText.trim() === ''")
+
+        assert "&row=16&col=16&" in copied()
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (5, 7)))
+        cleared()
+        assert requests == []  # cleared in the page
+        assert "&row=5&col=7&" in copied()
+        tab.get_by_role("tab", name="window (convolution)").click()
+        cleared()
+        assert copied().endswith("&tab=weights&rule=window")
+        tab.get_by_role("tab", name=app_texts.TABS["spectrum"]).click()
+        cleared()
+        assert copied().endswith("&tab=spectrum&rule=window")
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        cleared()
+        assert "&tab=compare&compare=cnn-l0,cnn-l0.5&depth=" in copied()
+        type_value(tab, "compare_depth", "1")
+        cleared()
+        assert copied().endswith("&depth=1.0&rule=window")
+        chain = expect_chain(tab, "input", "compare_models")
+        tab.locator("#compare_models input").click()
+        tab.get_by_role("option").filter(has_text="vit-mhsa").first.click()
+        settle(tab, chain)
+        cleared()
+        assert "&compare=cnn-l0,cnn-l0.5,vit-mhsa&" in copied()
+        type_value(tab, "num_neighbors", "4")
+        drawn_with(tab, {"num_neighbors": "4"})
+        cleared()
+        assert "&k=4&" in copied()
+        Image.open(explorer.examples[5]).rotate(90).save(photo := tmp_path / "photo.png")  # no example's bytes
+        chain = expect_chain(tab, "upload", "image_upload")
+        with tab.expect_file_chooser() as chooser:
+            tab.locator("#image_upload").click()
+        chooser.value.set_files(str(photo))
+        settle(tab, chain)
+        cleared()
+        assert "image=" not in copied()
+        tab.locator("#link_note", has_text="This link leaves out the uploaded photo").wait_for()
+        tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (20, 3)))
+        cleared()  # its note too
+
+
 def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app_url, chromium):
     """A link of 15 KB passed the server's address bound (16 KB), but the page sends its query string again with
     each request it makes, re-encoded by Gradio's client (a comma as %2C: 29 KB): those were refused (414) and the
