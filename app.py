@@ -182,9 +182,10 @@ class Explorer(CompareMode, ExplorerAPI):
             gr.Warning(texts.LINK_WARNING, duration=None)
         return out
 
+    @user_errors
     def on_link_copy(self, state, request=None) -> dict:
         """The link to the view shown and a note on what cannot travel in it (:meth:`ExplorerAPI.link`)."""
-        return self.link(state, list(texts.TABS))
+        return self.link(state, list(texts.TABS), request)
 
     def lesson_step(self, lesson, step, state, request=None) -> dict:
         """Step ``step`` of the lesson titled ``lesson`` (:func:`analysis.lesson_step`): its link's view
@@ -681,7 +682,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
                                                          ["link", "link_note"]),
                                             api_visibility="private")
-        link_copy.then(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
+        link_copy.success(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
         link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
         #                                             answered with no request)
         ui["explorer"].view(None, link_shown, link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")

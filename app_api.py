@@ -279,12 +279,18 @@ class ExplorerAPI:
             return None
         return self.example_digests.get(hashlib.sha256(Path(image_file).read_bytes()).hexdigest())
 
-    def link(self, state: an.ViewState, tabs: list[str]) -> dict[str, str]:
+    def link(self, state: an.ViewState, tabs: list[str], request=None) -> dict[str, str]:
         """The query string of ``state`` (:func:`analysis.write_link`: knobs left at their defaults are left out; with
         compare mode open (``tabs``: the tabs a link may name), its models and depth too) as ``link``, and as
         ``link_note`` page markup naming what cannot travel in it: an uploaded model or photo, uploaded models
-        compared ("" when everything travels)."""
+        compared ("" when everything travels).
+
+        Raises:
+            ValueError: the query's pixel is not one of its model's input (a row past it, an empty box) or its layer
+                not one of the model's: a link to it would not open the view shown.
+        """
         shipped, query, models = self.shipped(), state.query, state.compare_models
+        an.query_cell(self.model(query.checkpoint, request).layer_info(query.layer), *query.pixel)
         example = self.example_name(query.image_file)
         comparing = state.tab == "compare" and isinstance(models, list)
         compared = comparing and all(name in shipped for name in models)

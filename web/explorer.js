@@ -413,8 +413,12 @@ function showSweep(value) { // the α frames the server sent, played if "▶ α"
 // -- the user -----------------------------------------------------------------------------------------------------
 function follow() { // the query changed in its boxes (a click here or in compare mode, a typed row): redraw here
   if (!table) return;
-  const px = readQuery(boxes);
-  if (!px || px[0] >= table.input_size || px[1] >= table.input_size) return;
+  // The boxes hold the pixel drawn, which a copied link names: a typed pixel outside this input is moved to the
+  // nearest one of it, and a box left empty (or not a whole number) goes back to the pixel shown; writing the
+  // boxes calls this again.
+  const typed = typedQuery(boxes);
+  const px = typed?.every(Number.isInteger) ? clampPixel(typed, table.input_size) : shownQuery;
+  if (!samePixel(px, typed)) { writeQuery(boxes, px); return; }
   draw();
   if (rowOf(table, cellOf(table, px)) < 0) trigger("row", {index: px}); // a K above the table's bound
 }

@@ -78,11 +78,19 @@ function queryBoxes(ids) {
   return ids.map((id) => document.querySelector(`#${id} input`));
 }
 
-function readQuery(ids) { // [row_px, col_px] as the boxes hold it, or null (no boxes, or not whole numbers ≥ 0)
+function typedQuery(ids) { // the boxes' numbers [row_px, col_px] (NaN for an empty box: Number("") is 0, and an
+  // empty box is no row), or null without boxes
   const boxes = queryBoxes(ids);
-  if (boxes.some((box) => !box)) return null;
-  const px = boxes.map((box) => Number(box.value));
-  return px.every((p) => Number.isInteger(p) && p >= 0) ? px : null;
+  return boxes.some((box) => !box) ? null : boxes.map((box) => (box.value.trim() === "" ? NaN : Number(box.value)));
+}
+
+function readQuery(ids) { // [row_px, col_px] as the boxes hold it, or null (no boxes, or not whole numbers ≥ 0)
+  const px = typedQuery(ids);
+  return px && px.every((p) => Number.isInteger(p) && p >= 0) ? px : null;
+}
+
+function clampPixel(px, size) { // the nearest pixel of a size × size input (analysis.clamp_px)
+  return px.map((p) => Math.min(Math.max(p, 0), size - 1));
 }
 
 function writeQuery(ids, px) { // the boxes set to px ("input": Gradio's value; one "change": every view follows,

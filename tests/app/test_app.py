@@ -828,8 +828,10 @@ def test_a_copied_link_reopens_the_same_view(shipped):
     assert shipped.example_name(str(upload)) == "ship_1"
     upload.write_bytes(Path(image).read_bytes() + b"x")
     assert shipped.example_name(str(upload)) is None  # another image: a link leaves it out, and says so
-    copied = shipped.on_link_copy(view("upload:abc", "hops", image_file=str(upload), layer="stages.2.0.conv1",
-                                       row_px=3, col_px=30, blend_alpha=1e-5))
+    files = [str(SHIPPED_DIR / f"cnn-l0.5{suffix}") for suffix in (".json", ".safetensors")]
+    model = shipped.on_checkpoint_upload(files, [])["checkpoint"]["value"]  # an uploaded model
+    copied = shipped.on_link_copy(view(model, "hops", image_file=str(upload), layer="stages.2.0.conv1", row_px=3,
+                                       col_px=30, blend_alpha=1e-5))
     assert "uploaded model and the uploaded photo" in copied["link_note"] and "image=" not in copied["link"]
     values, problems = an.parse_link(dict(pair.split("=") for pair in copied["link"].split("&")))
     assert problems == [] and values["alpha"] == 1e-5  # what repr writes reads back
@@ -845,6 +847,21 @@ def test_a_copied_link_reopens_the_same_view(shipped):
     uploaded = shipped.on_link_copy(view("cnn-l0.5", "compare", ["cnn-l0", "upload:abc"], 0.75, image_file=image,
                                          layer="stages.2.0.conv1", row_px=3, col_px=30))
     assert "uploaded models compared" in uploaded["link_note"] and "compare=" not in uploaded["link"]
+
+
+def test_no_link_is_written_for_a_pixel_outside_the_model_input(explorer):
+    """A row typed past the image (99 on a 32 px input) was written into the copied link, which opened with a note
+    that it could not set it; an empty row box was left out of it, so the link opened at row 16. Both are refused
+    with a message, and no link is written (the page moves a typed row onto the image first: test_browser.py)."""
+    for row, message in ((99, "query pixel (row=99, col=3) is outside the 32×32 model input"),
+                         (None, "query row must be a whole number, got None")):
+        with pytest.raises(gr.Error) as refused:
+            explorer.on_link_copy(view("cnn-l0.5", "hops", layer=CELL_LAYER, row_px=row, col_px=3))
+        assert refused.value.message == message
+    assert explorer.on_link_copy(view("cnn-l0.5", "hops", layer=CELL_LAYER, row_px=31, col_px=3))["link"] == (
+        f"model=cnn-l0.5&layer={CELL_LAYER}&row=31&col=3&tab=hops")
+    copy = next(step for step in app.build_demo(explorer).fns.values() if step.js == app_texts.COPY_LINK_JS)
+    assert copy.trigger_only_on_success  # a refusal puts no address on the clipboard, nor in the box
 
 
 def test_every_lesson_step_opens_on_the_shipped_models(shipped):

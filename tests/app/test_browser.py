@@ -716,6 +716,32 @@ def test_a_copied_link_is_cleared_once_the_view_moves_on(app_url, explorer, chro
         cleared()  # its note too
 
 
+def test_a_typed_row_is_a_pixel_of_the_image_and_an_empty_one_changes_nothing(app_url, chromium):
+    """An empty row box read as row 0 (the explorer drew row 0), and a row past the image (99 on the 32 px input)
+    stayed in its box, drawn nowhere, and went into a copied link. A box left empty, or not holding a whole number,
+    goes back to the pixel shown; a row or col past the image's edge is moved onto its nearest pixel, as a model of
+    a smaller input moves the query; the box and a copied link hold the pixel drawn."""
+    with browser_page(chromium, app_url) as tab:
+
+        def typed(box: str, value: str, query: str) -> None:
+            """``value`` typed into ``box`` and Enter: the explorer then draws ``query``, and the boxes hold it."""
+            tab.locator(f"#{box} input").fill(value)
+            tab.locator(f"#{box} input").press("Enter")
+            tab.wait_for_function("query => document.querySelector('.cx').dataset.query === query && [...document"
+                                  ".querySelectorAll('#row_px input, #col_px input')].map(b => b.value).join() === "
+                                  "query", arg=query)
+
+        assert shown(tab)["query"] == "16,16"
+        typed("row_px", "", "16,16")
+        typed("row_px", "99", "31,16")
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
+        assert "&row=31&col=16&" in tab.locator("#link textarea, #link input").first.input_value()
+        typed("col_px", "-4", "31,0")
+        typed("col_px", "", "31,0")
+        typed("row_px", "7", "7,0")
+
+
 def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app_url, chromium):
     """A link of 15 KB passed the server's address bound (16 KB), but the page sends its query string again with
     each request it makes, re-encoded by Gradio's client (a comma as %2C: 29 KB): those were refused (414) and the
