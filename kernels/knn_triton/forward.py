@@ -144,12 +144,13 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     cols = unpack_column(acc)
     if SELF_FIRST:  # the forced key ranks with +∞: rank 0 is the query itself, give it its real score
         scores = tl.where(slots[None, :] == 0, s_self[:, None], scores)
+    filled = mask_mk & (acc != EMPTY_KEY)  # an empty slot (the lanes' result of a row the repair still owes)
     if CANDIDATES:  # column 0 is the query, column c ≥ 1 the sampled key candidates[b, c − 1]
-        sampled = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_mk & (cols > 0), other=0).to(tl.int32)
+        sampled = tl.load(Cand + b * stride_cb + (cols - 1), mask=filled & (cols > 0), other=0).to(tl.int32)
         keys_idx = tl.where(cols == 0, offs_m[:, None], sampled)
     else:
         keys_idx = cols
-    keys_idx = tl.where(mask_mk & (acc != EMPTY_KEY), keys_idx, 0)  # an empty slot never addresses a value row
+    keys_idx = tl.where(filled, keys_idx, 0)  # an empty slot never addresses a value row nor a candidate
     rows_idx = keys_idx  # the value row each slot gathers; −1: a padding cell (zero value) of the blend's map
     if BLEND:
         rows_idx = padded_cells(keys_idx, width, pad, Nq // width)

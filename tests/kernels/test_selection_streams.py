@@ -189,3 +189,22 @@ def test_a_dropped_score_equal_to_the_kth_sends_the_row_to_the_repair():
     result = function.launch_forward(q, k, v, weight, None, *options.values(), config=dict(BLOCK_N=16, LANES=True))
     assert result[1][0, 0, 0].tolist() == [29, 42, 55, 0]
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_rows_with_fewer_usable_candidates_than_k_read_nothing_past_the_candidates(defer):
+    """K = r + 1 sampled candidates: a sampled copy of the query scores −∞, so such rows have r usable candidates
+    and the lanes leave them not full. The lanes' end (weights, Conv1D) runs on those rows before the deferred
+    repair rewrites them, and an empty slot's column (0x7FFFFFFF) addressed candidates[b, 2³¹ − 2]: the interpreter
+    died reading past the tensor. Now an empty slot reads nothing; the reference's sets, ties included."""
+    n, r = 64, 8
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randint(-3, 4, (1, 1, n, 4), generator=gen).float() for _ in range(2))
+    v = torch.randint(-3, 4, (1, 1, n, 3), generator=gen).float()
+    weight = torch.randint(-2, 3, (5, 3, r + 1), generator=gen).float()
+    options = dict(num_neighbors=r + 1, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=torch.arange(r).view(1, r).to(DEVICE), self_first=False)
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    result = function.launch_forward(q, k, v, weight, None, *options.values(),
+                                     config=dict(BLOCK_N=16, LANES=True, DEFER=defer))
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
