@@ -643,6 +643,10 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chro
         assert "could not set everything" in bad.locator("#link_note").inner_text()
         bad.wait_for_selector(".toast-body:has-text('could not set everything it names')", timeout=30_000)  # in sight
         assert shown(bad)["query"] == "16,16"
+    with browser_page(chromium, f"{url}?tab=compare&depth=2") as bad:  # the note stays once compare mode has opened
+        bad.wait_for_function("document.querySelector('.cc')?.dataset.columns", timeout=60_000)
+        bad.wait_for_selector(".toast-body:has-text('could not set everything it names')", timeout=30_000)
+        assert "the link's depth" in bad.locator("#link_note").inner_text()
     compared = "tab=compare&compare=cnn-l0,vit-mhsa&depth=0.25"  # compare mode's models and depth
     with browser_page(chromium, f"{url}?{compared}") as tab:
         tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
