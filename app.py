@@ -657,6 +657,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 event.failure(None, None, ui["layer"], js=texts.RESTORE_LAYER_JS, api_visibility="private")
             if source == "checkpoint_files":  # a refused pair is emptied too, so that the next one is two files
                 event.failure(lambda: None, None, ui["checkpoint_files"], api_visibility="private")
+            if source == "image_upload":  # a refused photo: the examples stay usable, without an "Error" mark over
+                #                           them (its toast says why)
+                event.failure(lambda: (gr.skip(), gr.skip()), None, [ui["image_file"], ui["examples"]],
+                              api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
             if source == "layer" or source in knob_fields:  # and the table shown, still valid, loses the "Error"

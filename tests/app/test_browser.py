@@ -563,6 +563,27 @@ def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chro
         assert tab.locator("#examples .thumbnail-item.selected").count() == 0
 
 
+def test_a_refused_photo_leaves_the_examples_usable(app_url, explorer, chromium, tmp_path):
+    """A file that is no image, uploaded as a photo, is refused with a message; the example thumbnails, an output
+    of that step, were covered by a bare "Error" mark (until closed by hand) that took every click meant for them.
+    Now they keep no mark, and a thumbnail picked next is shown."""
+    fake = tmp_path / "not-an-image.jpg"
+    fake.write_text("this is text")
+    with browser_page(chromium, app_url) as tab:
+        shown_before = tab.locator(".cx").get_attribute("data-image")
+        with tab.expect_file_chooser() as chooser:
+            tab.locator("#image_upload").click()
+        chooser.value.set_files(str(fake))  # refused: the chain stops at its first step (no settle: no later step)
+        tab.wait_for_selector(".toast-body:has-text('is not an image')", timeout=30_000)
+        assert tab.locator(".cx").get_attribute("data-image") == shown_before
+        tab.wait_for_function("!document.querySelector('#examples').innerText.includes('Error')")
+        chain = expect_chain(tab, "select", "examples")
+        tab.locator("#examples .thumbnail-item").nth(2).click(timeout=10_000)
+        settle(tab, chain)
+        assert tab.locator("#examples .thumbnail-item.selected").count() == 1
+        assert tab.locator(".cx").get_attribute("data-image") != shown_before
+
+
 def test_each_example_thumbnail_is_named_by_its_example(app_url, explorer, chromium):
     """The example thumbnails had no name (an empty alt text): a screen reader had only "Thumbnail 4 of 20", a test
     only a place. Each is named as a link names its example (its file's stem), by Gradio's caption, which is its
