@@ -275,8 +275,9 @@ REPAIR_MARGIN = tl.constexpr(2.0**-10)  # lowered: relative, and the same times 
 def lowered(floor):
     """A floor key [rows] int64 lowered to the smallest key of a score below the floor's by 2^-10 of its magnitude
     plus 2^-16: every score within that of the floor's score passes it, whatever bits the score gets where it is
-    recomputed (another block's rows, another column order: fp32 dot products of the same rows and columns that
-    round differently stay far inside that). EMPTY_KEY stays EMPTY_KEY (a row not full: no floor)."""
+    recomputed (the same columns in the same places of their tiles, but the row in another block: fp32 dot
+    products that round differently there stay far inside that). EMPTY_KEY stays EMPTY_KEY (a row not full: no
+    floor)."""
     score = tl.minimum(unpack_score(floor), _MAX_SCORE)  # a forced self ranks +∞
     low = score - (tl.abs(score) * REPAIR_MARGIN + REPAIR_MARGIN * 2.0**-6)
     return tl.where(floor == EMPTY_KEY, EMPTY_KEY, pack(low, tl.full(floor.shape, 0x7FFFFFFF, tl.int32)))
