@@ -88,21 +88,18 @@ def simulate(blocks: list[np.ndarray], wanted: int) -> dict:
     repair's rounds; and for the deferred repair (``knn_fwd_repair``: the failed rows of all blocks, 64 to a
     gathered block), per lane depth 3 and 2, the share of failed rows and the gathered blocks' tiles-streams and
     rounds per original block."""
+    lanes = {depth: [lanes_certified(block, wanted, depth) for block in blocks] for depth in (DEPTH, 2)}
     repaired, repair_rounds = [], []
-    for block in blocks:
-        certified, kth = lanes_certified(block, wanted)
+    for block, (certified, kth) in zip(blocks, lanes[DEPTH], strict=True):
         repaired.append(not certified.all())
         repair_rounds.append(0 if certified.all() else rounds_count(block[~certified], wanted, kth[~certified]))
     features = {"tiles": -(-blocks[0].shape[1] // BLOCK_N),
                 "rounds": float(np.mean([rounds_count(block, wanted) for block in blocks])),
                 "repaired": float(np.mean(repaired)), "repair_rounds": float(np.mean(repair_rounds))}
-    for depth in (3, 2):
-        failed_rows, floors = [], []
-        for block in blocks:
-            certified, kth = lanes_certified(block, wanted, depth)
-            failed_rows.append(block[~certified])
-            floors.append(kth[~certified])
-        failed, floor = np.concatenate(failed_rows), np.concatenate(floors)
+    for depth, certifications in lanes.items():
+        failed = np.concatenate([block[~certified]
+                                 for block, (certified, _) in zip(blocks, certifications, strict=True)])
+        floor = np.concatenate([kth[~certified] for certified, kth in certifications])
         gathered = -(-len(failed) // BLOCK_M)
         rounds = sum(rounds_count(failed[i:i + BLOCK_M], wanted, floor[i:i + BLOCK_M])
                      for i in range(0, len(failed), BLOCK_M))

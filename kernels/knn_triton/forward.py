@@ -368,14 +368,9 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
         certified = certified | (mask_m == 0)  # rows past the map are never read
         if not DEFER:  # with DEFER, knn_fwd_repair takes the rows not certified (after the block's end, below)
             if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
-                acc = tl.where(certified[:, None], acc, first)
-                for t in range(num_tiles):
-                    start = col_lo + t * BLOCK_N
-                    cols = lane_columns(start, first_tile + t, BLOCK_N)
-                    s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                            False, BLOCK_M, BLOCK_N, D_PAD)
-                    keys = tl.where(valid & (certified == 0)[:, None], pack(s, cols[None, :]), EMPTY_KEY)
-                    acc = repair_tile(acc, keys, live, floor, num_neighbors)
+                acc = _repair(tl.where(certified[:, None], acc, first), certified == 0, floor, block, col_lo,
+                              col_hi, first_tile, live, num_neighbors, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                              False, BLOCK_M, BLOCK_N, D_PAD)
     else:
         # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
         # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).
@@ -416,23 +411,46 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
 
 
 @triton.jit
+def _floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr):
+    """Where a failed row's floor key waits for :func:`knn_fwd_repair` (list ``lst``): the first slot the repair
+    overwrites, Idx's row, or with a split that split's Part row."""
+    _Out, Idx, _A, Part, _Count, _Rows = outputs
+    Nq, num_neighbors = sizes[1], sizes[5]
+    if SPLIT:
+        return Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
+    return Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
+
+
+@triton.jit
+def _repair(acc, rows, floor, block, col_lo, col_hi, first_tile, live, num_neighbors, SELF_FIRST: tl.constexpr,
+            COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr,
+            ANY_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+    """The lanes' repair: the split's tiles streamed again in the lanes' column order, and the rows ``rows``
+    [BLOCK_M] (the others see no key) take their keys ≥ ``floor`` with :func:`select.repair_tile`. Returns acc."""
+    for t in range(tl.cdiv(col_hi - col_lo, BLOCK_N)):
+        start = col_lo + t * BLOCK_N
+        cols = lane_columns(start, first_tile + t, BLOCK_N)
+        s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, ANY_ROWS,
+                                BLOCK_M, BLOCK_N, D_PAD)
+        keys = tl.where(valid & rows[:, None], pack(s, cols[None, :]), EMPTY_KEY)
+        acc = repair_tile(acc, keys, live, floor, num_neighbors)
+    return acc
+
+
+@triton.jit
 def _defer(certified, floor, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr):
     """The rows of a lane block that are not ``certified`` join their (sample, head, split)'s list for
     :func:`knn_fwd_repair`: Count[list] += how many, Rows[list, position] = the row, and the row's floor key
     ``floor`` goes to the first slot the repair overwrites (Idx's, or the split's Part row's)."""
-    _Out, Idx, _A, Part, Count, Rows = outputs
-    _H, Nq, _Nk, _num_cols, _cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
+    _Out, _Idx, _A, _Part, Count, Rows = outputs
+    Nq = sizes[1]
     failed = (certified == 0).to(tl.int32)
     num_failed = tl.sum(failed, axis=0)
     if num_failed > 0:
         lst = pid_bh * tl.num_programs(2) + pid_s
         position = tl.atomic_add(Count + lst, num_failed) + tl.cumsum(failed, axis=0) - 1
         tl.store(Rows + lst.to(tl.int64) * Nq + position, offs_m, mask=failed != 0)
-        if SPLIT:
-            slot = Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
-        else:
-            slot = Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
-        tl.store(slot, floor, mask=failed != 0)
+        tl.store(_floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT, K_PAD), floor, mask=failed != 0)
 
 
 @triton.jit
@@ -472,7 +490,7 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
     wrote for those rows. Tiles are read in the lanes' column order (a score's place in its tile is the lanes'),
     but the rows sit in another block, so nothing promises a score the lanes' bits: the floor is the lanes' K-th key
     lowered by :func:`select.lowered`."""
-    _Out, Idx, _A, Part, Count, Rows = outputs
+    _Out, _Idx, _A, _Part, Count, Rows = outputs
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     lst = pid_bh * tl.num_programs(2) + pid_s
@@ -481,23 +499,15 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
         position = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = position < count
         offs_m = tl.load(Rows + lst.to(tl.int64) * Nq + position, mask=mask_m, other=0)
-        if SPLIT:
-            slot = Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
-        else:
-            slot = Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
-        floor = lowered(tl.load(slot, mask=mask_m, other=EMPTY_KEY))
+        floor = lowered(tl.load(_floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT, K_PAD), mask=mask_m,
+                                other=EMPTY_KEY))
         live = tl.arange(0, K_PAD) >= K_PAD - num_neighbors
         block, acc, s_self, col_lo, col_hi = _open_block(inputs, q_strides, k_strides, sizes, scale, blend, pid_bh,
                                                          pid_s, offs_m, mask_m, 0, SELF_FIRST, COSINE, CANDIDATES,
                                                          BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
         first_tile = pid_s * (cols_per_split // BLOCK_N)  # each tile in the lanes' column order
-        for t in range(tl.cdiv(col_hi - col_lo, BLOCK_N)):
-            start = col_lo + t * BLOCK_N
-            cols = lane_columns(start, first_tile + t, BLOCK_N)
-            s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, True,
-                                    BLOCK_M, BLOCK_N, D_PAD)
-            keys = tl.where(valid & mask_m[:, None], pack(s, cols[None, :]), EMPTY_KEY)
-            acc = repair_tile(acc, keys, live, floor, num_neighbors)
+        acc = _repair(acc, mask_m, floor, block, col_lo, col_hi, first_tile, live, num_neighbors, SELF_FIRST, COSINE,
+                      CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
         _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
                 pid_s, offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT,
                 BLOCK_M, K_PAD, BLOCK_C, BLOCK_O)
