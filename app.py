@@ -42,7 +42,7 @@ from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_compare import COMPARE_LAYERS, CompareMode
 from app_components import CompareView, ExplorerView, HopsView
-from app_server import default_workspace, launch
+from app_server import default_workspace, launch, port_taken
 from convnn.candidates import draws_candidates
 from server import (
     Admission,
@@ -793,6 +793,9 @@ def main() -> None:
         proxies = trusted_networks(env_proxies if args.trusted_proxy is None else args.trusted_proxy)
     except ValueError as err:
         parser.error(str(err))
+    if port_taken(args.host, args.port):  # one line, not Gradio's traceback naming its own launch() option
+        sys.exit(f"Port {args.port} of {args.host} is taken (another server, or this app already running): choose "
+                 f"another with --port N or PORT=N.")
     an.set_cache_budget(args.cache_mb * 2**20)
     torch.set_num_threads(args.threads)
     try:

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import json
 import shutil
+import socket
 import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -685,6 +686,18 @@ def test_the_upload_cap_is_a_flag(monkeypatch):
     monkeypatch.setattr("sys.argv", ["app.py", "--max-upload-mb", "0"])
     with pytest.raises(SystemExit):
         app.main()
+
+
+def test_a_port_taken_is_one_line_naming_it_and_how_to_choose_another(monkeypatch):
+    """On a port another server holds, the app ended in Gradio's traceback, which named Gradio's own option
+    (``server_port``), not the app's: it now says which port, how to choose another, and exits non-zero."""
+    with socket.create_server(("127.0.0.1", 0)) as held:  # another server, listening
+        port = held.getsockname()[1]
+        monkeypatch.setattr("sys.argv", ["app.py", "--port", str(port)])
+        with pytest.raises(SystemExit) as exited:
+            app.main()
+    assert exited.value.code == (f"Port {port} of 127.0.0.1 is taken (another server, or this app already running): "
+                                 "choose another with --port N or PORT=N.")  # sys.exit: printed, exit status 1
 
 
 def test_a_rule_registered_in_the_library_is_a_selection_of_the_layer_every_view_and_the_app(
