@@ -164,15 +164,15 @@ def test_a_negative_k_typed_is_refused_with_the_range_the_layer_allows(explorer,
     (lambda ex, ck, im: ex.on_table(**page(ck, im, num_neighbors=2.7)),
      r"K \(neighbours per query\) must be a whole number, got 2.7"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, seed=2**63)),
-     r"seed must be in \[0, 9223372036854775807\], got 9223372036854775808"),
+     r"seed must be from 0 to 9223372036854775807, got 9223372036854775808"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, head=1e20)),
-     r"head must be in \[0, 0\] for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
+     r"head must be from 0 to 0 for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=101)),
      r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
     (lambda ex, ck, im: ex.on_hops(**page(ck, im), hops=float("inf")),
      "num_hops must be a whole number, got inf"),
-    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
+    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be from 1 to 1024, got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
      r"position_weight must be a finite number, got nan"),
 ])
@@ -280,7 +280,7 @@ def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path
 
 def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example_image):
     checkpoint, image = "vit-convnn", example_image
-    message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
+    message = r"head must be from 0 to 1 for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
         explorer.on_hops(**page(checkpoint, image, "blocks.0.attn", head=2), hops=2)
     with pytest.raises(gr.Error, match=message):

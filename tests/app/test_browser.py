@@ -96,7 +96,7 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         settle(tab)
         tab.locator("#num_candidates input").fill("2")  # r < K: refused, and the box goes back to the table's r
         tab.locator("#num_candidates input").press("Enter")
-        tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
+        tab.wait_for_selector(".toast-body:has-text('must be at least K = 4')", timeout=30_000)
         tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
         assert tab.locator("#window_size input").input_value() == "3"  # R stays as typed (it went back to 0)
         tab.wait_for_function("!document.querySelector('#explorer .error')", timeout=10_000)  # the toast says it:
