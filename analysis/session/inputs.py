@@ -51,9 +51,11 @@ def whole_number(value: object, name: str, minimum: int | None = None, maximum: 
         int: the value.
 
     Raises:
-        ValueError: a bool, a non-number, ``inf`` / ``NaN``, a fraction, or a value outside the bounds; the message
-            names the field and the value.
+        ValueError: None (an empty box: the message says so), a bool, a non-number, ``inf`` / ``NaN``, a fraction, or
+            a value outside the bounds; the message names the field and the value.
     """
+    if value is None:
+        raise ValueError(f"{name} is empty: type a whole number")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     if isinstance(value, numbers.Integral):

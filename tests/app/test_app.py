@@ -867,7 +867,7 @@ def test_no_link_is_written_for_a_pixel_outside_the_model_input(explorer):
     that it could not set it; an empty row box was left out of it, so the link opened at row 16. Both are refused
     with a message, and no link is written (the page moves a typed row onto the image first: test_browser.py)."""
     for row, message in ((99, "query pixel (row=99, col=3) is outside the 32×32 model input"),
-                         (None, "query row must be a whole number, got None")):
+                         (None, "query row is empty: type a whole number")):
         with pytest.raises(gr.Error) as refused:
             explorer.on_link_copy(view("cnn-l0.5", "hops", layer=CELL_LAYER, row_px=row, col_px=3))
         assert refused.value.message == message
@@ -875,6 +875,17 @@ def test_no_link_is_written_for_a_pixel_outside_the_model_input(explorer):
         f"model=cnn-l0.5&layer={CELL_LAYER}&row=31&col=3&tab=hops")
     copy = next(step for step in app.build_demo(explorer).fns.values() if step.js == app_texts.COPY_LINK_JS)
     assert copy.trigger_only_on_success  # a refusal puts no address on the clipboard, nor in the box
+
+
+def test_an_empty_row_or_col_box_is_named_empty(explorer, example_image):
+    """The input-level view's row or col box left empty was refused with "query row must be a whole number, got
+    None": the message says the box is empty and what it needs."""
+    for row, col, message in ((None, 3, "query row is empty: type a whole number"),
+                              (3, None, "query col is empty: type a whole number")):
+        for refused_by in (explorer.on_pixel_query, lambda *args: explorer.on_pixels(*args, 64, 0.0)):
+            with pytest.raises(gr.Error) as refused:
+                refused_by(str(example_image), row, col)
+            assert refused.value.message == message
 
 
 def test_every_lesson_step_opens_on_the_shipped_models(shipped):
