@@ -661,6 +661,12 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 #                           them (its toast says why)
                 event.failure(lambda: (gr.skip(), gr.skip()), None, [ui["image_file"], ui["examples"]],
                               api_visibility="private")
+            if source == "compare_depth":  # a refused depth goes back to the one compare mode shows, and the layer
+                #                            lists keep their layers, without an "Error" mark (its toast says why)
+                event.failure(None, ui["compare_depth"], ui["compare_depth"], js=texts.RESTORE_DEPTH_JS,
+                              api_visibility="private")
+                event.failure(lambda: (gr.skip(),) * len(COMPARE_LAYERS), None, [ui[name] for name in COMPARE_LAYERS],
+                              api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
             if source == "layer" or source in knob_fields:  # and the table shown, still valid, loses the "Error"
@@ -670,6 +676,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 # another knob put R back to 0
                 event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
         ui["explorer"].change(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
+        ui["compare"].change(None, ui["compare_depth"], None, js=texts.KEEP_DEPTH_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; the page's views ask
         # by their named events (app_components): for a K above the table's bound the explorer asks for the clicked

@@ -545,6 +545,28 @@ def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url
             "cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
 
 
+def test_a_refused_depth_goes_back_to_the_depth_compare_mode_shows(app_url, chromium):
+    """A depth typed out of range (2) was refused, but the depth control stayed at the refused bound (1), the layer
+    lists kept an "Error" mark, and a copied link said depth=1.0. The control goes back to the depth the columns
+    show, no mark remains, and a copied link carries that depth."""
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        settle(tab)
+        depth = tab.input_value("#compare_depth input[type=number]")
+        layers = [tab.input_value(f"#compare_layer_{i} input") for i in range(2)]
+        type_value(tab, "compare_depth", "2")
+        tab.wait_for_selector(".toast-body.error:has-text('must be from 0 to 1, got 2.0')", timeout=30_000)
+        tab.wait_for_function("depth => document.querySelector('#compare_depth input[type=number]').value === depth"
+                              " && !document.querySelector('#compare_depth .error, [id^=compare_layer_] .error')",
+                              arg=depth, timeout=10_000)
+        settle(tab)
+        assert [tab.input_value(f"#compare_layer_{i} input") for i in range(2)] == layers
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('depth=')")
+        assert f"&depth={depth}&" in tab.locator("#link textarea, #link input").first.input_value()
+
+
 def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chromium):
     """An example picked, then a photo uploaded: the explorer shows the photo and no example thumbnail stays
     highlighted as if it were the image shown (the one picked before stayed selected)."""
