@@ -46,6 +46,7 @@ PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its featur
 KEEP_JS = "(...values) => {{ window.{kept} = values; }}"
 RESTORE_JS = "(...values) => window.{kept} ?? values"
 KEEP_KNOBS_JS, RESTORE_KNOBS_JS = KEEP_JS.format(kept="convnnKnobs"), RESTORE_JS.format(kept="convnnKnobs")
+KEEP_MODEL_JS, RESTORE_MODEL_JS = KEEP_JS.format(kept="convnnModel"), RESTORE_JS.format(kept="convnnModel")
 KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS.format(kept="convnnDepth")
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,

@@ -437,7 +437,8 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
                                                                               ("sweep", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values,
     #                                                                            a new view clears a copied link
-    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("view", app_texts.CLEAR_LINK_JS)]
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("change", app_texts.KEEP_MODEL_JS),
+                       ("view", app_texts.CLEAR_LINK_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:

@@ -207,6 +207,28 @@ def test_a_refused_layer_name_goes_back_to_the_layer_shown(app_url, chromium):
         assert tab.locator(".cx").get_attribute("data-layer") == shown_layer
 
 
+def test_an_unknown_model_name_goes_back_to_the_model_shown(app_url, chromium):
+    """A model name typed in the model list ("nosuchmodel") was refused, and the list kept it with an "Error" mark on
+    the layer list (and the model's other outputs). The list now goes back to the model the explorer shows, its
+    layers stay, no mark remains, and a knob applies again."""
+    with browser_page(chromium, app_url) as tab:
+        model, layer = tab.input_value("#checkpoint input"), tab.input_value("#layer input")
+        tab.locator("#checkpoint input").fill("nosuchmodel")
+        tab.locator("#checkpoint input").press("Enter")
+        tab.wait_for_selector(".toast-body.error:has-text(\"unknown checkpoint 'nosuchmodel'\")", timeout=30_000)
+        tab.wait_for_function("model => document.querySelector('#checkpoint input').value === model"
+                              " && !document.querySelector('#layer .error, #checkpoint .error')", arg=model,
+                              timeout=10_000)
+        settle(tab)  # the refusal's steps answered
+        assert tab.input_value("#layer input") == layer
+        marked = tab.evaluate("[...document.querySelectorAll('.error')].filter(e => !e.closest('.toast-wrap')).length")
+        assert marked == 0  # no component keeps an "Error" mark
+        drawn = tab.locator(".cx").get_attribute("data-drawn")
+        tab.locator("#seed input").fill("7")  # a knob applies again
+        tab.locator("#seed input").press("Enter")
+        tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
+
+
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
     """With K above the table's bound each click asks the server for its row; a second click while the first's row
     was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's
