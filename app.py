@@ -42,7 +42,7 @@ from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_compare import COMPARE_LAYERS, CompareMode
 from app_components import CompareView, ExplorerView, HopsView
-from app_server import default_workspace, launch
+from app_server import default_workspace, launch, port_taken
 from convnn.candidates import draws_candidates
 from server import (
     Admission,
@@ -473,6 +473,9 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
 
 
 VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
+# The controls a refused value of which goes back to the value shown, kept in the page (app_texts.KEEP_JS): the model
+# the explorer shows, the depth compare mode's columns show (the knobs have theirs: build_demo).
+RESTORED = {"checkpoint": texts.RESTORE_MODEL_JS, "compare_depth": texts.RESTORE_DEPTH_JS}
 # An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
 # was refused), the lesson's text says its step is about the lesson's own.
 OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
@@ -661,6 +664,14 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 #                           them (its toast says why)
                 event.failure(lambda: (gr.skip(), gr.skip()), None, [ui["image_file"], ui["examples"]],
                               api_visibility="private")
+            if source in RESTORED:  # a refused model (a name typed in the list) or compare mode's depth goes back
+                #                     to the one shown, and what the first step sets (the model's card, layers,
+                #                     head and draw; the columns' layers) stays as it was, without an "Error" mark
+                #                     (its toast says why)
+                event.failure(None, ui[source], ui[source], js=RESTORED[source], api_visibility="private")
+                kept = [ui[name] for name in table_views[first][2]]
+                skips = (gr.skip(),) * len(kept)
+                event.failure(lambda skips=skips: skips, None, kept, api_visibility="private")
             if source in knob_fields:  # a refused knob value goes back to the one the table shown was made from
                 event.failure(None, knobs, knobs, js=texts.RESTORE_KNOBS_JS, api_visibility="private")
             if source == "layer" or source in knob_fields:  # and the table shown, still valid, loses the "Error"
@@ -670,6 +681,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 # another knob put R back to 0
                 event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
         ui["explorer"].change(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
+        ui["explorer"].change(None, ui["checkpoint"], None, js=texts.KEEP_MODEL_JS, api_visibility="private")
+        ui["compare"].change(None, ui["compare_depth"], None, js=texts.KEEP_DEPTH_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; the page's views ask
         # by their named events (app_components): for a K above the table's bound the explorer asks for the clicked
@@ -793,6 +806,9 @@ def main() -> None:
         proxies = trusted_networks(env_proxies if args.trusted_proxy is None else args.trusted_proxy)
     except ValueError as err:
         parser.error(str(err))
+    if port_taken(args.host, args.port):  # one line, not Gradio's traceback naming its own launch() option
+        sys.exit(f"Port {args.port} of {args.host} is taken (another server, or this app already running): choose "
+                 f"another with --port N or PORT=N.")
     an.set_cache_budget(args.cache_mb * 2**20)
     torch.set_num_threads(args.threads)
     try:

@@ -10,6 +10,7 @@ checks each on the installed Gradio; ``requirements.txt`` pins Gradio to the min
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable
 
 import app_limits as limits  # sets GRADIO_TEMP_DIR: before Gradio, whose MCP module reads it at import
@@ -25,7 +26,7 @@ import app_mcp
 from app_api import EXAMPLES_DIR, WEB_DIR
 from server import FairTurns, QueueDoor, RequestSizeLimit, Visitors, trusted_networks
 
-__all__ = ["GRADIO_PRIVATE", "default_workspace", "launch"]
+__all__ = ["GRADIO_PRIVATE", "default_workspace", "launch", "port_taken"]
 
 GRADIO_PRIVATE = {
     "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
@@ -48,6 +49,17 @@ def default_workspace() -> an.Workspace:
                         counted=[get_upload_folder()], share_bytes=limits.VISITOR_SHARE_MB * 2**20,
                         address_bytes=limits.ADDRESS_SHARE_MB * 2**20)
 
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether ``port`` of ``host`` cannot be listened on (another server listens there), tried as Gradio's launch
+    tries it (a socket bound with ``SO_REUSEADDR``, then closed), before the models are loaded."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,

@@ -25,6 +25,7 @@ from .adapters import describe_plain, layer_input, prefix_tokens
 from .budget import MAX_EXHAUSTIVE_TOKENS
 from .functional import WindowGeometry
 from .layers import ConvNN2d, HybridConvNN2d, MultiheadSelfAttention
+from .validation import number_range
 
 __all__ = ["LayerInfo", "compute_path", "convnn_layers", "layer_facts", "model_family"]
 
@@ -108,7 +109,7 @@ class LayerInfo:
             raise ValueError(f"head must be a whole number, got {head!r}")
         head = int(head)
         if not 0 <= head < self.num_heads:
-            raise ValueError(f"head must be in [0, {self.num_heads - 1}] for {self.name} ({self.num_heads} "
+            raise ValueError(f"head must be {number_range(0, self.num_heads - 1)} for {self.name} ({self.num_heads} "
                              f"head{'s' if self.num_heads > 1 else ''}), got {head}")
         return head
 

@@ -26,6 +26,14 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & SEED_RANGE[1]
 
 
+def number_range(minimum: float | None, maximum: float | None) -> str:
+    """The inclusive range ``minimum`` to ``maximum`` in words, as a refusal names it: "from 1 to 256", "at least 0"
+    (``maximum`` None: no upper bound), "at most 1" (``minimum`` None)."""
+    if maximum is None:
+        return f"at least {minimum}"
+    return f"at most {maximum}" if minimum is None else f"from {minimum} to {maximum}"
+
+
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
     if value not in allowed:

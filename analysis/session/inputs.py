@@ -21,7 +21,7 @@ from decimal import Decimal
 
 import torch
 
-from convnn.validation import SEED_RANGE
+from convnn.validation import SEED_RANGE, number_range
 
 __all__ = ["MAX_MESSAGE_CHARS", "MAX_NUMBER_DIGITS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position",
            "is_out_of_memory", "real_number", "user_error_message", "whole_number"]
@@ -51,9 +51,11 @@ def whole_number(value: object, name: str, minimum: int | None = None, maximum: 
         int: the value.
 
     Raises:
-        ValueError: a bool, a non-number, ``inf`` / ``NaN``, a fraction, or a value outside the bounds; the message
-            names the field and the value.
+        ValueError: None (an empty box: the message says so), a bool, a non-number, ``inf`` / ``NaN``, a fraction, or
+            a value outside the bounds; the message names the field and the value.
     """
+    if value is None:
+        raise ValueError(f"{name} is empty: type a whole number")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     if isinstance(value, numbers.Integral):
@@ -83,9 +85,7 @@ def real_number(value: object, name: str, minimum: float | None = None, maximum:
 def _within(number: float, name: str, minimum: float | None, maximum: float | None) -> float:
     """``number``, if inside the inclusive bounds (None: unbounded); else a ``ValueError`` naming ``name``."""
     if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        low = "−∞" if minimum is None else minimum
-        high = "∞" if maximum is None else maximum
-        raise ValueError(f"{name} must be in [{low}, {high}], got {number}")
+        raise ValueError(f"{name} must be {number_range(minimum, maximum)}, got {number}")
     return number
 
 

@@ -39,6 +39,7 @@ from convnn.selection import (
     rule_names,
     selection_rule,
 )
+from convnn.validation import number_range
 
 from .caching import bounded_cache
 from .image_decode import InputImage
@@ -138,7 +139,7 @@ def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
         DEFAULT_NUM_NEIGHBORS, grid)
     k = whole_number(k, "K (neighbours per query)")
     if not 1 <= k <= grid:
-        raise ValueError(f"K (neighbours per query) must be from 1 to {grid} for the "
+        raise ValueError(f"K (neighbours per query) must be {number_range(1, grid)} for the "
                          f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}, got {k}")
     window = options.window_size
     if window is None:
@@ -153,11 +154,11 @@ def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
         candidates = max(layer_info.num_candidates or DEFAULT_NUM_CANDIDATES, k)
     candidates = whole_number(candidates, "r (random candidates)")
     if candidates < k:
-        raise ValueError(f"r (random candidates) must be ≥ K = {k} (r ≥ N = {layer_info.num_tokens} uses every token "
-                         f"of {layer_info.name}, as the all rule), got {candidates}")
+        raise ValueError(f"r (random candidates) must be at least K = {k} (r ≥ N = {layer_info.num_tokens} uses every "
+                         f"token of {layer_info.name}, as the all rule), got {candidates}")
     alpha = options.blend_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"blend α must be in [0, 1], got {alpha!r}")
+        raise ValueError(f"blend α must be {number_range(0, 1)}, got {alpha!r}")
     seed = whole_number(layer_info.seed or 0 if options.seed is None else options.seed, "seed", 0, MAX_SEED)
     return RuleOptions(k, window, min(candidates, layer_info.num_tokens), seed, float(alpha),
                        layer_info.check_head(options.head))

@@ -81,9 +81,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     row, col = query_px
     if not (0 <= row < height and 0 <= col < width):
         raise ValueError(f"pixel (row={row}, col={col}) is outside the {width}×{height} view")
-    num_neighbors = whole_number(num_neighbors, "K")
-    if not 1 <= num_neighbors <= min(height * width, _MAX_NEIGHBORS):
-        raise ValueError(f"K must be in [1, {min(height * width, _MAX_NEIGHBORS)}], got {num_neighbors}")
+    num_neighbors = whole_number(num_neighbors, "K", 1, min(height * width, _MAX_NEIGHBORS))
     position_weight = real_number(position_weight, "position_weight", 0, MAX_POSITION_WEIGHT)
     features = torch.from_numpy(view.copy()).permute(2, 0, 1).unsqueeze(0).float() / 255  # (1, 3, h, w)
     if position_weight:

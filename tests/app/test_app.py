@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import json
 import shutil
+import socket
 import threading
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -163,15 +164,15 @@ def test_a_negative_k_typed_is_refused_with_the_range_the_layer_allows(explorer,
     (lambda ex, ck, im: ex.on_table(**page(ck, im, num_neighbors=2.7)),
      r"K \(neighbours per query\) must be a whole number, got 2.7"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, seed=2**63)),
-     r"seed must be in \[0, 9223372036854775807\], got 9223372036854775808"),
+     r"seed must be from 0 to 9223372036854775807, got 9223372036854775808"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, head=1e20)),
-     r"head must be in \[0, 0\] for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
+     r"head must be from 0 to 0 for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=101)),
      r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
     (lambda ex, ck, im: ex.on_hops(**page(ck, im), hops=float("inf")),
      "num_hops must be a whole number, got inf"),
-    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be in \[1, 1024\], got 1000000000"),
+    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be from 1 to 1024, got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
      r"position_weight must be a finite number, got nan"),
 ])
@@ -279,7 +280,7 @@ def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path
 
 def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example_image):
     checkpoint, image = "vit-convnn", example_image
-    message = r"head must be in \[0, 1\] for blocks.0.attn \(2 heads\), got 2"
+    message = r"head must be from 0 to 1 for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
         explorer.on_hops(**page(checkpoint, image, "blocks.0.attn", head=2), hops=2)
     with pytest.raises(gr.Error, match=message):
@@ -436,7 +437,8 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
                                                                               ("sweep", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values,
     #                                                                            a new view clears a copied link
-    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("view", app_texts.CLEAR_LINK_JS)]
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("change", app_texts.KEEP_MODEL_JS),
+                       ("view", app_texts.CLEAR_LINK_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:
@@ -687,6 +689,18 @@ def test_the_upload_cap_is_a_flag(monkeypatch):
         app.main()
 
 
+def test_a_port_taken_is_one_line_naming_it_and_how_to_choose_another(monkeypatch):
+    """On a port another server holds, the app ended in Gradio's traceback, which named Gradio's own option
+    (``server_port``), not the app's: it now says which port, how to choose another, and exits non-zero."""
+    with socket.create_server(("127.0.0.1", 0)) as held:  # another server, listening
+        port = held.getsockname()[1]
+        monkeypatch.setattr("sys.argv", ["app.py", "--port", str(port)])
+        with pytest.raises(SystemExit) as exited:
+            app.main()
+    assert exited.value.code == (f"Port {port} of 127.0.0.1 is taken (another server, or this app already running): "
+                                 "choose another with --port N or PORT=N.")  # sys.exit: printed, exit status 1
+
+
 def test_a_rule_registered_in_the_library_is_a_selection_of_the_layer_every_view_and_the_app(
         explorer, checkpoint_dir, example_image, monkeypatch):
     """One registry (convnn.selection): adding a rule there makes ConvNN2d select with it, query_neighbors compute
@@ -854,7 +868,7 @@ def test_no_link_is_written_for_a_pixel_outside_the_model_input(explorer):
     that it could not set it; an empty row box was left out of it, so the link opened at row 16. Both are refused
     with a message, and no link is written (the page moves a typed row onto the image first: test_browser.py)."""
     for row, message in ((99, "query pixel (row=99, col=3) is outside the 32×32 model input"),
-                         (None, "query row must be a whole number, got None")):
+                         (None, "query row is empty: type a whole number")):
         with pytest.raises(gr.Error) as refused:
             explorer.on_link_copy(view("cnn-l0.5", "hops", layer=CELL_LAYER, row_px=row, col_px=3))
         assert refused.value.message == message
@@ -862,6 +876,17 @@ def test_no_link_is_written_for_a_pixel_outside_the_model_input(explorer):
         f"model=cnn-l0.5&layer={CELL_LAYER}&row=31&col=3&tab=hops")
     copy = next(step for step in app.build_demo(explorer).fns.values() if step.js == app_texts.COPY_LINK_JS)
     assert copy.trigger_only_on_success  # a refusal puts no address on the clipboard, nor in the box
+
+
+def test_an_empty_row_or_col_box_is_named_empty(explorer, example_image):
+    """The input-level view's row or col box left empty was refused with "query row must be a whole number, got
+    None": the message says the box is empty and what it needs."""
+    for row, col, message in ((None, 3, "query row is empty: type a whole number"),
+                              (3, None, "query col is empty: type a whole number")):
+        for refused_by in (explorer.on_pixel_query, lambda *args: explorer.on_pixels(*args, 64, 0.0)):
+            with pytest.raises(gr.Error) as refused:
+                refused_by(str(example_image), row, col)
+            assert refused.value.message == message
 
 
 def test_every_lesson_step_opens_on_the_shipped_models(shipped):

@@ -96,7 +96,7 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         settle(tab)
         tab.locator("#num_candidates input").fill("2")  # r < K: refused, and the box goes back to the table's r
         tab.locator("#num_candidates input").press("Enter")
-        tab.wait_for_selector(".toast-body:has-text('must be ≥ K = 4')", timeout=30_000)
+        tab.wait_for_selector(".toast-body:has-text('must be at least K = 4')", timeout=30_000)
         tab.wait_for_function("document.querySelector('#num_candidates input').value === '0'", timeout=10_000)
         assert tab.locator("#window_size input").input_value() == "3"  # R stays as typed (it went back to 0)
         tab.wait_for_function("!document.querySelector('#explorer .error')", timeout=10_000)  # the toast says it:
@@ -205,6 +205,28 @@ def test_a_refused_layer_name_goes_back_to_the_layer_shown(app_url, chromium):
         tab.locator("#seed input").press("Enter")
         tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
         assert tab.locator(".cx").get_attribute("data-layer") == shown_layer
+
+
+def test_an_unknown_model_name_goes_back_to_the_model_shown(app_url, chromium):
+    """A model name typed in the model list ("nosuchmodel") was refused, and the list kept it with an "Error" mark on
+    the layer list (and the model's other outputs). The list now goes back to the model the explorer shows, its
+    layers stay, no mark remains, and a knob applies again."""
+    with browser_page(chromium, app_url) as tab:
+        model, layer = tab.input_value("#checkpoint input"), tab.input_value("#layer input")
+        tab.locator("#checkpoint input").fill("nosuchmodel")
+        tab.locator("#checkpoint input").press("Enter")
+        tab.wait_for_selector(".toast-body.error:has-text(\"unknown checkpoint 'nosuchmodel'\")", timeout=30_000)
+        tab.wait_for_function("model => document.querySelector('#checkpoint input').value === model"
+                              " && !document.querySelector('#layer .error, #checkpoint .error')", arg=model,
+                              timeout=10_000)
+        settle(tab)  # the refusal's steps answered
+        assert tab.input_value("#layer input") == layer
+        marked = tab.evaluate("[...document.querySelectorAll('.error')].filter(e => !e.closest('.toast-wrap')).length")
+        assert marked == 0  # no component keeps an "Error" mark
+        drawn = tab.locator(".cx").get_attribute("data-drawn")
+        tab.locator("#seed input").fill("7")  # a knob applies again
+        tab.locator("#seed input").press("Enter")
+        tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
 
 
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
@@ -543,6 +565,28 @@ def test_a_fifth_model_in_compare_mode_is_not_added_and_the_page_says_so(app_url
         assert tab.locator(".cc").get_attribute("data-columns") == "4"
         assert [tab.locator(f".cc-col:nth-child({i + 1})").get_attribute("data-model") for i in range(4)] == [
             "cnn-l0", "cnn-l0.5", "cnn-random", "vit-convnn"]
+
+
+def test_a_refused_depth_goes_back_to_the_depth_compare_mode_shows(app_url, chromium):
+    """A depth typed out of range (2) was refused, but the depth control stayed at the refused bound (1), the layer
+    lists kept an "Error" mark, and a copied link said depth=1.0. The control goes back to the depth the columns
+    show, no mark remains, and a copied link carries that depth."""
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_role("tab", name=app_texts.TABS["compare"]).click()
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '2'", timeout=60_000)
+        settle(tab)
+        depth = tab.input_value("#compare_depth input[type=number]")
+        layers = [tab.input_value(f"#compare_layer_{i} input") for i in range(2)]
+        type_value(tab, "compare_depth", "2")
+        tab.wait_for_selector(".toast-body.error:has-text('must be from 0 to 1, got 2.0')", timeout=30_000)
+        tab.wait_for_function("depth => document.querySelector('#compare_depth input[type=number]').value === depth"
+                              " && !document.querySelector('#compare_depth .error, [id^=compare_layer_] .error')",
+                              arg=depth, timeout=10_000)
+        settle(tab)
+        assert [tab.input_value(f"#compare_layer_{i} input") for i in range(2)] == layers
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('depth=')")
+        assert f"&depth={depth}&" in tab.locator("#link textarea, #link input").first.input_value()
 
 
 def test_an_uploaded_photo_leaves_no_example_highlighted(app_url, explorer, chromium):

@@ -667,8 +667,8 @@ def test_a_huge_number_in_a_message_is_abbreviated(explorer, checkpoint_dir, exa
     with pytest.raises(gr.Error) as refused:
         explorer.on_table(**page("cnn-l0.5", example_image, row_px=1e308, col_px=3))
     assert refused.value.message == "query pixel (row=1.00e+308, col=3) is outside the 32×32 model input"
-    seeds = f"seed must be in [0, {an.MAX_SEED}], got {2**70}"  # 19 digits shown whole, 22 shortened
-    assert an.user_error_message(ValueError(seeds)) == f"seed must be in [0, {an.MAX_SEED}], got 1.18e+21"
+    seeds = f"seed must be from 0 to {an.MAX_SEED}, got {2**70}"  # 19 digits shown whole, 22 shortened
+    assert an.user_error_message(ValueError(seeds)) == f"seed must be from 0 to {an.MAX_SEED}, got 1.18e+21"
     assert an.user_error_message(ValueError("0.1234567890123456789012345")) == "0.1234567890123456789012345"
 
 
@@ -692,11 +692,36 @@ def test_number_boxes_and_sliders_refuse_what_is_not_a_number_with_a_message(exp
         assert refused.value.message == html.escape(f"{label} must be {kind}, got {value!r}", quote=False)
     assert inputs["query row (px)"].preprocess(3.0) == 3 and inputs["query row (px)"].preprocess(None) is None
     assert inputs["position weight"].preprocess(0.5) == 0.5
-    for label, value, message in (("query row (px)", -1, "must be in [0, ∞], got -1"),
-                                  ("hops (towards the input)", 5, "must be in [1, 4], got 5.0")):
+    for label, value, message in (("query row (px)", -1, "must be at least 0, got -1"),
+                                  ("hops (towards the input)", 5, "must be from 1 to 4, got 5.0")):
         with pytest.raises(gr.Error) as refused:
             inputs[label].preprocess(value)
         assert refused.value.message == f"{label} {message}"
+
+
+def test_every_number_control_names_its_range_in_words(explorer):
+    """R, r, the head, the query row and col were refused as "must be in [0, ∞], got -1" (no knob is infinite) while
+    K's refusal said "from 1 to 256": every control's refusal, and the table's for K, r, α, the seed and the head,
+    now names its range in words, with one helper (convnn.validation.number_range)."""
+    for label, component in number_inputs(app.build_demo(explorer)).items():
+        below = -1 if component.minimum is None else component.minimum - 1
+        if component.minimum is None and component.maximum is None:
+            continue  # K: any whole number (0 = the layer's); the table's check below names its range
+        with pytest.raises(gr.Error) as refused:
+            component.preprocess(below if component.minimum is not None else component.maximum + 1)
+        words = (f"at least {component.minimum}" if component.maximum is None
+                 else f"from {component.minimum} to {component.maximum}")
+        assert refused.value.message.startswith(f"{label} must be {words}, got "), refused.value.message
+    layer_info = explorer.model("vit-convnn").layer_info("blocks.0.attn")
+    for options, words in ((an.RuleOptions(num_neighbors=-1), "K (neighbours per query) must be from 1 to 64 "),
+                           (an.RuleOptions(num_neighbors=9, num_candidates=4), "r (random candidates) must be at "
+                                                                               "least K = 9 "),
+                           (an.RuleOptions(head=2), "head must be from 0 to 1 for blocks.0.attn (2 heads), got 2"),
+                           (an.RuleOptions(seed=-1), "seed must be from 0 to "),
+                           (an.RuleOptions(blend_alpha=2.0), "blend α must be from 0 to 1, got 2.0")):
+        with pytest.raises(ValueError) as refused:
+            an.resolve_options(layer_info, options)
+        assert str(refused.value).startswith(words) and "∞" not in str(refused.value), refused.value
 
 
 def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
