@@ -537,7 +537,8 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
             add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
             guide += [gr.Markdown(text, visible=False) for text in texts.GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
-            # Right above the explorer: a step's text next to what it describes, on a desktop and on a phone.
+            # Right above the explorer: a step's text next to what it describes (on a phone right below its
+            # image and prediction, which stay on the first screen: web/page.css).
             with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
                 with gr.Row():
                     add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",

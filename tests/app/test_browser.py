@@ -357,14 +357,16 @@ def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
 
 
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
-    """At 390 × 844: the whole image and the top-1 prediction on the first screen, the layer, fit and K controls by
-    the end of the second (they were below 2,200 px, after the explorer's statistics); every chart's titles inside
+    """At 390 × 844: the whole image and the top-1 prediction on the first screen, with a lesson open too (its picker
+    and text put the image at y ≈ 811), the layer, fit and K controls by the end of the second (they were below
+    2,200 px, after the explorer's statistics); every chart's titles inside
     its box, clear of each other and of the chart's label, tick labels never vertical (per-layer names were) and
     heatmaps at least :data:`MIN_HEATMAP_PX` wide (the equivalence demo's were ≈ 80 px; its every-model spectrum's
     axis title ran off the chart). Each wait is for what the page shows, never for a time."""
     height = PHONE["viewport"]["height"]
     with browser_page(chromium, app_url, PHONE) as tab:
-        for image in ("example", "upload"):  # a phone photo's note (its size, its crop) pushed the top-1 below
+        for image in ("example", "upload", "lesson"):  # a phone photo's note (its size, its crop) pushed the top-1
+            #                                           below
             if image == "upload":
                 photo = io.BytesIO()
                 Image.new("RGB", (3000, 2000), (90, 140, 60)).save(photo, "JPEG")
@@ -376,6 +378,13 @@ def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whol
                 settle(tab, chain)
                 tab.evaluate("window.scrollTo(0, 0)")  # the first screen, as the page opened
                 assert "3000×2000" in tab.locator(".cx-seen").inner_text()  # the note in its longest form
+            if image == "lesson":  # a lesson open, its picker and its step's text (here a note on these models)
+                tab.get_by_text("Lessons: convolution").click()
+                chain = expect_chain(tab, "input", "lesson")
+                tab.locator("#lesson input").click()
+                tab.get_by_role("option").first.click()
+                settle(tab, chain)
+                tab.evaluate("window.scrollTo(0, 0)")
             boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
                 ("image", "#explorer .cx-canvas"), ("top-1", ".cx-predicted"), ("layer", "#layer"), ("fit", "#fit"),
                 ("K", "#num_neighbors"))}
