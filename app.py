@@ -684,12 +684,12 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for tab in ui["tabs"].children:  # the open tab, for a link (compare mode's keeps it in on_compare_open)
             if tab is not ui["compare_tab"]:
                 tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
+        link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
+        #                                             answered with no request), and an answer come since dropped
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
                                                          ["link", "link_note"]),
-                                            api_visibility="private")
-        link_copy.success(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
-        link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
-        #                                             answered with no request)
+                                            js=texts.ASK_LINK_JS, api_visibility="private")
+        link_copy.success(None, link_shown, link_shown, js=texts.COPY_LINK_JS, api_visibility="private")
         ui["explorer"].view(None, link_shown, link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")
         # The visitor's own moves only: a link that opens a tab or compare mode sets them too, in the same update as
         # its note, which a change event would read before it lands and write back empty

@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -748,6 +749,37 @@ def test_a_copied_link_is_cleared_once_the_view_moves_on(app_url, explorer, chro
         tab.locator("#link_note", has_text="This link leaves out the uploaded photo").wait_for()
         tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (20, 3)))
         cleared()  # its note too
+
+
+def test_a_link_answered_after_the_view_moved_on_is_dropped(app_url, explorer, chromium, monkeypatch):
+    """A link asked for, then a pixel clicked before its answer came: the click cleared the (still empty) link box,
+    and the late answer wrote the link of the view no longer shown into it. That answer is dropped: the box and the
+    note stay empty, and the link copied again is the view's shown. The server holds the answer until the click is
+    drawn (no time waited)."""
+    asked, release, link = threading.Event(), threading.Event(), explorer.link
+
+    def held_link(*args, **kwargs) -> dict:
+        asked.set()
+        release.wait(60)
+        return link(*args, **kwargs)
+
+    monkeypatch.setattr(explorer, "link", held_link)
+    table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
+    with browser_page(chromium, app_url) as tab:
+        box = tab.locator("#link textarea, #link input").first
+        try:
+            chain = expect_chain(tab, "click", "link_button")
+            tab.locator("#link_button").click()
+            assert asked.wait(60)  # the link of pixel (16, 16) is on its way
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (5, 7)))
+            tab.wait_for_function("document.querySelector('.cx').dataset.query === '5,7'")
+        finally:
+            release.set()
+        settle(tab, chain)  # its answer has come
+        assert box.input_value() == "" and tab.locator("#link_note").inner_text().strip() == ""
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
+        assert "&row=5&col=7&" in box.input_value()
 
 
 def test_a_typed_row_is_a_pixel_of_the_image_and_an_empty_one_changes_nothing(app_url, chromium):
