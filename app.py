@@ -99,6 +99,11 @@ class Explorer(CompareMode, ExplorerAPI):
                 **{button: gr.update(visible=draws) for button in DRAW_STEPS}}
 
     @user_errors
+    def has_layer(self, checkpoint, layer, request=None) -> bool:
+        """Whether ``layer`` is one of the layers the explorer opens of the model ``checkpoint``."""
+        return layer in {layer_info.name for layer_info in self.model(checkpoint, request).layer_infos}
+
+    @user_errors
     def on_draw_back(self, draw, request=None):
         """The eval draw before the one shown (none before draw 0)."""
         return max(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) - 1, 0)
@@ -635,12 +640,26 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
         runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(queued_events, demo, limits.SLOW_GROUP))
 
+        def of_the_model(fn):
+            """A later step ``fn`` of a chain, reading the model and its layer as the page holds them when the step
+            is sent: a model picked meanwhile (its own chain on its way) comes with the layer of the model before,
+            and the step then changes nothing, with no message (a layer the user got wrong is said by the chain's
+            first step)."""
+            @functools.wraps(fn)
+            def step(values, request, *rest):
+                if not ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request):
+                    return gr.skip()
+                return fn(values, request, *rest)
+            return step
+
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
             for view in views:
                 step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                     step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
+                elif {"checkpoint", "layer"} <= set(table_views[view][1]):
+                    step["fn"] = of_the_model(step["fn"])
                 event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in knob_fields]

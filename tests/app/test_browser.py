@@ -208,6 +208,37 @@ def test_a_refused_layer_name_goes_back_to_the_layer_shown(app_url, chromium):
         assert tab.locator(".cx").get_attribute("data-layer") == shown_layer
 
 
+def test_quick_model_picks_end_on_the_last_one_without_a_false_message(app_url, explorer, chromium, monkeypatch):
+    """A model picked while the pick before was still answered: the earlier pick's next steps read the new model
+    with the earlier model's layer and showed "layer 'blocks.0.attn' is not a layer of cnn-l0" (the page then
+    ended right). No message now, and the page ends on the last model. The server holds the first pick's answer
+    until the second is made (no time waited)."""
+    holding, asked, release, card_summary = threading.Event(), threading.Event(), threading.Event(), an.card_summary
+
+    def held_summary(card) -> str:  # the first model picked: its card, once the second model is picked
+        if holding.is_set() and not asked.is_set():
+            asked.set()
+            release.wait(60)
+        return card_summary(card)
+
+    monkeypatch.setattr(an, "card_summary", held_summary)
+    with browser_page(chromium, app_url) as tab:
+        box = tab.locator("#checkpoint input")
+        holding.set()
+        try:
+            for model in ("vit-mhsa", "cnn-l0"):  # a ViT's layer, then a CNN, which has none of that name
+                box.click()
+                box.fill(model)
+                box.press("Enter")
+                assert asked.wait(60)
+        finally:
+            release.set()
+        tab.wait_for_function("document.querySelector('.cx').dataset.model === 'cnn-l0'", timeout=60_000)
+        settle(tab)
+        assert shown(tab)["layer"] == explorer.model("cnn-l0").first_layer_info.name
+        assert tab.locator(".toast-body").all_inner_texts() == []
+
+
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
     """With K above the table's bound each click asks the server for its row; a second click while the first's row
     was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's
