@@ -25,6 +25,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -114,11 +115,12 @@ class Explorer(CompareMode, ExplorerAPI):
         return min(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) + 1, an.MAX_DRAW)
 
     @user_errors
-    def on_first_render(self, query, request=None):
-        """What a new model or image shows first: the explorer's table with the prediction, at the query's pixel
-        moved inside the model's input (a model of another input size still answers)."""
+    def on_first_render(self, query, focus_rule="", request=None):
+        """What a new model, image, link or lesson step shows first: the explorer's table with the prediction, at the
+        query's pixel moved inside the model's input (a model of another input size still answers), and the rule
+        the last link or step named (``focus_rule``: :meth:`view`), which the page shows large when it is new."""
         size = self.model(query.checkpoint, request).card.input_size
-        return self.table(query.at(query.pixel, size), request, keep_query=False)
+        return self.table(query.at(query.pixel, size), request, keep_query=False) | {"focus_rule": focus_rule}
 
     @user_errors
     def on_table(self, query, request=None):
@@ -175,7 +177,9 @@ class Explorer(CompareMode, ExplorerAPI):
             out["compare_depth"] = self.opening_depth(query.checkpoint, query.layer, request)
         if "tab" in named:
             out["tabs"], out["tab"] = gr.Tabs(selected=opened.state.tab), opened.state.tab
-        return out | {"focus_rule": opened.focus_rule, "link_note": opened.note}
+        # the rule shown large, new at each opening (a step opened again over the view it opens, moved on in the
+        # page, is shown again: its table alone was the same as the one shown)
+        return out | {"focus_rule": f"{opened.focus_rule}@{secrets.token_hex(4)}", "link_note": opened.note}
 
     @user_errors
     def on_link(self, state, request=None):
@@ -413,7 +417,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "own_model": ("on_own_model", ["lesson", "lesson_step"], ["lesson_text"]),
         "example": ("on_example", [], ["image_file"]),
         "image_upload": ("on_image_upload", ["image_upload"], ["image_file", "examples"]),
-        "first_render": ("on_first_render", query, ["explorer"]),
+        "first_render": ("on_first_render", [*query, "focus_rule"], ["explorer"]),
         "table": ("on_table", query, ["explorer"]),
         "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
         "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer", "draw"], ["mix_plot", "mix_note"]),
@@ -539,7 +543,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(gr.Textbox(label="link", show_label=False, interactive=False, buttons=["copy"], elem_id="link",
                                placeholder=texts.LINK_NOTE, min_width=160))
             add(gr.Markdown("", elem_id="link_note"))
-            add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
+            add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer's table
             guide += [gr.Markdown(text, visible=False) for text in texts.GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             # Right above the explorer: a step's text next to what it describes (on a phone right below its
@@ -551,7 +555,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
                 add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))
-            add(ExplorerView(elem_id="explorer", rule_box="focus_rule"))
+            add(ExplorerView(elem_id="explorer"))
     ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
     ui["tab"] = gr.State(next(iter(texts.TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):

@@ -892,6 +892,28 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
             step=len(last), what="image").replace("**", "")
 
 
+def test_a_lesson_started_again_shows_its_step_s_pixel_and_rule(shipped_url, chromium):
+    """A lesson started again after a click and a rule switch in the page: its first step's table was the one shown,
+    so the explorer was not drawn again and stayed on the clicked pixel and the rule picked, while the query boxes,
+    the multi-hop view and the step's text were the step's. The explorer shows the step's pixel and rule."""
+    url, explorer = shipped_url
+    lesson = explorer.lessons[0]
+    table = explorer.on_table(**linked_values(explorer, lesson["steps"][0]["link"]))
+    step = "document.querySelector('.cx').dataset.query === '16,16' && document.querySelector('.cx').dataset.rule " \
+           "=== 'window'"  # the first step's pixel and rule
+    with browser_page(chromium, url) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        for _ in range(2):
+            chain = expect_chain(tab, "input", "lesson")
+            tab.locator("#lesson input").click()
+            tab.get_by_role("option", name=lesson["title"]).click()
+            settle(tab, chain)
+            tab.wait_for_function(step, timeout=30_000)
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (5, 7)))
+            tab.locator(".cx-rules button", has_text="all tokens").click()
+            assert (shown(tab)["query"], shown(tab)["rule"]) == ("5,7", "all")
+
+
 def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing
