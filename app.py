@@ -25,6 +25,7 @@ import importlib
 import json
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -99,6 +100,11 @@ class Explorer(CompareMode, ExplorerAPI):
                 **{button: gr.update(visible=draws) for button in DRAW_STEPS}}
 
     @user_errors
+    def has_layer(self, checkpoint, layer, request=None) -> bool:
+        """Whether ``layer`` is one of the layers the explorer opens of the model ``checkpoint``."""
+        return layer in {layer_info.name for layer_info in self.model(checkpoint, request).layer_infos}
+
+    @user_errors
     def on_draw_back(self, draw, request=None):
         """The eval draw before the one shown (none before draw 0)."""
         return max(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) - 1, 0)
@@ -109,11 +115,12 @@ class Explorer(CompareMode, ExplorerAPI):
         return min(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) + 1, an.MAX_DRAW)
 
     @user_errors
-    def on_first_render(self, query, request=None):
-        """What a new model or image shows first: the explorer's table with the prediction, at the query's pixel
-        moved inside the model's input (a model of another input size still answers)."""
+    def on_first_render(self, query, focus_rule="", request=None):
+        """What a new model, image, link or lesson step shows first: the explorer's table with the prediction, at the
+        query's pixel moved inside the model's input (a model of another input size still answers), and the rule
+        the last link or step named (``focus_rule``: :meth:`view`), which the page shows large when it is new."""
         size = self.model(query.checkpoint, request).card.input_size
-        return self.table(query.at(query.pixel, size), request, keep_query=False)
+        return self.table(query.at(query.pixel, size), request, keep_query=False) | {"focus_rule": focus_rule}
 
     @user_errors
     def on_table(self, query, request=None):
@@ -170,7 +177,9 @@ class Explorer(CompareMode, ExplorerAPI):
             out["compare_depth"] = self.opening_depth(query.checkpoint, query.layer, request)
         if "tab" in named:
             out["tabs"], out["tab"] = gr.Tabs(selected=opened.state.tab), opened.state.tab
-        return out | {"focus_rule": opened.focus_rule, "link_note": opened.note}
+        # the rule shown large, new at each opening (a step opened again over the view it opens, moved on in the
+        # page, is shown again: its table alone was the same as the one shown)
+        return out | {"focus_rule": f"{opened.focus_rule}@{secrets.token_hex(4)}", "link_note": opened.note}
 
     @user_errors
     def on_link(self, state, request=None):
@@ -408,7 +417,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
         "own_model": ("on_own_model", ["lesson", "lesson_step"], ["lesson_text"]),
         "example": ("on_example", [], ["image_file"]),
         "image_upload": ("on_image_upload", ["image_upload"], ["image_file", "examples"]),
-        "first_render": ("on_first_render", query, ["explorer"]),
+        "first_render": ("on_first_render", [*query, "focus_rule"], ["explorer"]),
         "table": ("on_table", query, ["explorer"]),
         "weights": ("on_weights", ["checkpoint", "layer"], ["kernel_plot", "slot_plot", "weights_note"]),
         "mix": ("on_mix", ["checkpoint", "image_file", "fit", "layer", "draw"], ["mix_plot", "mix_note"]),
@@ -537,10 +546,11 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(gr.Textbox(label="link", show_label=False, interactive=False, buttons=["copy"], elem_id="link",
                                placeholder=texts.LINK_NOTE, min_width=160))
             add(gr.Markdown("", elem_id="link_note"))
-            add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer
+            add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer's table
             guide += [gr.Markdown(text, visible=False) for text in texts.GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
-            # Right above the explorer: a step's text next to what it describes, on a desktop and on a phone.
+            # Right above the explorer: a step's text next to what it describes (on a phone right below its
+            # image and prediction, which stay on the first screen: web/page.css).
             with gr.Accordion("Lessons: convolution, attention and what lies between", open=False, elem_id="lessons"):
                 with gr.Row():
                     add(gr.Dropdown([lesson["title"] for lesson in ex.lessons], value=None, label="lesson",
@@ -548,7 +558,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                     add(gr.Button("◀ Back", elem_id="lesson_back", scale=1, min_width=80))
                     add(gr.Button("Next step ▶", variant="primary", elem_id="lesson_next", scale=1, min_width=80))
                 add(gr.Markdown(texts.LESSON_PROMPT, elem_id="lesson_text"))
-            add(ExplorerView(elem_id="explorer", rule_box="focus_rule"))
+            add(ExplorerView(elem_id="explorer"))
     ui["lesson_step"] = gr.State(0)  # the step of the lesson shown
     ui["tab"] = gr.State(next(iter(texts.TABS)))  # the tab open, for a link (Tabs send no value of their own)
     with gr.Accordion("Model card, or open your own checkpoint", open=False):
@@ -637,12 +647,26 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
         runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(queued_events, demo, limits.SLOW_GROUP))
 
+        def of_the_model(fn):
+            """A later step ``fn`` of a chain, reading the model and its layer as the page holds them when the step
+            is sent: a model picked meanwhile (its own chain on its way) comes with the layer of the model before,
+            and the step then changes nothing, with no message (a layer the user got wrong is said by the chain's
+            first step)."""
+            @functools.wraps(fn)
+            def step(values, request, *rest):
+                if not ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request):
+                    return gr.skip()
+                return fn(values, request, *rest)
+            return step
+
         def run(views: list[str], event):
             """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
             for view in views:
                 step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                     step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
+                elif {"checkpoint", "layer"} <= set(table_views[view][1]):
+                    step["fn"] = of_the_model(step["fn"])
                 event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in knob_fields]
@@ -696,12 +720,12 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         for tab in ui["tabs"].children:  # the open tab, for a link (compare mode's keeps it in on_compare_open)
             if tab is not ui["compare_tab"]:
                 tab.select(functools.partial(lambda key: key, tab.id), None, ui["tab"], api_visibility="private")
+        link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
+        #                                             answered with no request), and an answer come since dropped
         link_copy = ui["link_button"].click(**wired("on_link_copy", [*query, "tab", "compare_models", "compare_depth"],
                                                          ["link", "link_note"]),
-                                            api_visibility="private")
-        link_copy.success(None, ui["link"], ui["link"], js=texts.COPY_LINK_JS, api_visibility="private")
-        link_shown = [ui["link"], ui["link_note"]]  # cleared once the view moves on, in the page (a click stays
-        #                                             answered with no request)
+                                            js=texts.ASK_LINK_JS, api_visibility="private")
+        link_copy.success(None, link_shown, link_shown, js=texts.COPY_LINK_JS, api_visibility="private")
         ui["explorer"].view(None, link_shown, link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")
         # The visitor's own moves only: a link that opens a tab or compare mode sets them too, in the same update as
         # its note, which a change event would read before it lands and write back empty

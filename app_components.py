@@ -64,17 +64,12 @@ class ExplorerView(PageView):
     Its value is a table, or the α animation's frames for the table shown (:func:`analysis.page_sweep`). Its named
     events: ``row`` (a K above the table's bound: the clicked query's row, ``evt.index`` its pixel), answered with a
     table, ``sweep`` (▶ α pressed), answered with the frames, and ``view`` (what it draws, as a link names it,
-    changed), answered in the page only (a copied link is cleared: ``app_texts.CLEAR_LINK_JS``).
-
-    Args:
-        rule_box (str): the ``elem_id`` of the hidden box where a link or a lesson's step names the rule shown large.
+    changed), answered in the page only (a copied link is cleared: ``app_texts.CLEAR_LINK_JS``). A table a link or a
+    lesson's step opens names the rule to show large (its ``focus_rule``, new at each opening).
     """
 
     ROOT = "cx"
     SCRIPT = "explorer.js"
-
-    def __init__(self, value: dict | None = None, *, rule_box: str, **kwargs) -> None:
-        super().__init__(value, data={"rule-box": rule_box}, **kwargs)
 
 
 class CompareView(PageView):

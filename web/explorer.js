@@ -56,7 +56,7 @@ const followed = new WeakSet(); // the boxes this view follows (panel.js: follow
 let table = null; // the decoded table
 let shownQuery = null; // [row_px, col_px] last drawn: what is shown while the boxes hold no pixel of this input
 let focusRule = null;
-let appliedHint = ""; // the rule a link or a lesson's step last named, in the box that data-rule-box names
+let appliedHint = ""; // the rule a link or a lesson's step last named (a table's focus_rule, new at each opening)
 let drawCount = 0;
 let viewDrawn = ""; // VIEW_DATA's values last drawn
 let sweep = null; // the decoded α sweep of the current table, once asked for
@@ -496,8 +496,7 @@ function showTable(value) {
   sweep = null;
   playWhenSwept = false;
   shownQuery = keep || behind ? px : value.query_px;
-  const hint = document.querySelector(`#${root.dataset.ruleBox} textarea, #${root.dataset.ruleBox} input`)
-    ?.value || "";
+  const hint = value.focus_rule || "";
   if (hint && hint !== appliedHint && table.byName[hint.split("@")[0]]) { // a link's or a lesson step's rule
     appliedHint = hint;
     focusRule = hint.split("@")[0];

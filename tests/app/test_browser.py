@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -229,6 +230,37 @@ def test_an_unknown_model_name_goes_back_to_the_model_shown(app_url, chromium):
         tab.wait_for_function(f"document.querySelector('.cx').dataset.drawn !== '{drawn}'", timeout=30_000)
 
 
+def test_quick_model_picks_end_on_the_last_one_without_a_false_message(app_url, explorer, chromium, monkeypatch):
+    """A model picked while the pick before was still answered: the earlier pick's next steps read the new model
+    with the earlier model's layer and showed "layer 'blocks.0.attn' is not a layer of cnn-l0" (the page then
+    ended right). No message now, and the page ends on the last model. The server holds the first pick's answer
+    until the second is made (no time waited)."""
+    holding, asked, release, card_summary = threading.Event(), threading.Event(), threading.Event(), an.card_summary
+
+    def held_summary(card) -> str:  # the first model picked: its card, once the second model is picked
+        if holding.is_set() and not asked.is_set():
+            asked.set()
+            release.wait(60)
+        return card_summary(card)
+
+    monkeypatch.setattr(an, "card_summary", held_summary)
+    with browser_page(chromium, app_url) as tab:
+        box = tab.locator("#checkpoint input")
+        holding.set()
+        try:
+            for model in ("vit-mhsa", "cnn-l0"):  # a ViT's layer, then a CNN, which has none of that name
+                box.click()
+                box.fill(model)
+                box.press("Enter")
+                assert asked.wait(60)
+        finally:
+            release.set()
+        tab.wait_for_function("document.querySelector('.cx').dataset.model === 'cnn-l0'", timeout=60_000)
+        settle(tab)
+        assert shown(tab)["layer"] == explorer.model("cnn-l0").first_layer_info.name
+        assert tab.locator(".toast-body").all_inner_texts() == []
+
+
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
     """With K above the table's bound each click asks the server for its row; a second click while the first's row
     was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's
@@ -379,14 +411,16 @@ def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
 
 
 def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whole_charts(app_url, chromium):
-    """At 390 × 844: the whole image and the top-1 prediction on the first screen, the layer, fit and K controls by
-    the end of the second (they were below 2,200 px, after the explorer's statistics); every chart's titles inside
+    """At 390 × 844: the whole image and the top-1 prediction on the first screen, with a lesson open too (its picker
+    and text put the image at y ≈ 811), the layer, fit and K controls by the end of the second (they were below
+    2,200 px, after the explorer's statistics); every chart's titles inside
     its box, clear of each other and of the chart's label, tick labels never vertical (per-layer names were) and
     heatmaps at least :data:`MIN_HEATMAP_PX` wide (the equivalence demo's were ≈ 80 px; its every-model spectrum's
     axis title ran off the chart). Each wait is for what the page shows, never for a time."""
     height = PHONE["viewport"]["height"]
     with browser_page(chromium, app_url, PHONE) as tab:
-        for image in ("example", "upload"):  # a phone photo's note (its size, its crop) pushed the top-1 below
+        for image in ("example", "upload", "lesson"):  # a phone photo's note (its size, its crop) pushed the top-1
+            #                                           below
             if image == "upload":
                 photo = io.BytesIO()
                 Image.new("RGB", (3000, 2000), (90, 140, 60)).save(photo, "JPEG")
@@ -398,6 +432,13 @@ def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whol
                 settle(tab, chain)
                 tab.evaluate("window.scrollTo(0, 0)")  # the first screen, as the page opened
                 assert "3000×2000" in tab.locator(".cx-seen").inner_text()  # the note in its longest form
+            if image == "lesson":  # a lesson open, its picker and its step's text (here a note on these models)
+                tab.get_by_text("Lessons: convolution").click()
+                chain = expect_chain(tab, "input", "lesson")
+                tab.locator("#lesson input").click()
+                tab.get_by_role("option").first.click()
+                settle(tab, chain)
+                tab.evaluate("window.scrollTo(0, 0)")
             boxes = {name: tab.locator(selector).first.bounding_box() for name, selector in (
                 ("image", "#explorer .cx-canvas"), ("top-1", ".cx-predicted"), ("layer", "#layer"), ("fit", "#fit"),
                 ("K", "#num_neighbors"))}
@@ -785,6 +826,37 @@ def test_a_copied_link_is_cleared_once_the_view_moves_on(app_url, explorer, chro
         cleared()  # its note too
 
 
+def test_a_link_answered_after_the_view_moved_on_is_dropped(app_url, explorer, chromium, monkeypatch):
+    """A link asked for, then a pixel clicked before its answer came: the click cleared the (still empty) link box,
+    and the late answer wrote the link of the view no longer shown into it. That answer is dropped: the box and the
+    note stay empty, and the link copied again is the view's shown. The server holds the answer until the click is
+    drawn (no time waited)."""
+    asked, release, link = threading.Event(), threading.Event(), explorer.link
+
+    def held_link(*args, **kwargs) -> dict:
+        asked.set()
+        release.wait(60)
+        return link(*args, **kwargs)
+
+    monkeypatch.setattr(explorer, "link", held_link)
+    table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
+    with browser_page(chromium, app_url) as tab:
+        box = tab.locator("#link textarea, #link input").first
+        try:
+            chain = expect_chain(tab, "click", "link_button")
+            tab.locator("#link_button").click()
+            assert asked.wait(60)  # the link of pixel (16, 16) is on its way
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (5, 7)))
+            tab.wait_for_function("document.querySelector('.cx').dataset.query === '5,7'")
+        finally:
+            release.set()
+        settle(tab, chain)  # its answer has come
+        assert box.input_value() == "" and tab.locator("#link_note").inner_text().strip() == ""
+        tab.locator("#link_button").click()
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
+        assert "&row=5&col=7&" in box.input_value()
+
+
 def test_a_typed_row_is_a_pixel_of_the_image_and_an_empty_one_changes_nothing(app_url, chromium):
     """An empty row box read as row 0 (the explorer drew row 0), and a row past the image (99 on the 32 px input)
     stayed in its box, drawn nowhere, and went into a copied link. A box left empty, or not holding a whole number,
@@ -862,6 +934,28 @@ def test_each_lesson_runs_end_to_end(shipped_url, chromium):
         settle(tab, chain)
         assert tab.locator("#lesson_text").inner_text() == app_texts.LESSON_ASIDE.format(
             step=len(last), what="image").replace("**", "")
+
+
+def test_a_lesson_started_again_shows_its_step_s_pixel_and_rule(shipped_url, chromium):
+    """A lesson started again after a click and a rule switch in the page: its first step's table was the one shown,
+    so the explorer was not drawn again and stayed on the clicked pixel and the rule picked, while the query boxes,
+    the multi-hop view and the step's text were the step's. The explorer shows the step's pixel and rule."""
+    url, explorer = shipped_url
+    lesson = explorer.lessons[0]
+    table = explorer.on_table(**linked_values(explorer, lesson["steps"][0]["link"]))
+    step = "document.querySelector('.cx').dataset.query === '16,16' && document.querySelector('.cx').dataset.rule " \
+           "=== 'window'"  # the first step's pixel and rule
+    with browser_page(chromium, url) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        for _ in range(2):
+            chain = expect_chain(tab, "input", "lesson")
+            tab.locator("#lesson input").click()
+            tab.get_by_role("option", name=lesson["title"]).click()
+            settle(tab, chain)
+            tab.wait_for_function(step, timeout=30_000)
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, (5, 7)))
+            tab.locator(".cx-rules button", has_text="all tokens").click()
+            assert (shown(tab)["query"], shown(tab)["rule"]) == ("5,7", "all")
 
 
 def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
