@@ -665,8 +665,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                     step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
-                elif {"checkpoint", "layer"} <= set(table_views[view][1]):
-                    step["fn"] = of_the_model(step["fn"])
+                elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
+                    step["fn"] = of_the_model(step["fn"])  # (a step that picks the layer reads it as a hint)
                 event = event.then(**step, api_visibility="private")
 
         knobs = [ui[name] for name in knob_fields]
