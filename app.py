@@ -729,9 +729,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         ui["explorer"].view(None, link_shown, link_shown, js=texts.CLEAR_LINK_JS, api_visibility="private")
         # The visitor's own moves only: a link that opens a tab or compare mode sets them too, in the same update as
         # its note, which a change event would read before it lands and write back empty
-        gr.on([ui["tabs"].select, ui["compare_models"].input, ui["compare_depth"].input,
-               ui["compare_depth"].release], None, link_shown, link_shown, js=texts.CLEAR_LINK_JS,
-              api_visibility="private")
+        # (a depth typed or dragged is an input; its release, on Enter or a blur, is none: clicking "Copy a link" right
+        # after typing one released it while the link was asked for, and the answer was dropped as a move's)
+        gr.on([ui["tabs"].select, ui["compare_models"].input, ui["compare_depth"].input], None, link_shown, link_shown,
+              js=texts.CLEAR_LINK_JS, api_visibility="private")
         ui["export_button"].click(**wired("on_export", query, ["exports", "neighbors_data"]),
                                   api_visibility="private")
         pixel_click = ui["pixel_image"].select(ex.on_pixel_click, ui["image_file"],

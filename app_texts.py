@@ -61,14 +61,14 @@ CLEAR_LINK_JS = """(link, note) => {
 }"""
 ASK_LINK_JS = """(...values) => {
   const row = document.querySelector("#link_row");
-  row.dataset.asked = row.dataset.moves ?? 0;
+  row.dataset.asked = row.dataset.moves ?? "0";
   return values;
 }"""
 # The page's address with a view's query string, copied to the clipboard where the browser allows it; none for a
 # view no longer shown (the link and its note cleared, as the view's move cleared them).
 COPY_LINK_JS = """(query, note) => {
   const row = document.querySelector("#link_row");
-  if ((row.dataset.moves ?? 0) !== (row.dataset.asked ?? 0)) return ["", ""];
+  if ((row.dataset.moves ?? "0") !== row.dataset.asked) return ["", ""];  // (both strings)
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;
   const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
   if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
