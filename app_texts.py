@@ -51,26 +51,25 @@ KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,
 # the open tab, compare mode's models or depth), both are cleared (a link to a view no longer shown stayed there);
-# with no link copied, the note of the link the page opened stays. Each such move is counted on the link's row
-# (data-moves), and the count when a link is asked for kept there too (data-asked, ASK_LINK_JS), so that a link
-# answered after the view moved on is dropped (COPY_LINK_JS) rather than written back over the cleared box.
-CLEAR_LINK_JS = """(link, note) => {
-  const row = document.querySelector("#link_row");
-  row.dataset.moves = Number(row.dataset.moves ?? 0) + 1;
-  return link ? ["", ""] : [link, note];
-}"""
+# with no link copied, the note of the link the page opened stays. The link's answer names what the server read
+# when it was asked for (the boxes, the tab), but the clicked pixel and the open tab move in the page alone: the
+# page's pixel and tab when a link is asked for are kept on the link's row (data-asked, ASK_LINK_JS), and an answer
+# that comes after either moved is dropped (COPY_LINK_JS) rather than written back over the cleared box. A knob, a
+# model or a depth typed and then "Copy a link" clicked (its blur redraws the view while the link is asked for) is
+# in the answer already: the link is kept.
+CLEAR_LINK_JS = "(link, note) => link ? ['', ''] : [link, note]"
+_PAGE_VIEW_JS = """JSON.stringify([document.querySelector("#explorer .cx")?.dataset.query,
+    document.querySelector("#tabs [role='tab'][aria-selected='true']")?.textContent])"""
 ASK_LINK_JS = """(...values) => {
-  const row = document.querySelector("#link_row");
-  row.dataset.asked = row.dataset.moves ?? "0";
+  document.querySelector("#link_row").dataset.asked = PAGE_VIEW;
   return values;
-}"""
+}""".replace("PAGE_VIEW", _PAGE_VIEW_JS)
 # The page's address with a view's query string, copied to the clipboard where the browser allows it; none for a
 # view no longer shown (the link and its note cleared, as the view's move cleared them).
 COPY_LINK_JS = """(query, note) => {
-  const row = document.querySelector("#link_row");
-  if ((row.dataset.moves ?? "0") !== row.dataset.asked) return ["", ""];  // (both strings)
+  if (document.querySelector("#link_row").dataset.asked !== PAGE_VIEW) return ["", ""];
   const rule = document.querySelector("#explorer .cx")?.dataset.rule;
   const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
   if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
   return [url, note];
-}"""
+}""".replace("PAGE_VIEW", _PAGE_VIEW_JS)
