@@ -533,6 +533,35 @@ def test_what_a_typed_knob_shows_is_what_the_view_shows(app_url, explorer, chrom
         assert tab.locator(".toast-body.error").count() == 0
 
 
+def test_a_number_typed_quickly_is_the_number_typed_or_refused(app_url, chromium):
+    """1e30 typed quickly in the K box ended as K = 30, and -5 as K = 5: while the box's text was not a number yet
+    ("1e", "-"), Gradio's box read it as empty and emptied it under the next keys. The number typed reaches the
+    server, which refuses it with K's range, the box back to the K shown; text that never becomes a number ("1e"
+    and Enter) is refused in the page, which says so under the box, the box back to the K shown, nothing sent."""
+    with browser_page(chromium, app_url) as tab:
+        box, drawn = tab.locator("#num_neighbors input"), tab.locator(".cx").get_attribute("data-drawn")
+        for typed, got in (("1e30", "got 1.00e+30"), ("-5", "got -5")):
+            chain = expect_chain(tab, "blur", "num_neighbors")
+            box.click()
+            box.press("Control+a")
+            tab.keyboard.type(typed)  # no pause between keys
+            box.press("Enter")
+            settle(tab, chain)
+            tab.wait_for_selector(f".toast-body.error:has-text('must be from 1 to 256'):has-text('{got}')",
+                                  timeout=10_000)
+            tab.wait_for_function("document.querySelector('#num_neighbors input').value === '0'", timeout=10_000)
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        box.click()
+        box.press("Control+a")
+        tab.keyboard.type("1e")
+        box.press("Enter")
+        assert box.input_value() == "0"
+        assert tab.locator("#num_neighbors [role=alert]").inner_text().startswith("K (0 = layer's) must be a number")
+        settle(tab)
+        assert requests == [] and tab.locator(".cx").get_attribute("data-drawn") == drawn
+
+
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
     handlers are coroutines that compute in a thread of their own (server.SlowRuns), Gradio's progress included; a
