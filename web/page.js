@@ -38,4 +38,14 @@
       `shows ${box.value || "nothing"} again).`;
     box.closest("div.block").append(refusal);  // its block (the label element is one too)
   }, true);
+  // The example thumbnails: Gradio's gallery names each one's button "Thumbnail n of 20" (and names it so again as it
+  // redraws), though its image's alt text is the example's name (app.build_layout): each button is named by its image
+  // (aria-labelledby, which Gradio does not set), again whenever the gallery's elements change.
+  const nameThumbnails = () => document.querySelectorAll("#examples .thumbnail-item").forEach((button, index) => {
+    const image = button.querySelector("img");
+    if (!image) return;
+    image.id ||= `example_thumbnail_${index}`;
+    if (button.getAttribute("aria-labelledby") !== image.id) button.setAttribute("aria-labelledby", image.id);
+  });
+  new MutationObserver(nameThumbnails).observe(document.body, {childList: true, subtree: true});
 }

@@ -701,16 +701,20 @@ def test_a_refused_photo_leaves_the_examples_usable(app_url, explorer, chromium,
 def test_each_example_thumbnail_is_named_by_its_example(app_url, explorer, chromium):
     """The example thumbnails had no name (an empty alt text): a screen reader had only "Thumbnail 4 of 20", a test
     only a place. Each is named as a link names its example (its file's stem), by Gradio's caption, which is its
-    alt text; the caption Gradio draws over a thumbnail is not shown (it hid half of a 32 px image)."""
+    alt text; the caption Gradio draws over a thumbnail is not shown (it hid half of a 32 px image). The thumbnail's
+    button, which Gradio names "Thumbnail n of 20" (again as it redraws), is named by its image, after a pick too."""
     stems = [Path(path).stem for path in explorer.examples]
     with browser_page(chromium, app_url) as tab:
         assert tab.locator("#examples .thumbnail-item img").evaluate_all("images => images.map(i => i.alt)") == stems
         assert tab.locator("#examples .caption-label").evaluate_all(
             "labels => labels.filter(label => label.checkVisibility()).length") == 0
+        buttons = tab.locator("#examples")
+        assert [buttons.get_by_role("button", name=stem, exact=True).count() for stem in stems] == [1] * len(stems)
         chain = expect_chain(tab, "select", "examples")
-        tab.get_by_role("img", name="dog_1", exact=True).click()
+        buttons.get_by_role("button", name="dog_1", exact=True).click()
         settle(tab, chain)
         assert tab.locator("#examples .thumbnail-item.selected img").get_attribute("alt") == "dog_1"
+        assert [buttons.get_by_role("button", name=stem, exact=True).count() for stem in stems] == [1] * len(stems)
         dog = next(path for path in explorer.examples if Path(path).stem == "dog_1")
         assert tab.locator(".cx").get_attribute("data-image") == explorer.image(dog).digest
 
