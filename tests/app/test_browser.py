@@ -916,6 +916,25 @@ def test_a_typed_row_is_a_pixel_of_the_image_and_an_empty_one_changes_nothing(ap
         typed("row_px", "7", "7,0")
 
 
+TAB_IN_VIEW_JS = """() => {
+  const top = document.querySelector("#tabs").getBoundingClientRect().top;
+  return top >= 0 && top < innerHeight / 2;
+}"""  # the tabs' bar in the upper half of the window
+
+
+def test_a_link_that_opens_a_tab_shows_it(app_url, chromium):
+    """A link that opens a tab (?tab=compare) opened it below the explorer, off the first screen at 1280 × 800, and
+    the page stayed at its top: once the link's views are drawn, the tab is in view (a plain address stays at the
+    top, and so does a link naming a tab that is not one)."""
+    with browser_page(chromium, f"{app_url}?tab=compare") as tab:
+        tab.wait_for_function(TAB_IN_VIEW_JS, timeout=30_000)
+        assert tab.get_by_role("tab", name=app_texts.TABS["compare"]).get_attribute("aria-selected") == "true"
+        assert tab.locator(".cc").is_visible()  # compare mode itself, not only its tab's name
+    for address in (app_url, f"{app_url}?tab=nosuchtab"):
+        with browser_page(chromium, address) as tab:
+            assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
+
+
 def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app_url, chromium):
     """A link of 15 KB passed the server's address bound (16 KB), but the page sends its query string again with
     each request it makes, re-encoded by Gradio's client (a comma as %2C: 29 KB): those were refused (414) and the
