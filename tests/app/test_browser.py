@@ -304,6 +304,9 @@ def test_the_core_loop_fits_the_screen(app_url, context, chromium):
                      or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
             assert apart, (a, b)
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
+        knob_names = tab.locator("#knobs .row [data-testid=block-info]").evaluate_all(
+            "names => names.filter((name) => name.checkVisibility()).map((name) => name.offsetHeight)")
+        assert len(knob_names) == 4 and len(set(knob_names)) == 1, knob_names  # each on one line, as "seed" is
 
 
 CHART_BOXES_JS = """(id) => {
@@ -557,7 +560,8 @@ def test_a_number_typed_quickly_is_the_number_typed_or_refused(app_url, chromium
         tab.keyboard.type("1e")
         box.press("Enter")
         assert box.input_value() == "0"
-        assert tab.locator("#num_neighbors [role=alert]").inner_text().startswith("K (0 = layer's) must be a number")
+        refused = tab.locator("#num_neighbors [role=alert]").inner_text()
+        assert refused.startswith("K (neighbours per query) must be a number"), refused
         settle(tab)
         assert requests == [] and tab.locator(".cx").get_attribute("data-drawn") == drawn
 
