@@ -660,7 +660,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             return step
 
         def run(views: list[str], event):
-            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below)."""
+            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below); the last
+            step's event."""
             for view in views:
                 step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
@@ -668,6 +669,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
                     step["fn"] = of_the_model(step["fn"])  # (a step that picks the layer reads it as a hint)
                 event = event.then(**step, api_visibility="private")
+            return event
 
         knobs = [ui[name] for name in knob_fields]
         opens = ui["checkpoint"].value is not None  # else the page's load has no model to show (texts.NO_MODEL)
@@ -677,7 +679,9 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             first, *rest = chain
             event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
-            run(rest, event)
+            drawn = run(rest, event)
+            if source == "demo":  # a link that opens a tab shows it, once the page has drawn the link's views
+                drawn.success(None, js=texts.SHOW_TAB_JS, api_visibility="private")
             if (source, trigger) in OWN_PICKS:
                 event.success(**wired(*table_views[OWN_PICKS[source, trigger]]), api_visibility="private")
             if source == "layer":  # a refused layer (a name typed in part) goes back to the one the explorer shows

@@ -3,6 +3,8 @@ the link's note, and the few lines of JavaScript its events run in the page (``a
 
 from __future__ import annotations
 
+import json
+
 from analysis import GRADIENT_NOTE
 
 GUIDE = [
@@ -17,6 +19,13 @@ GUIDE = [
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
         "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
         "pixels": "Input-level view"}  # id → label
+# A link that opens a tab (?tab=compare): the tab, below the explorer, is scrolled into view once the link's views
+# are drawn, if the link's tab is the one open (not one it named in vain) and the visitor has not scrolled meanwhile.
+SHOW_TAB_JS = f"""() => {{
+  const tab = {json.dumps(TABS)}[new URLSearchParams(location.search).get("tab")];
+  const open = document.querySelector("#tabs [role=tab][aria-selected=true]")?.textContent.trim();
+  if (tab && tab === open && window.scrollY === 0) document.querySelector("#tabs").scrollIntoView();
+}}"""
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 LESSON_PROMPT = ("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says in plain words "
                  "what to look at.")

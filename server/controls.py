@@ -86,7 +86,7 @@ with mock.patch.object(component_meta, "create_or_modify_pyi", lambda *args: Non
 
 def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
     """The control of the number field ``name`` of ``view`` (a :class:`analysis.Query` or :class:`analysis.ViewState`
-    class), made from its :class:`analysis.Setting` (label, bounds, a slider's step, whether it shows) and its
+    class), made from its :class:`analysis.Setting` (label and hint, bounds, a slider's step, whether it shows) and its
     default: a slider where the setting has a step, else a number box (whole numbers for a "whole" field), its
     ``elem_id`` the field's name; ``layout``: Gradio's layout arguments (``min_width``, ``scale``).
 
@@ -98,4 +98,5 @@ def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
         return CheckedSlider(how.minimum, how.maximum, value=item.default, step=how.step, label=how.label,
                              elem_id=name, visible=how.visible, **layout)
     return CheckedNumber(item.default, precision=0 if how.kind == "whole" else None, minimum=how.minimum,
-                         maximum=how.maximum, label=how.label, elem_id=name, visible=how.visible, **layout)
+                         maximum=how.maximum, label=how.label, info=how.info or None, elem_id=name,
+                         visible=how.visible, **layout)

@@ -1,9 +1,51 @@
 () => {
   // ConvNN Explorer's page beyond Gradio's defaults (app.launch passes this as the page's js).
+  const isNumberBox = (target) => target instanceof HTMLInputElement && target.type === "number";
   // A number box (a knob, a slider's box) applies a typed value when it loses focus (app.REFRESH): Enter leaves
   // the box, which applies the value (hops 3 typed and Enter still drew 2 hops).
   document.addEventListener("keydown", (event) => {
-    const box = event.target;
-    if (event.key === "Enter" && box instanceof HTMLInputElement && box.type === "number") box.blur();
+    if (event.key === "Enter" && isNumberBox(event.target)) event.target.blur();
   });
+  // A number box's text goes to Gradio when the box is left, not at each key: while the user typed, Gradio's box
+  // wrote its reading of the text back into it, and the next keys landed there. The browser gives a text that is not
+  // a number yet ("1e" on the way to "1e30", "-" before "-5") as "", which emptied the box, and 1e3 came back as 1000:
+  // 1e30 typed quickly gave K = 30 or 10000, and -5 gave 5. A box left with text that is not a number ("1e" and
+  // Enter) is refused here, as the server refuses a number out of range: it goes back to the text it had when it got
+  // focus, nothing is sent, and a message under it says why.
+  const before = new WeakMap();  // a number box → its text when it got focus
+  const refusal = document.createElement("p");
+  refusal.className = "number-refused";
+  refusal.setAttribute("role", "alert");
+  document.addEventListener("focus", (event) => {
+    if (!isNumberBox(event.target)) return;
+    before.set(event.target, event.target.value);
+    refusal.remove();
+  }, true);
+  document.addEventListener("input", (event) => {
+    if (isNumberBox(event.target) && event.isTrusted) event.stopImmediatePropagation();  // a key, not a script
+  }, true);
+  document.addEventListener("blur", (event) => {
+    const box = event.target;
+    if (!isNumberBox(box)) return;
+    if (!box.validity.badInput) {  // Gradio's value read from the text; then Gradio's blur sends it
+      box.dispatchEvent(new Event("input", {bubbles: true}));
+      return;
+    }
+    event.stopImmediatePropagation();  // no blur for Gradio: nothing is sent
+    box.value = before.get(box) ?? "";  // Gradio's value, which no key changed
+    const name = box.getAttribute("aria-label").replace(/^number input for /, "");  // a slider's box says so
+    refusal.textContent = `${name} must be a number: what was typed is not one, so it was not applied (the box ` +
+      `shows ${box.value || "nothing"} again).`;
+    box.closest("div.block").append(refusal);  // its block (the label element is one too)
+  }, true);
+  // The example thumbnails: Gradio's gallery names each one's button "Thumbnail n of 20" (and names it so again as it
+  // redraws), though its image's alt text is the example's name (app.build_layout): each button is named by its image
+  // (aria-labelledby, which Gradio does not set), again whenever the gallery's elements change.
+  const nameThumbnails = () => document.querySelectorAll("#examples .thumbnail-item").forEach((button, index) => {
+    const image = button.querySelector("img");
+    if (!image) return;
+    image.id ||= `example_thumbnail_${index}`;
+    if (button.getAttribute("aria-labelledby") !== image.id) button.setAttribute("aria-labelledby", image.id);
+  });
+  new MutationObserver(nameThumbnails).observe(document.body, {childList: true, subtree: true});
 }

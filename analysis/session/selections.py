@@ -64,6 +64,9 @@ LAYER_RULE = "layer"  # what the layer itself selected (beside the registered ru
 LAYER_RULE_TITLE = "what the layer used"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
+# The rule knobs' names, as their controls' labels (analysis.Query) and every message about them name them
+KNOB_NAMES = {"num_neighbors": "K (neighbours per query)", "window_size": "window side R",
+              "num_candidates": "r (random candidates)"}
 _SELECTION_CACHE_SIZE = 128  # selections kept (a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB)
 _QUERY_KEY_CACHE_SIZE = 32  # (model, image, layer) q, k features kept; each ≤ 2 × N × C floats (≈0.5 MB on CIFAR)
 
@@ -100,9 +103,9 @@ class RuleOptions:
                 message names the field. The other fields, and the ranges that depend on the layer (K's, from 1 to
                 the layer's H·W: a negative K is named with it), are checked by :func:`resolve_options`.
         """
-        k = 0 if k is None else whole_number(k, "K (neighbours per query)")
+        k = 0 if k is None else whole_number(k, KNOB_NAMES["num_neighbors"])
         window, candidates = (0 if v is None else whole_number(v, name, minimum=0) for v, name in (
-            (window, "the window side R"), (candidates, "r (random candidates)")))
+            (window, KNOB_NAMES["window_size"]), (candidates, KNOB_NAMES["num_candidates"])))
         return cls(k or None, window or None, candidates or None, seed or None, alpha, head)
 
 
@@ -137,25 +140,25 @@ def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
     grid = layer_info.height * layer_info.width
     k = options.num_neighbors if options.num_neighbors is not None else layer_info.num_neighbors or min(
         DEFAULT_NUM_NEIGHBORS, grid)
-    k = whole_number(k, "K (neighbours per query)")
+    k = whole_number(k, KNOB_NAMES["num_neighbors"])
     if not 1 <= k <= grid:
-        raise ValueError(f"K (neighbours per query) must be {number_range(1, grid)} for the "
+        raise ValueError(f"{KNOB_NAMES['num_neighbors']} must be {number_range(1, grid)} for the "
                          f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}, got {k}")
     window = options.window_size
     if window is None:
         window = layer_info.window_size | 1  # an even kernel (a patch embedding's) → the next odd side
         window = window if window**2 >= k else window_size_for(k)
-    window, largest = whole_number(window, "the window side R"), max_window_size(layer_info)
+    window, largest = whole_number(window, KNOB_NAMES["window_size"]), max_window_size(layer_info)
     if window < 1 or window % 2 == 0 or window**2 < k or window > largest:
-        raise ValueError(f"the window side R must be odd with R² ≥ K = {k} and at most {largest} (as wide as the "
-                         f"{layer_info.height}×{layer_info.width} grid of {layer_info.name}), got R = {window}")
+        raise ValueError(f"{KNOB_NAMES['window_size']} must be odd with R² ≥ K = {k} and at most {largest} (as wide "
+                         f"as the {layer_info.height}×{layer_info.width} grid of {layer_info.name}), got R = {window}")
     candidates = options.num_candidates
     if candidates is None:
         candidates = max(layer_info.num_candidates or DEFAULT_NUM_CANDIDATES, k)
-    candidates = whole_number(candidates, "r (random candidates)")
+    candidates = whole_number(candidates, KNOB_NAMES["num_candidates"])
     if candidates < k:
-        raise ValueError(f"r (random candidates) must be at least K = {k} (r ≥ N = {layer_info.num_tokens} uses every "
-                         f"token of {layer_info.name}, as the all rule), got {candidates}")
+        raise ValueError(f"{KNOB_NAMES['num_candidates']} must be at least K = {k} (r ≥ N = {layer_info.num_tokens} "
+                         f"uses every token of {layer_info.name}, as the all rule), got {candidates}")
     alpha = options.blend_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"blend α must be {number_range(0, 1)}, got {alpha!r}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .image_display import clamp_px
 from .inputs import real_number, whole_number
-from .selections import RuleOptions
+from .selections import KNOB_NAMES, RuleOptions
 from .traces import MAX_DRAW
 
 __all__ = ["MAX_COMPARED", "MAX_DRAW", "Query", "Setting", "ViewState", "check_number", "compare_list", "field_values",
@@ -35,6 +35,7 @@ class Setting:
         kind (str): the kind of its text in a link: ``"text"`` (a name), ``"names"`` (names separated by commas),
             ``"whole"`` (a whole number) or ``"real"`` (a finite number).
         label (str): its control's label, which the control's and the link's messages name. Default: ""
+        info (str): its control's hint under the label (what 0 means). Default: ""
         minimum, maximum (float, optional): its control's inclusive bounds (numbers). Default: none
         step (float, optional): a slider's step; None: a number box. Default: None
         visible (bool): whether its control is shown before a model asks for it. Default: True
@@ -45,6 +46,7 @@ class Setting:
     link: str | None
     kind: str
     label: str = ""
+    info: str = ""
     minimum: float | None = None
     maximum: float | None = None
     step: float | None = None
@@ -88,10 +90,11 @@ class Query:
     layer: str | None = setting(None, "layer", "text")
     row_px: int = setting(16, "row", "whole", label="query row (px)", minimum=0)
     col_px: int = setting(16, "col", "whole", label="query col (px)", minimum=0)
-    num_neighbors: int = knob(0, "k", "K (0 = layer's)", minimum=None)  # 1 to the layer's H·W: resolve_options
-    window_size: int = knob(0, "window", "window R (0 = auto)")
-    num_candidates: int = knob(0, "r", "random r (0 = layer's / 32)")
-    seed: int = knob(0, "seed", "seed (0 = the layer's)")
+    num_neighbors: int = knob(0, "k", KNOB_NAMES["num_neighbors"], info="0 = the layer's",
+                              minimum=None)  # 1 to the layer's H·W: resolve_options
+    window_size: int = knob(0, "window", KNOB_NAMES["window_size"], info="0 = auto")
+    num_candidates: int = knob(0, "r", KNOB_NAMES["num_candidates"], info="0 = the layer's, or 32")
+    seed: int = knob(0, "seed", "seed", info="0 = the layer's")
     blend_alpha: float = knob(0.5, "alpha", "blend α (0 = window, 1 = features)", "real", maximum=1, step=0.05)
     head: int = knob(0, "head", "attention head", visible=False)
     fit: str = setting("crop", None, "text")

@@ -157,6 +157,22 @@ def test_a_negative_k_typed_is_refused_with_the_range_the_layer_allows(explorer,
                                      "stages.1.0.conv1, got -1")
 
 
+@pytest.mark.parametrize(("knob", "out_of_range"), [("num_neighbors", 999), ("window_size", 4),
+                                                    ("num_candidates", 2), ("seed", 2**64)])
+def test_each_knob_s_refusals_name_it_as_its_label_does(explorer, example_image, knob, out_of_range):
+    """K's box was labelled "K (0 = layer's)" and its refusals named it "K (neighbours per query)" (R: "window R (0 =
+    auto)" and "the window side R"; r: "random r (0 = layer's / 32)" and "r (random candidates)"). Each knob's label
+    is its name, its "0 = …" hint shown under it, and its box's refusals and the layer's name it as its label does."""
+    control = server.control(an.Query, knob)
+    assert control.info.startswith("0 = ")
+    with pytest.raises(gr.Error) as by_the_box:
+        control.preprocess(2.5)
+    with pytest.raises(gr.Error) as by_the_layer:
+        explorer.on_table(**page("cnn-l0.5", example_image, **{knob: out_of_range}))
+    assert by_the_box.value.message.startswith(f"{control.label} must be a whole number")
+    assert by_the_layer.value.message.startswith(f"{control.label} must be ")
+
+
 @pytest.mark.parametrize(("call", "message"), [
     (lambda ex, ck, im: ex.on_table(**page(ck, im, row_px=float("inf"))), "query row must be a whole number, got inf"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, num_neighbors=float("inf"))),

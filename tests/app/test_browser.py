@@ -304,6 +304,9 @@ def test_the_core_loop_fits_the_screen(app_url, context, chromium):
                      or box_a["y"] + box_a["height"] <= box_b["y"] or box_b["y"] + box_b["height"] <= box_a["y"])
             assert apart, (a, b)
         assert boxes["focus panel"]["width"] >= (0.9 * width if width < 500 else 400)  # large on every screen
+        knob_names = tab.locator("#knobs .row [data-testid=block-info]").evaluate_all(
+            "names => names.filter((name) => name.checkVisibility()).map((name) => name.offsetHeight)")
+        assert len(knob_names) == 4 and len(set(knob_names)) == 1, knob_names  # each on one line, as "seed" is
 
 
 CHART_BOXES_JS = """(id) => {
@@ -533,6 +536,36 @@ def test_what_a_typed_knob_shows_is_what_the_view_shows(app_url, explorer, chrom
         assert tab.locator(".toast-body.error").count() == 0
 
 
+def test_a_number_typed_quickly_is_the_number_typed_or_refused(app_url, chromium):
+    """1e30 typed quickly in the K box ended as K = 30, and -5 as K = 5: while the box's text was not a number yet
+    ("1e", "-"), Gradio's box read it as empty and emptied it under the next keys. The number typed reaches the
+    server, which refuses it with K's range, the box back to the K shown; text that never becomes a number ("1e"
+    and Enter) is refused in the page, which says so under the box, the box back to the K shown, nothing sent."""
+    with browser_page(chromium, app_url) as tab:
+        box, drawn = tab.locator("#num_neighbors input"), tab.locator(".cx").get_attribute("data-drawn")
+        for typed, got in (("1e30", "got 1.00e+30"), ("-5", "got -5")):
+            chain = expect_chain(tab, "blur", "num_neighbors")
+            box.click()
+            box.press("Control+a")
+            tab.keyboard.type(typed)  # no pause between keys
+            box.press("Enter")
+            settle(tab, chain)
+            tab.wait_for_selector(f".toast-body.error:has-text('must be from 1 to 256'):has-text('{got}')",
+                                  timeout=10_000)
+            tab.wait_for_function("document.querySelector('#num_neighbors input').value === '0'", timeout=10_000)
+        requests = []
+        tab.on("request", lambda request: requests.append(request.url))
+        box.click()
+        box.press("Control+a")
+        tab.keyboard.type("1e")
+        box.press("Enter")
+        assert box.input_value() == "0"
+        refused = tab.locator("#num_neighbors [role=alert]").inner_text()
+        assert refused.startswith("K (neighbours per query) must be a number"), refused
+        settle(tab)
+        assert requests == [] and tab.locator(".cx").get_attribute("data-drawn") == drawn
+
+
 def test_the_slow_views_answer_their_buttons_in_the_page(app_url, chromium):
     """Attribution and the equivalence demo, asked for in the page, show their results with no error: their
     handlers are coroutines that compute in a thread of their own (server.SlowRuns), Gradio's progress included; a
@@ -672,16 +705,20 @@ def test_a_refused_photo_leaves_the_examples_usable(app_url, explorer, chromium,
 def test_each_example_thumbnail_is_named_by_its_example(app_url, explorer, chromium):
     """The example thumbnails had no name (an empty alt text): a screen reader had only "Thumbnail 4 of 20", a test
     only a place. Each is named as a link names its example (its file's stem), by Gradio's caption, which is its
-    alt text; the caption Gradio draws over a thumbnail is not shown (it hid half of a 32 px image)."""
+    alt text; the caption Gradio draws over a thumbnail is not shown (it hid half of a 32 px image). The thumbnail's
+    button, which Gradio names "Thumbnail n of 20" (again as it redraws), is named by its image, after a pick too."""
     stems = [Path(path).stem for path in explorer.examples]
     with browser_page(chromium, app_url) as tab:
         assert tab.locator("#examples .thumbnail-item img").evaluate_all("images => images.map(i => i.alt)") == stems
         assert tab.locator("#examples .caption-label").evaluate_all(
             "labels => labels.filter(label => label.checkVisibility()).length") == 0
+        buttons = tab.locator("#examples")
+        assert [buttons.get_by_role("button", name=stem, exact=True).count() for stem in stems] == [1] * len(stems)
         chain = expect_chain(tab, "select", "examples")
-        tab.get_by_role("img", name="dog_1", exact=True).click()
+        buttons.get_by_role("button", name="dog_1", exact=True).click()
         settle(tab, chain)
         assert tab.locator("#examples .thumbnail-item.selected img").get_attribute("alt") == "dog_1"
+        assert [buttons.get_by_role("button", name=stem, exact=True).count() for stem in stems] == [1] * len(stems)
         dog = next(path for path in explorer.examples if Path(path).stem == "dog_1")
         assert tab.locator(".cx").get_attribute("data-image") == explorer.image(dog).digest
 
@@ -881,6 +918,25 @@ def test_a_typed_row_is_a_pixel_of_the_image_and_an_empty_one_changes_nothing(ap
         typed("col_px", "-4", "31,0")
         typed("col_px", "", "31,0")
         typed("row_px", "7", "7,0")
+
+
+TAB_IN_VIEW_JS = """() => {
+  const top = document.querySelector("#tabs").getBoundingClientRect().top;
+  return top >= 0 && top < innerHeight / 2;
+}"""  # the tabs' bar in the upper half of the window
+
+
+def test_a_link_that_opens_a_tab_shows_it(app_url, chromium):
+    """A link that opens a tab (?tab=compare) opened it below the explorer, off the first screen at 1280 × 800, and
+    the page stayed at its top: once the link's views are drawn, the tab is in view (a plain address stays at the
+    top, and so does a link naming a tab that is not one)."""
+    with browser_page(chromium, f"{app_url}?tab=compare") as tab:
+        tab.wait_for_function(TAB_IN_VIEW_JS, timeout=30_000)
+        assert tab.get_by_role("tab", name=app_texts.TABS["compare"]).get_attribute("aria-selected") == "true"
+        assert tab.locator(".cc").is_visible()  # compare mode itself, not only its tab's name
+    for address in (app_url, f"{app_url}?tab=nosuchtab"):
+        with browser_page(chromium, address) as tab:
+            assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
 
 
 def test_a_link_too_long_to_read_opens_the_page_with_a_note_not_a_bare_error(app_url, chromium):
