@@ -654,7 +654,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             first step)."""
             @functools.wraps(fn)
             def step(values, request, *rest):
-                if not ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request):
+                try:
+                    mine = ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request)
+                except gr.Error:  # a model name refused by the chain's first step: said once, there
+                    return gr.skip()
+                if not mine:
                     return gr.skip()
                 return fn(values, request, *rest)
             return step
