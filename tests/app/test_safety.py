@@ -730,7 +730,8 @@ def test_the_checked_inputs_are_shown_as_gradios_own(explorer):
     assert not (app_api.REPO / "server" / "controls.pyi").exists()
     for component in number_inputs(app.build_demo(explorer)).values():
         plain = type(component).__mro__[1](**{name: getattr(component, name) for name in (
-            "value", "label", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width", "scale")
+            "value", "label", "info", "minimum", "maximum", "precision", "step", "visible", "elem_id", "min_width",
+            "scale")
             if name in inspect.signature(type(component).__mro__[1]).parameters}, render=False)
         config, plain_config = component.get_config(), plain.get_config()
         assert component.get_block_name() == plain.get_block_name() in ("number", "slider")
