@@ -47,5 +47,25 @@
     image.id ||= `example_thumbnail_${index}`;
     if (button.getAttribute("aria-labelledby") !== image.id) button.setAttribute("aria-labelledby", image.id);
   });
-  new MutationObserver(nameThumbnails).observe(document.body, {childList: true, subtree: true});
+  // The layer list's choice, whole: a box shows one line, and a layer's name and facts ("blocks.0.attn ·
+  // ConvNN-attention K=16 · random · 8×8 patches + CLS") were cut before the grid. The box's text is drawn by a block
+  // under it that wraps (the box grows to its lines, the box itself over it: web/page.css), kept to the box's text
+  // whether Gradio or a key sets it; while a name is typed (data-typed), the box shows it.
+  const wholeText = (box) => {
+    if (box.nextElementSibling?.classList.contains("whole-text")) return;
+    const whole = document.createElement("div");
+    whole.className = "whole-text";
+    whole.setAttribute("aria-hidden", "true");  // the box says it
+    whole.textContent = box.value;
+    box.after(whole);
+    const {get, set} = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, "value");
+    Object.defineProperty(box, "value", {get() { return get.call(box); },
+                                         set(text) { set.call(box, text); whole.textContent = get.call(box); }});
+    box.addEventListener("input", () => { box.dataset.typed = ""; whole.textContent = box.value; });
+    box.addEventListener("blur", () => { delete box.dataset.typed; });
+  };
+  new MutationObserver(() => {
+    nameThumbnails();
+    document.querySelectorAll("#layer input").forEach(wholeText);
+  }).observe(document.body, {childList: true, subtree: true});
 }

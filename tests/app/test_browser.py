@@ -399,6 +399,39 @@ def test_a_phone_shows_the_chosen_lesson_s_title_whole_before_the_list_s_arrow(a
         assert shown["value"] == title and whole_beside_arrow(shown, PHONE["viewport"]["width"]), json.dumps(shown)
 
 
+LAYER_TEXTS_JS = """() => [...document.querySelectorAll("#layer input, #layer .whole-text, [role=option]")]
+  .filter((text) => text.checkVisibility({visibilityProperty: true}) &&
+                    getComputedStyle(text).color !== "rgba(0, 0, 0, 0)")
+  .map((text) => ({text: text.tagName === "INPUT" ? text.value : text.textContent.replace(/^✓ /, ""),
+                   wide: text.scrollWidth,
+                   width: text.clientWidth, tall: text.scrollHeight, height: text.clientHeight,
+                   left: text.getBoundingClientRect().left, right: text.getBoundingClientRect().right}))
+"""  # the layer list's chosen layer as drawn (its box's text, unless drawn by another element), and its open list's
+#     entries: text, sizes, and where it is in the window
+
+
+@pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
+def test_the_layer_list_shows_each_layer_s_name_and_facts_whole(shipped_url, chromium, context):
+    """The layer list's box shows one line, and a layer's name and facts were cut before its grid ("blocks.2.attn ·
+    ConvNN-attention K=16 · rando"), at 1280 × 800 and at 390 × 844: the chosen layer's label shows whole, on the
+    lines it takes, as does each entry of the open list, inside the window."""
+    url, explorer = shipped_url
+    model, layer, width = "vit-convnn16-random32", "blocks.2.attn", context["viewport"]["width"]
+    labels = [an.layer_label(layer_info) for layer_info in explorer.model(model).layer_infos]
+
+    def whole(texts: list[dict]) -> bool:
+        return all(text["wide"] <= text["width"] and text["tall"] <= text["height"] and 0 <= text["left"]
+                   and text["right"] <= width for text in texts)
+
+    with browser_page(chromium, f"{url}?model={model}&layer={layer}", context) as tab:
+        chosen = tab.evaluate(LAYER_TEXTS_JS)
+        assert [text["text"] for text in chosen] == [an.layer_label(explorer.model(model).layer_info(layer))]
+        assert whole(chosen), chosen
+        tab.locator("#layer input:visible").click()  # the list open, nothing typed yet
+        entries = tab.evaluate(LAYER_TEXTS_JS)
+        assert [text["text"] for text in entries] == [chosen[0]["text"], *labels] and whole(entries), entries
+
+
 def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
     """At 390 × 844 compare mode's layer lists stood two to a row, 126 px for a name 162 px long ("stages.1.0.conv2
     · 16×16" showed as "stages.1.0.conv…"): each column's layer name shows whole, clear of its list's arrow."""
