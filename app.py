@@ -43,7 +43,7 @@ from analysis.rendering import figures
 from app_api import CHECKPOINT_DIR, WEB_DIR, ExplorerAPI, endpoint
 from app_compare import COMPARE_LAYERS, CompareMode
 from app_components import CompareView, ExplorerView, HopsView
-from app_server import default_workspace, launch, port_taken
+from app_server import default_workspace, launch, listen_problem
 from convnn.candidates import draws_candidates
 from server import (
     Admission,
@@ -839,9 +839,9 @@ def main() -> None:
         proxies = trusted_networks(env_proxies if args.trusted_proxy is None else args.trusted_proxy)
     except ValueError as err:
         parser.error(str(err))
-    if port_taken(args.host, args.port):  # one line, not Gradio's traceback naming its own launch() option
-        sys.exit(f"Port {args.port} of {args.host} is taken (another server, or this app already running): choose "
-                 f"another with --port N or PORT=N.")
+    problem = listen_problem(args.host, args.port)  # one line, not Gradio's traceback naming its own option
+    if problem is not None:
+        sys.exit(problem)
     an.set_cache_budget(args.cache_mb * 2**20)
     torch.set_num_threads(args.threads)
     try:

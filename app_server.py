@@ -9,6 +9,7 @@ checks each on the installed Gradio; ``requirements.txt`` pins Gradio to the min
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ import app_mcp
 from app_api import EXAMPLES_DIR, WEB_DIR
 from server import FairTurns, QueueDoor, RequestSizeLimit, Visitors, trusted_networks
 
-__all__ = ["GRADIO_PRIVATE", "default_workspace", "launch", "port_taken"]
+__all__ = ["GRADIO_PRIVATE", "default_workspace", "launch", "listen_problem"]
 
 GRADIO_PRIVATE = {
     "utils.get_upload_folder": "the folder of Gradio's cache of uploads and downloads (GRADIO_TEMP_DIR)",
@@ -50,16 +51,23 @@ def default_workspace() -> an.Workspace:
                         address_bytes=limits.ADDRESS_SHARE_MB * 2**20)
 
 
-def port_taken(host: str, port: int) -> bool:
-    """Whether ``port`` of ``host`` cannot be listened on (another server listens there), tried as Gradio's launch
-    tries it (a socket bound with ``SO_REUSEADDR``, then closed), before the models are loaded."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+def listen_problem(host: str, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be listened on, in one line for the command line, or None if it can: tried as
+    Gradio's launch tries it (a socket bound with ``SO_REUSEADDR``, then closed), before the models are loaded.
+    A port another server holds is "taken"; a port outside 1–65535, a host name that does not resolve or an address
+    of another machine is said as such."""
+    if not 1 <= port <= 65535:
+        return f"Port {port} is not a port: choose one from 1 to 65535 with --port N or PORT=N."
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
-        except OSError:
-            return True
-    return False
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return (f"Port {port} of {host} is taken (another server, or this app already running): choose another "
+                    f"with --port N or PORT=N.")
+        return f"Cannot listen on {host} port {port} ({err.strerror or err}): check --host."
+    return None
 
 
 def launch(demo: gr.Blocks, port: int, prevent_thread_lock: bool = False, workspace: an.Workspace | None = None,

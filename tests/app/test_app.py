@@ -717,6 +717,21 @@ def test_a_port_taken_is_one_line_naming_it_and_how_to_choose_another(monkeypatc
                                  "choose another with --port N or PORT=N.")  # sys.exit: printed, exit status 1
 
 
+@pytest.mark.parametrize(("host", "port", "said"), [
+    ("127.0.0.1", 70000, "Port 70000 is not a port: choose one from 1 to 65535"),
+    ("127.0.0.1", -1, "Port -1 is not a port"),
+    ("foo.invalid", 7999, "Cannot listen on foo.invalid port 7999 ("),
+    ("192.0.2.1", 7999, "Cannot listen on 192.0.2.1 port 7999 ("),  # TEST-NET-1: no address of this machine
+])
+def test_a_port_or_host_that_cannot_be_listened_on_is_one_line_saying_why(monkeypatch, host, port, said):
+    """A port out of range ended in a traceback (OverflowError) and a host that does not resolve, or an address of
+    another machine, was called "taken"; each is now one line saying what is wrong, and the app exits non-zero."""
+    monkeypatch.setattr("sys.argv", ["app.py", "--host", host, "--port", str(port)])
+    with pytest.raises(SystemExit) as exited:
+        app.main()
+    assert str(exited.value.code).startswith(said) and "taken" not in str(exited.value.code)
+
+
 def test_a_rule_registered_in_the_library_is_a_selection_of_the_layer_every_view_and_the_app(
         explorer, checkpoint_dir, example_image, monkeypatch):
     """One registry (convnn.selection): adding a rule there makes ConvNN2d select with it, query_neighbors compute
