@@ -657,10 +657,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 try:
                     mine = ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request)
                 except gr.Error:  # a model name refused by the chain's first step: said once, there
-                    return gr.skip()
-                if not mine:
-                    return gr.skip()
-                return fn(values, request, *rest)
+                    mine = False
+                return fn(values, request, *rest) if mine else gr.skip()
             return step
 
         def run(views: list[str], event):

@@ -21,9 +21,10 @@ TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attri
         "pixels": "Input-level view"}  # id → label
 # A link that opens a tab (?tab=compare): the tab, below the explorer, is scrolled into view once the link's views
 # are drawn, if the link's tab is the one open (not one it named in vain) and the visitor has not scrolled meanwhile.
+_OPEN_TAB_JS = 'document.querySelector("#tabs [role=tab][aria-selected=true]")?.textContent.trim()'  # its label
 SHOW_TAB_JS = f"""() => {{
   const tab = {json.dumps(TABS)}[new URLSearchParams(location.search).get("tab")];
-  const open = document.querySelector("#tabs [role=tab][aria-selected=true]")?.textContent.trim();
+  const open = {_OPEN_TAB_JS};
   if (tab && tab === open && window.scrollY === 0) document.querySelector("#tabs").scrollIntoView();
 }}"""
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
@@ -67,8 +68,7 @@ RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer
 # model or a depth typed and then "Copy a link" clicked (its blur redraws the view while the link is asked for) is
 # in the answer already: the link is kept.
 CLEAR_LINK_JS = "(link, note) => link ? ['', ''] : [link, note]"
-_PAGE_VIEW_JS = """JSON.stringify([document.querySelector("#explorer .cx")?.dataset.query,
-    document.querySelector("#tabs [role='tab'][aria-selected='true']")?.textContent])"""
+_PAGE_VIEW_JS = f'JSON.stringify([document.querySelector("#explorer .cx")?.dataset.query, {_OPEN_TAB_JS}])'
 ASK_LINK_JS = """(...values) => {
   document.querySelector("#link_row").dataset.asked = PAGE_VIEW;
   return values;
