@@ -22,6 +22,8 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   :func:`kernels.knn_triton.use_selection`), in the same call.
 - **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts, warm starts (``WARM``
   tiles, also for the blend rule's kernel at the CIFAR layer) and selection loops.
+- **The deferred repair** (``repair_sweep``): the fused forward at the CIFAR and N = 16384 kernel configurations
+  under the repair's block sizes and lane depths of ``REPAIR_SWEEP``.
 - ``--selection`` runs every part under one selection loop (default ``auto``).
 - **Where the time goes** (``profile``): each layer's forward + backward under ``torch.profiler``
   (:func:`gpu_breakdown`): per call the wall time, the time the GPU is busy (the union of its kernels' intervals)
@@ -66,6 +68,15 @@ SWEEP = [  # (LANES, BLOCK_M, BLOCK_N, num_warps, WARM); each loop's default is 
     (True, 128, 64, 16, 0), (True, 64, 32, 4, 0), (True, 64, 32, 8, 0),
     (False, 64, 64, 4, 0), (False, 64, 128, 4, 0), (False, 128, 64, 4, 0), (False, 64, 64, 4, 1),
 ]
+# The deferred repair (``repair``), the forward at the CIFAR and N = 16384 kernel configurations: {name: config}.
+# "64-row" is the repair before §1l (the forward's own block sizes); "depth 2" keeps two entries a lane, so more rows
+# go to the repair.
+REPAIR_SWEEP = {
+    "default": {}, "64-row": dict(REPAIR_BLOCK_M=64, REPAIR_BLOCK_N=None), "16x64": dict(REPAIR_BLOCK_N=64),
+    "16x256": dict(REPAIR_BLOCK_N=256), "32x128": dict(REPAIR_BLOCK_M=32), "16x128 w2": dict(REPAIR_WARPS=2),
+    "16x128 w8": dict(REPAIR_WARPS=8), "depth 2": dict(LANE_DEPTH=2), "depth 3": dict(LANE_DEPTH=3),
+    "depth 2 64-wide": dict(LANE_DEPTH=2, BLOCK_N=64),
+}
 # The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM); the rounds' default is 4 warm
 # tiles.
 BLEND_SWEEP = [(True, 8, 0), (True, 16, 0), (True, 4, 0), (False, 4, 0), (False, 4, 4)]
@@ -327,6 +338,23 @@ def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
         results["sweep"].update(local)
 
 
+def bench_repair(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    results["repair_sweep"] = {}
+    for prefix, batch, tokens in (("cifar", 128, 1024), ("n16k_bh16", 16, 16384)):
+        q, k, v, weight = (x.detach() for x in _kernel_inputs(batch, tokens))
+        block_n = function.fwd_config(KERNEL_K, KERNEL_DIM, KERNEL_DIM, KERNEL_DIM, tokens)["BLOCK_N"]
+        for name, variant in REPAIR_SWEEP.items():
+            config = {key: block_n if value is None else value for key, value in variant.items()}
+
+            def forward(config=config, q=q, k=k, v=v, weight=weight):
+                return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "softmax", 1.0, 1, None,
+                                               False, config=config)
+
+            local: dict = {}
+            _measure(local, f"{prefix} {name}", {"fwd": forward}, warmup_ms, rep_ms)
+            results["repair_sweep"].update(local)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,7 +415,7 @@ def report(results: dict) -> str:
 
 
 PARTS = {"layers": bench_layers, "kernel": bench_kernel, "by_k": bench_by_k, "sweep": bench_sweep,
-         "profile": bench_profile}
+         "repair": bench_repair, "profile": bench_profile}
 
 
 def main() -> None:

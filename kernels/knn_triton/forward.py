@@ -481,15 +481,15 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                    COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr,
                    IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
-    """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on the same grid (query blocks, B·H,
-    splits): program i of a (sample, head, split) takes entries [i·BLOCK_M, (i + 1)·BLOCK_M) of its list of rows
-    the lanes could not certify (a program past the list's count does nothing), so a few failed rows of many
-    blocks stream the tiles once, together, instead of each block again for its own. Each row restarts from its
-    first key and takes the split's keys ≥ its floor with :func:`select.repair_tile` (packed keys compared whole:
-    any column order), then the block ends as knn_fwd's does (Part, or :func:`aggregate`), overwriting what knn_fwd
-    wrote for those rows. Tiles are read in the lanes' column order (a score's place in its tile is the lanes'),
-    but the rows sit in another block, so nothing promises a score the lanes' bits: the floor is the lanes' K-th key
-    lowered by :func:`select.lowered`."""
+    """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on a grid (list blocks, B·H, splits) of its
+    own block sizes (:func:`function.fwd_config`'s ``REPAIR_*``: few rows, wide tiles): program i of a (sample,
+    head, split) takes entries [i·BLOCK_M, (i + 1)·BLOCK_M) of its list of rows the lanes could not certify (a
+    program past the list's count does nothing), so a few failed rows of many blocks stream the tiles once,
+    together, instead of each block again for its own. Each row restarts from its first key and takes the split's
+    keys ≥ its floor with :func:`select.repair_tile` (packed keys compared whole: any column order), then the block
+    ends as knn_fwd's does (Part, or :func:`aggregate`), overwriting what knn_fwd wrote for those rows. The rows sit
+    in another block and the tiles have another width, so nothing promises a score the lanes' bits: the floor is the
+    lanes' K-th key lowered by :func:`select.lowered`."""
     _Out, _Idx, _A, _Part, Count, Rows = outputs
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)

@@ -67,7 +67,10 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
     insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query
     block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for the blend rule, none
-    otherwise. Entries can be overridden through :func:`launch_forward`'s ``config``."""
+    otherwise. ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's rows a program, tile
+    width and warps — 16 rows over 128-wide tiles with 4 warps, since it mostly gets a row or two a list (the CIFAR
+    layer: one row in 1,024 a sample; bench/RESULTS.md §1l), and a program of 64 rows streamed 32-wide tiles for that
+    one. Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
     lanes = selection != "rounds"
@@ -79,7 +82,8 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
                 num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
                 num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=2 if shallow else 3, DEFER=defer,
-                WARM=4 if blend and not lanes else 0)
+                WARM=4 if blend and not lanes else 0, REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=max(128, k_pad),
+                REPAIR_WARPS=4)
 
 
 @functools.cache
@@ -190,7 +194,9 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     forward.knn_fwd[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
                           LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n)
     if defer:
-        forward.knn_fwd_repair[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=block_n)
+        repair = args | dict(BLOCK_M=cfg["REPAIR_BLOCK_M"], num_warps=cfg["REPAIR_WARPS"])
+        forward.knn_fwd_repair[(triton.cdiv(Nq, cfg["REPAIR_BLOCK_M"]), B * H, num_splits)](
+            **repair, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=cfg["REPAIR_BLOCK_N"])
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a
