@@ -60,10 +60,12 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     block; ``LANES``, the selection (:func:`use_selection`); ``LANE_DEPTH``, the entries a lane keeps; ``DEFER``,
     whether the rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (``"auto"``) or are repaired in
     their own block (``"lanes"``). With the deferred repair (one H100, random features, CIFAR
-    kernel configuration, bench/RESULTS.md §1j): on a small map (≤ :data:`SMALL_MAP_COLS` columns) the lanes stream
-    32-wide tiles with 4 warps for every K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes repaired in their own
-    block), 64-wide with 8 warps above; on a larger map, K ≤ 9 keeps two entries a lane over 64-wide tiles with 4
-    warps (N = 16384: 7.46 ms against 9.62), K > 9 64-wide tiles with 8 warps. Without it (``"lanes"``, §1h):
+    kernel configuration, bench/RESULTS.md §1j): K ≤ 9 keeps two entries a lane over 64-wide tiles with 4 warps
+    (N = 16384: 7.46 ms against 9.62; N = 1024 on an H200, §1l: 0.469 against 0.490 for three entries over 32-wide
+    tiles; the blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS`
+    columns) the lanes stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes
+    repaired in their own block), 64-wide with 8 warps above; on a larger map, K > 9 64-wide tiles with 8 warps.
+    Without it (``"lanes"``, §1h):
     32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
     insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query
     block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for the blend rule, none
@@ -76,8 +78,9 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     lanes = selection != "rounds"
     defer = selection == "auto"
     small = num_cols <= SMALL_MAP_COLS
-    narrow = lanes and small and (num_neighbors <= 32 if defer else num_neighbors <= 9 or 16 < num_neighbors <= 32)
-    shallow = defer and not small and num_neighbors <= 9  # two entries a lane, 4 warps over 64-wide tiles
+    shallow = defer and num_neighbors <= 9 and not (small and blend)  # two entries a lane, 4 warps, 64-wide tiles
+    narrow = lanes and small and not shallow and (
+        num_neighbors <= 32 if defer else num_neighbors <= 9 or 16 < num_neighbors <= 32)
     return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
                 num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
