@@ -112,8 +112,10 @@ def parse_link(params: Mapping[str, object], fields: Mapping[str, str] = LINK_FI
 
 def echo(text: object) -> str:
     """``text`` as a code span of page markup (nothing in it renders), if it is a plain name of at most 40
-    characters; else a description of it."""
-    if isinstance(text, str) and len(text) <= 40 and (text == "" or _TEXT.fullmatch(text)):
+    characters; "nothing" for an empty one (an empty code span shows nothing); else a description of it."""
+    if text == "":
+        return "nothing"
+    if isinstance(text, str) and len(text) <= 40 and _TEXT.fullmatch(text):
         return f"`{text}`"
     return "a value not shown (not a plain name or number)"
 
@@ -225,7 +227,7 @@ def open_link(params: Mapping[str, object], current: ViewState, shipped: Sequenc
             state["compare_depth"] = check_number(values["depth"], view_settings["compare_depth"])
             named.add("compare_depth")
         except ValueError as err:
-            problems.append(f"the link's depth: {user_error_message(err)}")
+            problems.append(f"the link's {user_error_message(err)}")  # the message names the depth's label
     choose("tab", "tab", {tab: tab for tab in tabs}, state, f": {', '.join(tabs)}")
     rule = values.get("rule", rules[-1])
     if rule not in rules:

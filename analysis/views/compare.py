@@ -14,6 +14,8 @@ import math
 import numbers
 from collections.abc import Sequence
 
+from convnn.validation import number_range
+
 from ..session.image_decode import InputImage
 from ..session.models import LoadedModel
 from ..session.selections import RuleOptions
@@ -30,10 +32,10 @@ def layer_at_depth(loaded: LoadedModel, fraction: float) -> LayerInfo:
     ``round(fraction · (L − 1))`` of its L layers (0: the first, 1: the last, 0.5: the middle one).
 
     Raises:
-        ValueError: ``fraction`` not a number in [0, 1], or a model without layers to show.
+        ValueError: ``fraction`` not a number from 0 to 1, or a model without layers to show.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"the depth must be a fraction in [0, 1], got {fraction!r}")
+        raise ValueError(f"the depth must be a fraction {number_range(0, 1)}, got {fraction!r}")
     if not loaded.layer_infos:
         raise ValueError(f"{loaded.card.name} has no layer these views open")
     return loaded.layer_infos[math.floor(fraction * (len(loaded.layer_infos) - 1) + 0.5)]

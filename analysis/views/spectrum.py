@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from convnn.functional import padded_to_cells
+from convnn.validation import number_range
 
 from ..session.caching import bounded_cache
 from ..session.image_decode import InputImage
@@ -219,7 +220,8 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
     if queries is not None:
         queries = tuple(whole_number(q, "query cell") for q in queries)
         if any(q < 0 or q >= cells for q in queries):
-            raise ValueError(f"query cells must be in [0, {cells - 1}] for {layer_info.name}, got {list(queries)}")
+            raise ValueError(f"query cells must be {number_range(0, cells - 1)} for {layer_info.name}, "
+                                 f"got {list(queries)}")
     count = cells if queries is None else len(queries)
     if not fits_field_table(layer_info, count):
         raise ValueError(f"the receptive fields of {count} queries on a {size}×{size} px input are more than the "

@@ -171,7 +171,7 @@ def test_the_fields_of_more_queries_than_one_table_holds_are_refused_before_any_
     with pytest.raises(ValueError, match="the receptive fields of 64 queries on a 32×32 px input are more than the "
                                          "multi-hop view's 2,048 query-pixels"):
         receptive_fields(loaded, image, "stages.2.0.conv2", 2)
-    with pytest.raises(ValueError, match=r"query cells must be in \[0, 63\] for stages.2.0.conv2, got \[64\]"):
+    with pytest.raises(ValueError, match=r"query cells must be from 0 to 63 for stages.2.0.conv2, got \[64\]"):
         receptive_fields(loaded, image, "stages.2.0.conv2", 2, 0, (64,))
     assert not spectrum.fits_field_table(loaded.layer_info("stages.2.0.conv2"))
 

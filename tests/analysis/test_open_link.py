@@ -124,3 +124,14 @@ def test_a_lesson_over_models_it_was_not_written_for_says_so_instead_of_narratin
     assert step == LessonStep({}, "**Step 2 of 2.** " + LESSON_UNKNOWN.format(models="`cnn-l0`", listed=listed), 1,
                               ("cnn-l0",))
     assert "Now K" not in step.text and step.params == {}  # nothing narrated, no view opened
+
+
+def test_a_link_s_refused_depth_and_empty_values_are_named_once_in_words(models):
+    """The depth's refusal names the field once (it read "the link's depth: compare depth must…"), and an empty
+    value is called empty (an empty code span read "got ." on the page)."""
+    opened = open_link({"depth": "2"}, shown(), SHIPPED, EXAMPLES, models.__getitem__, TABS, RULES)
+    assert opened.note == ("**This link could not set everything:** the link's depth: how far through each model "
+                           "must be from 0 to 1, got 2.0.")
+    opened = open_link({"row": "", "depth": ""}, shown(), SHIPPED, EXAMPLES, models.__getitem__, TABS, RULES)
+    assert opened.note == ("**This link could not set everything:** the link's row must be a whole number, got "
+                           "nothing; the link's depth must be a number, got nothing.")
