@@ -22,6 +22,8 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
   :func:`kernels.knn_triton.use_selection`), in the same call.
 - **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts, warm starts (``WARM``
   tiles, also for the blend rule's kernel at the CIFAR layer) and selection loops.
+- **The blend rule's variants** (``blend``, into ``sweep``): its kernel at the CIFAR layer under the lanes' depths,
+  tile widths and warps of ``BLEND_SWEEP``, and the rounds with a warm start.
 - **The deferred repair** (``repair_sweep``): the fused forward at the CIFAR and N = 16384 kernel configurations
   under the repair's block sizes and lane depths of ``REPAIR_SWEEP``.
 - ``--selection`` runs every part under one selection loop (default ``auto``).
@@ -77,9 +79,10 @@ REPAIR_SWEEP = {
     "16x128 w8": dict(REPAIR_WARPS=8), "depth 2": dict(LANE_DEPTH=2), "depth 3": dict(LANE_DEPTH=3),
     "depth 2 64-wide": dict(LANE_DEPTH=2, BLOCK_N=64),
 }
-# The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM); the rounds' default is 4 warm
-# tiles.
-BLEND_SWEEP = [(True, 8, 0), (True, 16, 0), (True, 4, 0), (False, 4, 0), (False, 4, 4)]
+# The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM, LANE_DEPTH, BLOCK_N); the
+# lanes' default is 3 entries over 32-wide tiles with 4 warps, the rounds' 4 warm tiles.
+BLEND_SWEEP = [(True, 4, 0, 3, 32), (True, 8, 0, 3, 32), (True, 4, 0, 2, 64), (True, 4, 0, 2, 32),
+               (True, 8, 0, 3, 64), (False, 4, 4, 3, 64)]
 
 
 def median_ms(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
@@ -325,16 +328,23 @@ def bench_sweep(results: dict, warmup_ms: float, rep_ms: float) -> None:
             name = f"{prefix} {'lanes' if lanes else 'rounds'} {block_m}x{block_n} w{warps} warm{warm}"
             _measure(local, name, {"fwd": forward}, warmup_ms, rep_ms)
             results["sweep"].update(local)
+    bench_blend(results, warmup_ms, rep_ms)
+
+
+def bench_blend(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    results.setdefault("sweep", {})
     q, k, v, weight = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
     grid = BlendGrid(CIFAR["size"], CIFAR["size"], 3, 0.5)
-    for lanes, warps, warm in BLEND_SWEEP:
-        def blend_forward(lanes=lanes, warps=warps, warm=warm):
-            return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "none", 1.0, 1, None, True,
-                                           grid, config=dict(LANES=lanes, num_warps=warps, WARM=warm))
+    for lanes, warps, warm, depth, block_n in BLEND_SWEEP:
+        config = dict(LANES=lanes, num_warps=warps, WARM=warm, LANE_DEPTH=depth, BLOCK_N=block_n)
 
-        local = {}
-        _measure(local, f"cifar blend {'lanes' if lanes else 'rounds'} w{warps} warm{warm}", {"fwd": blend_forward},
-                 warmup_ms, rep_ms)
+        def blend_forward(config=config):
+            return function.launch_forward(q, k, v, weight, None, KERNEL_K, "cosine", "none", 1.0, 1, None, True,
+                                           grid, config=config)
+
+        local: dict = {}
+        name = f"cifar blend {'lanes' if lanes else 'rounds'} depth{depth} {block_n}-wide w{warps} warm{warm}"
+        _measure(local, name, {"fwd": blend_forward}, warmup_ms, rep_ms)
         results["sweep"].update(local)
 
 
@@ -415,7 +425,7 @@ def report(results: dict) -> str:
 
 
 PARTS = {"layers": bench_layers, "kernel": bench_kernel, "by_k": bench_by_k, "sweep": bench_sweep,
-         "repair": bench_repair, "profile": bench_profile}
+         "repair": bench_repair, "blend": bench_blend, "profile": bench_profile}
 
 
 def main() -> None:

@@ -95,18 +95,20 @@ def padded_cells(cols, width, pad, height):
 def _feature_range(q, q_scale, k_base, k_strides, kinv_base, Nq, num_cols, D, width, pad, COSINE: tl.constexpr,
                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
     """Blend, first pass: per query the lowest finite feature score over the padded map and max(high − low, tiny)
-    (padding cells score 0), as ``kernels.reference.blend_scores`` normalises."""
-    low = tl.full([BLOCK_M], POS_INF, tl.float32)
-    high = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    (padding cells score 0), as ``kernels.reference.blend_scores`` normalises. The minimum and maximum are kept per
+    (row, column lane) and reduced over the lanes once at the end: elementwise per tile, no row reduction."""
+    low = tl.full([BLOCK_M, BLOCK_N], POS_INF, tl.float32)
+    high = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
     for start in range(0, num_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask_n = cols < num_cols
         rows = padded_cells(cols, width, pad, Nq // width)
         s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, rows, mask_n & (rows >= 0), D, COSINE, IEEE, D_PAD)
         finite = mask_n[None, :] & (s > NEG_INF)
-        low = tl.minimum(low, tl.min(tl.where(finite, s, POS_INF), axis=1))
-        high = tl.maximum(high, tl.max(tl.where(finite, s, NEG_INF), axis=1))
-    return low, tl.maximum(high - low, TINY)
+        low = tl.minimum(low, tl.where(finite, s, POS_INF))
+        high = tl.maximum(high, tl.where(finite, s, NEG_INF))
+    low = tl.min(low, axis=1)
+    return low, tl.maximum(tl.max(high, axis=1) - low, TINY)
 
 
 @triton.jit
