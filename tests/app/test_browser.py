@@ -487,7 +487,8 @@ def test_a_phone_shows_the_image_and_prediction_first_then_the_controls_and_whol
                 if chart in SLOW_BUTTONS:
                     tab.locator(f"#{SLOW_BUTTONS[chart]}").click()
                 tab.wait_for_selector(f"#{chart} .js-plotly-plot .gtitle", timeout=60_000)
-                tab.screenshot(path=SCREENSHOTS / f"phone-{chart}.png", full_page=True)
+                tab.screenshot(path=SCREENSHOTS / f"phone-{chart}.png", full_page=True, scale="css")  # in CSS px:
+                #                                      at the phone's 3 device px per CSS px a shot took 1 s, not 0.25
                 drawn = tab.evaluate(CHART_BOXES_JS, chart)
                 for title in drawn["titles"]:
                     inside = (title["x"] >= -1 and title["y"] >= -1 and title["x"] + title["w"] <= drawn["width"] + 1
