@@ -65,14 +65,13 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     tiles; the blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS`
     columns) the lanes stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes
     repaired in their own block), 64-wide with 8 warps above; on a larger map, K > 9 64-wide tiles with 8 warps.
-    Without it (``"lanes"``, §1h):
-    32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
-    insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query
-    block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for the blend rule, none
-    otherwise. ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's rows a program, tile
-    width and warps — 16 rows over 128-wide tiles with 4 warps, since it mostly gets a row or two a list (the CIFAR
-    layer: one row in 1,024 a sample; bench/RESULTS.md §1l), and a program of 64 rows streamed 32-wide tiles for that
-    one. Entries can be overridden through :func:`launch_forward`'s ``config``."""
+    Without it (``"lanes"``, §1h): 32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline
+    stages for the lanes. The insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key
+    tiles around each query block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for
+    the blend rule, none otherwise. ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's
+    rows a program, tile width and warps — 16 rows over 128-wide tiles with 4 warps, since it mostly gets a row or
+    two a list (the CIFAR layer: one row in 1,024 a sample; bench/RESULTS.md §1l), and a program of 64 rows
+    streamed 32-wide tiles for that one. Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
     lanes = selection != "rounds"
