@@ -108,7 +108,7 @@ def main() -> int:
 
     outcomes: list = []
     function.triton_runs_on = lambda device: True
-    for module, names in ((forward, ("knn_fwd", "knn_fwd_repair", "knn_fwd_merge")),
+    for module, names in ((forward, ("knn_fwd", "knn_fwd_repair", "knn_fwd_merge", "key_inv_norms")),
                           (backward, ("knn_bwd_query", "knn_bwd_weight", "knn_bwd_key_sum"))):
         for name in names:
             setattr(module, name, _CompileOnly(name, getattr(module, name), outcomes))

@@ -55,6 +55,21 @@ def _load_queries(q_base, q_strides, offs_m, mask_m, scale, D, COSINE: tl.conste
     return q, q_scale
 
 
+@triton.jit(do_not_specialize=["num_rows"])
+def key_inv_norms(K, KInv, k_strides, H, Nk, D, num_rows, BLOCK_R: tl.constexpr, D_PAD: tl.constexpr):
+    """Grid (cdiv(B·H·Nk, BLOCK_R),): 1 / max(‖k_j‖, eps) of every key row of K (B, H, Nk, D), any strides, into
+    KInv (B·H·Nk) fp32 — the same :func:`select.inv_norm` the query block applies to its rows, once per call
+    instead of once per query block."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask = rows < num_rows
+    bh = rows // Nk
+    offs_d = tl.arange(0, D_PAD)
+    base = (bh // H) * k_strides[0] + (bh % H) * k_strides[1] + (rows % Nk) * k_strides[2]
+    x = tl.load(K + base[:, None] + offs_d[None, :] * k_strides[3], mask=mask[:, None] & (offs_d[None, :] < D),
+                other=0.0)
+    tl.store(KInv + rows, inv_norm(x.to(tl.float32)), mask=mask)
+
+
 @triton.jit
 def _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, COSINE: tl.constexpr,
                  D_PAD: tl.constexpr):
@@ -70,14 +85,17 @@ def _self_scores(q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, D, CO
 
 @triton.jit
 def _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n, D, COSINE: tl.constexpr,
-                IEEE: tl.constexpr, D_PAD: tl.constexpr):
-    """Canonical fp32 scores [BLOCK_M, BLOCK_N] of the query block against the key rows ``key_rows``."""
+                IEEE: tl.constexpr, D_PAD: tl.constexpr, RAW: tl.constexpr = False):
+    """Canonical fp32 scores [BLOCK_M, BLOCK_N] of the query block against the key rows ``key_rows``; with ``RAW``
+    as the dot product gives them (NaN and +∞ left as they are: the lanes' stream, :func:`select.lane_insert`)."""
     offs_d = tl.arange(0, D_PAD)
     k = tl.load(k_base + key_rows[:, None] * k_strides[2] + offs_d[None, :] * k_strides[3],
                 mask=mask_n[:, None] & (offs_d[None, :] < D), other=0.0)
     s = dot(q, tl.trans(k), IEEE) * q_scale[:, None]
     if COSINE:
         s = s * tl.load(kinv_base + key_rows, mask=mask_n, other=0.0)[None, :]
+    if RAW:
+        return s
     return canonical(s)
 
 
@@ -129,6 +147,16 @@ def _blend_tile(s, cols, offs_m, low, spread, Spatial, width, pad, blend):
 
 
 @triton.jit
+def _slot(Idx, A, row_base, t, mask_m, Nq, width, pad, BLEND: tl.constexpr):
+    """Rank slot ``t`` of the block's rows as :func:`aggregate` stored them: the value row each gathers ([BLOCK_M]
+    int32; −1: a padding cell of the blend's map, a zero value) and its weight a (fp32)."""
+    j_t = tl.load(Idx + row_base + t, mask=mask_m, other=0).to(tl.int32)
+    if BLEND:
+        j_t = padded_cells(j_t, width, pad, Nq // width)
+    return j_t, tl.load(A + row_base + t, mask=mask_m, other=0.0)
+
+
+@triton.jit
 def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
               offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
               CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
@@ -153,9 +181,6 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
     else:
         keys_idx = cols
     keys_idx = tl.where(filled, keys_idx, 0)  # an empty slot never addresses a value row nor a candidate
-    rows_idx = keys_idx  # the value row each slot gathers; −1: a padding cell (zero value) of the blend's map
-    if BLEND:
-        rows_idx = padded_cells(keys_idx, width, pad, Nq // width)
     valid = mask_mk & (scores > NEG_INF)
     if WEIGHTING == WEIGHTING_SOFTMAX:  # exp((s − s_max) / τ): saturated scores share the weight instead of giving NaN
         top = tl.max(tl.where(valid, scores, NEG_INF), axis=1)
@@ -167,9 +192,12 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
         a = a / tl.maximum(tl.sum(a, axis=1), 1.0)[:, None]
     else:  # WEIGHTING_NONE
         a = valid.to(tl.float32)
-    rows = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m[:, None] * num_neighbors + slots[None, :]
-    tl.store(Idx + rows, keys_idx.to(tl.int64), mask=mask_mk)
-    tl.store(A + rows, a, mask=mask_mk)
+    row_base = pid_bh.to(tl.int64) * Nq * num_neighbors + offs_m * num_neighbors  # [BLOCK_M]: slot 0 of each row
+    tl.store(Idx + row_base[:, None] + slots[None, :], keys_idx.to(tl.int64), mask=mask_mk)
+    tl.store(A + row_base[:, None] + slots[None, :], a, mask=mask_mk)
+    # The Conv1D reads them back one rank slot t at a time (a load where a select + row sum over the K_PAD slots
+    # cost 7 times the instructions), after a barrier: another thread of the block may have stored them.
+    tl.debug_barrier()
 
     # Conv1D over rank slots: loop over neighbours at run time (static unrolling compiles for minutes at K = 32).
     v_base = V + b * v_strides[0] + h * v_strides[1]
@@ -183,8 +211,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             chan = h * Dv + offs_c
             out = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
             for t in range(num_neighbors):
-                j_t = column(rows_idx, slots, t)
-                a_t = column(a, slots, t)
+                j_t, a_t = _slot(Idx, A, row_base, t, mask_m, Nq, width, pad, BLEND)
                 g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
                             mask=mask_mc & (j_t >= 0)[:, None], other=0.0)
                 w_t = tl.load(W + chan * w_strides[0] + t * w_strides[2], mask=mask_c, other=0.0).to(tl.float32)
@@ -203,8 +230,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             num_c = tl.cdiv(Dv, BLOCK_C)
             for i in range(num_neighbors * num_c):
                 t = i // num_c
-                j_t = column(rows_idx, slots, t)
-                a_t = column(a, slots, t)
+                j_t, a_t = _slot(Idx, A, row_base, t, mask_m, Nq, width, pad, BLEND)
                 offs_c = (i % num_c) * BLOCK_C + tl.arange(0, BLOCK_C)
                 mask_c = offs_c < Dv
                 g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
@@ -245,11 +271,12 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
 @triton.jit
 def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
                  CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, ANY_ROWS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, RAW: tl.constexpr = False):
     """The canonical scores [BLOCK_M, BLOCK_N] of the key tile whose columns are ``cols`` (some order of
     ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞). ``block``: what
     the query block scores with, as :func:`knn_fwd` packs it; ``ANY_ROWS``: its rows are any rows of the map (the
-    repair's lists), not ``row_lo + [0, BLOCK_M)``."""
+    repair's lists), not ``row_lo + [0, BLOCK_M)``; ``RAW``: the feature scores as the dot product gives them, not
+    canonical (the lanes' stream; the blend rule's blended scores are always of canonical ones)."""
     q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo, self_col = (
         block)
     _H, Nq, _Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, stride_cb, width, pad = sizes
@@ -260,8 +287,11 @@ def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: t
         key_rows = padded_cells(cols, width, pad, Nq // width)
     else:
         key_rows = cols
-    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_n & (key_rows >= 0), D, COSINE, IEEE,
-                    D_PAD)
+    mask_k = mask_n
+    if BLEND:  # a padding cell has no key row
+        mask_k = mask_n & (key_rows >= 0)
+    s = _score_tile(q, q_scale, k_base, k_strides, kinv_base, key_rows, mask_k, D, COSINE, IEEE, D_PAD,
+                    RAW and not BLEND)
     if BLEND:
         s = _blend_tile(s, cols, offs_m, low, spread, Spatial, width, pad, blend)
     # Only the tiles that need it are masked: past the range, and where the query's own candidate (in acc already)
@@ -357,7 +387,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             start = col_lo + t * BLOCK_N
             cols = lane_columns(start, first_tile + t, BLOCK_N)
             s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                    False, BLOCK_M, BLOCK_N, D_PAD)
+                                    False, BLOCK_M, BLOCK_N, D_PAD, RAW=True)
             if LANE_DEPTH == 3:
                 a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
             else:
@@ -370,9 +400,10 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
         certified = certified | (mask_m == 0)  # rows past the map are never read
         if not DEFER:  # with DEFER, knn_fwd_repair takes the rows not certified (after the block's end, below)
             if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
-                acc = _repair(tl.where(certified[:, None], acc, first), certified == 0, floor, block, col_lo,
-                              col_hi, first_tile, live, num_neighbors, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                              False, BLOCK_M, BLOCK_N, D_PAD)
+                # the floor lowered: a lane's +∞ score (not certified) must not exclude the canonical largest score
+                acc = _repair(tl.where(certified[:, None], acc, first), certified == 0, lowered(floor), block,
+                              col_lo, col_hi, first_tile, live, num_neighbors, SELF_FIRST, COSINE, CANDIDATES, BLEND,
+                              IEEE, False, BLOCK_M, BLOCK_N, D_PAD)
     else:
         # Warm start: the WARM tiles around the block's middle query come first, only to set each row's floor (the
         # loop's own score code, so the floor is bit for bit a score the stream meets again; select.py).

@@ -125,10 +125,16 @@ def token_major(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _inverse_key_norms(k: Tensor) -> Tensor:
-    """1 / max(‖k_j‖, eps) per key, fp32 (B·H, Nk): computed once instead of once per query block."""
-    norms = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32)  # no fp32 copy of k
-    return norms.clamp_min_(NORM_EPS).reciprocal_().reshape(-1, k.shape[2]).contiguous()
+def _inverse_key_norms(k: Tensor, d_pad: int) -> Tensor:
+    """1 / max(‖k_j‖, eps) per key, fp32 (B·H, Nk): computed once (:func:`forward.key_inv_norms`, one launch)
+    instead of once per query block."""
+    B, H, Nk, D = k.shape
+    kinv = torch.empty(B * H, Nk, device=k.device, dtype=torch.float32)
+    block_r = max(16, 8192 // d_pad)
+    forward.key_inv_norms[(triton.cdiv(B * H * Nk, block_r),)](K=k, KInv=kinv, k_strides=k.stride(), H=H, Nk=Nk,
+                                                              D=D, num_rows=B * H * Nk, BLOCK_R=block_r,
+                                                              D_PAD=d_pad)
+    return kinv
 
 
 def _channel_major(weight: Tensor) -> Tensor:
@@ -161,7 +167,7 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
         cand, stride_cb = candidates, candidates.stride(0) if candidates.shape[0] > 1 else 0
     else:
         cand, stride_cb = idx, 0  # any pointer: never read
-    kinv = _inverse_key_norms(k) if similarity == "cosine" else a  # any pointer for dot: never read
+    kinv = _inverse_key_norms(k, cfg["D_PAD"]) if similarity == "cosine" else a  # any pointer for dot: never read
     spatial, width, pad, mix = a, 1, 0, (0.0, 0.0)  # any pointer, no padding: not the blend rule
     if blend is not None:
         width, pad, num_splits = blend.width, blend.pad, 1  # one pass spans the map

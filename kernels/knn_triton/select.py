@@ -164,7 +164,7 @@ def lane_columns(start, t, BLOCK_N: tl.constexpr):
     map's cells BLOCK_N apart (vertical neighbours, in raster order) fall into different lanes. Within a lane the
     columns still increase from tile to tile, so a later candidate of a lane loses a tie, as the reference's rule
     says."""
-    return start + (tl.arange(0, BLOCK_N) + t * LANE_ROTATION) % BLOCK_N
+    return start + ((tl.arange(0, BLOCK_N) + t * LANE_ROTATION) & (BLOCK_N - 1))  # BLOCK_N: a power of two
 
 
 @triton.jit
@@ -177,21 +177,23 @@ def lane_empty(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols):
-    """Enter the canonical scores ``s`` [rows, BLOCK_N] of columns ``cols`` [BLOCK_N] (lane j ← column cols[j]):
-    each lane keeps its three best (strict tests: an equal later score ranks below) and ``over`` takes the largest
-    score that leaves the lane. −∞ never enters (an empty slot is −∞ too): such candidates only raise ``over``.
+    """Enter the scores ``s`` [rows, BLOCK_N] of columns ``cols`` [BLOCK_N] (lane j ← column cols[j]): each lane
+    keeps its three best (strict tests: an equal later score ranks below) and ``over`` takes the largest score that
+    leaves the lane. The scores need not be canonical: every step is a compare or a select on the compares, and a
+    NaN fails every compare, so it never enters a lane and leaves ``over`` as it was (``max`` takes the number), as
+    −∞ does (an empty slot is −∞ too); a +∞ enters like any score (:func:`lane_merge` does not certify its row).
     Returns the new state."""
     col = cols[None, :]
     g1 = s > a1
     g2 = s > a2
     g3 = s > a3
-    over = tl.maximum(over, tl.minimum(a3, s))
+    over = tl.maximum(over, tl.where(g3, a3, s))  # what leaves: a3 if s enters, else s
     c3 = tl.where(g2, c2, tl.where(g3, col, c3))
     c2 = tl.where(g1, c1, tl.where(g2, col, c2))
     c1 = tl.where(g1, col, c1)
-    a3 = tl.maximum(a3, tl.minimum(a2, s))
-    a2 = tl.maximum(a2, tl.minimum(a1, s))
-    a1 = tl.maximum(a1, s)
+    a3 = tl.where(g2, a2, tl.where(g3, s, a3))
+    a2 = tl.where(g1, a1, tl.where(g2, s, a2))
+    a1 = tl.where(g1, s, a1)
     return a1, a2, a3, c1, c2, c3, over
 
 
@@ -202,11 +204,11 @@ def lane_insert2(a1, a2, c1, c2, over, s, cols):
     col = cols[None, :]
     g1 = s > a1
     g2 = s > a2
-    over = tl.maximum(over, tl.minimum(a2, s))
+    over = tl.maximum(over, tl.where(g2, a2, s))
     c2 = tl.where(g1, c1, tl.where(g2, col, c2))
     c1 = tl.where(g1, col, c1)
-    a2 = tl.maximum(a2, tl.minimum(a1, s))
-    a1 = tl.maximum(a1, s)
+    a2 = tl.where(g1, a1, tl.where(g2, s, a2))
+    a1 = tl.where(g1, s, a1)
     return a1, a2, c1, c2, over
 
 
@@ -218,12 +220,14 @@ def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
     sorted that way, so the row's best remaining candidate is a head — and moves that lane's list up by one (columns
     are distinct, so the column alone finds the lane). K rounds of two 32-bit row reductions; no int64 copy of the
     lanes. Returns ``acc`` (ascending, [rows, K_PAD], the K keys in its top K slots as :func:`merge_tile` keeps them),
-    whether each row is certified — it holds K keys and every score a lane dropped is below its K-th score (a
-    dropped candidate ranks below the K-th then, whatever its column) — and the row's K-th key [rows] int64
-    (EMPTY_KEY: not full).
+    whether each row is certified — it holds K keys, no lane holds a +∞ (the stream's scores are not canonical: the
+    repair ranks +∞ as the largest finite score, as the reference does) and every score a lane dropped is below its
+    K-th score (a dropped candidate ranks below the K-th then, whatever its column) — and the row's K-th key [rows]
+    int64 (EMPTY_KEY: not full).
     """
     K_PAD: tl.constexpr = acc.shape[1]
     slots = tl.arange(0, K_PAD)
+    finite_top = tl.max(a1, axis=1) < POS_INF  # a +∞ (the stream's scores are not canonical): the repair ranks it
     first = tl.max(acc, axis=1)
     acc = tl.full(acc.shape, EMPTY_KEY, tl.int64)
     for r in range(num_neighbors):
@@ -243,7 +247,7 @@ def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
         acc = tl.where(slots[None, :] == K_PAD - 1 - r, best[:, None], acc)
     kth = kth_key(acc, live)
     full = kth != EMPTY_KEY
-    certified = full & (tl.max(over, axis=1) < unpack_score(kth))
+    certified = full & finite_top & (tl.max(over, axis=1) < unpack_score(kth))
     return acc, certified, kth
 
 
