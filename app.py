@@ -765,11 +765,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         slow_view("spectrum_models_button", "on_spectrum_models", ["image_file", "fit"], ["spectrum_models_plot"])
         slow_view("equivalence_button", "on_equivalence", ["checkpoint", "image_file", "fit", "layer", "draw"],
                   ["equivalence_text", "equivalence_plot"])
-        gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
-              api_visibility="private")
+        drops = [gr.on([ui["method"].change, ui["target"].change], runs.dropping(("on_attribution",)), None,
+                       api_visibility="private")]
         cancel = wired("on_attribution_cancel", [], ["attribution_plot", "attribution_note"])
-        ui["attribution_cancel"].click(**{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"], True)},
-                                       api_visibility="private")
+        drops.append(ui["attribution_cancel"].click(
+            **{**cancel, "fn": runs.dropping(("on_attribution",), cancel["fn"], True)}, api_visibility="private"))
 
         # The documented API: plain values in and out, for gradio_client and scripts.
         for name in API:
@@ -780,7 +780,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     demo.queue(max_size=limits.MAX_QUEUED_EVENTS, default_concurrency_limit=limits.FAST_CONCURRENCY)
     Admission(demo, limits.SLOW_GROUP, limits.MAX_SLOW_WAITING, dropped=runs.was_dropped,
               max_waiting_at_address=limits.MAX_SLOW_WAITING_PER_ADDRESS)
-    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS)
+    server.FairTurns(demo, limits.MAX_WAITING_PER_VISITOR, limits.MAX_WAITING_PER_ADDRESS,
+                     always=drops)  # a Cancel gets in whatever its visitor has waiting
     server.ComputeShares(max(1, (os.cpu_count() or 1) // torch.get_num_threads())).attach(demo)
     return demo
 

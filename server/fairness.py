@@ -42,6 +42,7 @@ GRADIO_PRIVATE = {
 }
 
 DEFAULT_COST_S = 0.1  # a handler's estimated time before Gradio has measured any run of it
+DOOR_BODY_BYTES = 4096  # QueueDoor reads a refused visitor's join only up to this, for its handler (a Cancel's: ≈ 200)
 DOOR_S = 1.0  # a visitor or address refused for its waiting events is refused at the door this long, or until one
 #               of its events starts (QueueDoor)
 _TURNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # app → its FairTurns
@@ -57,10 +58,15 @@ class FairTurns:
         demo (gr.Blocks): the app, after ``demo.queue()``; its queue's ``push`` and ``process_events`` are wrapped.
         max_waiting (int): events one visitor may have waiting (not yet running), all groups together.
         max_waiting_at_address (int): events the visitors at one address may have waiting together.
+        always (Iterable): event listeners (the ``Dependency`` an event's ``.click(…)`` or ``gr.on(…)`` returns)
+            whose events are never refused, here nor at the door (:class:`QueueDoor`): a Cancel and the drops of a slow run — a
+            moment's work, and what a visitor whose places are full needs most (its Cancel refused, a cancelled
+            run would keep its slow place to its end). They still count among the waiting events.
     """
 
-    def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int) -> None:
+    def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int, always=()) -> None:
         self.queue, self.max_waiting, self.max_waiting_at_address = demo._queue, max_waiting, max_waiting_at_address
+        self.always = frozenset(listener["id"] for listener in always)  # fn_index of the handlers never refused
         self.finish: dict[str, dict[tuple, float]] = {}  # group → ("a", address) or ("v", address, visitor) → tag
         self.tags: dict[str, tuple[str, str, float, float, float]] = {}  # event id → (visitor, address, its
         #                                        address's start tag, its start tag among that address's visitors, cost)
@@ -107,7 +113,7 @@ class FairTurns:
         an address whose visitors have ``max_waiting_at_address``; a queued event is then put in its fair place in
         its group (:meth:`place`)."""
         who, where = visitor(request), address(request)
-        mine, here = self.waiting(who, where)
+        mine, here = self.waiting(who, where) if body.fn_index not in self.always else (0, 0)
         if who and mine >= self.max_waiting:
             return self._refuse(("v", who), f"You have {self.max_waiting} requests waiting already: they are "
                                             "answered first. Ask again once they are.")
@@ -186,6 +192,8 @@ class QueueDoor:
     (``{"detail": …}``, as Gradio's own refusals) before Gradio reads it. A client that keeps sending what is
     refused (a flood of joins: 200 a second in the class bench) then costs the server a header's parsing each, not
     Gradio's route, its body's validation and a scan of the queue, which took the event loop from every visitor.
+    Only a join of at most :data:`DOOR_BODY_BYTES` is read, for its handler: one of :attr:`FairTurns.always` (a
+    Cancel: no inputs, a few hundred bytes) goes in.
 
     Args:
         app: the ASGI application it wraps.
@@ -198,6 +206,10 @@ class QueueDoor:
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path", "").endswith("/queue/join"):
             message = self.turns.at_door(visitor(scope), address(scope))
+            if message is not None and self.turns.always:
+                body, receive = await self._small_body(scope, receive)
+                if _fn_index(body) in self.turns.always:
+                    message = None
             if message is not None:
                 await send({"type": "http.response.start", "status": 429,
                             "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
@@ -205,3 +217,31 @@ class QueueDoor:
                 await send({"type": "http.response.body", "body": json.dumps({"detail": message}).encode()})
                 return
         await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _small_body(scope: dict, receive):
+        """(the join's body if its Content-Length says at most :data:`DOOR_BODY_BYTES` and it is that long, else
+        b""; a ``receive`` that hands the app the messages read here first, then the rest)."""
+        lengths = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+        if len(lengths) != 1 or not lengths[0].isdigit() or int(lengths[0]) > DOOR_BODY_BYTES:
+            return b"", receive
+        read, body = [], b""
+        while len(body) <= DOOR_BODY_BYTES:
+            message = await receive()
+            read.append(message)
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+
+        async def replay():
+            return read.pop(0) if read else await receive()
+        return body if len(body) <= DOOR_BODY_BYTES else b"", replay
+
+
+def _fn_index(body: bytes) -> int | None:
+    """A join body's ``fn_index`` (None: not JSON, or none)."""
+    try:
+        value = json.loads(body).get("fn_index") if body else None
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return value if isinstance(value, int) else None

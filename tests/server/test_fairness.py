@@ -37,19 +37,22 @@ def turns():
     with gr.Blocks() as demo:
         box = gr.Number(elem_id="box")
         box.change(lambda value: value, box, box, concurrency_id="group", concurrency_limit=1)
+        cancel = gr.Button(elem_id="cancel").click(lambda: None, None, None, concurrency_id="group")
     demo.queue(max_size=100)
     fn = next(iter(demo.fns.values()))
-    turns = FairTurns(demo, max_waiting=10, max_waiting_at_address=15)
+    turns = FairTurns(demo, max_waiting=10, max_waiting_at_address=15, always=[cancel])
 
-    def push(address: str, label: int, minted: bool = False):
-        body = PredictBodyInternal(data=[label], fn_index=fn._id, session_hash=f"{address}-{label}")
+    def push(address: str, label: int, minted: bool = False, fn_index=fn._id):
+        data = [label] if fn_index == fn._id else []
+        body = PredictBodyInternal(data=data, fn_index=fn_index, session_hash=f"{address}-{label}")
         return run_coroutine(demo._queue.push(body, request_from(address, minted), None))
+    push.box, push.cancel = fn._id, cancel["id"]
     return turns, push, demo._queue
 
 
 def waiting(queue) -> list[tuple[str, int]]:
     events = queue.event_queue_per_concurrency_id["group"].queue
-    return [(event.request.client[0], event.data.data[0]) for event in events]
+    return [(event.request.client[0], event.data.data[0]) for event in events if event.data.data]
 
 
 def test_a_visitor_s_first_request_waits_behind_one_turn_of_each_other_visitor(turns):
@@ -158,3 +161,46 @@ def test_a_refused_visitor_is_refused_at_the_door_until_one_of_its_events_starts
     assert turns.at_door("a:10.0.0.1", "10.0.0.1") is not None
     turns.closed = {key: (0.0, message) for key, (until, message) in turns.closed.items()}  # DOOR_S later
     assert turns.at_door("a:10.0.0.1", "10.0.0.1") is None
+
+
+def test_a_visitor_whose_places_are_full_still_gets_its_cancel_in(turns):
+    """The class bench's hostile visitor kept its 16 waiting places full, so its Cancel was refused, here and at the
+    door, and its occlusion of a heavy model kept a slow place to its end. A handler named ``always`` (the Cancel,
+    the drops of a slow run) is never refused; any other join of that visitor still is, at the door before its body
+    is read when the body is longer than a Cancel's."""
+    turns, push, queue = turns
+    for label in range(10):
+        assert push("10.0.0.1", label)[0]
+    assert not push("10.0.0.1", 10)[0]  # full: refused, and its door closed
+    assert push("10.0.0.1", 11, fn_index=push.cancel)[0]  # its Cancel gets in
+    hostile = queue.event_queue_per_concurrency_id["group"].queue[0].request
+    answers, bodies = [], []
+
+    async def app(scope, receive, send):
+        answers.append("app")
+        bodies.append((await receive())["body"])
+
+    async def send(message):
+        answers.append(message)
+
+    def join(fn_index, padding=0):
+        body = json.dumps({"data": [], "fn_index": fn_index, "session_hash": "s", "pad": "x" * padding}).encode()
+        read = []
+
+        async def receive():
+            read.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        answers.clear()
+        bodies.clear()
+        headers = [(b"content-length", str(len(body)).encode())]
+        run_coroutine(QueueDoor(app, turns)({**hostile.scope, "method": "POST", "path": "/gradio_api/queue/join",
+                                             "headers": headers}, receive, send))
+        return answers, bodies, len(read)
+
+    answers, bodies, reads = join(push.cancel)
+    assert answers == ["app"] and bodies == [json.dumps({"data": [], "fn_index": push.cancel,
+                                                          "session_hash": "s", "pad": ""}).encode()]  # replayed whole
+    answers, _, reads = join(push.box)
+    assert answers[0]["status"] == 429 and reads == 1  # another handler: refused (a small body is read)
+    answers, _, reads = join(push.cancel, padding=5000)
+    assert answers[0]["status"] == 429 and reads == 0  # longer than a Cancel's: refused unread
