@@ -58,10 +58,11 @@ class FairTurns:
         demo (gr.Blocks): the app, after ``demo.queue()``; its queue's ``push`` and ``process_events`` are wrapped.
         max_waiting (int): events one visitor may have waiting (not yet running), all groups together.
         max_waiting_at_address (int): events the visitors at one address may have waiting together.
-        always (Iterable): event listeners (the ``Dependency`` an event's ``.click(…)`` or ``gr.on(…)`` returns)
-            whose events are never refused, here nor at the door (:class:`QueueDoor`): a Cancel and the drops of a slow run — a
-            moment's work, and what a visitor whose places are full needs most (its Cancel refused, a cancelled
-            run would keep its slow place to its end). They still count among the waiting events.
+        always (Iterable): event listeners (the ``Dependency`` an event's ``.click(…)`` or ``gr.on(…)``
+            returns) whose events are never refused, here nor at the door (:class:`QueueDoor`): a Cancel and the
+            drops of a slow run — a moment's work, and what a visitor whose places are full needs most (its Cancel
+            refused, a cancelled run would keep its slow place to its end). They still count among the waiting
+            events.
     """
 
     def __init__(self, demo: gr.Blocks, max_waiting: int, max_waiting_at_address: int, always=()) -> None:

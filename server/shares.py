@@ -17,14 +17,15 @@ work outside the places is not left to share the cores with a heavy model comput
 thread holds a model's lock that another thread waits for (:func:`analysis.holds_up_a_waiter`) is not held back.
 A slow run that was dropped (:class:`server.SlowRuns`) stops at its next module call, whatever view computes it.
 
-Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not
-counted and never wait. What is gated is module calls: gradients (an attribution's backward passes), tensor work
-outside any module and a TorchScript model's inner calls compute beside the places, uncharged; a pass must not hand
-its modules to another thread that copies its context (that thread would wait for a second place while the pass
-waits for it); and a ``BaseException`` other than ``Exception`` raised inside a pass (torch then skips the forward
-hook) leaks its place. A pass holds a place only inside the model's ``forward`` (from its outermost module's call
-to that call's end, also when it raises), where it takes no lock, so a pass waiting for a place never holds up one
-that has one.
+Passes of threads that no visitor's request runs (the server loading a model, a script, the tests) are not counted and
+never wait. What is gated is module calls: gradients outside one (an attribution's are inside: it is one module call,
+``analysis.views.attribution``, holding one place, yielding it between its passes' module calls and keeping it through
+their backward), tensor work outside any module and a TorchScript model's inner calls compute beside the places,
+uncharged; a pass must not hand its modules to another thread that copies its context (that thread would wait for a
+second place while the pass waits for it); and a ``BaseException`` other than ``Exception`` raised inside a pass (torch
+then skips the forward hook) leaks its place. A pass holds a place only inside the model's ``forward`` (from its
+outermost module's call to that call's end, also when it raises), where it takes no lock, so a pass waiting for a place
+never holds up one that has one.
 
 It wraps ``Queue.process_events`` (listed in :data:`server.fairness.GRADIO_PRIVATE`) to run each event as its
 visitor's, and registers one global forward pre-hook and forward hook with torch (``register_module_forward_*``).

@@ -7,7 +7,9 @@ layers may select different neighbours: it measures the effect of the selection 
 Attributions run on a copy of the model of their own (made once per loaded model, under its lock, and cached with
 it): their many forward passes (64 for occlusion at any input size, in batches bounded by the model's activations)
 then neither wait for nor hold the model's lock, which every recorded forward pass of the other views takes, so a
-click or a prediction never queues behind an attribution.
+click or a prediction never queues behind an attribution. A whole attribution, its backward passes included, is one
+call of a module (:class:`_Attribution`): whatever gates or times module calls (the server's compute shares) sees
+its gradients too, not only its forward passes.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def attribution_map(loaded: LoadedModel, image: InputImage, method: str, target:
         index = folded[0]
     x = model_input(image, loaded.card).to(loaded.device)
     with candidate_draw(draw):  # each pass draws as the model does in that draw (the copy keeps the key hook)
-        values = _attribute(_own_model(loaded), x, method, index, _batch_size(loaded))[0].sum(0).detach()  # (S, S)
+        values = _Attribution(_own_model(loaded), method, index, _batch_size(loaded))(x)[0].sum(0).detach()  # (S, S)
     check_finite(loaded, {f"the {ATTRIBUTION_METHODS[method]} attribution (its passes on the occluded or scaled "
                           "image)": values})
     return Attribution(values.float().cpu().numpy(), classes[index], method, GRADIENT_NOTE)
@@ -165,9 +167,24 @@ class _Counted(torch.nn.Module):
         return out
 
 
+class _Attribution(torch.nn.Module):
+    """One attribution as one module call: ``forward(x)`` is the (1, 3, S, S) attributions of class ``index`` by
+    ``method`` (``model``: the attribution copy), ``batch`` passes at once, each batch reported to
+    :func:`reporting_passes`' callback, if one is set. Captum's forward passes are module calls inside it, and its
+    backward passes run before it returns, so a global module hook's span (``server.ComputeShares``: a place on a
+    core, charged its CPU time) covers the gradients too; nothing inside takes a lock (the model is the attribution's
+    own copy)."""
+
+    def __init__(self, model: torch.nn.Module, method: str, index: int, batch: int) -> None:
+        super().__init__()
+        self.model, self.method, self.index, self.batch = model, method, index, batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _attribute(self.model, x, self.method, self.index, self.batch)
+
+
 def _attribute(model: torch.nn.Module, x: torch.Tensor, method: str, index: int, batch: int) -> torch.Tensor:
-    """(1, 3, S, S) attributions of class ``index`` (``model``: the attribution copy), ``batch`` passes at once;
-    each batch reported to :func:`reporting_passes`' callback, if one is set."""
+    """:class:`_Attribution`'s computation."""
     report = _PASS_REPORT.get()
     if report is not None:
         model = _Counted(model, report, attribution_passes(method))

@@ -13,8 +13,12 @@ import torch
 
 from server import ComputeShares, RunDropped
 from server.guards import _STOP
+from tests import small_models
 from tests.loops import run_coroutine
 from tests.server.test_fairness import request_from
+
+checkpoint_dir = small_models.checkpoint_dir  # shared fixtures
+example_image = small_models.example_image
 
 _THREAD_TIME = threading.local()
 
@@ -315,3 +319,25 @@ def test_a_pass_holding_a_model_s_lock_that_a_served_request_waits_for_is_not_he
     hold.set()
     first.join(10)
     assert not errors and log[-1] == "A0"
+
+
+def test_an_attribution_s_gradients_are_computed_in_its_place(checkpoint_dir, example_image, monkeypatch):
+    """The shares gate module calls; an attribution's backward passes ran outside any (beside the places,
+    uncharged: a heavy model's saliency took a core no share counted). The attribution is now one module call:
+    every gradient Captum computes runs while that visitor's pass holds a place, and its time is charged."""
+    from analysis import attribution_map, load_image, load_model
+
+    loaded, image = load_model(checkpoint_dir / "cnn-l0.5.json"), load_image(example_image)
+    shares, seen = ComputeShares(slots=1), []
+    grad = torch.autograd.grad
+
+    def watched_grad(*args, **kwargs):
+        state = shares._state()
+        seen.append((state.depth, state.holding, shares._running))
+        return grad(*args, **kwargs)
+    monkeypatch.setattr(torch.autograd, "grad", watched_grad)
+    with shares.computing_for(request_from("10.0.0.1")):
+        attribution_map(loaded, image, "saliency")
+        attribution_map(loaded, image, "integrated_gradients")
+    assert seen and all(depth >= 1 and holding and running == 1 for depth, holding, running in seen), seen
+    assert shares._running == 0 and shares._state().depth == 0  # the place is free again
