@@ -21,6 +21,7 @@ from kernels import dispatch, knn_aggregate, resolve_backend
 from kernels.checks import fused_unsupported_reason
 from kernels.knn_triton import backward, function, knn_aggregate_triton, use_selection
 from kernels.reference import similarity_scores
+from tests.kernels.cases import kernel_cases
 from tests.kernels.every_row import DEVICE, OUT_TOL, check_every_row, random_candidates, random_inputs
 
 CUDA_ONLY = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
@@ -45,18 +46,12 @@ def _deterministic(enabled):
 # Equivalence with the reference
 # ---------------------------------------------------------------------------------------------------------------
 def _cases():
-    """similarity × weighting × aggregation × candidate set × self_first; K and N cycle through the sizes."""
+    """similarity × weighting × aggregation × candidate set × self_first (on a GPU every combination, in the
+    interpreter every three factors' combinations: :func:`cases.kernel_cases`); K and N cycle through the sizes."""
     sizes = [(9, 77), (16, 150), (32, 190), (9, 256), (16, 97), (32, 130)]
-    cases = []
-    for similarity in ("cosine", "dot"):
-        for weighting in ("none", "softmax", "uniform"):
-            for aggregation in ("standard", "depthwise"):
-                for candidates in ("all", "random"):
-                    for self_first in (False, True):
-                        num_neighbors, tokens = sizes[len(cases) % len(sizes)]
-                        cases.append((similarity, weighting, aggregation, candidates, self_first, num_neighbors,
-                                      tokens))
-    return cases
+    flags = kernel_cases([["cosine", "dot"], ["none", "softmax", "uniform"], ["standard", "depthwise"],
+                          ["all", "random"], [False, True]], strength=3)
+    return [(*case, *sizes[i % len(sizes)]) for i, case in enumerate(flags)]
 
 
 @pytest.mark.parametrize(
@@ -234,9 +229,10 @@ def _record_launches(monkeypatch, kernel_names):
     return launched
 
 
-@pytest.mark.parametrize("aggregation", ["standard", "depthwise"])
-@pytest.mark.parametrize("frozen, deterministic", [
-    ("weight", False), ("weight bias", True), ("q k", False), ("q k v", True), ("k", True), ("v", False)])
+@pytest.mark.parametrize("aggregation, frozen, deterministic", [  # in the interpreter each frozen set once
+    (aggregation, *frozen) for aggregation, frozen in kernel_cases([["standard", "depthwise"], [
+        ("weight", False), ("weight bias", True), ("q k", False), ("q k v", True), ("k", True), ("v", False)]],
+        strength=1)])
 def test_frozen_inputs_get_no_gradient_and_the_others_are_unchanged(aggregation, frozen, deterministic,
                                                                     monkeypatch):
     """Gradients of the leaves that train equal the fp64 reference's and the run where every leaf trains; only the

@@ -18,6 +18,9 @@ streams aimed at the lanes: one that puts a row's best keys into a single lane, 
 the repair must find them (split and unsplit; deferred, with two or three entries a lane, or in the row's own
 block), and spatially smooth features in raster order (a map's neighbours a tile apart share a lane without the
 rotation).
+
+On a GPU every combination of stream, K and candidate set runs; in the interpreter (CI) a covering subset
+(``cases.kernel_cases``): every stream and every K still, in fewer of their combinations.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 import torch
 
 from kernels.knn_triton import function
+from tests.kernels.cases import kernel_cases
 from tests.kernels.every_row import DEVICE, check_every_row
 
 
@@ -54,29 +58,35 @@ def _keys(stream: str, n: int, dim: int, gen: torch.Generator) -> torch.Tensor:
 STREAMS = ["ascending", "descending", "equal", "inf", "nan"]
 
 
-@pytest.mark.parametrize("stream", STREAMS)
-@pytest.mark.parametrize("num_neighbors", [1, 9, 128])
-@pytest.mark.parametrize("candidates", ["all", "random"])
+def _lane_cases() -> list[tuple]:
+    """Every stream at every (K, candidates) on a GPU; in the interpreter every stream at K ≤ 16 and two streams
+    each at K = 64 and 128, whose repairs of many rows are the interpreter's slowest cases (6–35 s each)."""
+    sizes = [(1, "all"), (9, "all"), (16, "all"), (64, "all"), (128, "all"), (9, "random")]
+    few = {64: ("ascending", "nan"), 128: ("descending", "equal")}
+    return [(stream, k, candidates) for stream in STREAMS for k, candidates in sizes
+            if DEVICE == "cuda" or stream in few.get(k, STREAMS)]
+
+
+@pytest.mark.parametrize("stream, num_neighbors, candidates",
+                         kernel_cases([STREAMS, [1, 9, 128], ["all", "random"]], strength=2))
 def test_adversarial_streams_select_exactly_the_reference_sets(stream, num_neighbors, candidates):
     _check_stream(stream, num_neighbors, candidates, warm=0, lanes=False)
 
 
-@pytest.mark.parametrize("stream", STREAMS)
-@pytest.mark.parametrize("num_neighbors, candidates", [(1, "all"), (9, "all"), (16, "all"), (64, "all"),
-                                                       (128, "all"), (9, "random")])
+@pytest.mark.parametrize("stream, num_neighbors, candidates", _lane_cases())
 def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neighbors, candidates):
     _check_stream(stream, num_neighbors, candidates, warm=0, lanes=True)
 
 
-@pytest.mark.parametrize("stream", STREAMS)
-@pytest.mark.parametrize("num_neighbors", [9, 16])
+@pytest.mark.parametrize("stream, num_neighbors", kernel_cases([STREAMS, [9, 16]], strength=1))
 def test_lanes_of_two_entries_select_exactly_the_reference_sets(stream, num_neighbors):
     """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the (deferred) repair."""
     _check_stream(stream, num_neighbors, "all", warm=0, lanes=True, depth=2)
 
 
-@pytest.mark.parametrize("stream, num_neighbors", [*((stream, 9) for stream in STREAMS), ("descending", 1),
-                                                   ("equal", 128), ("nan", 128)])
+@pytest.mark.parametrize("stream, num_neighbors", [  # all equal at K = 128: 26 s in the interpreter, GPU only
+    *((stream, 9) for stream in STREAMS), ("descending", 1), *([("equal", 128)] if DEVICE == "cuda" else []),
+    ("nan", 128)])
 def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
     _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
