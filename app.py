@@ -443,6 +443,9 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
 # typed passes through values the other knobs refuse (r = 3 on the way to 32, below K = 9), and a refusal put the
 # box back under the user's fingers. Each event runs its chain for the last of quick changes (always_last, set in
 # build_demo): Gradio's default dropped a change made while the one before was answered (K typed "30", view K = 3).
+# So does each later step of a chain: a step reached while the same step of a chain before it is still answered
+# waits for that answer and then runs; Gradio's default for a .then ("once") dropped it, and with it the rest of its
+# chain (two models picked quickly: the explorer stayed on the model before the two).
 # Compare mode maps the query from the explorer's model's input: a new model redraws it where it is open.
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
@@ -662,15 +665,15 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             return step
 
         def run(views: list[str], event):
-            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below); the last
-            step's event."""
+            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below), each the
+            last of quick changes (always_last, as the chain's first step); the last step's event."""
             for view in views:
                 step = wired(*table_views[view])
                 if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                     step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
                 elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
                     step["fn"] = of_the_model(step["fn"])  # (a step that picks the layer reads it as a hint)
-                event = event.then(**step, api_visibility="private")
+                event = event.then(**step, trigger_mode="always_last", api_visibility="private")
             return event
 
         knobs = [ui[name] for name in knob_fields]
