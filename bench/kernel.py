@@ -77,7 +77,9 @@ REPAIR_SWEEP = {
     "default": {}, "64-row": dict(REPAIR_BLOCK_M=64, REPAIR_BLOCK_N=None), "16x64": dict(REPAIR_BLOCK_N=64),
     "16x256": dict(REPAIR_BLOCK_N=256), "32x128": dict(REPAIR_BLOCK_M=32), "16x128 w2": dict(REPAIR_WARPS=2),
     "16x128 w8": dict(REPAIR_WARPS=8), "depth 2": dict(LANE_DEPTH=2), "depth 3": dict(LANE_DEPTH=3),
-    "depth 2 64-wide": dict(LANE_DEPTH=2, BLOCK_N=64),
+    "depth 2 64-wide": dict(LANE_DEPTH=2, BLOCK_N=64), "depth 3 32-wide": dict(LANE_DEPTH=3, BLOCK_N=32),
+    "gather": dict(GATHER=True), "depth 3 gather": dict(LANE_DEPTH=3, GATHER=True),
+    "grid of every block": dict(REPAIR_PROGRAMS_PER_SM=2**20),
 }
 # The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM, LANE_DEPTH, BLOCK_N); the
 # lanes' default is 3 entries over 32-wide tiles with 4 warps, the rounds' 4 warm tiles.

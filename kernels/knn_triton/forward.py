@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .select import (
     EMPTY_KEY,
+    LANE_ROTATION,
     NEG_INF,
     POS_INF,
     TINY,
@@ -31,6 +32,7 @@ from .select import (
     lane_merge,
     lowered,
     merge_tile,
+    merge_top,
     pack,
     repair_tile,
     unpack_column,
@@ -357,14 +359,15 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
             SPLIT: tl.constexpr, LANES: tl.constexpr, LANE_DEPTH: tl.constexpr, DEFER: tl.constexpr,
             WARM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr, GATHER_T: tl.constexpr = 0):
     """Grid (query blocks, B·H, splits): scores + exact top-K over one split of the candidates; without a split
     also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part.
 
     ``LANES``: the lane selection (:func:`select.lane_insert`); a row it cannot certify is repaired from its K-th
     score as its floor by :func:`select.repair_tile` — with ``DEFER`` by :func:`knn_fwd_repair`, launched next, to
-    which the row goes through the lists Count, Rows (its floor key in the slot that kernel overwrites), without
-    ``DEFER`` by its own block streaming the tiles again. Otherwise the insertion rounds alone, ``WARM`` (not with
+    which the row goes through the lists Count, Rows (its floor key in the slot that kernel overwrites; with
+    ``GATHER_T`` also the one lane it must rescan, see there), without ``DEFER`` by its own block streaming the
+    tiles again. Otherwise the insertion rounds alone, ``WARM`` (not with
     sampled candidates): how many key tiles around the block's middle query set each row's floor first."""
     tl.static_assert(BLOCK_N >= K_PAD)
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, width, pad = sizes
@@ -396,7 +399,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             a3 = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
             c3 = tl.full([BLOCK_M, BLOCK_N], -1, tl.int32)
         first = acc
-        acc, certified, floor = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
+        acc, certified, floor, lane = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
         certified = certified | (mask_m == 0)  # rows past the map are never read
         if not DEFER:  # with DEFER, knn_fwd_repair takes the rows not certified (after the block's end, below)
             if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
@@ -440,18 +443,19 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
             K_PAD, BLOCK_C, BLOCK_O)
     if LANES:
         if DEFER:
-            _defer(certified, floor, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT, K_PAD)
+            _defer(certified, floor, lane, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT, K_PAD, GATHER_T)
 
 
 @triton.jit
 def _floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr):
-    """Where a failed row's floor key waits for :func:`knn_fwd_repair` (list ``lst``): the first slot the repair
-    overwrites, Idx's row, or with a split that split's Part row."""
+    """Where a failed row's floor key waits for :func:`knn_fwd_repair` (list ``lst``): a slot the repair
+    overwrites — the last of Idx's row, where the row's K-th column was (the key holds it), or with a split the
+    first of that split's Part row."""
     _Out, Idx, _A, Part, _Count, _Rows = outputs
     Nq, num_neighbors = sizes[1], sizes[5]
     if SPLIT:
         return Part + (lst.to(tl.int64) * Nq + offs_m) * K_PAD
-    return Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
+    return Idx + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors + num_neighbors - 1
 
 
 @triton.jit
@@ -471,19 +475,89 @@ def _repair(acc, rows, floor, block, col_lo, col_hi, first_tile, live, num_neigh
 
 
 @triton.jit
-def _defer(certified, floor, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr):
+def _gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, cols, valid, sizes,
+                   COSINE: tl.constexpr, D_PAD: tl.constexpr):
+    """Canonical fp32 scores [rows, W] of query rows ``offs_m`` against each row's own key rows ``cols`` [rows, W]
+    (``valid``: which are candidates; the others score −∞): products in fp32 summed over D in chunks of 16, times
+    the rows' ``q_scale`` and, for cosine, the key's inverse norm — :func:`_score_tile`'s score, in another
+    order of summation (so within :func:`select.lowered`'s margin of it)."""
+    Q, K, _V, _W, _Bias, _Cand, KInv, _Spatial = inputs
+    H, _Nq, Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
+    b = pid_bh // H
+    h = pid_bh % H
+    q_base = Q + b * q_strides[0] + h * q_strides[1] + offs_m[:, None] * q_strides[2]  # [rows, 1]
+    k_base = K + b * k_strides[0] + h * k_strides[1] + cols[:, :, None] * k_strides[2]  # [rows, W, 1]
+    s = tl.zeros(cols.shape, tl.float32)
+    for d0 in tl.static_range(0, D_PAD, 16):
+        offs_d = d0 + tl.arange(0, 16)
+        q = tl.load(q_base + offs_d[None, :] * q_strides[3], mask=mask_m[:, None] & (offs_d[None, :] < D),
+                    other=0.0).to(tl.float32)
+        k = tl.load(k_base + offs_d[None, None, :] * k_strides[3],
+                    mask=valid[:, :, None] & (offs_d[None, None, :] < D), other=0.0).to(tl.float32)
+        s += tl.sum(q[:, None, :] * k, axis=2)
+    s = s * q_scale[:, None]
+    if COSINE:
+        s = s * tl.load(KInv + pid_bh * Nk + cols, mask=valid, other=0.0)
+    return tl.where(valid, canonical(s), NEG_INF)
+
+
+@triton.jit
+def _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, sizes, pid_bh, offs_m, mask_m, live,
+                   SELF_FIRST: tl.constexpr, COSINE: tl.constexpr, GATHER_N: tl.constexpr,
+                   GATHER_T: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr):
+    """The lanes' repair of rows that have one lane to rescan (``lanes`` [rows], each row's; the "all" rule, no
+    split): the row's true top K is among the K columns the lanes gave it (Idx's row as :func:`aggregate` stored
+    it, its last slot the floor key, which holds the K-th column) and the columns of that lane — one a tile, tile t
+    putting column t·GATHER_N + (lane + 13·t) mod GATHER_N in it (:func:`select.lane_columns`) — so those
+    K + GATHER_T candidates alone are scored again (:func:`_gather_scores`) and ranked with the query's own key
+    where it is forced (``acc``): no tile streamed. Returns acc."""
+    _Out, Idx, _A, _Part, _Count, _Rows = outputs
+    Nq, num_cols, num_neighbors = sizes[1], sizes[3], sizes[5]
+    q_scale, self_col = block[1], block[14]
+    row_slots = (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
+    slots = tl.arange(0, K_PAD)
+    given = tl.load(Idx + row_slots[:, None] + slots[None, :],
+                    mask=mask_m[:, None] & (slots[None, :] < num_neighbors - 1), other=0).to(tl.int32)
+    floor = tl.load(Idx + row_slots + num_neighbors - 1, mask=mask_m, other=0)
+    given = tl.where(slots[None, :] == num_neighbors - 1, unpack_column(floor)[:, None], given)
+    tile = given // GATHER_N
+    given_lane = (given - tile * GATHER_N - tile * LANE_ROTATION) & (GATHER_N - 1)
+    keep = mask_m[:, None] & (slots[None, :] < num_neighbors) & (given_lane != lanes[:, None])  # rescanned below
+    if SELF_FIRST:  # the query's own key is in acc already
+        keep = keep & (given != self_col[:, None])
+    keys = tl.where(keep, pack(_gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, given,
+                                              keep, sizes, COSINE, D_PAD), given), EMPTY_KEY)
+    acc = merge_top(acc, keys, live)
+    tiles = tl.arange(0, GATHER_T)
+    cols = tiles[None, :] * GATHER_N + ((lanes[:, None] + tiles[None, :] * LANE_ROTATION) & (GATHER_N - 1))
+    scan = mask_m[:, None] & (cols < num_cols)
+    if SELF_FIRST:
+        scan = scan & (cols != self_col[:, None])
+    keys = tl.where(scan, pack(_gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, cols,
+                                              scan, sizes, COSINE, D_PAD), cols), EMPTY_KEY)
+    return merge_top(acc, keys, live)
+
+
+@triton.jit
+def _defer(certified, floor, lane, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT: tl.constexpr, K_PAD: tl.constexpr,
+           GATHER_T: tl.constexpr):
     """The rows of a lane block that are not ``certified`` join their (sample, head, split)'s list for
     :func:`knn_fwd_repair`: Count[list] += how many, Rows[list, position] = the row, and the row's floor key
-    ``floor`` goes to the first slot the repair overwrites (Idx's, or the split's Part row's)."""
-    _Out, _Idx, _A, _Part, Count, Rows = outputs
-    Nq = sizes[1]
+    ``floor`` goes to a slot the repair overwrites (:func:`_floor_slot`); with ``GATHER_T`` the row's one lane to
+    rescan ``lane`` (−1: every lane) to the first slot of its A row, as an fp32 number."""
+    _Out, _Idx, A, _Part, Count, Rows = outputs
+    Nq, num_neighbors = sizes[1], sizes[5]
     failed = (certified == 0).to(tl.int32)
     num_failed = tl.sum(failed, axis=0)
     if num_failed > 0:
+        tl.debug_barrier()  # the block's Conv1D may still read the Idx and A slots these stores overwrite
         lst = pid_bh * tl.num_programs(2) + pid_s
         position = tl.atomic_add(Count + lst, num_failed) + tl.cumsum(failed, axis=0) - 1
         tl.store(Rows + lst.to(tl.int64) * Nq + position, offs_m, mask=failed != 0)
         tl.store(_floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT, K_PAD), floor, mask=failed != 0)
+        if GATHER_T > 0:
+            tl.store(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, lane.to(tl.float32),
+                     mask=failed != 0)
 
 
 @triton.jit
@@ -513,23 +587,27 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                    inv_temperature, blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
                    COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr,
                    IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
-    """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on a grid (list blocks, B·H, splits) of its
-    own block sizes (:func:`function.fwd_config`'s ``REPAIR_*``: few rows, wide tiles): program i of a (sample,
-    head, split) takes entries [i·BLOCK_M, (i + 1)·BLOCK_M) of its list of rows the lanes could not certify (a
-    program past the list's count does nothing), so a few failed rows of many blocks stream the tiles once,
+                   D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
+                   GATHER_N: tl.constexpr = 64, GATHER_T: tl.constexpr = 0):
+    """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on a grid (P, B·H, splits) of its own block
+    sizes (:func:`function.fwd_config`'s ``REPAIR_*``: few rows, wide tiles): program i of a (sample, head, split)
+    takes the blocks i, i + P, … of BLOCK_M entries of its list of rows the lanes could not certify (P: a few
+    programs an SM in all, not one a possible block — a grid of programs that find nothing cost the CIFAR layer
+    40 µs of empty waves, bench/RESULTS.md §1n), so a few failed rows of many blocks stream the tiles once,
     together, instead of each block again for its own. Each row restarts from its first key and takes the split's
     keys ≥ its floor with :func:`select.repair_tile` (packed keys compared whole: any column order), then the block
     ends as knn_fwd's does (Part, or :func:`aggregate`), overwriting what knn_fwd wrote for those rows. The rows sit
     in another block and the tiles have another width, so nothing promises a score the lanes' bits: the floor is the
-    lanes' K-th key lowered by :func:`select.lowered`."""
-    _Out, _Idx, _A, _Part, Count, Rows = outputs
+    lanes' K-th key lowered by :func:`select.lowered`. With ``GATHER_T`` (the "all" rule unsplit, at most
+    ``GATHER_T`` tiles of the lanes' width ``GATHER_N``), a program whose rows each have one lane to rescan
+    (:func:`select.lane_merge`) scores only their K keys and that lane's columns instead (:func:`_gather_repair`)."""
+    _Out, _Idx, A, _Part, Count, Rows = outputs
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
     pid_m, pid_bh, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     lst = pid_bh * tl.num_programs(2) + pid_s
     count = tl.load(Count + lst)
-    if pid_m * BLOCK_M < count:
-        position = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    for blk in range(pid_m, tl.cdiv(count, BLOCK_M), tl.num_programs(0)):  # the list's blocks, in turn
+        position = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = position < count
         offs_m = tl.load(Rows + lst.to(tl.int64) * Nq + position, mask=mask_m, other=0)
         floor = lowered(tl.load(_floor_slot(outputs, sizes, pid_bh, lst, offs_m, SPLIT, K_PAD), mask=mask_m,
@@ -539,8 +617,19 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                                                          pid_s, offs_m, mask_m, 0, SELF_FIRST, COSINE, CANDIDATES,
                                                          BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
         first_tile = pid_s * (cols_per_split // BLOCK_N)  # each tile in the lanes' column order
-        acc = _repair(acc, mask_m, floor, block, col_lo, col_hi, first_tile, live, num_neighbors, SELF_FIRST, COSINE,
-                      CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
+        # every row of the program has its one lane: gather; else stream (rows of either kind)
+        if GATHER_T > 0:
+            lanes = tl.load(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, mask=mask_m, other=0.0)
+            lanes = lanes.to(tl.int32)
+            if tl.min(tl.where(mask_m, lanes, 0), axis=0) >= 0:
+                acc = _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, sizes, pid_bh,
+                                     offs_m, mask_m, live, SELF_FIRST, COSINE, GATHER_N, GATHER_T, D_PAD, K_PAD)
+            else:
+                acc = _repair(acc, mask_m, floor, block, col_lo, col_hi, first_tile, live, num_neighbors,
+                              SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
+        else:
+            acc = _repair(acc, mask_m, floor, block, col_lo, col_hi, first_tile, live, num_neighbors, SELF_FIRST,
+                          COSINE, CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
         _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
                 pid_s, offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT,
                 BLOCK_M, K_PAD, BLOCK_C, BLOCK_O)

@@ -30,6 +30,7 @@ _MAX_SPLITS = 16
 
 
 SELECTIONS = ("auto", "lanes", "rounds")  # "auto": the default, the lanes with the deferred repair (RESULTS.md §1j)
+GATHER_MAX_TILES = 32  # the repair's gather scores ≤ this many columns of a failed row's lane (fwd_config's GATHER)
 SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
 
@@ -69,9 +70,14 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     stages for the lanes. The insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key
     tiles around each query block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for
     the blend rule, none otherwise. ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's
-    rows a program, tile width and warps — 16 rows over 128-wide tiles with 4 warps, since it mostly gets a row or
-    two a list (the CIFAR layer: one row in 1,024 a sample; bench/RESULTS.md §1l), and a program of 64 rows
-    streamed 32-wide tiles for that one. Entries can be overridden through :func:`launch_forward`'s ``config``."""
+    rows a program, tile width and warps — 16 rows over 128-wide tiles with 4 warps, since it gets a few rows a
+    list (the CIFAR bench's random features: 17 of 1,024 a sample with two entries a lane; §1n), and a program of
+    64 rows streamed 32-wide tiles for them; ``REPAIR_PROGRAMS_PER_SM``: its grid, about 3 programs an SM in all
+    (216 registers, Triton 3.6: 2 fit at once), each taking its list's blocks in turn. ``GATHER`` (off until a GPU
+    has timed it with that grid; bench/RESULTS.md §1n): the repair scores only a failed row's K keys and its one
+    lane to rescan where it can (``forward.knn_fwd_repair``; the "all" rule unsplit, ≤ :data:`GATHER_MAX_TILES`
+    tiles).
+    Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
     lanes = selection != "rounds"
@@ -85,7 +91,7 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
                 num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
                 num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=2 if shallow else 3, DEFER=defer,
                 WARM=4 if blend and not lanes else 0, REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=max(128, k_pad),
-                REPAIR_WARPS=4)
+                REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False)
 
 
 @functools.cache
@@ -199,12 +205,18 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
         BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     warm = cfg["WARM"] if candidates is None else 0  # sampled candidates have no neighbourhood
     grid = (grid_m, B * H, num_splits)
+    tiles = triton.cdiv(num_cols, block_n)
+    gather = defer and cfg["GATHER"] and not split and candidates is None and blend is None
+    gather_t = max(_next_pow2(tiles, 1), k_pad) if gather and tiles <= GATHER_MAX_TILES else 0
     forward.knn_fwd[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
-                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n)
+                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n, GATHER_T=gather_t)
     if defer:
         repair = args | dict(BLOCK_M=cfg["REPAIR_BLOCK_M"], num_warps=cfg["REPAIR_WARPS"])
-        forward.knn_fwd_repair[(triton.cdiv(Nq, cfg["REPAIR_BLOCK_M"]), B * H, num_splits)](
-            **repair, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=cfg["REPAIR_BLOCK_N"])
+        programs = min(triton.cdiv(Nq, cfg["REPAIR_BLOCK_M"]),
+                       triton.cdiv(cfg["REPAIR_PROGRAMS_PER_SM"] * _sm_count(q.device), B * H * num_splits))
+        forward.knn_fwd_repair[(programs, B * H, num_splits)](
+            **repair, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=cfg["REPAIR_BLOCK_N"],
+            GATHER_N=block_n, GATHER_T=gather_t)
     if split:
         forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
     return out, idx, a

@@ -115,6 +115,15 @@ def enters(score, thr, full, floor, WARM: tl.constexpr):
 
 
 @triton.jit
+def merge_top(acc, keys, live):
+    """The accumulator ``acc`` [rows, K_PAD] and packed keys [rows, ≥ K_PAD] (EMPTY_KEY: none) → the top keys of
+    both in the live slots, ascending: ``max`` of an ascending and a descending list is the top half of their union,
+    a bitonic sequence, which one merge sorts. Returns acc."""
+    acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(keys, acc.shape[1])))
+    return tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
+
+
+@triton.jit
 def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.constexpr, K_PAD: tl.constexpr,
                BLOCK_N: tl.constexpr):
     """Merge a [rows, BLOCK_N] tile of canonical fp32 scores of columns ``start + [0, BLOCK_N)`` into the
@@ -132,8 +141,7 @@ def merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM: tl.conste
         whole = full == 0
     if tl.max(whole.to(tl.int32), axis=0) > 0:
         keys = tl.where(valid & (s >= floor[:, None]), pack(s, start + offs[None, :]), EMPTY_KEY)
-        acc = tl.bitonic_merge(tl.maximum(tl.sort(acc), tl.topk(keys, K_PAD)))
-        acc = tl.where(live[None, :], acc, EMPTY_KEY)  # ascending: the K_PAD − K smallest slots are dead
+        acc = merge_top(acc, keys, live)
     elif tl.max(enters(tl.max(s, axis=1), thr, full, floor, WARM).to(tl.int32), axis=0) > 0:
         beats = enters(s, thr[:, None], full[:, None], floor[:, None], WARM)
         # At most a row's count of entries, and never more than K: its K best are all a tile can contribute.
@@ -222,8 +230,11 @@ def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
     lanes. Returns ``acc`` (ascending, [rows, K_PAD], the K keys in its top K slots as :func:`merge_tile` keeps them),
     whether each row is certified — it holds K keys, no lane holds a +∞ (the stream's scores are not canonical: the
     repair ranks +∞ as the largest finite score, as the reference does) and every score a lane dropped is below its
-    K-th score (a dropped candidate ranks below the K-th then, whatever its column) — and the row's K-th key [rows]
-    int64 (EMPTY_KEY: not full).
+    K-th score (a dropped candidate ranks below the K-th then, whatever its column) —, the row's K-th key [rows]
+    int64 (EMPTY_KEY: not full) and the one lane a row not certified must have rescanned (−1: rescan every lane):
+    a full row whose lanes hold no +∞ and where one lane alone dropped, or still holds past the rounds, a score
+    within :func:`lowered`'s margin of the K-th. Every key of the row's true top K is then among its K keys or that
+    lane's columns, whatever bits its scores get where they are scored again (the deferred repair's gather).
     """
     K_PAD: tl.constexpr = acc.shape[1]
     slots = tl.arange(0, K_PAD)
@@ -248,7 +259,12 @@ def lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors):
     kth = kth_key(acc, live)
     full = kth != EMPTY_KEY
     certified = full & finite_top & (tl.max(over, axis=1) < unpack_score(kth))
-    return acc, certified, kth
+    low = unpack_score(lowered(kth))[:, None]
+    suspect = (over >= low) | (a1 >= low)  # [rows, lanes]: a key of the true top K may have left or stayed here
+    lanes = tl.arange(0, a1.shape[1])
+    lane = tl.max(tl.where(suspect, lanes[None, :], -1), axis=1)
+    lane = tl.where(full & finite_top & (tl.sum(suspect.to(tl.int32), axis=1) == 1), lane, -1)
+    return acc, certified, kth, lane
 
 
 @triton.jit

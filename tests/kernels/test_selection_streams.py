@@ -30,7 +30,7 @@ import math
 import pytest
 import torch
 
-from kernels.knn_triton import function
+from kernels.knn_triton import forward, function
 from tests.kernels.cases import kernel_cases
 from tests.kernels.every_row import DEVICE, check_every_row
 
@@ -157,6 +157,39 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth):
                                      config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True, DEFER=defer,
                                                  LANE_DEPTH=depth))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
+
+
+@pytest.mark.parametrize("depth, self_first", [(2, False), (3, True)])
+def test_a_row_with_one_lane_to_rescan_is_repaired_from_its_keys_and_that_lane(depth, self_first, monkeypatch):
+    """As above, but every other key scores distinctly below the lane's 8 (−column): a failed row's one suspect
+    lane is lane 0, so the deferred repair with ``GATHER`` scores only the row's K keys and lane 0's 13 columns
+    (``forward._gather_repair``) and streams no tile; the reference's sets, exactly, with and without a forced self.
+    In the interpreter the launch is watched: every repaired program gathers."""
+    n, block_n, K = 203, 16, 9
+    k = _one_lane_keys(n, block_n, K - 1)
+    k[:, 0] = torch.where(k[:, 0] >= 90, k[:, 0], -torch.arange(n).float())
+    k = k.expand(2, 1, n, 4).contiguous()
+    q = torch.zeros(2, 1, n, 4)
+    q[..., 0] = 1.0
+    q[1, :, :100, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream (certified)
+    gen = torch.Generator().manual_seed(4)
+    v = torch.randint(-3, 4, (2, 1, n, 3), generator=gen).float()
+    weight = torch.randint(-2, 3, (5, 3, K), generator=gen).float()
+    options = dict(num_neighbors=K, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
+                   candidates=None, self_first=self_first)
+    paths = []
+    if DEVICE == "cpu":
+        for name in ("_gather_repair", "_repair"):
+            helper = getattr(forward, name)
+            monkeypatch.setattr(forward, name, lambda *a, name=name, helper=helper, **kw: paths.append(name)
+                                or helper(*a, **kw))
+    q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
+    result = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=1,
+                                     config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True, DEFER=True,
+                                                 LANE_DEPTH=depth, GATHER=True))
+    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
+    if DEVICE == "cpu":
+        assert paths and set(paths) == {"_gather_repair"}
 
 
 @pytest.mark.parametrize("num_neighbors", [9, 16])
