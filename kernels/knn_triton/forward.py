@@ -599,7 +599,7 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
     ends as knn_fwd's does (Part, or :func:`aggregate`), overwriting what knn_fwd wrote for those rows. The rows sit
     in another block and the tiles have another width, so nothing promises a score the lanes' bits: the floor is the
     lanes' K-th key lowered by :func:`select.lowered`. With ``GATHER_T`` (the "all" rule unsplit, at most
-    ``GATHER_T`` tiles of the lanes' width ``GATHER_N``), a program whose rows each have one lane to rescan
+    ``GATHER_T`` tiles of the lanes' width ``GATHER_N``), a block whose rows each have one lane to rescan
     (:func:`select.lane_merge`) scores only their K keys and that lane's columns instead (:func:`_gather_repair`)."""
     _Out, _Idx, A, _Part, Count, Rows = outputs
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
@@ -617,7 +617,7 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                                                          pid_s, offs_m, mask_m, 0, SELF_FIRST, COSINE, CANDIDATES,
                                                          BLEND, IEEE, BLOCK_M, BLOCK_N, D_PAD, K_PAD)
         first_tile = pid_s * (cols_per_split // BLOCK_N)  # each tile in the lanes' column order
-        # every row of the program has its one lane: gather; else stream (rows of either kind)
+        # every row of the block has its one lane: gather; else stream (rows of either kind)
         if GATHER_T > 0:
             lanes = tl.load(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, mask=mask_m, other=0.0)
             lanes = lanes.to(tl.int32)

@@ -164,7 +164,7 @@ def test_a_row_with_one_lane_to_rescan_is_repaired_from_its_keys_and_that_lane(d
     """As above, but every other key scores distinctly below the lane's 8 (−column): a failed row's one suspect
     lane is lane 0, so the deferred repair with ``GATHER`` scores only the row's K keys and lane 0's 13 columns
     (``forward._gather_repair``) and streams no tile; the reference's sets, exactly, with and without a forced self.
-    In the interpreter the launch is watched: every repaired program gathers."""
+    In the interpreter the launch is watched: every repaired block gathers."""
     n, block_n, K = 203, 16, 9
     k = _one_lane_keys(n, block_n, K - 1)
     k[:, 0] = torch.where(k[:, 0] >= 90, k[:, 0], -torch.arange(n).float())
