@@ -826,11 +826,7 @@ def test_a_link_restores_the_view_and_a_copied_link_reopens_it(shipped_url, chro
         tab.locator("#link_button").click()
         tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?model=')")
         copied = tab.locator("#link textarea, #link input").first.input_value()
-    assert copied.split("?", 1)[1] == link
-    with browser_page(chromium, copied) as again:  # a fresh page on the copied link: the same view
-        assert shown(again)["layer"] == "stages.0.0.conv1" and shown(again)["query"] == "5,7"
-        assert shown(again)["rule"] == "window"
-        assert json.loads(shown(again)["neighbors"]) == api_cells(explorer, linked_values(explorer, link), "window")
+    assert copied == f"{url}?{link}"  # the address this page opened on, whose view is checked above: it reopens it
     with browser_page(chromium, f"{url}?row=999&model=nope") as bad:  # a bad link: a message, the page's default view
         assert "could not set everything" in bad.locator("#link_note").inner_text()
         bad.wait_for_selector(".toast-body:has-text('could not set everything it names')", timeout=30_000)  # in sight
