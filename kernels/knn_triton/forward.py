@@ -475,18 +475,16 @@ def _repair(acc, rows, floor, block, col_lo, col_hi, first_tile, live, num_neigh
 
 
 @triton.jit
-def _gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, cols, valid, sizes,
-                   COSINE: tl.constexpr, D_PAD: tl.constexpr):
-    """Canonical fp32 scores [rows, W] of query rows ``offs_m`` against each row's own key rows ``cols`` [rows, W]
-    (``valid``: which are candidates; the others score −∞): products in fp32 summed over D in chunks of 16, times
-    the rows' ``q_scale`` and, for cosine, the key's inverse norm — :func:`_score_tile`'s score, in another
-    order of summation (so within :func:`select.lowered`'s margin of it)."""
-    Q, K, _V, _W, _Bias, _Cand, KInv, _Spatial = inputs
-    H, _Nq, Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, _stride_cb, _width, _pad = sizes
-    b = pid_bh // H
-    h = pid_bh % H
-    q_base = Q + b * q_strides[0] + h * q_strides[1] + offs_m[:, None] * q_strides[2]  # [rows, 1]
-    k_base = K + b * k_strides[0] + h * k_strides[1] + cols[:, :, None] * k_strides[2]  # [rows, W, 1]
+def _gather_scores(block, q_base, q_strides, offs_m, mask_m, cols, valid, COSINE: tl.constexpr,
+                   D_PAD: tl.constexpr):
+    """Canonical fp32 scores [rows, W] of query rows ``offs_m`` (their sample's and head's queries at ``q_base``)
+    against each row's own key rows ``cols`` [rows, W] (``valid``: which are candidates; the others score −∞), with
+    the keys, scales and norms of ``block`` (:func:`_open_block`): products in fp32 summed over D in chunks of 16 —
+    :func:`_score_tile`'s score in another order of summation, so within :func:`select.lowered`'s margin of it."""
+    q_scale, k_base, k_strides, kinv_base, sizes = block[1], block[2], block[3], block[4], block[7]
+    D = sizes[6]
+    q_base = q_base + offs_m[:, None] * q_strides[2]  # [rows, 1]
+    k_base = k_base + cols[:, :, None] * k_strides[2]  # [rows, W, 1]
     s = tl.zeros(cols.shape, tl.float32)
     for d0 in tl.static_range(0, D_PAD, 16):
         offs_d = d0 + tl.arange(0, 16)
@@ -497,12 +495,12 @@ def _gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale
         s += tl.sum(q[:, None, :] * k, axis=2)
     s = s * q_scale[:, None]
     if COSINE:
-        s = s * tl.load(KInv + pid_bh * Nk + cols, mask=valid, other=0.0)
+        s = s * tl.load(kinv_base + cols, mask=valid, other=0.0)
     return tl.where(valid, canonical(s), NEG_INF)
 
 
 @triton.jit
-def _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, sizes, pid_bh, offs_m, mask_m, live,
+def _gather_repair(acc, block, lanes, inputs, outputs, q_strides, sizes, pid_bh, offs_m, mask_m, live,
                    SELF_FIRST: tl.constexpr, COSINE: tl.constexpr, GATHER_N: tl.constexpr,
                    GATHER_T: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr):
     """The lanes' repair of rows that have one lane to rescan (``lanes`` [rows], each row's; the "all" rule, no
@@ -512,8 +510,9 @@ def _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, siz
     K + GATHER_T candidates alone are scored again (:func:`_gather_scores`) and ranked with the query's own key
     where it is forced (``acc``): no tile streamed. Returns acc."""
     _Out, Idx, _A, _Part, _Count, _Rows = outputs
-    Nq, num_cols, num_neighbors = sizes[1], sizes[3], sizes[5]
-    q_scale, self_col = block[1], block[14]
+    H, Nq, num_cols, num_neighbors = sizes[0], sizes[1], sizes[3], sizes[5]
+    self_col = block[14]
+    q_base = inputs[0] + (pid_bh // H) * q_strides[0] + (pid_bh % H) * q_strides[1]
     row_slots = (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors
     slots = tl.arange(0, K_PAD)
     given = tl.load(Idx + row_slots[:, None] + slots[None, :],
@@ -525,16 +524,16 @@ def _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, siz
     keep = mask_m[:, None] & (slots[None, :] < num_neighbors) & (given_lane != lanes[:, None])  # rescanned below
     if SELF_FIRST:  # the query's own key is in acc already
         keep = keep & (given != self_col[:, None])
-    keys = tl.where(keep, pack(_gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, given,
-                                              keep, sizes, COSINE, D_PAD), given), EMPTY_KEY)
+    keys = tl.where(keep, pack(_gather_scores(block, q_base, q_strides, offs_m, mask_m, given, keep, COSINE, D_PAD),
+                               given), EMPTY_KEY)
     acc = merge_top(acc, keys, live)
     tiles = tl.arange(0, GATHER_T)
     cols = tiles[None, :] * GATHER_N + ((lanes[:, None] + tiles[None, :] * LANE_ROTATION) & (GATHER_N - 1))
     scan = mask_m[:, None] & (cols < num_cols)
     if SELF_FIRST:
         scan = scan & (cols != self_col[:, None])
-    keys = tl.where(scan, pack(_gather_scores(inputs, q_strides, k_strides, pid_bh, offs_m, mask_m, q_scale, cols,
-                                              scan, sizes, COSINE, D_PAD), cols), EMPTY_KEY)
+    keys = tl.where(scan, pack(_gather_scores(block, q_base, q_strides, offs_m, mask_m, cols, scan, COSINE, D_PAD),
+                               cols), EMPTY_KEY)
     return merge_top(acc, keys, live)
 
 
@@ -622,8 +621,8 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
             lanes = tl.load(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, mask=mask_m, other=0.0)
             lanes = lanes.to(tl.int32)
             if tl.min(tl.where(mask_m, lanes, 0), axis=0) >= 0:
-                acc = _gather_repair(acc, block, lanes, inputs, outputs, q_strides, k_strides, sizes, pid_bh,
-                                     offs_m, mask_m, live, SELF_FIRST, COSINE, GATHER_N, GATHER_T, D_PAD, K_PAD)
+                acc = _gather_repair(acc, block, lanes, inputs, outputs, q_strides, sizes, pid_bh, offs_m, mask_m,
+                                     live, SELF_FIRST, COSINE, GATHER_N, GATHER_T, D_PAD, K_PAD)
             else:
                 acc = _repair(acc, mask_m, floor, block, col_lo, col_hi, first_tile, live, num_neighbors,
                               SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
