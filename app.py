@@ -484,6 +484,9 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
     }
 
 
+# Views in a step of their own in a chain (the others share steps: server.step_groups): the explorer's first
+# render, which the page shows first, and the slow views' reset (a coroutine, on the server's event loop).
+ALONE = frozenset({"first_render", "slow_reset"})
 VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
 # The controls a refused value of which goes back to the value shown, kept in the page (app_texts.KEEP_JS): the model
 # the explorer shows, the depth compare mode's columns show (the knobs have theirs: build_demo).
@@ -664,15 +667,21 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 return fn(values, request, *rest) if mine else gr.skip()
             return step
 
+        def view_step(view: str) -> dict:
+            step = wired(*table_views[view])
+            if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
+                step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
+            elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
+                step["fn"] = of_the_model(step["fn"])  # (a step that picks the layer reads it as a hint)
+            return step
+
         def run(views: list[str], event):
-            """``event.then`` each view in turn (private steps: the API is the ``gr.api`` endpoints below), each the
-            last of quick changes (always_last, as the chain's first step); the last step's event."""
-            for view in views:
-                step = wired(*table_views[view])
-                if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
-                    step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
-                elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
-                    step["fn"] = of_the_model(step["fn"])  # (a step that picks the layer reads it as a hint)
+            """``event.then`` the views in turn, consecutive ones in one step where none reads what another writes
+            (``server.step_groups``; those of :data:`ALONE` in steps of their own): private steps (the API is the
+            ``gr.api`` endpoints below), each the last of quick changes (always_last, as the chain's first step);
+            the last step's event."""
+            for group in server.step_groups(views, table_views, alone=ALONE):
+                step = view_step(group[0]) if len(group) == 1 else server.merge([view_step(v) for v in group])
                 event = event.then(**step, trigger_mode="always_last", api_visibility="private")
             return event
 

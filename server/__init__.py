@@ -34,7 +34,7 @@ from .guards import (
 from .requests import RequestSizeLimit
 from .shares import ComputeShares
 from .visitors import Visitors, address, trusted_networks, visitor
-from .wiring import wire
+from .wiring import merge, step_groups, wire
 
 __all__ = [
     "Admission",
@@ -51,8 +51,10 @@ __all__ = [
     "check_dropped",
     "checked_number",
     "control",
+    "merge",
     "names_a_web_address",
     "queued_events",
+    "step_groups",
     "trusted_networks",
     "user_errors",
     "visitor",

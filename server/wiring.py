@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import gradio as gr
 
 import analysis as an
 
-__all__ = ["GRADIO_PRIVATE", "wire"]
+__all__ = ["GRADIO_PRIVATE", "merge", "step_groups", "wire"]
 
 GRADIO_PRIVATE = {
     "Block._id": "a component's id: the key of its value in a set of inputs' values (wire)",
@@ -74,3 +74,62 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
     handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
     handler.__name__ = fn_name
     return {"fn": handler, "inputs": {ui[name] for name in inputs} or None, "outputs": [ui[name] for name in outputs]}
+
+
+def step_groups(views: Sequence[str], table: Mapping[str, tuple], alone: Collection[str] = ()) -> list[list[str]]:
+    """``views`` (names in ``table``: name → (handler name, inputs, outputs)), in order, as the steps of an event
+    chain: consecutive views share a step (:func:`merge`) unless one reads what another of the step writes (the page
+    sends a step's inputs as they are when the step is sent) or is in ``alone``. Each step is a round trip between
+    the page and the server: a page load's twelve views took twelve, about 0.1 s each of the page's own work on a
+    desktop, a network round trip each on a phone.
+    """
+    groups: list[list[str]] = []
+    written: set[str] = set()
+    for view in views:
+        _, inputs, outputs = table[view]
+        if not groups or view in alone or groups[-1][-1] in alone or written & set(inputs):
+            groups.append([])
+            written = set()
+        groups[-1].append(view)
+        written |= set(outputs)
+    return groups
+
+
+def merge(steps: Sequence[dict]) -> dict:
+    """Several events' ``fn``, ``inputs`` and ``outputs`` keywords (:func:`wire`'s, each handler taking its inputs'
+    ``{component: value}`` and the request) as one event's: its handler calls each in turn with its own inputs' values
+    and returns every output by component. A handler's ``gr.skip()`` (or any one update) for several outputs applies
+    to each of them. An error raised by one ends the whole step, as it ended the chain.
+
+    Raises:
+        ValueError: two steps write the same component, or a handler takes more than its inputs and the request.
+    """
+    outputs = [component for step in steps for component in step["outputs"]]
+    if len(set(map(id, outputs))) != len(outputs):
+        raise ValueError("merged steps must write different components")
+    for step in steps:
+        if len(inspect.signature(step["fn"]).parameters) != (2 if step["inputs"] else 1) or \
+                inspect.iscoroutinefunction(step["fn"]):
+            raise ValueError(f"{step['fn'].__name__} is a coroutine or takes more than its inputs and the request")
+    inputs = set().union(*(step["inputs"] or set() for step in steps))
+
+    def handler(*args):
+        values, request = args if inputs else ({}, *args)
+        result = {}
+        for step in steps:
+            reads, mine = step["inputs"], step["outputs"]
+            answer = step["fn"]({block: values[block] for block in reads}, request) if reads else step["fn"](request)
+            if len(mine) == 1:
+                result[mine[0]] = answer
+            elif isinstance(answer, dict) and all(isinstance(key, gr.components.Component) for key in answer):
+                result.update(answer)
+            else:  # one update for all of them
+                result.update(dict.fromkeys(mine, answer))
+        return result
+
+    order = {"values": dict, "request": gr.Request} if inputs else {"request": gr.Request}
+    handler.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                                 annotation=kind) for name, kind in order.items()])
+    handler.__annotations__ = order
+    handler.__name__ = "+".join(step["fn"].__name__ for step in steps)
+    return {"fn": handler, "inputs": inputs or None, "outputs": outputs}

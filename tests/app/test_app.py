@@ -387,8 +387,11 @@ def test_the_page_runs_the_refresh_policy_as_written(explorer):
     blocks = blocks_by_id(demo) | {"demo": demo}
     for (source, trigger), views in app.REFRESH.items():
         target = blocks[source]
-        names = [step.name for step in chain_steps(demo, target, trigger)]
-        assert names == [app.VIEWS[view][0] for view in views], (source, trigger)
+        names = [step.name for step in chain_steps(demo, target, trigger)]  # a step of several views: "a+b"
+        assert [part for name in names for part in name.split("+")] == [app.VIEWS[view][0] for view in views], \
+            (source, trigger)
+        assert names[0] == app.VIEWS[views[0]][0]  # the event's own view, alone; so are the explorer's first render
+        assert all(app.VIEWS[view][0] in names for view in app.ALONE & set(views))  # and the slow views' reset
     for control in ("checkpoint", "layer", "head", "num_neighbors", "window_size", "num_candidates", "seed"):
         # the user's choice only (.input): a link or a lesson's step sets them all at once
         assert not any((blocks[control]._id, "change") in step.targets for step in demo.fns.values() if step.fn)
