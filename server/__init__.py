@@ -7,7 +7,7 @@
   :class:`CheckedSlider`; :func:`control` makes one from a field of the view), and user errors shown as messages
   (:func:`user_errors`);
 * :mod:`server.wiring` — the page's events as the handlers take them: inputs by name, the view as one value
-  (:func:`wire`);
+  (:func:`wire`); a chain's views in as few steps as their inputs allow (:func:`step_groups`, :func:`merge`);
 * :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
   holds in the queue (:class:`FairTurns`), whose refusals a flooding client then gets at the door
   (:class:`QueueDoor`);

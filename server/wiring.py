@@ -1,5 +1,6 @@
 """The page's events as the explorer's handlers take them (:func:`wire`): each input by the ``elem_id`` of its
-component, what the explorer shows gathered into one :class:`analysis.Query` or :class:`analysis.ViewState`.
+component, what the explorer shows gathered into one :class:`analysis.Query` or :class:`analysis.ViewState`; and an
+event chain's views in as few steps as their inputs allow (:func:`step_groups`, :func:`merge`).
 
 Gradio's private parts this module touches are listed in :data:`GRADIO_PRIVATE`, right below the imports
 (``tests/server/test_gradio_private.py`` checks each on the installed Gradio; ``requirements.txt`` pins Gradio to
