@@ -531,8 +531,9 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                 add(control(query_type, "row_px", min_width=90))
                 add(control(query_type, "col_px", min_width=90))
             # The selection knobs beside the explorer they change (below it on a phone, after the layer): number
-            # boxes two to a row, then the sliders.
-            with gr.Group(elem_id="knobs"):
+            # boxes two to a row, then the sliders. The id is a column's: Gradio 6.31's gr.Group writes its elem_id on
+            # two nested elements (#knobs matched both).
+            with gr.Column(elem_id="knobs", min_width=0), gr.Group():
                 knobs = [(item.name, how) for item, how in settings(query_type) if how.is_knob]
                 boxes = [name for name, how in knobs if not how.step and name != "draw"]
                 for index in range(0, len(boxes), 2):

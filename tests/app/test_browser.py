@@ -1133,3 +1133,26 @@ def test_a_random_candidate_model_shows_its_draws_and_steps_through_them(app_url
         values = page("cnn-random", image, row_px=10, col_px=20, draw=3)
         assert shown(tab)["query"] == "10,20"  # the query stays; its neighbours are draw 3's
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "layer")
+
+
+DUPLICATE_IDS_JS = """() => {
+  const counts = new Map();
+  for (const element of document.querySelectorAll("[id]")) {
+    if (element.id && !element.closest(".js-plotly-plot")) counts.set(element.id, (counts.get(element.id) ?? 0) + 1);
+  }
+  return [...counts].filter(([, count]) => count > 1).map(([id, count]) => `${id} ×${count}`);
+}"""  # every id of the page given twice or more, but for those inside a Plotly chart (Gradio copies Plotly's style
+#       element, id and all, into each chart, and Plotly's modebar logo is a <g id="symbol"> in each) and Gradio's
+#       empty id="" on the layout blocks given no elem_id (an empty id is no id: getElementById("") finds none)
+
+
+def test_every_element_id_of_the_page_is_unique(app_url, chromium):
+    """Gradio 6.31's gr.Group writes its elem_id on two nested elements: `#knobs` matched both (a selector or a
+    label's `for` reaches the first only). No id of the page is given twice, with every tab opened in turn."""
+    with browser_page(chromium, app_url) as tab:
+        assert tab.evaluate(DUPLICATE_IDS_JS) == []
+        for label in app_texts.TABS.values():
+            tab.get_by_role("tab", name=label).click()
+            settle(tab)
+            assert tab.evaluate(DUPLICATE_IDS_JS) == [], label
+        assert tab.locator(".cc").get_attribute("data-columns")  # compare mode's columns were drawn too
