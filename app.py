@@ -107,12 +107,12 @@ class Explorer(CompareMode, ExplorerAPI):
     @user_errors
     def on_draw_back(self, draw, request=None):
         """The eval draw before the one shown (none before draw 0)."""
-        return max(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) - 1, 0)
+        return max(an.whole_number(draw, an.KNOB_NAMES["draw"], 0, an.MAX_DRAW) - 1, 0)
 
     @user_errors
     def on_draw_next(self, draw, request=None):
         """The eval draw after the one shown (none after :data:`analysis.MAX_DRAW`)."""
-        return min(an.whole_number(draw, "eval draw", 0, an.MAX_DRAW) + 1, an.MAX_DRAW)
+        return min(an.whole_number(draw, an.KNOB_NAMES["draw"], 0, an.MAX_DRAW) + 1, an.MAX_DRAW)
 
     @user_errors
     def on_first_render(self, query, focus_rule="", request=None):

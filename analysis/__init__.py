@@ -46,6 +46,7 @@ from .session.image_display import (
 )
 from .session.image_intake import image_from_array, load_image
 from .session.inputs import (
+    KNOB_NAMES,
     MAX_MESSAGE_CHARS,
     MAX_SEED,
     OUT_OF_MEMORY_MESSAGE,
@@ -164,6 +165,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "FITS",
     "GRADIENT_NOTE",
+    "KNOB_NAMES",
     "LESSON_END",
     "LESSON_UNKNOWN",
     "LETTERBOX_RGB",

@@ -97,8 +97,9 @@ class LayerInfo:
         """A hybrid branch layer (it has a λ mix)."""
         return self.kind == "hybrid"
 
-    def check_head(self, head: int) -> int:
-        """``head`` as an ``int``, checked against the layer.
+    def check_head(self, head: int, name: str = "head") -> int:
+        """``head`` as an ``int``, checked against the layer; ``name``: the head's, as the message names it (the
+        explorer's: its control's label).
 
         Raises:
             ValueError: not a whole number (a whole float such as ``1.0`` is accepted), or outside
@@ -106,10 +107,10 @@ class LayerInfo:
         """
         if isinstance(head, bool) or not isinstance(head, numbers.Real) or not (
                 math.isfinite(float(head)) and float(head).is_integer()):
-            raise ValueError(f"head must be a whole number, got {head!r}")
+            raise ValueError(f"{name} must be a whole number, got {head!r}")
         head = int(head)
         if not 0 <= head < self.num_heads:
-            raise ValueError(f"head must be {number_range(0, self.num_heads - 1)} for {self.name} ({self.num_heads} "
+            raise ValueError(f"{name} must be {number_range(0, self.num_heads - 1)} for {self.name} ({self.num_heads} "
                              f"head{'s' if self.num_heads > 1 else ''}), got {head}")
         return head
 

@@ -96,7 +96,7 @@ def control(view: type, name: str, **layout) -> CheckedNumber | CheckedSlider:
     item, how = next((item, how) for item, how in an.settings(view) if item.name == name)
     if how.step:
         return CheckedSlider(how.minimum, how.maximum, value=item.default, step=how.step, label=how.label,
-                             elem_id=name, visible=how.visible, **layout)
+                             info=how.info or None, elem_id=name, visible=how.visible, **layout)
     return CheckedNumber(item.default, precision=0 if how.kind == "whole" else None, minimum=how.minimum,
                          maximum=how.maximum, label=how.label, info=how.info or None, elem_id=name,
                          visible=how.visible, **layout)

@@ -23,8 +23,14 @@ import torch
 
 from convnn.validation import SEED_RANGE, number_range
 
-__all__ = ["MAX_MESSAGE_CHARS", "MAX_NUMBER_DIGITS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE", "click_position",
-           "is_out_of_memory", "real_number", "user_error_message", "whole_number"]
+__all__ = ["KNOB_NAMES", "MAX_MESSAGE_CHARS", "MAX_NUMBER_DIGITS", "MAX_SEED", "OUT_OF_MEMORY_MESSAGE",
+           "click_position", "is_out_of_memory", "real_number", "user_error_message", "whole_number"]
+
+# The knobs' names, as their controls' labels (analysis.Query) and every message about them name them (a hint of
+# what a value means goes under the label: Setting.info)
+KNOB_NAMES = {"num_neighbors": "K (neighbours per query)", "window_size": "window side R",
+              "num_candidates": "r (random candidates)", "blend_alpha": "blend α", "head": "attention head",
+              "draw": "eval draw (random candidates)"}
 
 MAX_SEED = SEED_RANGE[1]  # the library's one seed range (convnn.validation): 2**63 − 1
 OUT_OF_MEMORY_MESSAGE = ("Not enough memory for this request: choose a smaller K, window R or r, another layer, or a "

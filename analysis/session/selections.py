@@ -43,7 +43,7 @@ from convnn.validation import number_range
 
 from .caching import bounded_cache
 from .image_decode import InputImage
-from .inputs import MAX_SEED, whole_number
+from .inputs import KNOB_NAMES, MAX_SEED, whole_number
 from .models import LoadedModel
 from .renamed import renamed_keywords
 from .traces import LayerInfo, effective_draw, layer_module, layer_query_key, trace_image
@@ -64,9 +64,6 @@ LAYER_RULE = "layer"  # what the layer itself selected (beside the registered ru
 LAYER_RULE_TITLE = "what the layer used"
 DEFAULT_NUM_NEIGHBORS = 9  # K for layers that have none of their own (MHSA, conv-only hybrids)
 DEFAULT_NUM_CANDIDATES = 32  # r of the random rule, the paper's ResNet setting (METHOD §6)
-# The rule knobs' names, as their controls' labels (analysis.Query) and every message about them name them
-KNOB_NAMES = {"num_neighbors": "K (neighbours per query)", "window_size": "window side R",
-              "num_candidates": "r (random candidates)"}
 _SELECTION_CACHE_SIZE = 128  # selections kept (a K = 9 selection of a 32×32 map is 0.2 MB, a K = 1024 one 21 MB)
 _QUERY_KEY_CACHE_SIZE = 32  # (model, image, layer) q, k features kept; each ≤ 2 × N × C floats (≈0.5 MB on CIFAR)
 
@@ -161,10 +158,10 @@ def resolve_options(layer_info: LayerInfo, options: RuleOptions) -> RuleOptions:
                          f"uses every token of {layer_info.name}, as the all rule), got {candidates}")
     alpha = options.blend_alpha
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"blend α must be {number_range(0, 1)}, got {alpha!r}")
+        raise ValueError(f"{KNOB_NAMES['blend_alpha']} must be {number_range(0, 1)}, got {alpha!r}")
     seed = whole_number(layer_info.seed or 0 if options.seed is None else options.seed, "seed", 0, MAX_SEED)
     return RuleOptions(k, window, min(candidates, layer_info.num_tokens), seed, float(alpha),
-                       layer_info.check_head(options.head))
+                       layer_info.check_head(options.head, KNOB_NAMES["head"]))
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .image_display import clamp_px
-from .inputs import real_number, whole_number
-from .selections import KNOB_NAMES, RuleOptions
+from .inputs import KNOB_NAMES, real_number, whole_number
+from .selections import RuleOptions
 from .traces import MAX_DRAW
 
 __all__ = ["MAX_COMPARED", "MAX_DRAW", "Query", "Setting", "ViewState", "check_number", "compare_list", "field_values",
@@ -95,10 +95,11 @@ class Query:
     window_size: int = knob(0, "window", KNOB_NAMES["window_size"], info="0 = auto")
     num_candidates: int = knob(0, "r", KNOB_NAMES["num_candidates"], info="0 = the layer's, or 32")
     seed: int = knob(0, "seed", "seed", info="0 = the layer's")
-    blend_alpha: float = knob(0.5, "alpha", "blend α (0 = window, 1 = features)", "real", maximum=1, step=0.05)
-    head: int = knob(0, "head", "attention head", visible=False)
+    blend_alpha: float = knob(0.5, "alpha", KNOB_NAMES["blend_alpha"], "real", info="0 = window, 1 = features",
+                              maximum=1, step=0.05)
+    head: int = knob(0, "head", KNOB_NAMES["head"], visible=False)
     fit: str = setting("crop", None, "text")
-    draw: int = knob(0, "draw", "eval draw (random candidates)", maximum=MAX_DRAW, visible=False)
+    draw: int = knob(0, "draw", KNOB_NAMES["draw"], maximum=MAX_DRAW, visible=False)
 
     @property
     def pixel(self) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from convnn.validation import check_int
 from .caching import bounded_cache
 from .image_decode import InputImage
 from .image_display import model_input
+from .inputs import KNOB_NAMES
 from .models import LoadedModel
 from .renamed import renamed_keywords, renamed_module_names
 
@@ -221,7 +222,7 @@ def effective_draw(loaded: LoadedModel, draw: int) -> int:
         ValueError: ``draw`` is not an integer in [0, :data:`MAX_DRAW`] (the explorer's draws: the box's, a link's
             and the API's alike).
     """
-    check_int("the eval draw", draw, 0, MAX_DRAW)
+    check_int(KNOB_NAMES["draw"], draw, 0, MAX_DRAW)
     return draw if draws_candidates(loaded.model) else 0
 
 

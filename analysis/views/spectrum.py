@@ -25,7 +25,7 @@ from convnn.validation import number_range
 
 from ..session.caching import bounded_cache
 from ..session.image_decode import InputImage
-from ..session.inputs import whole_number
+from ..session.inputs import KNOB_NAMES, whole_number
 from ..session.models import LoadedModel
 from ..session.renamed import renamed_keywords
 from ..session.selections import LAYER_RULE, RuleOptions, distance_stats, rule_selection
@@ -215,7 +215,7 @@ def receptive_fields(loaded: LoadedModel, image: InputImage, layer: str, num_hop
     """
     num_hops = _check_hops(num_hops)
     layer_info = loaded.layer_info(layer)
-    head = layer_info.check_head(head)
+    head = layer_info.check_head(head, KNOB_NAMES["head"])
     size, cells = layer_info.input_size, layer_info.height * layer_info.width
     if queries is not None:
         queries = tuple(whole_number(q, "query cell") for q in queries)

@@ -27,6 +27,7 @@ from convnn.functional import pad_map, to_tokens
 
 from ..session.caching import bounded_cache
 from ..session.image_decode import InputImage
+from ..session.inputs import KNOB_NAMES
 from ..session.models import LoadedModel
 from ..session.selections import LAYER_RULE, RuleOptions, rule_selection
 from ..session.traces import (
@@ -220,7 +221,7 @@ def neighbor_contributions(loaded: LoadedModel, image: InputImage, layer: str, q
     """
     layer_info = loaded.layer_info(layer)
     _check_selects(layer_info)
-    head = layer_info.check_head(head)
+    head = layer_info.check_head(head, KNOB_NAMES["head"])
     row, col = query_cell(layer_info, *query_px)
     index = row * layer_info.width + col
     vectors, bias, output = _contribution_vectors(loaded, image, layer_info, head, np.array([index]), 0)
@@ -251,7 +252,7 @@ def _contribution_norms(loaded: LoadedModel, image: InputImage, layer: str, head
     """:func:`contribution_norms` for an effective ``draw``."""
     layer_info = loaded.layer_info(layer)
     _check_selects(layer_info)
-    head = layer_info.check_head(head)
+    head = layer_info.check_head(head, KNOB_NAMES["head"])
     queries = np.arange(layer_info.height * layer_info.width)
     return np.concatenate([
         _contribution_vectors(loaded, image, layer_info, head, chunk, draw)[0].norm(dim=-1).cpu().numpy()

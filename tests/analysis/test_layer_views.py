@@ -94,7 +94,7 @@ def test_clicks_and_heads_reuse_one_call_of_the_layer(load_small, fresh_image, n
 def test_a_head_outside_the_layer_is_refused_by_contributions_and_multihop(load_small, image, head):
     """vit-convnn has 2 heads: head 2 or −1 is refused with the range, never an IndexError or a silent clamp."""
     loaded = load_small("vit-convnn")
-    message = rf"head must be from 0 to 1 for blocks.1.attn \(2 heads\), got {head}"
+    message = rf"attention head must be from 0 to 1 for blocks.1.attn \(2 heads\), got {head}"
     with pytest.raises(ValueError, match=message):
         neighbor_contributions(loaded, image, "blocks.1.attn", (13, 7), head)
     with pytest.raises(ValueError, match=message):
@@ -108,7 +108,7 @@ def test_multihop_and_contributions_take_whole_floats_and_refuse_the_rest(load_s
     for hops in (math.inf, 1.5):
         with pytest.raises(ValueError, match=f"num_hops must be a whole number, got {hops}"):
             receptive_field(loaded, image, "blocks.1.attn", (13, 7), num_hops=hops)
-    with pytest.raises(ValueError, match="head must be a whole number, got nan"):
+    with pytest.raises(ValueError, match="attention head must be a whole number, got nan"):
         neighbor_contributions(loaded, image, "blocks.1.attn", (13, 7), math.nan)
 
 

@@ -205,7 +205,7 @@ def test_distance_stats_leave_cls_out_of_the_distance():
      "r (random candidates) must be at least K = 16 (r ≥ N = 256 uses every token of stages.1.0.conv1, as the all "
      "rule), got 8"),
     (RuleOptions(blend_alpha=1.5), "blend α must be from 0 to 1"),
-    (RuleOptions(head=1), "head must be from 0 to 0 for stages.1.0.conv1 (1 head), got 1"),
+    (RuleOptions(head=1), "attention head must be from 0 to 0 for stages.1.0.conv1 (1 head), got 1"),
     (RuleOptions(num_neighbors=2.5), "K (neighbours per query) must be a whole number, got 2.5"),
     (RuleOptions(num_neighbors=math.inf), "K (neighbours per query) must be a whole number, got inf"),
     (RuleOptions(window_size=19), "R must be odd with R² ≥ K = 9 and at most 17 (as wide as the 16×16 grid of "
@@ -215,7 +215,7 @@ def test_distance_stats_leave_cls_out_of_the_distance():
     (RuleOptions(seed=-1), "seed must be from 0 to 9223372036854775807, got -1"),
     (RuleOptions(blend_alpha=math.nan), "blend α must be from 0 to 1, got nan"),
     (RuleOptions(blend_alpha="0.5"), "blend α must be from 0 to 1, got '0.5'"),
-    (RuleOptions(head=0.5), "head must be a whole number, got 0.5"),
+    (RuleOptions(head=0.5), "attention head must be a whole number, got 0.5"),
 ])
 def test_impossible_options_raise_clear_errors(load_small, image, options, message):
     loaded = load_small("cnn-l0.5")

@@ -182,7 +182,7 @@ def test_each_knob_s_refusals_name_it_as_its_label_does(explorer, example_image,
     (lambda ex, ck, im: ex.on_table(**page(ck, im, seed=2**63)),
      r"seed must be from 0 to 9223372036854775807, got 9223372036854775808"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, head=1e20)),
-     r"head must be from 0 to 0 for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
+     r"attention head must be from 0 to 0 for stages.1.0.conv1 \(1 head\), got 1\.00e\+20"),  # 21 digits: abbreviated
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=101)),
      r"R must be odd with R² ≥ K = 9 and at most 17 \(as wide as the 16×16 grid of stages.1.0.conv1\), got R = 101"),
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
@@ -296,7 +296,7 @@ def test_app_starts_with_a_malformed_card_in_the_folder(checkpoint_dir, tmp_path
 
 def test_a_head_outside_the_layer_is_a_message(explorer, checkpoint_dir, example_image):
     checkpoint, image = "vit-convnn", example_image
-    message = r"head must be from 0 to 1 for blocks.0.attn \(2 heads\), got 2"
+    message = r"attention head must be from 0 to 1 for blocks.0.attn \(2 heads\), got 2"
     with pytest.raises(gr.Error, match=message):
         explorer.on_hops(**page(checkpoint, image, "blocks.0.attn", head=2), hops=2)
     with pytest.raises(gr.Error, match=message):
@@ -982,3 +982,27 @@ def test_compare_mode_opens_each_model_at_the_same_depth_and_refuses_what_it_can
         explorer.on_compare_layers(models, 1.5)
     with pytest.raises(gr.Error, match="is not a layer of cnn-l0"):  # a column's layer of another model
         explorer.on_compare(models, "blocks.0.attn", *layers[1:], **page("cnn-l0.5", example_image))
+
+
+@pytest.mark.parametrize(("knob", "checkpoint", "layer", "out_of_range"), [
+    ("head", "vit-convnn", "blocks.0.attn", 2), ("blend_alpha", "cnn-l0.5", CELL_LAYER, 2.0),
+    ("draw", "cnn-random", CELL_LAYER, an.MAX_DRAW + 1)])
+def test_the_head_alpha_and_draw_refusals_name_them_as_their_labels_do(explorer, example_image, knob, checkpoint,
+                                                                        layer, out_of_range):
+    """As K's, R's, r's and the seed's (test_each_knob_s_refusals_name_it_as_its_label_does): the head's box was
+    labelled "attention head" and the layer's refusal named it "head"; α's slider "blend α (0 = window, 1 =
+    features)" and its refusals "blend α"; the draw's box "eval draw (random candidates)", ◀ ▶'s refusals "eval draw"
+    and the model's "the eval draw". Each knob's label is its name (α's "0 = …" hint shown under it), and its own
+    refusal, the layer's or the model's, and ◀ ▶'s name it as its label does."""
+    control = server.control(an.Query, knob)
+    assert control.label == an.KNOB_NAMES[knob] and (knob != "blend_alpha" or (control.info or "").startswith("0 = "))
+    with pytest.raises(gr.Error) as by_the_box:
+        control.preprocess(2.5)
+    with pytest.raises(gr.Error) as by_the_layer:
+        explorer.on_table(**page(checkpoint, example_image, layer, **{knob: out_of_range}))
+    refusals = [by_the_box.value.message, by_the_layer.value.message]
+    for step in (explorer.on_draw_back, explorer.on_draw_next) if knob == "draw" else ():
+        with pytest.raises(gr.Error) as by_the_step:
+            step(2.5)
+        refusals.append(by_the_step.value.message)
+    assert all(refusal.startswith(f"{control.label} must be ") for refusal in refusals), refusals

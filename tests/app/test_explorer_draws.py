@@ -100,7 +100,8 @@ def test_the_draw_is_a_parameter_of_the_api(explorer, fresh, example_image):
     prediction = endpoint(explorer.api_predict)(RANDOM, {"path": str(stored)}, draw=3)
     assert list(prediction) == list(an.top_classes(loaded, image, draw=3))
     for draw in (an.MAX_DRAW + 1, 2**63):  # past the box's and a link's bound: the same message, not an overflow
-        with pytest.raises(Exception, match=rf"the eval draw must be an integer in \[0, {an.MAX_DRAW}\], got {draw}"):
+        message = rf"eval draw \(random candidates\) must be an integer in \[0, {an.MAX_DRAW}\], got {draw}"
+        with pytest.raises(Exception, match=message):
             endpoint(explorer.api_predict)(RANDOM, {"path": str(stored)}, draw=draw)
 
 

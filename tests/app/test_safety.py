@@ -716,7 +716,8 @@ def test_every_number_control_names_its_range_in_words(explorer):
     for options, words in ((an.RuleOptions(num_neighbors=-1), "K (neighbours per query) must be from 1 to 64 "),
                            (an.RuleOptions(num_neighbors=9, num_candidates=4), "r (random candidates) must be at "
                                                                                "least K = 9 "),
-                           (an.RuleOptions(head=2), "head must be from 0 to 1 for blocks.0.attn (2 heads), got 2"),
+                           (an.RuleOptions(head=2), "attention head must be from 0 to 1 for blocks.0.attn (2 heads), "
+                                                    "got 2"),
                            (an.RuleOptions(seed=-1), "seed must be from 0 to "),
                            (an.RuleOptions(blend_alpha=2.0), "blend α must be from 0 to 1, got 2.0")):
         with pytest.raises(ValueError) as refused:
