@@ -51,13 +51,13 @@ function source() { // {px, size}: the pixel every column shows, before it is ma
   return {px, size: querySize};
 }
 
-function drawColumn(column, imageWidth, shown) {
+function drawColumn(column, panelWidth, ratio, shown) { // its panel `panelWidth` wide, spanning `ratio` × its input
   const table = column.table;
   const query = mapPixel(shown.px, shown.size, table.input_size);
   const row = rowOf(table, cellOf(table, query));
   const selection = table.byName[rule] || table.byName.layer;
-  column.frame = drawPanel(column.canvas, table, query, imageWidth * spanRatio(table), selection, row,
-                           {labels: false, lines: true});
+  column.frame = drawPanel(column.canvas, table, query, panelWidth, selection, row,
+                           {labels: false, lines: true, span: ratio * table.input_size});
   const [name, probability] = table.prediction[0] || ["—", NaN];
   const cell = cellOf(table, query);
   column.caption.replaceChildren(
@@ -72,6 +72,7 @@ function drawColumn(column, imageWidth, shown) {
         `${table.options.window_size}×${table.options.window_size}`}));
   Object.assign(column.el.dataset, {
     model: table.model, layer: table.layer, query: query.join(","), cell: cell.join(","), rule: selection.name,
+    imageWidth: String(column.frame.scale * table.input_size), // CSS px, the same in every column
     neighbors: JSON.stringify(row < 0 ? null : neighbors(selection, row).map((n) => n.cell)),
   });
 }
@@ -92,9 +93,11 @@ function drawAll() {
   const shown = columns.length ? source() : null;
   if (!shown) return;
   drawRules();
-  // Every column shows the image at one size (the layers' padding rings differ), the widest panel filling its column.
-  const imageWidth = layout() / Math.max(...columns.map((column) => spanRatio(column.table)));
-  for (const column of columns) drawColumn(column, imageWidth, shown);
+  // Every column shows the image at one size in a panel of one size, filling its column: the layers' padding rings
+  // differ, and each panel spans the widest ring's, its own ring centred in it (the rest drawn as padding is).
+  const ratio = Math.max(...columns.map((column) => spanRatio(column.table)));
+  const panelWidth = layout();
+  for (const column of columns) drawColumn(column, panelWidth, ratio, shown);
   root.dataset.rule = rule;
   root.dataset.columns = String(columns.length);
   root.dataset.drawn = String(++drawCount); // last: a watcher of this attribute sees every column drawn

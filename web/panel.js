@@ -143,12 +143,16 @@ function candidates(selection) {
 }
 
 // -- geometry: model-input pixels ↔ CSS pixels of a panel ---------------------------------------------------------
-function frame(table, cssWidth) { // a panel of `table` this wide: its padding, offset and scale (CSS px per pixel)
+function frame(table, cssWidth, span = 0) { // a panel of `table` this wide: its padding, offset and scale (CSS px
+  // per pixel); `span`: a side in model-input pixels larger than the table's own (the input and its padding cells),
+  // which the panel then shows, square, the table's own centred in it
   const pad = table.padding;
-  const top = -table.row_edges_px[0];
-  const left = -table.col_edges_px[0];
-  const spanY = table.row_edges_px[table.row_edges_px.length - 1] + top;
-  const spanX = table.col_edges_px[table.col_edges_px.length - 1] + left;
+  const ownY = table.row_edges_px[table.row_edges_px.length - 1] - table.row_edges_px[0];
+  const ownX = table.col_edges_px[table.col_edges_px.length - 1] - table.col_edges_px[0];
+  const spanY = Math.max(span, ownY);
+  const spanX = Math.max(span, ownX);
+  const top = (spanY - ownY) / 2 - table.row_edges_px[0];
+  const left = (spanX - ownX) / 2 - table.col_edges_px[0];
   const scale = cssWidth / Math.max(spanX, spanY);
   return {pad, top, left, scale, width: spanX * scale, height: spanY * scale};
 }
@@ -180,8 +184,8 @@ function pixelAt(table, f, x, y) { // CSS position → the model-input pixel [ro
 }
 
 // -- drawing ----------------------------------------------------------------------------------------------------
-function sized(table, canvas, cssWidth) { // the canvas sized for a panel this wide: its context and frame
-  const f = frame(table, cssWidth);
+function sized(table, canvas, cssWidth, span) { // the canvas sized for a panel this wide: its context and frame
+  const f = frame(table, cssWidth, span);
   const ratio = window.devicePixelRatio || 1;
   canvas.style.width = `${f.width}px`;
   canvas.style.height = `${f.height}px`;
@@ -194,10 +198,11 @@ function sized(table, canvas, cssWidth) { // the canvas sized for a panel this w
 
 // One panel: the table's image, the query's cell outlined, and the neighbours `selection` gives it (its `row` of
 // the table; -1: none held), drawn on `canvas` at `cssWidth`. Options: `labels` (rank numbers), `lines` (lines
-// from the query where cells are too small for numbers). Returns the frame, with `ranks` saying how the rank
-// numbers were drawn: "inside:N" (in N cells), "chips:N", or "none".
+// from the query where cells are too small for numbers), `span` (the side the panel shows, in model-input pixels, if
+// more than the table's own: frame). Returns the frame, with `ranks` saying how the rank numbers were drawn:
+// "inside:N" (in N cells), "chips:N", or "none".
 function drawPanel(canvas, table, query, cssWidth, selection, row, options) {
-  const [ctx, f] = sized(table, canvas, cssWidth);
+  const [ctx, f] = sized(table, canvas, cssWidth, options.span);
   f.ranks = "none";
   ctx.fillStyle = "#3a3a3a"; // padding cells around the image (darker than a letterbox's grey bars)
   ctx.fillRect(0, 0, f.width, f.height);

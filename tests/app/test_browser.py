@@ -1156,3 +1156,19 @@ def test_every_element_id_of_the_page_is_unique(app_url, chromium):
             settle(tab)
             assert tab.evaluate(DUPLICATE_IDS_JS) == [], label
         assert tab.locator(".cc").get_attribute("data-columns")  # compare mode's columns were drawn too
+
+
+@pytest.mark.parametrize("context", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
+def test_compare_mode_s_columns_are_one_width(app_url, chromium, context):
+    """Compare mode drew each column's panel as wide as its layer's padding ring made it, the image at one size: a
+    CNN, an MHSA and a ConvNN-attention ViT side by side stood in panels of three widths. The columns and their
+    panels are one width (within 1 px), at 1280 × 800 and at 390 × 844, the image still at one size in every one."""
+    with browser_page(chromium, f"{app_url}?tab=compare&compare=cnn-l0.5,vit-mhsa,vit-convnn", context) as tab:
+        tab.wait_for_function("document.querySelector('.cc')?.dataset.columns === '3'", timeout=60_000)
+        settle(tab)
+        for selector in (".cc-col", ".cc-canvas"):
+            widths = [column.bounding_box()["width"] for column in tab.locator(selector).all()]
+            assert len(widths) == 3 and max(widths) - min(widths) <= 1, (selector, widths)
+        images = [float(width) for width in tab.locator(".cc-col").evaluate_all(
+            "columns => columns.map((column) => column.dataset.imageWidth)")]
+        assert max(images) - min(images) <= 1 and min(images) > 0, images
