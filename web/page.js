@@ -38,6 +38,23 @@
       `shows ${box.value || "nothing"} again).`;
     box.closest("div.block").append(refusal);  // its block (the label element is one too)
   }, true);
+  // onChange() now and whenever the elements inside the one of `selector` change: each watched where it is (the page's
+  // whole body was watched, and every click in the explorer, which redraws its own elements, ran both below). Gradio
+  // has drawn the page when it runs this script; an element it has not drawn yet is watched for until it has.
+  const watch = (selector, onChange) => {
+    const element = document.querySelector(selector);
+    if (!element) {
+      const waiting = new MutationObserver(() => {
+        if (!document.querySelector(selector)) return;
+        waiting.disconnect();
+        watch(selector, onChange);
+      });
+      waiting.observe(document.body, {childList: true, subtree: true});
+      return;
+    }
+    onChange();
+    new MutationObserver(onChange).observe(element, {childList: true, subtree: true});
+  };
   // The example thumbnails: Gradio's gallery names each one's button "Thumbnail n of 20" (and names it so again as it
   // redraws), though its image's alt text is the example's name (app.build_layout): each button is named by its image
   // (aria-labelledby, which Gradio does not set), again whenever the gallery's elements change.
@@ -64,8 +81,6 @@
     box.addEventListener("input", () => { box.dataset.typed = ""; whole.textContent = box.value; });
     box.addEventListener("blur", () => { delete box.dataset.typed; });
   };
-  new MutationObserver(() => {
-    nameThumbnails();
-    document.querySelectorAll("#layer input").forEach(wholeText);
-  }).observe(document.body, {childList: true, subtree: true});
+  watch("#examples", nameThumbnails);
+  watch("#layer", () => document.querySelectorAll("#layer input").forEach(wholeText));
 }

@@ -1172,3 +1172,55 @@ def test_compare_mode_s_columns_are_one_width(app_url, chromium, context):
         images = [float(width) for width in tab.locator(".cc-col").evaluate_all(
             "columns => columns.map((column) => column.dataset.imageWidth)")]
         assert max(images) - min(images) <= 1 and min(images) > 0, images
+
+
+OBSERVERS_JS = r"""
+(() => {  // every MutationObserver of the page: what it watches (an element's id, "body" or a tag) and its runs
+  const Native = window.MutationObserver;
+  const observers = window.convnnObservers = [];
+  window.MutationObserver = class extends Native {
+    constructor(callback) {
+      const record = {targets: [], calls: 0};
+      super((...args) => { record.calls += 1; return callback(...args); });
+      this.record = record;
+      observers.push(record);
+    }
+    observe(target, options) {
+      const name = target === document.body ? "body" : target.id || target.nodeName;
+      this.record.targets.push(options?.subtree ? `${name} and below` : name);
+      return super.observe(target, options);
+    }
+  };
+})();
+"""
+PAGE_WATCHES = ["examples and below", "layer and below"]  # web/page.js's: the thumbnails' names, the layer's text
+
+
+def test_a_click_runs_none_of_the_page_s_own_observers(app_url, explorer, chromium):
+    """web/page.js watched the page's whole body for the example thumbnails and the layer list, and every click in
+    the explorer (which redraws its own elements) ran its observer. It watches those two alone: no observer of the
+    page watches the whole body, and clicks and a rule switch in the explorer, answered in the page, run neither of
+    page.js's; the thumbnails are still named by their examples and the layer list still shows its choice whole."""
+    table = explorer.on_table(**page("cnn-l0.5", explorer.examples[0]))
+    with browser_page(chromium, app_url) as tab:
+        load = expect_chain(tab, "load")
+        tab.add_init_script(OBSERVERS_JS)
+        tab.reload()
+        tab.wait_for_selector(".cx[data-drawn]", timeout=60_000)
+        settle(tab, load)
+        watches = tab.evaluate("convnnObservers.map((observer) => observer.targets)")
+        assert not [targets for targets in watches if "body and below" in targets], watches
+        assert sorted(target for targets in watches for target in targets if target in PAGE_WATCHES) == PAGE_WATCHES
+        runs = "convnnObservers.filter((o) => o.targets.some((t) => PAGE.includes(t))).map((o) => o.calls)".replace(
+            "PAGE", json.dumps(PAGE_WATCHES))
+        before = tab.evaluate(runs)
+        for px in ((3, 29), (20, 8), (30, 30)):
+            tab.locator("#explorer .cx-canvas").click(position=pixel_position(tab, table, px))
+            tab.wait_for_function(f"document.querySelector('.cx').dataset.query === '{px[0]},{px[1]}'")
+        tab.locator(".cx-rules button", has_text="all tokens").click()
+        assert shown(tab)["rule"] == "all"
+        assert tab.evaluate(runs) == before
+        stems = [Path(path).stem for path in explorer.examples]
+        assert [tab.locator("#examples").get_by_role("button", name=stem, exact=True).count() for stem in stems] == [
+            1] * len(stems)
+        assert tab.locator("#layer .whole-text").inner_text() == tab.locator("#layer input").input_value()
