@@ -491,6 +491,9 @@ VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
 # The controls a refused value of which goes back to the value shown, kept in the page (app_texts.KEEP_JS): the model
 # the explorer shows, the depth compare mode's columns show (the knobs have theirs: build_demo).
 RESTORED = {"checkpoint": texts.RESTORE_MODEL_JS, "compare_depth": texts.RESTORE_DEPTH_JS}
+# The chains that open a view a link names, by their source: each shows the tab it opens once its views are drawn.
+SHOWS_TAB = {"demo": texts.SHOW_TAB_JS, **dict.fromkeys(("lesson", "lesson_next", "lesson_back"),
+                                                        texts.SHOW_STEP_TAB_JS)}
 # An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
 # was refused), the lesson's text says its step is about the lesson's own.
 OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
@@ -695,8 +698,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
                                                  api_visibility="private")
             drawn = run(rest, event)
-            if source == "demo":  # a link that opens a tab shows it, once the page has drawn the link's views
-                drawn.success(None, js=texts.SHOW_TAB_JS, api_visibility="private")
+            if source in SHOWS_TAB:  # a link or a lesson's step that opens a tab shows it, once its views are drawn
+                drawn.success(None, ui["focus_rule"], None, js=SHOWS_TAB[source], api_visibility="private")
             if (source, trigger) in OWN_PICKS:
                 event.success(**wired(*table_views[OWN_PICKS[source, trigger]]), api_visibility="private")
             if source == "layer":  # a refused layer (a name typed in part) goes back to the one the explorer shows

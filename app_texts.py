@@ -19,14 +19,21 @@ GUIDE = [
 TABS = {"weights": "Aggregation weights", "mix": "λ mix", "attribution": "Attribution", "spectrum": "Spectrum",
         "compare": "Compare models", "equivalence": "Equivalence demo", "hops": "Multi-hop",
         "pixels": "Input-level view"}  # id → label
-# A link that opens a tab (?tab=compare): the tab, below the explorer, is scrolled into view once the link's views
-# are drawn, if the link's tab is the one open (not one it named in vain) and the visitor has not scrolled meanwhile.
+# A link or a lesson's step that opens a tab (?tab=compare, a step's tab=mix): the tab, below the explorer, is
+# scrolled into view once its views are drawn, if the tab it names is the one open (not one it named in vain) and, for
+# a link, the visitor has not scrolled meanwhile (a step is asked for from wherever the lesson's buttons are). What it
+# names is read from the rule it sent the explorer (its focus_rule: "rule@its query string@a token", new at each
+# opening, the input of these snippets); each opening is shown once (Next past a lesson's last step opens nothing).
 _OPEN_TAB_JS = 'document.querySelector("#tabs [role=tab][aria-selected=true]")?.textContent.trim()'  # its label
-SHOW_TAB_JS = f"""() => {{
-  const tab = {json.dumps(TABS)}[new URLSearchParams(location.search).get("tab")];
-  const open = {_OPEN_TAB_JS};
-  if (tab && tab === open && window.scrollY === 0) document.querySelector("#tabs").scrollIntoView();
-}}"""
+_SHOW_TAB_JS = """(opened) => {
+  const tabs = document.querySelector("#tabs");
+  if (!opened || opened === tabs.dataset.shown) return;
+  tabs.dataset.shown = opened;
+  const tab = TABS[new URLSearchParams(opened.split("@")[1]).get("tab")];
+  if (tab && tab === OPEN_TAB && UNMOVED) tabs.scrollIntoView();
+}""".replace("TABS", json.dumps(TABS)).replace("OPEN_TAB", _OPEN_TAB_JS)
+SHOW_TAB_JS = _SHOW_TAB_JS.replace("UNMOVED", "window.scrollY === 0")  # after a link's views
+SHOW_STEP_TAB_JS = _SHOW_TAB_JS.replace(" && UNMOVED", "")  # after a lesson's step's
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 LESSON_PROMPT = ("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says in plain words "
                  "what to look at.")

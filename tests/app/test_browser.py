@@ -1224,3 +1224,38 @@ def test_a_click_runs_none_of_the_page_s_own_observers(app_url, explorer, chromi
         assert [tab.locator("#examples").get_by_role("button", name=stem, exact=True).count() for stem in stems] == [
             1] * len(stems)
         assert tab.locator("#layer .whole-text").inner_text() == tab.locator("#layer input").input_value()
+
+
+def test_a_lesson_step_that_opens_a_tab_shows_it(shipped_url, chromium):
+    """A lesson's step that opens a tab (lesson 1's last: the equivalence demo) opened it below the explorer, off the
+    first screen at 1280 × 800, and the page stayed where it was, while a link that opens a tab shows it
+    (test_a_link_that_opens_a_tab_shows_it). Once the step's views are drawn, the tab is in view; a step that names no
+    tab leaves the page where it is, and so does Next past the lesson's last step (it opens nothing)."""
+    url, explorer = shipped_url
+    lesson = next(lesson for lesson in explorer.lessons if "tab" in dict(parse_qsl(lesson["steps"][-1]["link"])))
+    tabs = [dict(parse_qsl(step["link"])).get("tab") for step in lesson["steps"]]
+    assert tabs[0] is None  # a step naming no tab first, then the steps up to the last, which names one
+
+    def step(button: str) -> None:
+        chain = expect_chain(tab, "click" if button != "lesson" else "input", button)
+        if button == "lesson":
+            tab.locator("#lesson input").click()
+            tab.get_by_role("option", name=lesson["title"]).click()
+        else:
+            tab.locator(f"#{button}").click()
+        settle(tab, chain)
+
+    with browser_page(chromium, url) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        step("lesson")
+        assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
+        for index in range(1, len(tabs)):
+            tab.evaluate("window.scrollTo(0, 0)")  # Next in sight, as the visitor scrolls back up to it
+            step("lesson_next")
+            if tabs[index] is None:
+                assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS), index
+        tab.wait_for_function(TAB_IN_VIEW_JS, timeout=30_000)
+        assert tab.get_by_role("tab", name=app_texts.TABS[tabs[-1]]).get_attribute("aria-selected") == "true"
+        tab.evaluate("window.scrollTo(0, 0)")
+        step("lesson_next")  # past the last step: its text stays, nothing opens
+        assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
