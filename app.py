@@ -91,7 +91,8 @@ class Explorer(CompareMode, ExplorerAPI):
         loaded = self.model(checkpoint, request)
         first, heads, draws = loaded.first_layer_info, loaded.max_heads, draws_candidates(loaded.model)
         names = [layer_info.name for layer_info in loaded.layer_infos]
-        return {"card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
+        return {"opened_model": checkpoint,  # what every other step reads (READ_OPENED)
+                "card": an.card_summary(loaded.card),  # plain text in a read-only textbox: card text is never markup
                 "layer": gr.update(choices=[(an.layer_label(layer_info), layer_info.name)
                                             for layer_info in loaded.layer_infos],
                                    value=layer if layer in names else first and first.name),
@@ -388,7 +389,7 @@ def query_fields(state_type: type = ViewState) -> list[str]:
 
 def link_outputs(state_type: type = ViewState) -> list[str]:
     """What a link or a lesson's step sets (:meth:`Explorer.view`)."""
-    return ["checkpoint", "card", "layer", *MODEL_KNOBS, *DRAW_STEPS, "image_file", "row_px", "col_px",
+    return ["checkpoint", "opened_model", "card", "layer", *MODEL_KNOBS, *DRAW_STEPS, "image_file", "row_px", "col_px",
             *[name for name in knob_names(state_type().query) if name not in MODEL_KNOBS], "tabs", "tab",
             "focus_rule", "compare_models", "compare_depth", "link_note", "examples"]
 
@@ -398,7 +399,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
     whose query's fields a table is made from)."""
     query, links = query_fields(state_type), link_outputs(state_type)
     return {
-        "model": ("on_model", ["checkpoint", "layer"], ["card", "layer", *MODEL_KNOBS, *DRAW_STEPS]),
+        "model": ("on_model", ["checkpoint", "layer"], ["opened_model", "card", "layer", *MODEL_KNOBS, *DRAW_STEPS]),
         **{step: (f"on_{step}", ["draw"], ["draw"]) for step in DRAW_STEPS},
         "link": ("on_link", KEPT, links),
         "lesson_start": ("on_lesson_start", ["lesson", *KEPT], [*links, "lesson_text", "lesson_step"]),
@@ -488,9 +489,17 @@ def refresh_table(state_type: type = ViewState) -> dict[tuple[str, str], list[st
 # render, which the page shows first, and the slow views' reset (a coroutine, on the server's event loop).
 ALONE = frozenset({"first_render", "slow_reset"})
 VIEWS, REFRESH = views(), refresh_table()  # the explorer's (analysis.ViewState)
-# The controls a refused value of which goes back to the value shown, kept in the page (app_texts.KEEP_JS): the model
-# the explorer shows, the depth compare mode's columns show (the knobs have theirs: build_demo).
-RESTORED = {"checkpoint": texts.RESTORE_MODEL_JS, "compare_depth": texts.RESTORE_DEPTH_JS}
+# The model list names a model to open, and only the step that opens it reads it (on_model, which says whether it
+# opens); every other step reads the model opened, whose card and layers the page shows (opened_model, which on_model
+# sets). A name typed in the list and not opened yet is not one: a model picked, then an unknown name typed and Enter
+# before the pick was answered, and the pick's next steps read the unknown name and changed nothing (the explorer
+# stayed on the model before, under the pick's card and layers).
+READ_OPENED, READS_THE_LIST = {"checkpoint": "opened_model"}, {"model"}
+# The controls a refused value of which goes back to the value shown: the model list to the model opened; compare
+# mode's depth to the one its columns show, kept in the page (app_texts.KEEP_JS) (the knobs have theirs: build_demo).
+# Each: the control → (the component read, the page's function giving the value back).
+RESTORED = {"checkpoint": ("opened_model", texts.RESTORE_MODEL_JS),
+            "compare_depth": ("compare_depth", texts.RESTORE_DEPTH_JS)}
 # The chains that open a view a link names, by their source: each shows the tab it opens once its views are drawn.
 SHOWS_TAB = {"demo": texts.SHOW_TAB_JS, **dict.fromkeys(("lesson", "lesson_next", "lesson_back"),
                                                         texts.SHOW_STEP_TAB_JS)}
@@ -557,6 +566,7 @@ def build_layout(ex: Explorer) -> dict[str, gr.components.Component]:
                                placeholder=texts.LINK_NOTE, min_width=160))
             add(gr.Markdown("", elem_id="link_note"))
             add(gr.Textbox("", visible="hidden", elem_id="focus_rule"))  # a link's rule, for the explorer's table
+            add(gr.Textbox(ex.default_checkpoint(), visible="hidden", elem_id="opened_model"))  # READ_OPENED
             guide += [gr.Markdown(text, visible=False) for text in texts.GUIDE[2:4]]
         with gr.Column(scale=5, min_width=320, elem_id="explore_column"):
             # Right above the explorer: a step's text next to what it describes (on a phone right below its
@@ -647,7 +657,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
     with gr.Blocks(title="ConvNN Explorer", delete_cache=(limits.FILE_SWEEP_S, limits.FILE_MAX_AGE_S)) as demo:
         ui = build_layout(ex)
         ui["demo"] = demo
-        wired = functools.partial(wire, ex, ui, state_type=ex.state_type)
+        wired = functools.partial(wire, ex, ui, state_type=ex.state_type, read=READ_OPENED)
 
         # The slow views run in their own concurrency group, one at a time over all sessions, so that clicks and
         # predictions never wait behind them; the page sends at most one of each (always_last), the server admits
@@ -657,22 +667,28 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
         runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(queued_events, demo, limits.SLOW_GROUP))
 
+        def view_step(view: str) -> dict:
+            """The event keywords of the view named ``view`` (:func:`views`): the model read as READ_OPENED says."""
+            return wire(ex, ui, *table_views[view], state_type=ex.state_type,
+                        read=None if view in READS_THE_LIST else READ_OPENED)
+
         def of_the_model(fn):
             """A later step ``fn`` of a chain, reading the model and its layer as the page holds them when the step
-            is sent: a model picked meanwhile (its own chain on its way) comes with the layer of the model before,
+            is sent: a model opened meanwhile (its own chain on its way) comes with the layer of the model before,
             and the step then changes nothing, with no message (a layer the user got wrong is said by the chain's
             first step)."""
             @functools.wraps(fn)
             def step(values, request, *rest):
                 try:
-                    mine = ex.has_layer(values[ui["checkpoint"]], values[ui["layer"]], request)
-                except gr.Error:  # a model name refused by the chain's first step: said once, there
+                    mine = ex.has_layer(values[ui[READ_OPENED["checkpoint"]]], values[ui["layer"]], request)
+                except gr.Error:  # a model that cannot be opened (an upload's, gone): said once, where it was opened
                     mine = False
                 return fn(values, request, *rest) if mine else gr.skip()
             return step
 
-        def view_step(view: str) -> dict:
-            step = wired(*table_views[view])
+        def later_step(view: str) -> dict:
+            """:func:`view_step`, for a later step of a chain."""
+            step = view_step(view)
             if view == "slow_reset":  # the slow views' results no longer apply: nor do their runs
                 step["fn"] = runs.dropping(SLOW_VIEWS, step["fn"])
             elif {"checkpoint", "layer"} <= set(table_views[view][1]) and "layer" not in table_views[view][2]:
@@ -684,8 +700,10 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             (``server.step_groups``; those of :data:`ALONE` in steps of their own): private steps (the API is the
             ``gr.api`` endpoints below), each the last of quick changes (always_last, as the chain's first step);
             the last step's event."""
-            for group in server.step_groups(views, table_views, alone=ALONE):
-                step = view_step(group[0]) if len(group) == 1 else server.merge([view_step(v) for v in group])
+            read = {view: (fn, [name if view in READS_THE_LIST else READ_OPENED.get(name, name) for name in inputs],
+                           outputs) for view, (fn, inputs, outputs) in table_views.items()}  # as view_step reads
+            for group in server.step_groups(views, read, alone=ALONE):
+                step = later_step(group[0]) if len(group) == 1 else server.merge([later_step(v) for v in group])
                 event = event.then(**step, trigger_mode="always_last", api_visibility="private")
             return event
 
@@ -695,7 +713,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             if source == "demo" and not opens:
                 continue
             first, *rest = chain
-            event = getattr(ui[source], trigger)(**wired(*table_views[first]), trigger_mode="always_last",
+            event = getattr(ui[source], trigger)(**view_step(first), trigger_mode="always_last",
                                                  api_visibility="private")
             drawn = run(rest, event)
             if source in SHOWS_TAB:  # a link or a lesson's step that opens a tab shows it, once its views are drawn
@@ -714,7 +732,8 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 #                     to the one shown, and what the first step sets (the model's card, layers,
                 #                     head and draw; the columns' layers) stays as it was, without an "Error" mark
                 #                     (its toast says why)
-                event.failure(None, ui[source], ui[source], js=RESTORED[source], api_visibility="private")
+                shown, restore = RESTORED[source]
+                event.failure(None, ui[shown], ui[source], js=restore, api_visibility="private")
                 kept = [ui[name] for name in table_views[first][2]]
                 skips = (gr.skip(),) * len(kept)
                 event.failure(lambda skips=skips: skips, None, kept, api_visibility="private")
@@ -727,7 +746,6 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
                 # another knob put R back to 0
                 event.success(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
         ui["explorer"].change(None, knobs, None, js=texts.KEEP_KNOBS_JS, api_visibility="private")
-        ui["explorer"].change(None, ui["checkpoint"], None, js=texts.KEEP_MODEL_JS, api_visibility="private")
         ui["compare"].change(None, ui["compare_depth"], None, js=texts.KEEP_DEPTH_JS, api_visibility="private")
 
         # Actions: what the user asks for. A click in the explorer runs nothing on the server; the page's views ask

@@ -58,12 +58,12 @@ HOPS_INTRO = ("Neighbours of neighbours, towards the input: the pixels the click
 PIXELS_INTRO = "No trained model: each pixel's colour (+ position) is its feature. Click a pixel."
 
 # The values a view shown was made from, kept in the page under a name (on the view's .change, run in the page): the
-# explorer's knobs and model, compare mode's depth. A refused value is put back to them, so that the next change of
-# another control is not refused for it again, and a copied link names what is shown.
+# explorer's knobs, compare mode's depth. A refused value is put back to them, so that the next change of another
+# control is not refused for it again, and a copied link names what is shown.
 KEEP_JS = "(...values) => {{ window.{kept} = values; }}"
 RESTORE_JS = "(...values) => window.{kept} ?? values"
 KEEP_KNOBS_JS, RESTORE_KNOBS_JS = KEEP_JS.format(kept="convnnKnobs"), RESTORE_JS.format(kept="convnnKnobs")
-KEEP_MODEL_JS, RESTORE_MODEL_JS = KEEP_JS.format(kept="convnnModel"), RESTORE_JS.format(kept="convnnModel")
+RESTORE_MODEL_JS = "(opened) => opened"  # a refused model name: the list names the model opened (app.RESTORED)
 KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS.format(kept="convnnDepth")
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,

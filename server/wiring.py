@@ -25,7 +25,7 @@ GRADIO_PRIVATE = {
 
 
 def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: str, inputs: Sequence[str],
-         outputs: Sequence[str], state_type: type = an.ViewState) -> dict:
+         outputs: Sequence[str], state_type: type = an.ViewState, read: Mapping[str, str] | None = None) -> dict:
     """The ``fn``, ``inputs`` and ``outputs`` keywords of a Gradio event.
 
     ``fn`` calls the method ``fn_name`` of ``handlers`` with each input value as the keyword of its component's name
@@ -41,6 +41,8 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
         fn_name (str): the handler's method name.
         inputs, outputs (Sequence[str]): the names in ``ui`` of its inputs and outputs.
         state_type (type): the view's class (:class:`analysis.ViewState` or a subclass). Default: ViewState
+        read (Mapping[str, str], optional): inputs whose value comes from another component: an input's name → the
+            name in ``ui`` of the component read for it (the handler still takes it under the input's name).
 
     Raises:
         AttributeError: ``handlers`` has no method ``fn_name``.
@@ -49,7 +51,8 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
     fn: Callable = getattr(handlers, fn_name)
     params = inspect.signature(fn).parameters
     extra = [p for p in ("evt", "progress") if p in params]
-    names = {block._id: name for name, block in ui.items() if name in inputs}
+    read = {name: (read or {}).get(name, name) for name in inputs}
+    names = {ui[source]._id: name for name, source in read.items()}
     query_type = type(state_type().query)
     in_query = {item.name for item in dataclasses.fields(query_type)}
     in_state = {item.name for item in dataclasses.fields(state_type)} - {"query"}
@@ -74,7 +77,8 @@ def wire(handlers: object, ui: Mapping[str, gr.components.Component], fn_name: s
         for name in order])
     handler.__annotations__ = {name: annotations[name] for name in order}  # Gradio reads the special ones here
     handler.__name__ = fn_name
-    return {"fn": handler, "inputs": {ui[name] for name in inputs} or None, "outputs": [ui[name] for name in outputs]}
+    return {"fn": handler, "inputs": {ui[source] for source in read.values()} or None,
+            "outputs": [ui[name] for name in outputs]}
 
 
 def step_groups(views: Sequence[str], table: Mapping[str, tuple], alone: Collection[str] = ()) -> list[list[str]]:

@@ -445,6 +445,23 @@ def test_an_open_lesson_says_when_the_image_or_model_shown_is_the_user_s_own(exp
                                                                   "now shows the model you picked.")
 
 
+def test_only_the_step_that_opens_a_model_reads_the_model_list(explorer):
+    """A model picked, then an unknown name typed in the list and Enter before the pick was answered: the pick's
+    next steps read the unknown name and changed nothing, and the refusal put the list back to the model the
+    explorer showed, not the pick (test_browser.py). The list is read by the step that opens what it names, which
+    sets the model opened; every other step reads that, and a refused name goes back to it, in the page."""
+    demo = app.build_demo(explorer)
+    blocks = blocks_by_id(demo)
+    steps = [fn for fn in demo.fns.values() if fn.fn is not None]
+    assert {fn.name for fn in steps if blocks["checkpoint"] in fn.inputs} == {"on_model"}
+    assert {"on_first_render", "on_weights", "on_table", "on_link", "on_lesson_next", "on_link_copy"} <= {
+        fn.name for fn in steps if blocks["opened_model"] in fn.inputs}
+    assert all(blocks["opened_model"] in fn.outputs for fn in steps if fn.name in ("on_model", "on_lesson_start"))
+    restore = [(fn.inputs, fn.outputs) for fn in demo.fns.values() if fn.js == app_texts.RESTORE_MODEL_JS]
+    assert restore == [([blocks["opened_model"]], [blocks["checkpoint"]])]
+    assert explorer.on_model("cnn-l0")["opened_model"] == "cnn-l0"
+
+
 def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bound(explorer):
     """The explorer's own events: a clicked query's row for a K above the table's bound, and the α animation's
     frames (its ▶ button); a click on a cell of a table the page holds triggers neither (test_browser.py)."""
@@ -456,8 +473,7 @@ def test_a_click_in_the_explorer_reaches_no_server_handler_but_a_k_above_the_bou
                                                                               ("sweep", "on_sweep")]
     in_page = [(trigger, step.js) for trigger, step in events if not step.fn]  # a new table keeps its knobs' values,
     #                                                                            a new view clears a copied link
-    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("change", app_texts.KEEP_MODEL_JS),
-                       ("view", app_texts.CLEAR_LINK_JS)]
+    assert in_page == [("change", app_texts.KEEP_KNOBS_JS), ("view", app_texts.CLEAR_LINK_JS)]
 
 
 def run_event(demo: gr.Blocks, values: dict, component, event: str) -> None:

@@ -276,6 +276,52 @@ def test_quick_model_picks_end_on_the_last_one_without_a_false_message(app_url, 
         assert tab.locator(".toast-body").all_inner_texts() == []
 
 
+def test_an_unknown_model_name_typed_while_a_pick_is_answered_ends_on_the_pick(app_url, explorer, chromium,
+                                                                             monkeypatch):
+    """A model picked, and before its answer came an unknown name typed in the list and Enter: the pick's next steps
+    read the unknown name and changed nothing, and the refusal put the list back to the model drawn before the pick,
+    so the list and the explorer stayed on that model while the card and the layer list showed the pick. The page
+    now ends on the pick everywhere, with the refusal's message. The server holds the pick's answer until the name
+    is entered (the page holds the name's event back until then: always_last), no time waited."""
+    holding, asked, release = (threading.Event() for _ in range(3))
+    card_summary, picked = an.card_summary, "vit-mhsa"
+    first_layer = explorer.model(picked).first_layer_info
+
+    def held_summary(card) -> str:  # the model picked, as if loaded cold: its card once the name is entered
+        if holding.is_set() and not asked.is_set():
+            asked.set()
+            release.wait(60)
+        return card_summary(card)
+
+    monkeypatch.setattr(an, "card_summary", held_summary)
+    with browser_page(chromium, app_url) as tab:
+        tab.get_by_text("Model card, or open your own checkpoint").click()  # the card in sight
+        box = tab.locator("#checkpoint input")
+        chain = expect_chain(tab, "input", "checkpoint")
+        holding.set()
+        try:
+            box.click()
+            box.fill(picked)
+            box.press("Enter")
+            assert asked.wait(60)
+            box.click()
+            box.fill("nosuchmodel")
+            box.press("Enter")  # the list leaves the box and sends its input: held back by the page
+            tab.wait_for_function("document.activeElement !== document.querySelector('#checkpoint input')")
+        finally:
+            release.set()
+        tab.wait_for_selector(".toast-body.error:has-text(\"unknown checkpoint 'nosuchmodel'\")", timeout=30_000)
+        label = dict((name, label) for label, name in explorer.choices([]))[picked]  # what the list shows of it
+        tab.wait_for_function("([label, model]) => document.querySelector('#checkpoint input').value === label"
+                              " && document.querySelector('.cx').dataset.model === model", arg=[label, picked],
+                              timeout=60_000)
+        settle(tab, chain)  # and every answer on its way has come
+        assert (box.input_value(), shown(tab)["model"], shown(tab)["layer"], tab.input_value("#layer input"),
+                tab.input_value("#card textarea")) == (label, picked, first_layer.name, an.layer_label(first_layer),
+                                                       card_summary(explorer.model(picked).card))
+        assert len(tab.locator(".toast-body").all_inner_texts()) == 1  # the refusal's, no other
+
+
 def test_past_the_table_s_bound_quick_clicks_end_on_the_last_one(app_url, explorer, chromium, monkeypatch):
     """With K above the table's bound each click asks the server for its row; a second click while the first's row
     was on its way was lost (Gradio drops a trigger then) and the first's answer put the query back (an adversary's

@@ -370,7 +370,7 @@ def test_a_dropped_slow_run_ends_at_once_and_one_dropped_in_the_queue_computes_n
         with open(example_image, "rb") as file:
             image = {"path": httpx.post(f"{url}gradio_api/upload", files={"files": file}).json()[0],
                      "meta": {"_type": "gradio.FileData"}}
-        values = {"checkpoint": "cnn-l0.5", "image_file": image, "fit": "crop", "layer": CELL_LAYER,
+        values = {"opened_model": "cnn-l0.5", "image_file": image, "fit": "crop", "layer": CELL_LAYER,
                   "method": "occlusion", "target": "", "draw": 0}
 
         def join(name: str, session: str) -> str:

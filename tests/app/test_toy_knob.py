@@ -67,7 +67,8 @@ def test_a_toy_knob_gets_a_control_and_the_table_is_redrawn_with_it(toy, explore
     assert step.name == "on_table"
     values = page_values(example_image, toy=3)
     toy.queries.clear()
-    table = step.fn({block: values[block.elem_id] for block in step.inputs}, None)
+    read = {source: name for name, source in app.READ_OPENED.items()}  # the model: the one opened
+    table = step.fn({block: values[read.get(block.elem_id, block.elem_id)] for block in step.inputs}, None)
     assert toy.queries == [ToyQuery(**page_values(example_image, toy=3))]
     plain = {name: value for name, value in values.items() if name != "toy"}
     assert table == explorer.on_table(an.Query(**plain))  # the toy selects nothing: the explorer's own table
