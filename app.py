@@ -503,6 +503,15 @@ RESTORED = {"checkpoint": ("opened_model", texts.RESTORE_MODEL_JS),
 # The chains that open a view a link names, by their source: each shows the tab it opens once its views are drawn.
 SHOWS_TAB = {"demo": texts.SHOW_TAB_JS, **dict.fromkeys(("lesson", "lesson_next", "lesson_back"),
                                                         texts.SHOW_STEP_TAB_JS)}
+# What each view opens (the view the page shows next), and the openings after which a step's answer is stale
+# (server.Openings): a link or a lesson's step answered late changes nothing once a later one has been answered
+# (a lesson picked, its model loaded cold, and Next pressed meanwhile: the lesson's first step came last and put the
+# page back on it), nor does an explorer's table once any later opening has been (Next, then Back before Next's
+# table came: the explorer stayed on Next's model under Back's step); each opening's chain draws its own.
+OPENS = {"link": "view", "lesson_start": "view", "lesson_next": "view", "lesson_back": "view", "model": "model",
+         "example": "image", "image_upload": "image"}
+STALE_AFTER = {**{view: ("view",) for view, opens in OPENS.items() if opens == "view"},
+               "first_render": ("view", "model", "image")}
 # An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
 # was refused), the lesson's text says its step is about the lesson's own.
 OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
@@ -667,10 +676,16 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
         # change to the page, and its computation still holds its place until it ends (SlowRuns).
         runs = SlowRuns(limits.SLOW_CONCURRENCY, functools.partial(queued_events, demo, limits.SLOW_GROUP))
 
+        openings = server.Openings()
+
         def view_step(view: str) -> dict:
-            """The event keywords of the view named ``view`` (:func:`views`): the model read as READ_OPENED says."""
-            return wire(ex, ui, *table_views[view], state_type=ex.state_type,
+            """The event keywords of the view named ``view`` (:func:`views`): the model read as READ_OPENED says, an
+            opening's answer recorded and a stale one dropped as OPENS and STALE_AFTER say."""
+            step = wire(ex, ui, *table_views[view], state_type=ex.state_type,
                         read=None if view in READS_THE_LIST else READ_OPENED)
+            if view in OPENS or view in STALE_AFTER:
+                step["fn"] = openings.wrap(step["fn"], OPENS.get(view), STALE_AFTER.get(view, ()))
+            return step
 
         def of_the_model(fn):
             """A later step ``fn`` of a chain, reading the model and its layer as the page holds them when the step

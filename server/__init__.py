@@ -8,6 +8,8 @@
   (:func:`user_errors`);
 * :mod:`server.wiring` — the page's events as the handlers take them: inputs by name, the view as one value
   (:func:`wire`); a chain's views in as few steps as their inputs allow (:func:`step_groups`, :func:`merge`);
+* :mod:`server.openings` — the answers a later opening (a link or a lesson's step, a model or an image picked) has
+  made stale, which then change nothing (:class:`Openings`);
 * :mod:`server.fairness` — fair turns between visitors in each event group, and a bound on the places one visitor
   holds in the queue (:class:`FairTurns`), whose refusals a flooding client then gets at the door
   (:class:`QueueDoor`);
@@ -31,6 +33,7 @@ from .guards import (
     queued_events,
     waiting_events,
 )
+from .openings import Openings
 from .requests import RequestSizeLimit
 from .shares import ComputeShares
 from .visitors import Visitors, address, trusted_networks, visitor
@@ -42,6 +45,7 @@ __all__ = [
     "CheckedSlider",
     "ComputeShares",
     "FairTurns",
+    "Openings",
     "QueueDoor",
     "RequestSizeLimit",
     "RunDropped",

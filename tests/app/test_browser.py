@@ -1105,6 +1105,116 @@ def test_a_lesson_started_again_shows_its_step_s_pixel_and_rule(shipped_url, chr
             assert (shown(tab)["query"], shown(tab)["rule"]) == ("5,7", "all")
 
 
+def lesson_view(tab, words: int) -> dict:
+    """What the page shows of a lesson's step: its text's first ``words`` characters, the model list, the card's
+    title, the layer list, and the model and layer the explorer draws (the card's accordion open)."""
+    return {"text": tab.locator("#lesson_text").inner_text()[:words], "list": tab.input_value(
+                "#checkpoint input"), "card": tab.input_value("#card textarea").splitlines()[0],
+            "layers": tab.input_value("#layer input"), "model": shown(tab)["model"], "layer": shown(tab)["layer"]}
+
+
+def lesson_view_of(explorer, lesson: int, step: int) -> dict:
+    """:func:`lesson_view` of step ``step`` of lesson ``lesson`` (indices) as the app opens it."""
+    steps, query = explorer.lessons[lesson]["steps"], dict(parse_qsl(explorer.lessons[lesson]["steps"][step]["link"]))
+    loaded = explorer.model(query["model"])
+    words = steps[step]["text"].split("*")[0][:40]  # the step's text up to its first markup
+    return {"text": f"Step {step + 1} of {len(steps)}. {words}", "list": dict(
+                (name, label) for label, name in explorer.choices([]))[query["model"]],
+            "card": an.card_summary(loaded.card).splitlines()[0],
+            "layers": an.layer_label(loaded.layer_info(query["layer"])), "model": query["model"],
+            "layer": query["layer"]}
+
+
+QUICK_LESSON_MOVES = {  # the first move and the second (a lesson by its index, or a button), what of the first is held
+    #                      (its step's model opened, as if cold, or its explorer's table) and the step to end on
+    "lesson-lesson-cold": ("lesson 3", "lesson 0", "card", "cnn-l0", (0, 0)),
+    "lesson-lesson-drawing": ("lesson 3", "lesson 0", "table", "cnn-l0", (0, 0)),
+    "lesson-next-cold": ("lesson 3", "next", "card", "cnn-l0", (3, 1)),
+    "next-back-drawing": ("next", "back", "table", "cnn-l0.5", (3, 0)),
+}
+
+
+@pytest.mark.parametrize("moves", QUICK_LESSON_MOVES)
+def test_quick_lesson_moves_end_on_the_last_one(shipped_url, chromium, monkeypatch, moves):
+    """A lesson move (a lesson picked, Next or Back; lesson 4: λ = 0, λ = 0.5, λ = 1, one layer name for the three),
+    and before its step was shown whole, another move: the page ends on the last move's step everywhere (its text,
+    the model list, the card, the layer list and the explorer), not on a mix of the two, nor on the first move's step
+    answered late. A lesson picked, then Next: the pick's step, its model loaded cold, came after Next's and put the
+    page back on it. Next, then Back: Next's table came after Back's step was drawn, and the explorer showed Next's
+    model under Back's step. The server holds the first move's model (as if loaded cold) or its explorer's table
+    until the second move is made, and its step shown (and drawn, in a chain of its own) where the page does not hold
+    it back (always_last: a lesson picked while the pick before is answered); no time waited. A lesson is picked
+    with the keyboard, one event (a click on an option sends two, at once)."""
+    url, explorer = shipped_url
+    first, second, held, model, last = QUICK_LESSON_MOVES[moves]
+    holding, asked, release = (threading.Event() for _ in range(3))
+    card_summary, table = an.card_summary, explorer.table
+
+    def hold():  # every call until released
+        if holding.is_set():
+            asked.set()
+            release.wait(60)
+
+    def held_summary(card) -> str:  # the first move's model, opened
+        if held == "card" and card.name == model:
+            hold()
+        return card_summary(card)
+
+    def held_table(query, *args, **kwargs) -> dict:  # the first move's table, for the explorer
+        if held == "table" and query.checkpoint == model:
+            hold()
+        return table(query, *args, **kwargs)
+
+    def move(tab, how: str) -> None:
+        if how.startswith("lesson"):
+            box = tab.locator("#lesson input")
+            box.click()
+            box.fill(explorer.lessons[int(how.split()[1])]["title"])
+            box.press("Enter")
+        else:
+            tab.locator(f"#lesson_{how}").click()
+
+    monkeypatch.setattr(an, "card_summary", held_summary)
+    monkeypatch.setattr(explorer, "table", held_table)
+    want = lesson_view_of(explorer, *last)
+    with browser_page(chromium, url) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        tab.get_by_text("Model card, or open your own checkpoint").click()  # the card in sight
+        rule = None
+        if not first.startswith("lesson"):  # on lesson 4's first step, another rule shown large than the step's
+            chain = expect_chain(tab, "input", "lesson")
+            move(tab, "lesson 3")
+            settle(tab, chain)
+            rule = shown(tab)["rule"]
+            assert shown(tab)["model"] == "cnn-l0" and rule != "all"
+            tab.locator(".cx-rules button", has_text="all tokens").click()
+            tab.wait_for_function("document.querySelector('.cx').dataset.rule === 'all'")  # until a step's table
+            #                                                                                 shows its own again
+        same_source = first.split()[0] == second.split()[0]
+        chain = expect_chain(tab, "input", "lesson") if second.startswith("lesson") else expect_chain(
+            tab, "click", f"lesson_{second}")  # the second move's
+        holding.set()
+        try:
+            move(tab, first)
+            assert asked.wait(60)
+            move(tab, second)
+            if not same_source or held == "table":  # its step shown (and, in a chain of its own, drawn)
+                drawn = not same_source and held == "table"
+                tab.wait_for_function(
+                    "([text, model, rule]) => document.querySelector('#lesson_text').innerText.startsWith(text)"
+                    " && (!rule || document.querySelector('.cx').dataset.rule === rule"
+                    " && document.querySelector('.cx').dataset.model === model)",
+                    arg=[want["text"], want["model"], drawn and rule], timeout=60_000)
+        finally:
+            release.set()
+        tab.wait_for_function("([text, model]) => document.querySelector('#lesson_text').innerText.startsWith(text)"
+                              " && document.querySelector('.cx').dataset.model === model",
+                              arg=[want["text"], want["model"]], timeout=60_000)
+        settle(tab, chain)  # and every answer on its way has come
+        assert lesson_view(tab, len(want["text"])) == want
+        assert tab.locator(".toast-body").count() == 0
+
+
 def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
     """Three shipped models side by side (λ = 0, 0.5, 1 at the same depth): a click in the middle column is
     answered in every column, at the same place of the image, with the neighbours the API gives, and nothing

@@ -1,0 +1,76 @@
+"""Answers that a later opening has made stale (:class:`Openings`).
+
+The page runs each change as a chain of steps (``app.REFRESH``), and each step reads the page's values when it is
+sent. Gradio sends a step of one event only after the same step of that event before it has been answered
+(``always_last``), but the chains of two events (a lesson picked, then Next; Next, then Back) are answered in any
+order, and the answer that comes last is shown, however stale: a lesson's step opened slowly (its model loaded cold)
+came after the Next pressed meanwhile and put the page back on it, and the table of Next's step came after Back's
+step was drawn and left the explorer on Next's model under Back's text. Here an opening (a link or a lesson's step, a
+model or an image picked: what sets the view the page then shows) that has been answered makes stale every answer of
+its session whose step began before it, of the kinds it supersedes: that step's answer changes nothing (the opening's
+own chain runs the same view on what it opened). An opening refused (a model name that is not one) supersedes
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+import gradio as gr
+
+from .visitors import visitor
+
+__all__ = ["Openings"]
+
+
+class Openings:
+    """The openings each session's answers have begun before (module docstring), by kind (``"view"``: a link or a
+    lesson's step; ``"model"``; ``"image"``). Each handler wrapped by :meth:`wrap` takes a ticket when it begins; a
+    session's record is kept while any of its wrapped handlers runs, so it holds no more than its runs in flight.
+
+    A session is its visitor's (:func:`server.visitor`) and Gradio's session id together: a session id alone, which a
+    client names at will, makes nothing of another visitor's stale. A call without a request (the one local
+    session, a script) is never stale.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tickets = itertools.count()
+        self._opened: dict[tuple, dict[str, int]] = {}  # session → kind → the ticket of its latest opening answered
+        self._running: Counter = Counter()  # session → its wrapped handlers begun and not ended
+
+    def wrap(self, handler: Callable, opens: str | None = None, stale_after: Iterable[str] = ()) -> Callable:
+        """``handler`` (a wired step: ``handler(values, request, *rest)``) that opens a view of kind ``opens`` once it
+        has been answered (not when it raises), and that changes nothing (``gr.skip()``) when an opening of one of
+        the kinds ``stale_after`` that began after it has been answered first."""
+        stale_after = frozenset(stale_after)
+
+        @functools.wraps(handler)
+        def step(values, request, *rest):
+            if request is None:
+                return handler(values, request, *rest)
+            session = visitor(request), request.session_hash
+            with self._lock:
+                ticket = next(self._tickets)
+                self._running[session] += 1
+            try:
+                result = handler(values, request, *rest)
+                with self._lock:
+                    opened = self._opened.setdefault(session, {})
+                    if any(opened.get(kind, -1) > ticket for kind in stale_after):
+                        return gr.skip()
+                    if opens is not None:
+                        opened[opens] = max(opened.get(opens, -1), ticket)
+                return result
+            finally:
+                with self._lock:
+                    self._running[session] -= 1
+                    if not self._running[session]:  # no run of it began before a ticket to come
+                        del self._running[session]
+                        self._opened.pop(session, None)
+
+        return step
