@@ -15,6 +15,7 @@ nothing.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import threading
 from collections import Counter
@@ -44,21 +45,24 @@ class Openings:
         self._running: Counter = Counter()  # session → its wrapped handlers begun and not ended
 
     def wrap(self, handler: Callable, opens: str | None = None, stale_after: Iterable[str] = ()) -> Callable:
-        """``handler`` (a wired step: ``handler(values, request, *rest)``) that opens a view of kind ``opens`` once it
-        has been answered (not when it raises), and that changes nothing (``gr.skip()``) when an opening of one of
-        the kinds ``stale_after`` that began after it has been answered first."""
+        """``handler`` (a wired step: ``handler(values, request, *rest)``, or ``handler(request, *rest)`` for a step
+        without inputs) that opens a view of kind ``opens`` once it has been answered (not when it raises), and that
+        changes nothing (``gr.skip()``) when an opening of one of the kinds ``stale_after`` that began after it has
+        been answered first."""
         stale_after = frozenset(stale_after)
+        at = list(inspect.signature(handler).parameters).index("request")  # an example picked: no inputs
 
         @functools.wraps(handler)
-        def step(values, request, *rest):
+        def step(*args):
+            request = args[at]
             if request is None:
-                return handler(values, request, *rest)
+                return handler(*args)
             session = visitor(request), request.session_hash
             with self._lock:
                 ticket = next(self._tickets)
                 self._running[session] += 1
             try:
-                result = handler(values, request, *rest)
+                result = handler(*args)
                 with self._lock:
                     opened = self._opened.setdefault(session, {})
                     if any(opened.get(kind, -1) > ticket for kind in stale_after):

@@ -86,3 +86,26 @@ def test_a_session_s_record_is_kept_only_while_a_step_of_it_runs():
     session = placed("10.0.0.1", "s1")
     openings.wrap(answered("opened"), "view")({}, session)
     assert not openings._opened and not openings._running  # nothing begun before it runs: nothing to keep
+
+
+def test_a_step_without_inputs_an_example_picked_opens_and_goes_stale_like_the_others():
+    """An example picked is a step with no inputs (``on_example(request, evt)``): its request came in the values'
+    place and the page's every example pick failed ("'EventData' object has no attribute 'session_hash'")."""
+    openings, began, release = Openings(), threading.Event(), threading.Event()
+    session, event = placed("10.0.0.1", "s1"), object()
+
+    def example(request, evt):
+        assert evt is event
+        return "example"
+
+    def late_example(request, evt):
+        began.set()
+        assert release.wait(10)
+        return "late"
+
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(openings.wrap(late_example, "image", ("image",)), session, event)
+        assert began.wait(10)
+        assert openings.wrap(example, "image")(session, event) == "example"
+        release.set()
+        assert late.result(10) == gr.skip()
