@@ -81,6 +81,18 @@ REPAIR_SWEEP = {
     "gather": dict(GATHER=True), "depth 3 gather": dict(LANE_DEPTH=3, GATHER=True),
     "grid of every block": dict(REPAIR_PROGRAMS_PER_SM=2**20),
 }
+# Packed lanes (``PACKED``: one int32 an entry, select.packed_insert) beside the lanes as they were, at the CIFAR
+# kernel configuration and K = 16, 32, 64: {name: config}; "DEFER off": a failed row is repaired in its own block;
+# None: the default of that K.
+PACKED_SWEEP = {
+    "default": None, "packed depth 3": dict(PACKED=True, LANE_DEPTH=3, BLOCK_N=64, num_warps=4),
+    "packed depth 3 DEFER off": dict(PACKED=True, LANE_DEPTH=3, DEFER=False, BLOCK_N=64, num_warps=4),
+    "packed depth 4 DEFER off": dict(PACKED=True, LANE_DEPTH=4, DEFER=False, BLOCK_N=64, num_warps=4),
+    "packed depth 2": dict(PACKED=True, LANE_DEPTH=2, BLOCK_N=64, num_warps=4),
+    "packed depth 3 DEFER off w8": dict(PACKED=True, LANE_DEPTH=3, DEFER=False, BLOCK_N=64, num_warps=8),
+    "packed depth 3 DEFER off 2 stages": dict(PACKED=True, LANE_DEPTH=3, DEFER=False, BLOCK_N=64, num_warps=4,
+                                              num_stages=2),
+}
 # The blend rule's kernel at the CIFAR layer (α = 0.5, 3×3): (LANES, num_warps, WARM, LANE_DEPTH, BLOCK_N); the
 # lanes' default is 3 entries over 32-wide tiles with 4 warps, the rounds' 4 warm tiles.
 BLEND_SWEEP = [(True, 4, 0, 3, 32), (True, 8, 0, 3, 32), (True, 4, 0, 2, 64), (True, 4, 0, 2, 32),
@@ -367,6 +379,27 @@ def bench_repair(results: dict, warmup_ms: float, rep_ms: float) -> None:
             results["repair_sweep"].update(local)
 
 
+def bench_packed(results: dict, warmup_ms: float, rep_ms: float) -> None:
+    results["packed_sweep"] = {}
+    q, k, v, _ = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
+    for num_neighbors in BY_K:
+        weight = torch.randn(KERNEL_DIM, KERNEL_DIM, num_neighbors, device=DEVICE, dtype=torch.bfloat16) / 24
+        for name, config in PACKED_SWEEP.items():
+            if num_neighbors > 9 and name not in ("default", "packed depth 3", "packed depth 3 DEFER off",
+                                                  "packed depth 4 DEFER off"):
+                continue
+
+            def forward(config=config, weight=weight, num_neighbors=num_neighbors):
+                return function.launch_forward(q, k, v, weight, None, num_neighbors, "cosine", "softmax", 1.0, 1,
+                                               None, False, config=config)
+
+            local: dict = {}
+            _measure(local, f"cifar K={num_neighbors} {name}", {"fwd": forward}, warmup_ms, rep_ms)
+            results["packed_sweep"].update(local)
+    forward, _ = _timed_pair(_sdpa, (q, k, v, None))
+    _measure(results["packed_sweep"], "cifar sdpa_flash", {"fwd": forward}, warmup_ms, rep_ms)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------------
@@ -427,6 +460,7 @@ def report(results: dict) -> str:
 
 
 PARTS = {"layers": bench_layers, "kernel": bench_kernel, "by_k": bench_by_k, "sweep": bench_sweep,
+         "packed": bench_packed,
          "repair": bench_repair, "blend": bench_blend, "profile": bench_profile}
 
 

@@ -19,11 +19,13 @@ from .select import (
     EMPTY_KEY,
     LANE_ROTATION,
     NEG_INF,
+    PACKED_TILES,
     POS_INF,
     TINY,
     canonical,
     column,
     dot,
+    entry,
     inv_norm,
     lane_columns,
     lane_empty,
@@ -34,6 +36,9 @@ from .select import (
     merge_tile,
     merge_top,
     pack,
+    packed_empty,
+    packed_insert,
+    packed_merge,
     repair_tile,
     unpack_column,
     unpack_score,
@@ -162,7 +167,8 @@ def _slot(Idx, A, row_base, t, mask_m, Nq, width, pad, BLEND: tl.constexpr):
 def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
               offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
               CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
-              BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr):
+              BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
+              ONE_C: tl.constexpr):
     """From the final top-K keys ``acc`` (sorted descending, rank 0 first): indices, weights a, then the Conv1D
     over rank slots; writes Out, Idx and A. ``s_self`` [BLOCK_M]: each query's real own score (SELF_FIRST)."""
     _Q, _K, V, W, Bias, Cand, _KInv, _Spatial = inputs
@@ -229,7 +235,9 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
             out = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
             # One loop over (slot t, channel block c0), t-major: the innermost loop, so the compiler prefetches the
             # next gather while this one's dot runs.
-            num_c = tl.cdiv(Dv, BLOCK_C)
+            num_c = 1  # ONE_C: Dv ≤ BLOCK_C, one channel block (no division by a run-time count below)
+            if not ONE_C:
+                num_c = tl.cdiv(Dv, BLOCK_C)
             for i in range(num_neighbors * num_c):
                 t = i // num_c
                 j_t, a_t = _slot(Idx, A, row_base, t, mask_m, Nq, width, pad, BLEND)
@@ -237,7 +245,7 @@ def aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, siz
                 mask_c = offs_c < Dv
                 g = tl.load(v_base + j_t[:, None] * v_strides[2] + offs_c[None, :] * v_strides[3],
                             mask=(mask_m & (j_t >= 0))[:, None] & mask_c[None, :], other=0.0)
-                g = (g.to(tl.float32) * a_t[:, None]).to(dtype)
+                g = g * a_t.to(dtype)[:, None]  # in the input dtype: one packed multiply a pair
                 w_t = tl.load(W + offs_o[None, :] * w_strides[0] + offs_c[:, None] * w_strides[1]
                               + t * w_strides[2], mask=mask_c[:, None] & mask_o[None, :], other=0.0)
                 out += dot(g, w_t.to(dtype), IEEE)
@@ -273,16 +281,21 @@ def _first_key(acc, q, q_scale, k_base, k_strides, kinv_base, offs_m, mask_m, pi
 @triton.jit
 def _stream_tile(block, cols, start, col_hi, SELF_FIRST: tl.constexpr, COSINE: tl.constexpr,
                  CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr, ANY_ROWS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, RAW: tl.constexpr = False):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, RAW: tl.constexpr = False,
+                 FULL: tl.constexpr = False):
     """The canonical scores [BLOCK_M, BLOCK_N] of the key tile whose columns are ``cols`` (some order of
     ``start + [0, BLOCK_N)``), and which of them are candidates (``valid``; the others score −∞). ``block``: what
     the query block scores with, as :func:`knn_fwd` packs it; ``ANY_ROWS``: its rows are any rows of the map (the
     repair's lists), not ``row_lo + [0, BLOCK_M)``; ``RAW``: the feature scores as the dot product gives them, not
-    canonical (the lanes' stream; the blend rule's blended scores are always of canonical ones)."""
+    canonical (the lanes' stream; the blend rule's blended scores are always of canonical ones); ``FULL``: the
+    caller knows the tile lies inside the range (no load masks)."""
     q, q_scale, k_base, k_strides, kinv_base, Cand, Spatial, sizes, blend, low, spread, b, offs_m, row_lo, self_col = (
         block)
     _H, Nq, _Nk, _num_cols, _cols_per_split, _num_neighbors, D, _Dv, _C_out, stride_cb, width, pad = sizes
-    mask_n = cols < col_hi
+    if FULL:
+        mask_n = tl.full([BLOCK_N], 1, tl.int1)
+    else:
+        mask_n = cols < col_hi
     if CANDIDATES:
         key_rows = tl.load(Cand + b * stride_cb + (cols - 1), mask=mask_n, other=0)
     elif BLEND:
@@ -353,13 +366,28 @@ def _open_block(inputs, q_strides, k_strides, sizes, scale, blend, pid_bh, pid_s
     return block, acc, s_self, col_lo, col_hi
 
 
+@triton.jit
+def _packed_tile(e1, e2, e3, e4, over, block, t, col_lo, col_hi, first_tile, SELF_FIRST: tl.constexpr,
+                 COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, IEEE: tl.constexpr,
+                 SHIFTED: tl.constexpr, DEPTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D_PAD: tl.constexpr, FULL: tl.constexpr):
+    """Tile ``t`` of the range ``col_lo`` onwards into packed lanes (:func:`select.packed_insert`). Returns the
+    new state."""
+    start = col_lo + t * BLOCK_N
+    cols = lane_columns(start, first_tile + t, BLOCK_N)
+    s, _valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, False, BLOCK_M,
+                             BLOCK_N, D_PAD, RAW=True, FULL=FULL)
+    return packed_insert(e1, e2, e3, e4, over, entry(s, PACKED_TILES - 1 - t, SHIFTED), DEPTH)
+
+
 @triton.jit(do_not_specialize=["sizes"])  # a new N, K or width needs no new compile
 def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strides, sizes, scale, inv_temperature,
             blend, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
             CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
             SPLIT: tl.constexpr, LANES: tl.constexpr, LANE_DEPTH: tl.constexpr, DEFER: tl.constexpr,
             WARM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr, GATHER_T: tl.constexpr = 0):
+            K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr, ONE_C: tl.constexpr,
+            GATHER_T: tl.constexpr = 0, PACKED: tl.constexpr = False):
     """Grid (query blocks, B·H, splits): scores + exact top-K over one split of the candidates; without a split
     also weights and Conv1D (:func:`aggregate`), with one the sorted partial top-K goes to Part.
 
@@ -367,7 +395,9 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
     score as its floor by :func:`select.repair_tile` — with ``DEFER`` by :func:`knn_fwd_repair`, launched next, to
     which the row goes through the lists Count, Rows (its floor key in the slot that kernel overwrites; with
     ``GATHER_T`` also the one lane it must rescan, see there), without ``DEFER`` by its own block streaming the
-    tiles again. Otherwise the insertion rounds alone, ``WARM`` (not with
+    tiles again. ``PACKED`` (a split of at most ``select.PACKED_TILES`` tiles, ``LANE_DEPTH`` 2–4 entries a lane, no
+    ``GATHER_T``): the lanes' entries packed into one int32 each (:func:`select.packed_insert`). Otherwise the
+    insertion rounds alone, ``WARM`` (not with
     sampled candidates): how many key tiles around the block's middle query set each row's floor first."""
     tl.static_assert(BLOCK_N >= K_PAD)
     _H, Nq, _Nk, _num_cols, cols_per_split, num_neighbors, _D, _Dv, _C_out, _stride_cb, width, pad = sizes
@@ -385,21 +415,37 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
         # Tile t of this range is tile first_tile + t of the whole range: the same rotation, split or not, and the
         # repair reads each tile as the lanes did (the same bits for every score).
         first_tile = pid_s * (cols_per_split // BLOCK_N)
-        a1, a2, a3, c1, c2, c3, over = lane_empty(BLOCK_M, BLOCK_N)
-        for t in range(num_tiles):
-            start = col_lo + t * BLOCK_N
-            cols = lane_columns(start, first_tile + t, BLOCK_N)
-            s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
-                                    False, BLOCK_M, BLOCK_N, D_PAD, RAW=True)
-            if LANE_DEPTH == 3:
-                a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
-            else:
-                a1, a2, c1, c2, over = lane_insert2(a1, a2, c1, c2, over, s, cols)
-        if LANE_DEPTH == 2:  # the third entries stay empty (made here, so the stream carries no copy of them)
-            a3 = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
-            c3 = tl.full([BLOCK_M, BLOCK_N], -1, tl.int32)
         first = acc
-        acc, certified, floor, lane = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
+        if PACKED:
+            SHIFTED: tl.constexpr = COSINE and not BLEND  # scores in [−1, 1] (select.entry)
+            e1, e2, e3, e4, over = packed_empty(BLOCK_M, BLOCK_N, LANE_DEPTH)
+            num_full = (col_hi - col_lo) // BLOCK_N  # tiles inside the range: no load masks; then the last, if any
+            for t in range(num_full):
+                e1, e2, e3, e4, over = _packed_tile(e1, e2, e3, e4, over, block, t, col_lo, col_hi, first_tile,
+                                                    SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, SHIFTED, LANE_DEPTH,
+                                                    BLOCK_M, BLOCK_N, D_PAD, True)
+            if num_full < num_tiles:
+                e1, e2, e3, e4, over = _packed_tile(e1, e2, e3, e4, over, block, num_full, col_lo, col_hi,
+                                                    first_tile, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE, SHIFTED,
+                                                    LANE_DEPTH, BLOCK_M, BLOCK_N, D_PAD, False)
+            acc, certified, floor = packed_merge(acc, live, e1, e2, e3, e4, over, num_neighbors, col_lo,
+                                                 first_tile, LANE_DEPTH, SHIFTED)
+            lane = tl.full([BLOCK_M], -1, tl.int32)
+        else:
+            a1, a2, a3, c1, c2, c3, over = lane_empty(BLOCK_M, BLOCK_N)
+            for t in range(num_tiles):
+                start = col_lo + t * BLOCK_N
+                cols = lane_columns(start, first_tile + t, BLOCK_N)
+                s, valid = _stream_tile(block, cols, start, col_hi, SELF_FIRST, COSINE, CANDIDATES, BLEND, IEEE,
+                                        False, BLOCK_M, BLOCK_N, D_PAD, RAW=True)
+                if LANE_DEPTH == 3:
+                    a1, a2, a3, c1, c2, c3, over = lane_insert(a1, a2, a3, c1, c2, c3, over, s, cols)
+                else:
+                    a1, a2, c1, c2, over = lane_insert2(a1, a2, c1, c2, over, s, cols)
+            if LANE_DEPTH == 2:  # the third entries stay empty (made here, so the stream carries no copy of them)
+                a3 = tl.full([BLOCK_M, BLOCK_N], NEG_INF, tl.float32)
+                c3 = tl.full([BLOCK_M, BLOCK_N], -1, tl.int32)
+            acc, certified, floor, lane = lane_merge(acc, live, a1, a2, a3, c1, c2, c3, over, num_neighbors)
         certified = certified | (mask_m == 0)  # rows past the map are never read
         if not DEFER:  # with DEFER, knn_fwd_repair takes the rows not certified (after the block's end, below)
             if tl.min(certified.to(tl.int32), axis=0) == 0:  # repair: the rows not certified stream again
@@ -440,7 +486,7 @@ def knn_fwd(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o_strid
                 acc = merge_tile(acc, s, start, valid, live, floor, num_neighbors, WARM > 0, K_PAD, BLOCK_N)
     _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, pid_s,
             offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT, BLOCK_M,
-            K_PAD, BLOCK_C, BLOCK_O)
+            K_PAD, BLOCK_C, BLOCK_O, ONE_C)
     if LANES:
         if DEFER:
             _defer(certified, floor, lane, outputs, sizes, pid_bh, pid_s, offs_m, SPLIT, K_PAD, GATHER_T)
@@ -564,7 +610,7 @@ def _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes
             offs_m, mask_m, WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr,
             CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
             SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-            BLOCK_O: tl.constexpr):
+            BLOCK_O: tl.constexpr, ONE_C: tl.constexpr):
     """A block's end, its top-K keys ``acc`` found: sorted, then to Part (with a split) or to :func:`aggregate`."""
     _Out, _Idx, A, Part, _Count, _Rows = outputs
     Nq, num_neighbors = sizes[1], sizes[5]
@@ -578,7 +624,7 @@ def _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes
     else:
         aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
                   offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, BLOCK_M,
-                  K_PAD, BLOCK_C, BLOCK_O)
+                  K_PAD, BLOCK_C, BLOCK_O, ONE_C)
 
 
 @triton.jit(do_not_specialize=["sizes"])
@@ -587,7 +633,7 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                    COSINE: tl.constexpr, CANDIDATES: tl.constexpr, BLEND: tl.constexpr, DEPTHWISE: tl.constexpr,
                    IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
-                   GATHER_N: tl.constexpr = 64, GATHER_T: tl.constexpr = 0):
+                   ONE_C: tl.constexpr, GATHER_N: tl.constexpr = 64, GATHER_T: tl.constexpr = 0):
     """The lanes' repair, launched after :func:`knn_fwd` with ``DEFER`` on a grid (P, B·H, splits) of its own block
     sizes (:func:`function.fwd_config`'s ``REPAIR_*``: few rows, wide tiles): program i of a (sample, head, split)
     takes the blocks i, i + P, … of BLOCK_M entries of its list of rows the lanes could not certify (P: a few
@@ -631,7 +677,7 @@ def knn_fwd_repair(inputs, outputs, q_strides, k_strides, v_strides, w_strides, 
                           COSINE, CANDIDATES, BLEND, IEEE, True, BLOCK_M, BLOCK_N, D_PAD)
         _finish(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh,
                 pid_s, offs_m, mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, BLEND, DEPTHWISE, IEEE, SPLIT,
-                BLOCK_M, K_PAD, BLOCK_C, BLOCK_O)
+                BLOCK_M, K_PAD, BLOCK_C, BLOCK_O, ONE_C)
 
 
 @triton.jit(do_not_specialize=["sizes", "num_splits"])
@@ -640,7 +686,7 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
                   WEIGHTING: tl.constexpr, SELF_FIRST: tl.constexpr, HAS_BIAS: tl.constexpr, COSINE: tl.constexpr,
                   CANDIDATES: tl.constexpr, DEPTHWISE: tl.constexpr, IEEE: tl.constexpr,
                   BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-                  BLOCK_O: tl.constexpr):
+                  BLOCK_O: tl.constexpr, ONE_C: tl.constexpr):
     """Grid (query blocks, B·H): merge the per-split top-K lists (each sorted descending), then :func:`aggregate`.
     Not for the blend rule, whose forward is never split (its normalisation spans the whole map)."""
     _Out, _Idx, A, Part, _Count, _Rows = outputs
@@ -661,4 +707,4 @@ def knn_fwd_merge(inputs, outputs, q_strides, k_strides, v_strides, w_strides, o
         s_self = tl.load(A + (pid_bh.to(tl.int64) * Nq + offs_m) * num_neighbors, mask=mask_m, other=0.0)
     aggregate(acc, s_self, inputs, outputs, v_strides, w_strides, o_strides, sizes, inv_temperature, pid_bh, offs_m,
               mask_m, WEIGHTING, SELF_FIRST, HAS_BIAS, CANDIDATES, False, DEPTHWISE, IEEE, BLOCK_M, K_PAD, BLOCK_C,
-              BLOCK_O)
+              BLOCK_O, ONE_C)

@@ -20,7 +20,7 @@ from ..reference import BlendGrid, KnnResult, bind_options, candidates_on, spati
 from ..usage import note_backend
 from . import backward, forward
 from .forward import WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM
-from .select import NORM_EPS
+from .select import NORM_EPS, PACKED_TILES
 
 # ρ → the kernels' WEIGHTING (named in forward.py, where the kernels read them: function.py imports forward)
 _WEIGHTINGS = {"none": WEIGHTING_NONE.value, "softmax": WEIGHTING_SOFTMAX.value, "uniform": WEIGHTING_UNIFORM.value}
@@ -91,7 +91,7 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
                 num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
                 num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=2 if shallow else 3, DEFER=defer,
                 WARM=4 if blend and not lanes else 0, REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=max(128, k_pad),
-                REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False)
+                REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False, PACKED=False)
 
 
 @functools.cache
@@ -202,14 +202,16 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
         WEIGHTING=_WEIGHTINGS[weighting], SELF_FIRST=bool(self_first), HAS_BIAS=bias is not None,
         COSINE=similarity == "cosine", CANDIDATES=candidates is not None, DEPTHWISE=groups > 1,
         IEEE=q.dtype == torch.float32, BLOCK_M=block_m, D_PAD=cfg["D_PAD"], K_PAD=k_pad, BLOCK_C=cfg["BLOCK_C"],
-        BLOCK_O=cfg["BLOCK_O"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BLOCK_O=cfg["BLOCK_O"], ONE_C=Dv <= cfg["BLOCK_C"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     warm = cfg["WARM"] if candidates is None else 0  # sampled candidates have no neighbourhood
     grid = (grid_m, B * H, num_splits)
     tiles = triton.cdiv(num_cols, block_n)
     gather = defer and cfg["GATHER"] and not split and candidates is None and blend is None
     gather_t = max(_next_pow2(tiles, 1), k_pad) if gather and tiles <= GATHER_MAX_TILES else 0
+    packed = bool(cfg["LANES"] and cfg["PACKED"] and cols_per_split // block_n <= PACKED_TILES and not gather_t)
     forward.knn_fwd[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
-                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n, GATHER_T=gather_t)
+                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n, GATHER_T=gather_t,
+                          PACKED=packed)
     if defer:
         repair = args | dict(BLOCK_M=cfg["REPAIR_BLOCK_M"], num_warps=cfg["REPAIR_WARPS"])
         programs = min(triton.cdiv(Nq, cfg["REPAIR_BLOCK_M"]),

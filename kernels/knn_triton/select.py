@@ -301,3 +301,146 @@ def lowered(floor):
     score = tl.minimum(unpack_score(floor), _MAX_SCORE)  # a forced self ranks +∞
     low = score - (tl.abs(score) * REPAIR_MARGIN + REPAIR_MARGIN * 2.0**-6)
     return tl.where(floor == EMPTY_KEY, EMPTY_KEY, pack(low, tl.full(floor.shape, 0x7FFFFFFF, tl.int32)))
+
+
+# Packed lanes (docs/kernel.md, "Packed lanes"): a lane's entry is one int32, the order-preserving image of its fp32
+# score with the low LANE_TILE_BITS bits replaced by its tile's code (earlier tiles larger): entries compare whole
+# with one integer min or max, and a lane's list stays sorted by a fixed min/max chain — no compare, no select, no
+# column carried. The column is the lane and the tile (:func:`lane_columns`). The score keeps 19 of its 23 mantissa
+# bits: two scores closer than 2^-19 of their magnitude may swap, a near-tie (docs/kernel.md, "Guarantees").
+LANE_TILE_BITS = tl.constexpr(4)
+PACKED_TILES = tl.constexpr(16)  # 2^LANE_TILE_BITS: the most tiles a packed stream takes
+_TILE_MASK = tl.constexpr(15)
+EMPTY_ENTRY = tl.constexpr(-(2**31))  # below the entry of every score, −∞ and NaN included
+_IMAGE_POS_INF = tl.constexpr(0x7F800000)  # the image of +∞: an entry at or above it is a +∞ or a NaN
+_IMAGE_NEG_INF = tl.constexpr(-(2**31) + 0x7FFFFF)  # the image of −∞: 0xFF800000 ^ 0x7FFFFFFF as an int32
+
+
+@triton.jit
+def entry(s, code, SHIFTED: tl.constexpr):
+    """A packed lane entry [rows, BLOCK_N] int32 of raw fp32 scores ``s`` from the tile of ``code`` (int32,
+    PACKED_TILES − 1 − the tile's index in its range): the score's order-preserving image, its low bits the code.
+    ``SHIFTED`` (cosine scores, in [−1, 1]): the image is the bits of s + 1, which are ordered as integers while
+    s + 1 ≥ 0 (an entry below 0 is a score below −1 by rounding, or −∞: never certified as a K-th); one
+    instruction instead of four. Otherwise any fp32 (−0.0 counts as +0.0)."""
+    if SHIFTED:
+        return ((s + 1.0).to(tl.int32, bitcast=True) & ~_TILE_MASK) | code
+    return (image(s + 0.0) & ~_TILE_MASK) | code  # −0.0 + 0.0 = +0.0
+
+
+@triton.jit
+def image(s):
+    """The order-preserving int32 image of fp32 ``s`` (negative floats' bits reversed; NaN above +∞ or below −∞)."""
+    bits = s.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & INDEX_MASK)
+
+
+@triton.jit
+def entry_score(e, SHIFTED: tl.constexpr):
+    """The fp32 score of packed entries: the code's bits cleared, which rounds the score down (toward −∞) by less
+    than 2^-19 of its magnitude (``SHIFTED``: of s + 1, so by less than 2^-19 + 2^-24)."""
+    e = e & ~_TILE_MASK
+    if SHIFTED:
+        return e.to(tl.float32, bitcast=True) - 1.0
+    return (e ^ ((e >> 31) & INDEX_MASK)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def score_entry(score, SHIFTED: tl.constexpr):
+    """The entry of an fp32 score [rows] with its code's bits cleared: the lowest entry of its score's bits."""
+    if SHIFTED:
+        return (score + 1.0).to(tl.int32, bitcast=True) & ~_TILE_MASK
+    return image(score + 0.0) & ~_TILE_MASK
+
+
+@triton.jit
+def packed_empty(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DEPTH: tl.constexpr):
+    """The packed lane state of no candidate: (e1, e2, e3, e4, over), [BLOCK_M, BLOCK_N] int32 each (the levels
+    past ``DEPTH``: a scalar, never read)."""
+    e = tl.full([BLOCK_M, BLOCK_N], EMPTY_ENTRY, tl.int32)
+    e3 = EMPTY_ENTRY
+    if DEPTH >= 3:
+        e3 = e
+    e4 = EMPTY_ENTRY
+    if DEPTH >= 4:
+        e4 = e
+    return e, e, e3, e4, e
+
+
+@triton.jit
+def packed_insert(e1, e2, e3, e4, over, x, DEPTH: tl.constexpr):
+    """Enter packed entries ``x`` [rows, BLOCK_N] into lanes of ``DEPTH`` (2–4) sorted entries e1 ≥ e2 ≥ …: at each
+    level the larger stays and the smaller moves down; what leaves the last level raises ``over``. Two integer
+    min/max a level and one for ``over``: the same chain for every row and lane. Returns the new state."""
+    hi = tl.maximum(e1, x)
+    x = tl.minimum(e1, x)
+    e1 = hi
+    hi = tl.maximum(e2, x)
+    x = tl.minimum(e2, x)
+    e2 = hi
+    if DEPTH >= 3:
+        hi = tl.maximum(e3, x)
+        x = tl.minimum(e3, x)
+        e3 = hi
+    if DEPTH >= 4:
+        hi = tl.maximum(e4, x)
+        x = tl.minimum(e4, x)
+        e4 = hi
+    return e1, e2, e3, e4, tl.maximum(over, x)
+
+
+@triton.jit
+def packed_merge(acc, live, e1, e2, e3, e4, over, num_neighbors, col_lo, first_tile, DEPTH: tl.constexpr,
+                 SHIFTED: tl.constexpr):
+    """:func:`lane_merge` for packed lanes (tile t of the range ``col_lo`` onwards, tile ``first_tile`` + t of the
+    whole range, put column col_lo + t·BLOCK_N + (j + 13·(first_tile + t)) mod BLOCK_N in lane j, with code
+    PACKED_TILES − 1 − t): K rounds, each taking the row's largest head (an int32 row maximum; among equal heads
+    the lowest lane, an int32 row minimum) or its key in ``acc`` (the query's own, forced or first), whichever
+    is larger, and moving that lane up by one. Returns (acc — ascending, [rows, K_PAD], the K keys in its top K
+    slots, each an int64 key of its entry's score and column —, certified, the K-th key [rows]; EMPTY_KEY: not
+    full). A row is certified when it holds K keys, no lane holds a +∞ or NaN entry, every entry a lane dropped is
+    below its K-th, and no two entries it took or the next one after them are equal (equal entries are one tile's
+    equal scores in two lanes, which the lowest lane need not rank by column)."""
+    K_PAD: tl.constexpr = acc.shape[1]
+    BLOCK_N: tl.constexpr = e1.shape[1]
+    slots = tl.arange(0, K_PAD)
+    lanes = tl.arange(0, BLOCK_N)
+    finite_top = tl.max(e1, axis=1) < _IMAGE_POS_INF
+    first = tl.max(acc, axis=1)
+    acc = tl.full(acc.shape, EMPTY_KEY, tl.int64)
+    last = tl.full(first.shape, EMPTY_ENTRY, tl.int32)  # the last entry taken from a lane
+    kth_entry = last  # the K-th as an entry: the last taken, or the own key's score's image, code cleared
+    tie = first < first  # all False, [rows]
+    for r in range(num_neighbors):
+        best = tl.max(e1, axis=1)
+        lane = tl.min(tl.where(e1 == best[:, None], lanes[None, :], BLOCK_N), axis=1)
+        t = _TILE_MASK - (best & _TILE_MASK)
+        col = col_lo + t * BLOCK_N + ((lane + (first_tile + t) * LANE_ROTATION) & (BLOCK_N - 1))
+        # canonical: a NaN entry (above +∞; its row is not certified) must not make the repair's floor NaN
+        key = tl.where(best != EMPTY_ENTRY, pack(canonical(entry_score(best, SHIFTED)), col), EMPTY_KEY)
+        from_lane = key > first
+        tie = tie | (from_lane & (best == last))
+        last = tl.where(from_lane, best, last)
+        kth_entry = tl.where(from_lane, best, score_entry(unpack_score(first), SHIFTED))
+        taken = from_lane[:, None] & (lanes[None, :] == lane[:, None])
+        e1 = tl.where(taken, e2, e1)
+        if DEPTH == 2:
+            e2 = tl.where(taken, EMPTY_ENTRY, e2)
+        else:
+            e2 = tl.where(taken, e3, e2)
+            if DEPTH == 3:
+                e3 = tl.where(taken, EMPTY_ENTRY, e3)
+            else:
+                e3 = tl.where(taken, e4, e3)
+                e4 = tl.where(taken, EMPTY_ENTRY, e4)
+        acc = tl.where(slots[None, :] == K_PAD - 1 - r, tl.maximum(key, first)[:, None], acc)
+        first = tl.where(from_lane, first, EMPTY_KEY)
+    tie = tie | ((last != EMPTY_ENTRY) & (tl.max(e1, axis=1) == last))
+    kth = kth_key(acc, live)
+    full = kth != EMPTY_KEY
+    if SHIFTED:
+        finite_kth = kth_entry >= 0
+    else:
+        finite_kth = kth_entry > _IMAGE_NEG_INF
+    certified = full & finite_top & finite_kth & (tl.max(over, axis=1) < kth_entry) & (tie == 0)
+    return acc, certified, kth

@@ -78,6 +78,14 @@ def test_the_lane_selection_selects_exactly_the_reference_sets(stream, num_neigh
     _check_stream(stream, num_neighbors, candidates, warm=0, lanes=True)
 
 
+@pytest.mark.parametrize("stream, num_neighbors, candidates, depth",
+                         kernel_cases([STREAMS, [1, 9, 16, 64, 128], ["all", "random"], [2, 3, 4]], strength=2))
+def test_packed_lanes_select_exactly_the_reference_sets(stream, num_neighbors, candidates, depth):
+    """``PACKED``: a lane's entries are one int32 each (the score's image, its low bits the tile), kept by a min/max
+    chain; equal entries (one tile's equal scores in two lanes) send the row to the repair."""
+    _check_stream(stream, num_neighbors, candidates, warm=0, lanes=True, depth=depth, packed=True)
+
+
 @pytest.mark.parametrize("stream, num_neighbors", kernel_cases([STREAMS, [9, 16]], strength=1))
 def test_lanes_of_two_entries_select_exactly_the_reference_sets(stream, num_neighbors):
     """``LANE_DEPTH`` = 2: a lane keeps two entries, so many more rows go to the (deferred) repair."""
@@ -91,7 +99,7 @@ def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
     _check_stream(stream, num_neighbors, "all", warm=2, lanes=False)
 
 
-def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=True):
+def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=True, packed=False):
     # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
     # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
     # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
@@ -116,7 +124,8 @@ def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer
     options["candidates"] = cand
     result = function.launch_forward(q, k, v, weight, None, *options.values(),
                                      config=dict(BLOCK_M=16 if warm else 64, BLOCK_N=max(16, num_neighbors),
-                                                 LANES=lanes, LANE_DEPTH=depth, DEFER=defer, WARM=warm))
+                                                 LANES=lanes, LANE_DEPTH=depth, DEFER=defer, WARM=warm,
+                                                 PACKED=packed))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
@@ -134,12 +143,14 @@ def _one_lane_keys(n: int, block_n: int, wanted: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
-@pytest.mark.parametrize("defer, depth", [(True, 3), (True, 2), (False, 3)])
-def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth):
+@pytest.mark.parametrize("defer, depth, packed", [(True, 3, False), (True, 2, False), (False, 3, False),
+                                                  (True, 3, True), (False, 4, True)])
+def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth, packed):
     """Every query's 8 best keys sit in one lane (:func:`_one_lane_keys`): the lanes keep 3 (or 2) of them, the row
     is not certified, and the repair streams the tiles again (packed keys compared whole) from the lanes' K-th key
     as the floor: deferred (``DEFER``: the failed rows of every block in one list per sample and split, repaired
-    together by ``knn_fwd_repair``) or in the failed row's own block.
+    together by ``knn_fwd_repair``) or in the failed row's own block; lanes of separate scores and columns, or
+    packed (``PACKED``).
     Rows of other blocks (keys of their own) are certified and must come through the repair untouched. Exact
     integer scores: the reference's sets, ties included, with and without a split candidate range."""
     n, block_n, K = 203, 16, 9
@@ -155,7 +166,7 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth):
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
     result = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=num_splits,
                                      config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True, DEFER=defer,
-                                                 LANE_DEPTH=depth))
+                                                 LANE_DEPTH=depth, PACKED=packed))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
@@ -186,7 +197,7 @@ def test_a_row_with_one_lane_to_rescan_is_repaired_from_its_keys_and_that_lane(d
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
     result = function.launch_forward(q, k, v, weight, None, *options.values(), num_splits=1,
                                      config=dict(BLOCK_M=64, BLOCK_N=block_n, LANES=True, DEFER=True,
-                                                 LANE_DEPTH=depth, GATHER=True))
+                                                 LANE_DEPTH=depth, GATHER=True, PACKED=False))
     check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
     if DEVICE == "cpu":
         assert paths and set(paths) == {"_gather_repair"}
@@ -207,9 +218,9 @@ def test_spatially_smooth_features_in_raster_order_select_the_reference_sets(num
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=None, self_first=True)
     x, v, weight = (t.to(DEVICE) for t in (x, v, weight))
-    for lanes in (True, False):
+    for lanes, packed in ((True, False), (True, True), (False, False)):
         result = function.launch_forward(x, x, v, weight, None, *options.values(),
-                                         config=dict(BLOCK_N=16, LANES=lanes))
+                                         config=dict(BLOCK_N=16, LANES=lanes, PACKED=packed))
         check_every_row(result, x, x, v, weight, **options, max_tie_share=0)
 
 
@@ -229,9 +240,11 @@ def test_a_dropped_score_equal_to_the_kth_sends_the_row_to_the_repair():
     options = dict(num_neighbors=K, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=None, self_first=False)
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
-    result = function.launch_forward(q, k, v, weight, None, *options.values(), config=dict(BLOCK_N=16, LANES=True))
-    assert result[1][0, 0, 0].tolist() == [29, 42, 55, 0]
-    check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
+    for packed in (False, True):
+        result = function.launch_forward(q, k, v, weight, None, *options.values(),
+                                         config=dict(BLOCK_N=16, LANES=True, PACKED=packed))
+        assert result[1][0, 0, 0].tolist() == [29, 42, 55, 0]
+        check_every_row(result, q, k, v, weight, **options, max_tie_share=0)
 
 
 @pytest.mark.parametrize("defer", [True, False])
