@@ -18,8 +18,11 @@ training loop, L2 flushed between runs); memory is the peak ``max_memory_allocat
 - **Selection floor** (``*_floor_fwd``): a bench-only kernel with the fused forward's tiling that keeps only a
   running max + argmax per query (no top-K, no aggregation): the least any selection can cost with this tiling.
 - **By K** (``by_k``): the fused forward at the CIFAR kernel configuration for K = 9, 16, 32, 64, under the default
-  selection (``by_k_fused_fwd``) and under each selection loop beside it (``by_k_lanes_fwd``, ``by_k_rounds_fwd``:
-  :func:`kernels.knn_triton.use_selection`), in the same call.
+  selection (``by_k_fused_fwd``) and under each selection loop beside it (``by_k_unpacked_fwd``: the lanes before
+  they were packed; ``by_k_lanes_fwd``, ``by_k_rounds_fwd``: :func:`kernels.knn_triton.use_selection`), in the
+  same call.
+- **Packed lanes** (``packed_sweep``): the forward at the CIFAR kernel configuration, K = 9 … 64, under the packed
+  lanes' depths, repairs and warps of ``PACKED_SWEEP`` beside the default, and SDPA-flash in the same part.
 - **Variants** (``sweep``): the fused forward alone under other block sizes, warp counts, warm starts (``WARM``
   tiles, also for the blend rule's kernel at the CIFAR layer) and selection loops.
 - **The blend rule's variants** (``blend``, into ``sweep``): its kernel at the CIFAR layer under the lanes' depths,
@@ -311,7 +314,7 @@ def bench_kernel(results: dict, warmup_ms: float, rep_ms: float) -> None:
 
 def bench_by_k(results: dict, warmup_ms: float, rep_ms: float) -> None:
     q, k, v, _ = (x.detach() for x in _kernel_inputs(CIFAR["batch"], CIFAR["size"] ** 2))
-    for selection in ("fused", "lanes", "rounds"):
+    for selection in ("fused", "unpacked", "lanes", "rounds"):
         results[f"by_k_{selection}_fwd"] = {}
         for num_neighbors in BY_K:
             weight = torch.randn(KERNEL_DIM, KERNEL_DIM, num_neighbors, device=DEVICE, dtype=torch.bfloat16) / 24
@@ -419,6 +422,9 @@ TARGETS = [  # (what, value from results, bound, "≤")
     ("slowest K: default fwd / insertion rounds fwd (by_k)", lambda r: max(
         (_ratio(v, r.get("by_k_rounds_fwd", {}).get(k)) or 0 for k, v in r.get("by_k_fused_fwd", {}).items()),
         default=None), 1.0),
+    ("slowest K: default fwd / unpacked lanes fwd (by_k)", lambda r: max(
+        (_ratio(v, r.get("by_k_unpacked_fwd", {}).get(k)) or 0 for k, v in r.get("by_k_fused_fwd", {}).items()),
+        default=None), 1.0),
 ]
 
 
@@ -433,7 +439,7 @@ def report(results: dict) -> str:
     for key, value in results.items():
         if isinstance(value, float):
             lines.append(f"| `{key}` | {value:.3f} |")
-    for key in ("by_k_fused_fwd", "by_k_lanes_fwd", "by_k_rounds_fwd"):
+    for key in ("by_k_fused_fwd", "by_k_unpacked_fwd", "by_k_lanes_fwd", "by_k_rounds_fwd"):
         if results.get(key):
             lines.append(f"| `{key}` K = " + ", ".join(f"{k}: {v:.3f}" for k, v in results[key].items()) + " |")
     by_n = results.get("by_n_fused_fwd", {})

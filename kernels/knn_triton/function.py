@@ -29,7 +29,8 @@ _MIN_TILES_PER_SPLIT = 4  # never split a candidate range into pieces of fewer k
 _MAX_SPLITS = 16
 
 
-SELECTIONS = ("auto", "lanes", "rounds")  # "auto": the default, the lanes with the deferred repair (RESULTS.md §1j)
+SELECTIONS = ("auto", "unpacked", "lanes", "rounds")  # "auto": the default (fwd_config)
+PACKED_MAX_COLS = 1024  # "auto" packs the lanes up to this many candidate columns (16 tiles of 64) and K ≤ 16
 GATHER_MAX_TILES = 32  # the repair's gather scores ≤ this many columns of a failed row's lane (fwd_config's GATHER)
 SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
@@ -37,11 +38,14 @@ _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # 
 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
-    """Inside the block the forward selects with ``selection``: ``"auto"`` (the default: the lanes — per-lane
-    lists and a certificate, docs/kernel.md, "Lane selection" — whose failed rows are repaired together by a kernel
-    of their own, ``forward.knn_fwd_repair``; on an H100 at K = 16, 32 and N = 16384 0.72×, 0.75× and 0.78× the
-    time of the next, bench/RESULTS.md §1j), ``"lanes"`` (the lanes, a failed row repaired by its own block
-    streaming the tiles again, with §1h's shapes) or ``"rounds"`` (the insertion rounds alone).
+    """Inside the block the forward selects with ``selection``: ``"auto"`` (the default: up to
+    :data:`PACKED_MAX_COLS` candidate columns and K ≤ 16 the packed lanes — one int32 an entry, docs/kernel.md,
+    "Packed lanes" — whose few failed rows are repaired in their own block; elsewhere as ``"unpacked"``),
+    ``"unpacked"`` (the lanes — per-lane lists and a certificate, docs/kernel.md, "Lane selection" — whose failed
+    rows are repaired together by a kernel of their own, ``forward.knn_fwd_repair``; on an H100 at K = 16, 32 and
+    N = 16384 0.72×, 0.75× and 0.78× the time of the next, bench/RESULTS.md §1j), ``"lanes"`` (the lanes, a failed
+    row repaired by its own block streaming the tiles again, with §1h's shapes) or ``"rounds"`` (the insertion
+    rounds alone).
     All are exact; the switch exists to measure one beside the other (bench/kernel.py). Blocks nest; each thread
     and task sees its own.
 
@@ -57,31 +61,37 @@ def _next_pow2(n: int, floor: int = 1) -> int:
 
 
 def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, blend: bool = False) -> dict:
-    """Block sizes of the forward for K = ``num_neighbors`` over ``num_cols`` candidate columns: 64 query rows a
-    block; ``LANES``, the selection (:func:`use_selection`); ``LANE_DEPTH``, the entries a lane keeps; ``DEFER``,
-    whether the rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (``"auto"``) or are repaired in
-    their own block (``"lanes"``). With the deferred repair (one H100, random features, CIFAR
-    kernel configuration, bench/RESULTS.md §1j): K ≤ 9 keeps two entries a lane over 64-wide tiles with 4 warps
-    (N = 16384: 7.46 ms against 9.62; N = 1024 on an H200, §1l: 0.469 against 0.490 for three entries over 32-wide
-    tiles; the blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS`
-    columns) the lanes stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes
-    repaired in their own block), 64-wide with 8 warps above; on a larger map, K > 9 64-wide tiles with 8 warps.
-    Without it (``"lanes"``, §1h): 32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline
-    stages for the lanes. The insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key
-    tiles around each query block that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for
-    the blend rule, none otherwise. ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's
-    rows a program, tile width and warps — 16 rows over 128-wide tiles with 4 warps, since it gets a few rows a
-    list (the CIFAR bench's random features: 17 of 1,024 a sample with two entries a lane; §1n), and a program of
-    64 rows streamed 32-wide tiles for them; ``REPAIR_PROGRAMS_PER_SM``: its grid, about 3 programs an SM in all
-    (216 registers, Triton 3.6: 2 fit at once), each taking its list's blocks in turn. ``GATHER`` (off until a GPU
-    has timed it with that grid; bench/RESULTS.md §1n): the repair scores only a failed row's K keys and its one
-    lane to rescan where it can (``forward.knn_fwd_repair``; the "all" rule unsplit, ≤ :data:`GATHER_MAX_TILES`
-    tiles).
+    """Block sizes of the forward for K = ``num_neighbors`` over ``num_cols`` candidate columns: 64 query rows a block;
+    ``LANES``, the selection (:func:`use_selection`); ``LANE_DEPTH``, the entries a lane keeps; ``DEFER``, whether the
+    rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (``"unpacked"``) or are repaired in their own block
+    (``"lanes"``); ``PACKED``, the packed lanes (``"auto"`` up to :data:`PACKED_MAX_COLS` columns and K ≤ 16, not the
+    blend rule: three entries over 64-wide tiles with 4 warps, a failed row repaired in its own block — at depth 3 about
+    0.05 % of random rows fail, so few blocks stream again). With the deferred repair (one H100, random features, CIFAR
+    kernel configuration, bench/RESULTS.md §1j): K ≤ 9 keeps two entries a lane over 64-wide tiles with 4 warps (N =
+    16384: 7.46 ms against 9.62; N = 1024 on an H200, §1l: 0.469 against 0.490 for three entries over 32-wide tiles; the
+    blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS` columns) the lanes
+    stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes repaired in their own
+    block), 64-wide with 8 warps above; on a larger map, K > 9 64-wide tiles with 8 warps. Without it (``"lanes"``,
+    §1h): 32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
+    insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query block
+    that set its rows' floors before the rounds (:func:`select.merge_tile`): 4 for the blend rule, none otherwise.
+    ``REPAIR_BLOCK_M``, ``REPAIR_BLOCK_N``, ``REPAIR_WARPS``: the deferred repair's rows a program, tile width and warps
+    — 16 rows over 128-wide tiles with 4 warps, since it gets a few rows a list (the CIFAR bench's random features: 17
+    of 1,024 a sample with two entries a lane; §1n), and a program of 64 rows streamed 32-wide tiles for them;
+    ``REPAIR_PROGRAMS_PER_SM``: its grid, about 3 programs an SM in all (216 registers, Triton 3.6: 2 fit at once), each
+    taking its list's blocks in turn. ``GATHER`` (off until a GPU has timed it with that grid; bench/RESULTS.md §1n):
+    the repair scores only a failed row's K keys and its one lane to rescan where it can (``forward.knn_fwd_repair``;
+    the "all" rule unsplit, ≤ :data:`GATHER_MAX_TILES` tiles).
     Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
+    if selection == "auto" and k_pad <= 16 and num_cols <= PACKED_MAX_COLS and not blend:
+        return dict(BLOCK_M=64, BLOCK_N=64, D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
+                    BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)), num_warps=4,
+                    num_stages=3, LANES=True, LANE_DEPTH=3, DEFER=False, WARM=0, REPAIR_BLOCK_M=16,
+                    REPAIR_BLOCK_N=128, REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False, PACKED=True)
     lanes = selection != "rounds"
-    defer = selection == "auto"
+    defer = selection in ("auto", "unpacked")
     small = num_cols <= SMALL_MAP_COLS
     shallow = defer and num_neighbors <= 9 and not (small and blend)  # two entries a lane, 4 warps, 64-wide tiles
     narrow = lanes and small and not shallow and (
