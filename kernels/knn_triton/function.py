@@ -30,7 +30,7 @@ _MAX_SPLITS = 16
 
 
 SELECTIONS = ("auto", "unpacked", "lanes", "rounds")  # "auto": the default (fwd_config)
-PACKED_MAX_COLS = 1024  # "auto" packs the lanes up to this many candidate columns (16 tiles of 64) and K ≤ 16
+PACKED_MAX_COLS = 1024  # "auto" packs the lanes up to this many candidate columns (16 tiles of 64) and K ≤ 64
 GATHER_MAX_TILES = 32  # the repair's gather scores ≤ this many columns of a failed row's lane (fwd_config's GATHER)
 SMALL_MAP_COLS = 4096  # candidate ranges up to this many columns stream in 32-wide tiles with 4 warps (fwd_config)
 _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # set by use_selection
@@ -39,7 +39,7 @@ _SELECTION: ContextVar[str] = ContextVar("convnn_selection", default="auto")  # 
 @contextmanager
 def use_selection(selection: str) -> Iterator[None]:
     """Inside the block the forward selects with ``selection``: ``"auto"`` (the default: up to
-    :data:`PACKED_MAX_COLS` candidate columns and K ≤ 16 the packed lanes — one int32 an entry, docs/kernel.md,
+    :data:`PACKED_MAX_COLS` candidate columns and K ≤ 64 the packed lanes — one int32 an entry, docs/kernel.md,
     "Packed lanes" — whose few failed rows are repaired in their own block; elsewhere as ``"unpacked"``),
     ``"unpacked"`` (the lanes — per-lane lists and a certificate, docs/kernel.md, "Lane selection" — whose failed
     rows are repaired together by a kernel of their own, ``forward.knn_fwd_repair``; on an H100 at K = 16, 32 and
@@ -64,13 +64,14 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     """Block sizes of the forward for K = ``num_neighbors`` over ``num_cols`` candidate columns: 64 query rows a block;
     ``LANES``, the selection (:func:`use_selection`); ``LANE_DEPTH``, the entries a lane keeps; ``DEFER``, whether the
     rows the lanes cannot certify go to ``forward.knn_fwd_repair`` (``"unpacked"``) or are repaired in their own block
-    (``"lanes"``); ``PACKED``, the packed lanes (``"auto"`` up to :data:`PACKED_MAX_COLS` columns and K ≤ 16, not the
-    blend rule: three entries over 64-wide tiles with 4 warps, a failed row repaired in its own block — at depth 3 about
-    0.05 % of random rows fail, so few blocks stream again). With the deferred repair (one H100, random features, CIFAR
-    kernel configuration, bench/RESULTS.md §1j): K ≤ 9 keeps two entries a lane over 64-wide tiles with 4 warps (N =
-    16384: 7.46 ms against 9.62; N = 1024 on an H200, §1l: 0.469 against 0.490 for three entries over 32-wide tiles; the
-    blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS` columns) the lanes
-    stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes repaired in their own
+    (``"lanes"``); ``PACKED``, the packed lanes (``"auto"`` up to :data:`PACKED_MAX_COLS` columns and K ≤ 64, not the
+    blend rule: three entries a lane for K ≤ 9, four above, over 64-wide tiles with 4 warps, a failed row repaired in
+    its own block; one H100, CIFAR kernel configuration, bench/RESULTS.md §1p: K = 9, 16, 32, 64 in 0.34, 0.45, 0.86,
+    3.13 ms against the unpacked lanes' 0.38, 0.56, 1.92, 5.33). With the deferred repair (one H100, random features,
+    CIFAR kernel configuration, bench/RESULTS.md §1j): K ≤ 9 keeps two entries a lane over 64-wide tiles with 4 warps (N
+    = 16384: 7.46 ms against 9.62; N = 1024 on an H200, §1l: 0.469 against 0.490 for three entries over 32-wide tiles;
+    the blend rule's small maps keep the latter, unmeasured); on a small map (≤ :data:`SMALL_MAP_COLS` columns) the
+    lanes stream 32-wide tiles with 4 warps for K ≤ 32 (K = 16: 0.69 ms against 0.96 for the lanes repaired in their own
     block), 64-wide with 8 warps above; on a larger map, K > 9 64-wide tiles with 8 warps. Without it (``"lanes"``,
     §1h): 32-wide tiles with 4 warps on small maps for K ≤ 9 or 17–32 only. 3 pipeline stages for the lanes. The
     insertion rounds use 4 warps up to K = 16, 8 above, 2 stages, and ``WARM``: the key tiles around each query block
@@ -85,11 +86,12 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
-    if selection == "auto" and k_pad <= 16 and num_cols <= PACKED_MAX_COLS and not blend:
+    if selection == "auto" and k_pad <= 64 and num_cols <= PACKED_MAX_COLS and not blend:
         return dict(BLOCK_M=64, BLOCK_N=64, D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                     BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)), num_warps=4,
-                    num_stages=3, LANES=True, LANE_DEPTH=3, DEFER=False, WARM=0, REPAIR_BLOCK_M=16,
-                    REPAIR_BLOCK_N=128, REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False, PACKED=True)
+                    num_stages=3, LANES=True, LANE_DEPTH=3 if num_neighbors <= 9 else 4, DEFER=False, WARM=0,
+                    REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=128, REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False,
+                    PACKED=True)
     lanes = selection != "rounds"
     defer = selection in ("auto", "unpacked")
     small = num_cols <= SMALL_MAP_COLS
