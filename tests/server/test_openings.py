@@ -109,3 +109,37 @@ def test_a_step_without_inputs_an_example_picked_opens_and_goes_stale_like_the_o
         assert openings.wrap(example, "image")(session, event) == "example"
         release.set()
         assert late.result(10) == gr.skip()
+
+
+def test_a_double_of_a_run_in_flight_is_the_same_opening_and_neither_goes_stale():
+    """One pick in the lessons' dropdown sends its step twice on the same values (the pick, then the blur that closes
+    the list); the two ran at once and the first was stale once its double had been answered: its answer, which
+    changes nothing, reached the page first, and the lesson's chain read the query boxes before the step had set
+    them (a lesson started again after a click stayed on the clicked pixel). A run on other values still goes
+    stale."""
+    openings, began, release = Openings(), threading.Event(), threading.Event()
+    session, calls = placed("10.0.0.1", "s1"), []
+
+    def lesson_start(values, request):
+        calls.append(values)
+        if len(calls) == 1:  # the first run waits; its double is answered first
+            began.set()
+            assert release.wait(10)
+        return f"step of {values['lesson']}"
+
+    step = openings.wrap(lesson_start, "view", ("view",))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(step, {"lesson": "convolution"}, session)
+        assert began.wait(10)
+        assert step({"lesson": "convolution"}, placed("10.0.0.1", "s1")) == "step of convolution"
+        release.set()
+        assert first.result(10) == "step of convolution"
+        calls.clear()
+        began.clear()
+        release.clear()
+        first = pool.submit(step, {"lesson": "convolution"}, session)
+        assert began.wait(10)
+        assert step({"lesson": "attention"}, session) == "step of attention"  # another lesson picked meanwhile
+        release.set()
+        assert first.result(10) == gr.skip()
+    assert not openings._runs and not openings._opened and not openings._running
