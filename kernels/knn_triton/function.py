@@ -86,24 +86,20 @@ def fwd_config(num_neighbors: int, D: int, Dv: int, C_out: int, num_cols: int, b
     Entries can be overridden through :func:`launch_forward`'s ``config``."""
     k_pad = _next_pow2(num_neighbors, 2)
     selection = _SELECTION.get()
-    if selection == "auto" and k_pad <= 64 and num_cols <= PACKED_MAX_COLS and not blend:
-        return dict(BLOCK_M=64, BLOCK_N=64, D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
-                    BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)), num_warps=4,
-                    num_stages=3, LANES=True, LANE_DEPTH=3 if num_neighbors <= 9 else 4, DEFER=False, WARM=0,
-                    REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=128, REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False,
-                    PACKED=True)
+    packed = selection == "auto" and k_pad <= 64 and num_cols <= PACKED_MAX_COLS and not blend
     lanes = selection != "rounds"
-    defer = selection in ("auto", "unpacked")
+    defer = selection in ("auto", "unpacked") and not packed
     small = num_cols <= SMALL_MAP_COLS
     shallow = defer and num_neighbors <= 9 and not (small and blend)  # two entries a lane, 4 warps, 64-wide tiles
-    narrow = lanes and small and not shallow and (
+    narrow = lanes and small and not shallow and not packed and (
         num_neighbors <= 32 if defer else num_neighbors <= 9 or 16 < num_neighbors <= 32)
+    depth = (3 if num_neighbors <= 9 else 4) if packed else 2 if shallow else 3
     return dict(BLOCK_M=64, BLOCK_N=32 if narrow else max(64, k_pad), D_PAD=_next_pow2(D, 16), K_PAD=k_pad,
                 BLOCK_C=min(64, _next_pow2(Dv, 16)), BLOCK_O=min(128, _next_pow2(C_out, 16)),
-                num_warps=4 if narrow or shallow or (not lanes and k_pad <= 16) else 8,
-                num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=2 if shallow else 3, DEFER=defer,
+                num_warps=4 if narrow or shallow or packed or (not lanes and k_pad <= 16) else 8,
+                num_stages=3 if lanes else 2, LANES=lanes, LANE_DEPTH=depth, DEFER=defer,
                 WARM=4 if blend and not lanes else 0, REPAIR_BLOCK_M=16, REPAIR_BLOCK_N=max(128, k_pad),
-                REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False, PACKED=False)
+                REPAIR_WARPS=4, REPAIR_PROGRAMS_PER_SM=3, GATHER=False, PACKED=packed)
 
 
 @functools.cache

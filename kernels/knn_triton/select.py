@@ -67,16 +67,25 @@ def canonical(s):
 def pack(scores, cols):
     """int64 key: order-preserving int32 image of the fp32 score (high) | 0x7FFFFFFF − column (low)."""
     scores = tl.where(scores == 0.0, 0.0, scores)  # −0.0 and +0.0 must tie
-    bits = scores.to(tl.int32, bitcast=True)
-    image = bits ^ ((bits >> 31) & INDEX_MASK)  # negative floats: reverse their order
-    return (image.to(tl.int64) << 32) | (cols ^ INDEX_MASK).to(tl.int64)
+    return (image(scores).to(tl.int64) << 32) | (cols ^ INDEX_MASK).to(tl.int64)
+
+
+@triton.jit
+def image(s):
+    """The order-preserving int32 image of fp32 ``s``: negative floats' bits reversed (NaN above +∞ or below −∞)."""
+    bits = s.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & INDEX_MASK)
+
+
+@triton.jit
+def from_image(i):
+    """The fp32 of an int32 image (:func:`image`'s inverse)."""
+    return (i ^ ((i >> 31) & INDEX_MASK)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def unpack_score(keys):
-    image = (keys >> 32).to(tl.int32)
-    bits = image ^ ((image >> 31) & INDEX_MASK)
-    return bits.to(tl.float32, bitcast=True)
+    return from_image((keys >> 32).to(tl.int32))
 
 
 @triton.jit
@@ -304,13 +313,12 @@ def lowered(floor):
 
 
 # Packed lanes (docs/kernel.md, "Packed lanes"): a lane's entry is one int32, the order-preserving image of its fp32
-# score with the low LANE_TILE_BITS bits replaced by its tile's code (earlier tiles larger): entries compare whole
-# with one integer min or max, and a lane's list stays sorted by a fixed min/max chain — no compare, no select, no
-# column carried. The column is the lane and the tile (:func:`lane_columns`). The score keeps 19 of its 23 mantissa
-# bits: two scores closer than 2^-19 of their magnitude may swap, a near-tie (docs/kernel.md, "Guarantees").
-LANE_TILE_BITS = tl.constexpr(4)
-PACKED_TILES = tl.constexpr(16)  # 2^LANE_TILE_BITS: the most tiles a packed stream takes
-_TILE_MASK = tl.constexpr(15)
+# score with its low bits replaced by its tile's code (earlier tiles larger): entries compare whole with one integer
+# min or max, and a lane's list stays sorted by a fixed min/max chain — no compare, no select, no column carried. The
+# column is the lane and the tile (:func:`lane_columns`). The score keeps 19 of its 23 mantissa bits: two scores
+# closer than 2^-19 of their magnitude may swap, a near-tie within the every-row check's tolerance.
+PACKED_TILES = tl.constexpr(16)  # the most tiles a packed stream takes: their codes fill the low 4 bits
+_TILE_MASK = tl.constexpr(PACKED_TILES.value - 1)
 EMPTY_ENTRY = tl.constexpr(-(2**31))  # below the entry of every score, −∞ and NaN included
 _IMAGE_POS_INF = tl.constexpr(0x7F800000)  # the image of +∞: an entry at or above it is a +∞ or a NaN
 _IMAGE_NEG_INF = tl.constexpr(-(2**31) + 0x7FFFFF)  # the image of −∞: 0xFF800000 ^ 0x7FFFFFFF as an int32
@@ -318,21 +326,16 @@ _IMAGE_NEG_INF = tl.constexpr(-(2**31) + 0x7FFFFF)  # the image of −∞: 0xFF8
 
 @triton.jit
 def entry(s, code, SHIFTED: tl.constexpr):
-    """A packed lane entry [rows, BLOCK_N] int32 of raw fp32 scores ``s`` from the tile of ``code`` (int32,
-    PACKED_TILES − 1 − the tile's index in its range): the score's order-preserving image, its low bits the code.
-    ``SHIFTED`` (cosine scores, in [−1, 1]): the image is the bits of s + 1, which are ordered as integers while
-    s + 1 ≥ 0 (an entry below 0 is a score below −1 by rounding, or −∞: never certified as a K-th); one
-    instruction instead of four. Otherwise any fp32 (−0.0 counts as +0.0)."""
+    """A packed lane entry (int32, ``s``'s shape) of raw fp32 scores ``s`` from the tile of ``code`` (int32,
+    PACKED_TILES − 1 − the tile's index in its range; 0 gives the lowest entry of a score's bits): the score's
+    order-preserving image, its low bits the code. ``SHIFTED`` (cosine scores, in [−1, 1]): the image is the bits of
+    s + 1, which are ordered as integers while s + 1 ≥ 0 (an entry below 0 is a score below −1 by rounding, or −∞:
+    never certified as a K-th); one instruction instead of four. Otherwise any fp32 (−0.0 counts as +0.0)."""
     if SHIFTED:
-        return ((s + 1.0).to(tl.int32, bitcast=True) & ~_TILE_MASK) | code
-    return (image(s + 0.0) & ~_TILE_MASK) | code  # −0.0 + 0.0 = +0.0
-
-
-@triton.jit
-def image(s):
-    """The order-preserving int32 image of fp32 ``s`` (negative floats' bits reversed; NaN above +∞ or below −∞)."""
-    bits = s.to(tl.int32, bitcast=True)
-    return bits ^ ((bits >> 31) & INDEX_MASK)
+        bits = (s + 1.0).to(tl.int32, bitcast=True)
+    else:
+        bits = image(s + 0.0)  # −0.0 + 0.0 = +0.0
+    return (bits & ~_TILE_MASK) | code
 
 
 @triton.jit
@@ -342,15 +345,7 @@ def entry_score(e, SHIFTED: tl.constexpr):
     e = e & ~_TILE_MASK
     if SHIFTED:
         return e.to(tl.float32, bitcast=True) - 1.0
-    return (e ^ ((e >> 31) & INDEX_MASK)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def score_entry(score, SHIFTED: tl.constexpr):
-    """The entry of an fp32 score [rows] with its code's bits cleared: the lowest entry of its score's bits."""
-    if SHIFTED:
-        return (score + 1.0).to(tl.int32, bitcast=True) & ~_TILE_MASK
-    return image(score + 0.0) & ~_TILE_MASK
+    return from_image(e)
 
 
 @triton.jit
@@ -410,7 +405,7 @@ def packed_merge(acc, live, e1, e2, e3, e4, over, num_neighbors, col_lo, first_t
     acc = tl.full(acc.shape, EMPTY_KEY, tl.int64)
     last = tl.full(first.shape, EMPTY_ENTRY, tl.int32)  # the last entry taken from a lane
     kth_entry = last  # the K-th as an entry: the last taken, or the own key's score's image, code cleared
-    tie = first < first  # all False, [rows]
+    tie = tl.zeros(first.shape, tl.int1)
     for r in range(num_neighbors):
         best = tl.max(e1, axis=1)
         lane = tl.min(tl.where(e1 == best[:, None], lanes[None, :], BLOCK_N), axis=1)
@@ -421,7 +416,7 @@ def packed_merge(acc, live, e1, e2, e3, e4, over, num_neighbors, col_lo, first_t
         from_lane = key > first
         tie = tie | (from_lane & (best == last))
         last = tl.where(from_lane, best, last)
-        kth_entry = tl.where(from_lane, best, score_entry(unpack_score(first), SHIFTED))
+        kth_entry = tl.where(from_lane, best, entry(unpack_score(first), 0, SHIFTED))
         taken = from_lane[:, None] & (lanes[None, :] == lane[:, None])
         e1 = tl.where(taken, e2, e1)
         if DEPTH == 2:
