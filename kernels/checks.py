@@ -15,6 +15,7 @@ FUSED_SIMILARITIES = ("cosine", "dot")  # what the fused kernel scores with
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what it loads; it accumulates in fp32
 FUSED_MAX_NEIGHBORS = 128  # its K_PAD ≤ 128 keeps the [BLOCK_M, K_PAD] int64 top-K accumulator in registers
 FUSED_MAX_ELEMENTS = 2**31  # its offsets within one tensor are int32
+FUSED_MAX_BLEND_CELLS = 2**21  # the blend rule's padded cells: their rows are found in fp32 (forward.padded_position)
 
 
 @contextmanager
@@ -126,8 +127,9 @@ def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups,
     uniform, K ≤ 128, a standard Conv1D on one head
     or a depthwise one (``groups = C_in = C_out = H·Dv``), ``v`` in fp32, bf16 or fp16 (q and k are run in v's
     dtype; not bf16 in Triton's interpreter, whose bf16 arithmetic is wrong: outputs off by ~1e10, silently) and
-    tensors of fewer than 2**31 elements. The one rule for the dispatch's backend choice and the
-    launcher's ``ValueError``; the returned message names the argument and the value received.
+    tensors of fewer than 2**31 elements (a blend map of fewer than 2**21 padded cells). The one rule for the
+    dispatch's backend choice and the launcher's ``ValueError``; the returned message names the argument and the
+    value received.
     """
     B, H, Nq, _ = q.shape
     c_in = H * v.shape[3]
@@ -152,4 +154,7 @@ def fused_unsupported_reason(q, k, v, weight, num_neighbors, similarity, groups,
                 "float16 there, or a GPU")
     if max(q.numel(), k.numel(), v.numel(), B * H * Nq * num_neighbors) >= FUSED_MAX_ELEMENTS:
         return f"inputs with {FUSED_MAX_ELEMENTS} or more elements are not supported by the Triton kernel"
+    if blend is not None and blend.num_cells >= FUSED_MAX_BLEND_CELLS:
+        return (f"the blend rule's padded map must have fewer than {FUSED_MAX_BLEND_CELLS} cells on the Triton "
+                f"kernel, got {blend.num_cells}")
     return None

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from convnn import ConvNN2d, record_neighbors
 from kernels import knn_aggregate
-from kernels.knn_triton import function
+from kernels.checks import FUSED_MAX_BLEND_CELLS
+from kernels.knn_triton import forward, function
 from kernels.reference import BlendGrid
 from tests.kernels.every_row import DEVICE, check_every_row
 
@@ -94,3 +97,41 @@ def test_a_warm_start_selects_the_reference_blend_cells(warm):
     warmed = function.launch_forward(q, k, v, weight, None, *options.values(),
                                      config=dict(BLOCK_M=16, BLOCK_N=16, LANES=False, WARM=warm))
     check_every_row(warmed, q, k, v, weight, **options, max_tie_share=0)
+
+
+@triton.jit
+def _positions(Cols, Rows, Out, n, width, pad, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.load(Cols + offs, mask=offs < n, other=0)
+    row, col = forward.padded_position(cols, width, pad)
+    tl.store(Rows + offs, row, mask=offs < n)
+    tl.store(Out + offs, col, mask=offs < n)
+
+
+@pytest.mark.parametrize("width, pad", [(1, 0), (2, 0), (5, 1), (32, 1), (33, 2), (251, 2), (1443, 2), (2047, 0)])
+def test_padded_positions_are_the_integer_quotient_and_remainder_below_the_bound(width, pad):
+    """forward.padded_position finds a padded cell's row in fp32; it equals torch's integer division for the cells
+    0 … FUSED_MAX_BLEND_CELLS − 1 (the quotients nearest a rounding error: the last cell of each row, and every
+    cell near the bound) and for a dense sample of the others, for padded rows 1 to 2,047 cells wide."""
+    padded = width + 2 * pad
+    ends = torch.arange(padded - 1, FUSED_MAX_BLEND_CELLS, padded)  # the last cell of each row, then the next row's
+    cols = torch.cat([ends, (ends + 1)[ends + 1 < FUSED_MAX_BLEND_CELLS], torch.arange(0, 4096),
+                      torch.arange(FUSED_MAX_BLEND_CELLS - 4096, FUSED_MAX_BLEND_CELLS),
+                      torch.randint(0, FUSED_MAX_BLEND_CELLS, (20000,), generator=torch.Generator().manual_seed(0))])
+    cols = cols.to(torch.int32).to(DEVICE)
+    rows, rest = torch.empty_like(cols), torch.empty_like(cols)
+    _positions[(triton.cdiv(cols.numel(), 4096),)](cols, rows, rest, cols.numel(), width, pad, BLOCK=4096)
+    expected = cols.long()
+    assert torch.equal(rows.long(), torch.div(expected, padded, rounding_mode="floor"))
+    assert torch.equal(rest.long(), expected % padded)
+
+
+def test_a_blend_map_at_the_bound_stays_on_the_reference():
+    """A padded map of FUSED_MAX_BLEND_CELLS cells or more is refused by the kernel with a message (the dispatch
+    then runs the reference), instead of finding rows that fp32 can no longer tell apart."""
+    side = int(FUSED_MAX_BLEND_CELLS ** 0.5) - 1  # (side + 2)² ≥ the bound for a 3×3 window
+    q = torch.randn(1, 1, side * side, 1, device=DEVICE)
+    weight = torch.randn(2, 1, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="padded map must have fewer than"):
+        knn_aggregate(q, q, q, weight, num_neighbors=3, self_first=True, blend=BlendGrid(side, side, 3, 0.5),
+                      backend="triton")
