@@ -1,16 +1,17 @@
 """Instructions of the fused forward's loops, counted in its sm_90a SASS on a machine without a GPU.
 
-    PYTHONPATH=/path/to/triton-3.6 python bench/sass_count.py [--config LANE_DEPTH=3 BLOCK_N=32 num_warps=4]
+    PYTHONPATH=/path/to/triton-3.6 python bench/sass_count.py [--config LANE_DEPTH=3 BLOCK_N=32 num_warps=4] [--blend]
 
 The forward is ALU-bound (Nsight Compute, bench/RESULTS.md §1e: the ALU pipe 78–79 % busy, tensor and memory pipes
 idle), so the instructions a thread issues per score bound its time; a change to the selection can be counted here
 in seconds before a GPU times it. ``knn_fwd`` (and ``knn_fwd_repair``, ``key_inv_norms``) are compiled for the CIFAR
 kernel configuration (N = 1,024, d = 64, K = 9, bf16, cosine, softmax; ``function.fwd_config``'s defaults, or
-``--config`` overrides) with the stand-in sm_90 driver of ``bench/compile_sm90.py``, assembled with Triton's bundled
-``ptxas`` and disassembled with its ``nvdisasm``. Each loop of the SASS (a backward branch) is listed with its static
-instruction count — a branch inside a loop counts whole — and the source lines its instructions come from (the
-lanes' stream: one tile a trip, ``BLOCK_M · BLOCK_N / threads`` scores a thread; the end of the row: one rank a
-trip; the Conv1D: one rank slot a trip).
+``--config`` overrides; ``--blend``: the blend layer's call of ``bench/kernel.py`` instead — a 32×32 map, 3×3
+window, α = 0.5, weighting none, the query first) with the stand-in sm_90 driver of ``bench/compile_sm90.py``,
+assembled with Triton's bundled ``ptxas`` and disassembled with its ``nvdisasm``. Each loop of the SASS (a
+backward branch) is listed with its static instruction count — a branch inside a loop counts whole — and the source
+lines its instructions come from (the lanes' stream: one tile a trip, ``BLOCK_M · BLOCK_N / threads`` scores a
+thread; the end of the row: one rank a trip; the Conv1D: one rank slot a trip).
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="*", default=[], help="fwd_config overrides, NAME=INT")
     parser.add_argument("--lines", type=int, default=8, help="source lines listed a loop")
+    parser.add_argument("--blend", action="store_true", help="the blend layer's call (32×32 map, 3×3 window)")
     args = parser.parse_args()
     config = {name: int(value) for name, value in (item.split("=", 1) for item in args.config)}
     driver.set_active(compile_sm90._Sm90())
     from kernels.knn_triton import forward, function
+    from kernels.reference import BlendGrid
 
     function.triton_runs_on = lambda device: True
     compiled = {}
@@ -85,9 +88,13 @@ def main() -> int:
         setattr(forward, name, _Keep(name, getattr(forward, name)))
     q = torch.randn(2, 1, 1024, 64, dtype=torch.bfloat16)
     weight = torch.randn(64, 64, 9, dtype=torch.bfloat16)
-    function.launch_forward(q, q, q, weight, None, 9, "cosine", "softmax", 1.0, 1, None, False, config=config or None)
+    blend = BlendGrid(32, 32, 3, 0.5) if args.blend else None
+    function.launch_forward(q, q, q, weight, None, 9, "cosine", "none" if blend else "softmax", 1.0, 1, None,
+                            blend is not None, blend=blend, config=config or None)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    print(f"triton {triton.__version__}, sm_90a; config {function.fwd_config(9, 64, 64, 64, 1024) | config}")
+    num_cols = blend.num_cells if blend else 1024
+    print(f"triton {triton.__version__}, sm_90a; {'blend, ' if blend else ''}config "
+          f"{function.fwd_config(9, 64, 64, 64, num_cols, blend=blend is not None) | config}")
     for name, kernel in compiled.items():
         with tempfile.TemporaryDirectory() as folder:
             ptx, cubin = Path(folder) / "k.ptx", Path(folder) / "k.cubin"
