@@ -39,6 +39,26 @@ def covering(factors: list[list], strength: int) -> list[tuple]:
     return sorted(chosen, key=product.index)
 
 
-def kernel_cases(factors: list[list], strength: int) -> list[tuple]:
-    """The whole product on a CUDA device; in the interpreter, the covering subset of ``strength``."""
-    return list(itertools.product(*factors)) if DEVICE == "cuda" else covering(factors, strength)
+def covers(rows: list[tuple], factors: list[list], strength: int) -> bool:
+    """Whether ``rows`` (rows of ``itertools.product(*factors)``) hold every combination of values of any
+    ``strength`` factors."""
+    groups = itertools.combinations(range(len(factors)), min(strength, len(factors)))
+    return all(any(all(row[i] == v for i, v in zip(group, values, strict=True)) for row in rows)
+               for group in groups for values in itertools.product(*(factors[i] for i in group)))
+
+
+def kernel_cases(factors: list[list], strength: int, rows: list[tuple] | None = None) -> list[tuple]:
+    """The whole product on a CUDA device; in the interpreter ``rows`` — picked by hand among the cheap cases, the
+    interpreter's cost of a case differing by 10× (the repairs of many rows at large K) — or else the greedy covering
+    subset of ``strength``.
+
+    Raises:
+        ValueError: ``rows`` that are not rows of the product or do not cover every combination of ``strength``.
+    """
+    if DEVICE == "cuda":
+        return list(itertools.product(*factors))
+    if rows is None:
+        return covering(factors, strength)
+    if not set(rows) <= set(itertools.product(*factors)) or not covers(rows, factors, strength):
+        raise ValueError(f"the rows {rows} do not cover every combination of {strength} factors of {factors}")
+    return rows

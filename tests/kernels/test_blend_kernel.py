@@ -111,10 +111,12 @@ def _positions(Cols, Rows, Out, n, width, pad, BLOCK: tl.constexpr):
 @pytest.mark.parametrize("width, pad", [(1, 0), (2, 0), (5, 1), (32, 1), (33, 2), (251, 2), (1443, 2), (2047, 0)])
 def test_padded_positions_are_the_integer_quotient_and_remainder_below_the_bound(width, pad):
     """forward.padded_position finds a padded cell's row in fp32; it equals torch's integer division for the cells
-    0 … FUSED_MAX_BLEND_CELLS − 1 (the quotients nearest a rounding error: the last cell of each row, and every
-    cell near the bound) and for a dense sample of the others, for padded rows 1 to 2,047 cells wide."""
+    below FUSED_MAX_BLEND_CELLS where fp32 is closest to misplacing one — the last cell of a row and the next row's
+    first, whose quotients' error grows with the cell: every row's in the top 65,536 cells — and for the first
+    4,096 cells and a sample of the others, for padded rows 1 to 2,047 cells wide."""
     padded = width + 2 * pad
     ends = torch.arange(padded - 1, FUSED_MAX_BLEND_CELLS, padded)  # the last cell of each row, then the next row's
+    ends = ends[ends >= FUSED_MAX_BLEND_CELLS - 2**16]
     cols = torch.cat([ends, (ends + 1)[ends + 1 < FUSED_MAX_BLEND_CELLS], torch.arange(0, 4096),
                       torch.arange(FUSED_MAX_BLEND_CELLS - 4096, FUSED_MAX_BLEND_CELLS),
                       torch.randint(0, FUSED_MAX_BLEND_CELLS, (20000,), generator=torch.Generator().manual_seed(0))])

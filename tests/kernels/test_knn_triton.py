@@ -47,10 +47,10 @@ def _deterministic(enabled):
 # ---------------------------------------------------------------------------------------------------------------
 def _cases():
     """similarity × weighting × aggregation × candidate set × self_first (on a GPU every combination, in the
-    interpreter every three factors' combinations: :func:`cases.kernel_cases`); K and N cycle through the sizes."""
+    interpreter every two factors' combinations: :func:`cases.kernel_cases`); K and N cycle through the sizes."""
     sizes = [(9, 77), (16, 150), (32, 190), (9, 256), (16, 97), (32, 130)]
     flags = kernel_cases([["cosine", "dot"], ["none", "softmax", "uniform"], ["standard", "depthwise"],
-                          ["all", "random"], [False, True]], strength=3)
+                          ["all", "random"], [False, True]], strength=2)
     return [(*case, *sizes[i % len(sizes)]) for i, case in enumerate(flags)]
 
 
