@@ -28,11 +28,14 @@ TINY_ARCH = {"widths": [8, 16], "depths": [1, 0]}
 
 @pytest.mark.parametrize("convnn_options", [{}, {"qk_dim": 4, "weighting": "softmax"}], ids=["plain", "learned-qk"])
 def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_path, convnn_options):
-    """Also with learned q/k projections, which DDP only accepts when they get a gradient (softmax weighting)."""
+    """Also with learned q/k projections, which DDP only accepts when they get a gradient (softmax weighting).
+    64 images: two steps an epoch, 16 images a rank each (128 images took 3 s more of the ≈ 20 s, most of which
+    is torchrun and the two processes starting)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(ROOT / "tests/convnn/ddp_worker.py"), "--preset", "cnn-l0.5", "--name", "ddp", "--epochs", "3",
-               "--out", str(tmp_path), *TINY, "--model-args", json.dumps({**TINY_ARCH, **convnn_options})]
+               "--out", str(tmp_path), *TINY, "--subset", "64",
+               "--model-args", json.dumps({**TINY_ARCH, **convnn_options})]
     subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600, capture_output=True)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for name, tensor in rank0.items():
@@ -55,11 +58,12 @@ def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_p
 ], ids=["cnn-random", "vit-random"])
 def test_an_interrupted_run_resumed_equals_the_uninterrupted_run_bit_for_bit(tmp_path, preset, model_args):
     """3 epochs straight == 2 epochs (stopped by --max-steps) + --resume: the same train losses and weights,
-    bit for bit on a CPU, so every random stream continued where it was."""
-    args = ["--preset", preset, "--epochs", "3", "--out", str(tmp_path), *TINY, "--mixup-alpha", "0.5",
-            "--model-args", json.dumps(model_args)]
+    bit for bit on a CPU, so every random stream continued where it was. Two steps an epoch (32 images in batches
+    of 16): the stop after epoch 2 still follows steps within an epoch."""
+    args = ["--preset", preset, "--epochs", "3", "--out", str(tmp_path), *TINY, "--subset", "32", "--batch-size",
+            "16", "--mixup-alpha", "0.5", "--model-args", json.dumps(model_args)]
     straight, _ = train(parse_config([*args, "--name", "straight"]))
-    steps_per_epoch = 128 // 32
+    steps_per_epoch = 32 // 16
     train(parse_config([*args, "--name", "resumed", "--max-steps", str(2 * steps_per_epoch)]))
     resumed, _ = train(parse_config([*args, "--name", "resumed", "--resume"]))
     losses = {name: [json.loads(line)["train_loss"] for line in (tmp_path / f"{name}.log.jsonl").open()]
@@ -73,11 +77,15 @@ def test_an_interrupted_run_resumed_equals_the_uninterrupted_run_bit_for_bit(tmp
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
-    """Each preset's model, recipe and optimiser run two steps on generated images (ImageNet ones at 224 px)."""
-    imagenet = name.startswith("imagenet")  # 224 px, one image per step: the step's cost, not a batch's
-    config = parse_config(["--preset", name, "--data", "synthetic", "--image-size", "224" if imagenet else "32",
-                           "--subset", "2" if imagenet else "4", "--batch-size", "1" if imagenet else "2",
-                           "--max-steps", "2", "--epochs", "1", "--out", str(tmp_path)])
+    """Each preset's model, recipe and optimiser run two steps on generated images: the CIFAR ViTs (mixup) two of
+    two 32 px images each, the others one image a step, the step's cost and not a batch's; the CIFAR ResNets at
+    32 px, the ViT-B/16 at its 224 px, the ResNet-50 (any size) at 160 px, where its last stage has 5 × 5 cells,
+    more than K = 16, so that every hybrid layer selects (224 px took it 2.4× as long)."""
+    size, batch = {"convnn_resnet50": (160, 1), "convnn_vit_b16": (224, 1),
+                   "convnn_resnet_cifar": (32, 1)}.get(PRESETS[name]["model"], (32, 2))
+    config = parse_config(["--preset", name, "--data", "synthetic", "--image-size", str(size), "--subset",
+                           str(2 * batch), "--batch-size", str(batch), "--max-steps", "2", "--epochs", "1",
+                           "--out", str(tmp_path)])
     model, metrics = train(config)
     assert 0.0 <= metrics["test_top1"] <= 100.0
     assert all(torch.isfinite(p).all() for p in model.parameters())
