@@ -31,8 +31,8 @@ def test_a_strength_of_every_factor_is_the_whole_product_and_below_one_is_refuse
 
 
 def test_hand_picked_interpreter_rows_must_cover_the_strength_they_claim(monkeypatch):
-    """kernel_cases takes hand-picked rows in the interpreter only when they cover (checked against a direct count
-    here), and runs the whole product on a GPU whatever rows are given."""
+    """kernel_cases takes hand-picked rows in the interpreter only when they cover (rows built here to miss a value,
+    a pair, or to leave the product), and runs the whole product on a GPU whatever rows are given."""
     factors = [["a", "b", "c"], [1, 2], [False, True]]
     rows = [("a", 1, False), ("b", 2, True), ("c", 1, True)]
     monkeypatch.setattr(cases, "DEVICE", "cpu")
