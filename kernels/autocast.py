@@ -12,13 +12,13 @@ autocast leaves them; outside autocast nothing changes (fp32 keeps IEEE fp32 sel
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["autocast_aware", "autocast_dtype"]
+__all__ = ["Caster", "autocast_aware", "autocast_dtype", "linked"]
 
 _CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
 F = TypeVar("F", bound=Callable)
@@ -31,11 +31,41 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
+class Caster:
+    """Casts tensors to ``dtype`` as autocast would: fp32/fp16/bf16 tensors to ``dtype`` (a contiguous copy,
+    token-major rows), each tensor once however often it is passed (by identity, not id(): torch.compile traces
+    `is`, not id() of a tensor); anything else (ints, int64 indices, bool masks, fp64 tensors, None) as it is."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self._casts: list[tuple[Tensor, Tensor]] = []  # (tensor, its copy)
+
+    def __call__(self, x):
+        if not (isinstance(x, Tensor) and x.dtype in _CASTABLE):
+            return x
+        for tensor, copy in self._casts:
+            if tensor is x:
+                return copy
+        self._casts.append((x, x.to(self.dtype, memory_format=torch.contiguous_format)))
+        return self._casts[-1][1]
+
+
+def linked(originals: Sequence, computed: Sequence, dtype: torch.dtype) -> tuple:
+    """``computed`` (casts of ``originals`` made without autograd, e.g. under ``torch.no_grad()``) with autograd to
+    the originals: where grad mode is on and an original requires grad, it is cast again by a :class:`Caster`
+    (differentiably, its gradient back in the original's dtype); every other entry of ``computed`` as it is."""
+    if not torch.is_grad_enabled():
+        return tuple(computed)
+    cast = Caster(dtype)
+    return tuple(cast(x) if isinstance(x, Tensor) and x.requires_grad and c is not x else c
+                 for x, c in zip(originals, computed, strict=True))
+
+
 def autocast_aware(fn: F) -> F:
     """Wrap ``fn`` so that under autocast for the device of its first tensor argument, its fp32/fp16/bf16 tensor
-    arguments (positional and keyword) are cast to the autocast dtype, each tensor once however often it is passed,
-    and it runs with autocast off. Other arguments (ints, int64 indices, bool masks, fp64 tensors, modules) pass as
-    they are."""
+    arguments (positional and keyword) are cast to the autocast dtype (:class:`Caster`: q = k = v, a layer's own
+    input, is cast once), and it runs with autocast off. Other arguments (ints, int64 indices, bool masks, fp64
+    tensors, modules) pass as they are."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -43,18 +73,7 @@ def autocast_aware(fn: F) -> F:
         dtype = None if first is None else autocast_dtype(first.device.type)
         if dtype is None:
             return fn(*args, **kwargs)
-
-        casts: list[tuple[Tensor, Tensor]] = []  # (tensor, its copy): q = k = v (a layer's own input) is cast once
-
-        def cast(x):
-            if not (isinstance(x, Tensor) and x.dtype in _CASTABLE):
-                return x
-            for tensor, copy in casts:  # by identity, not id(): torch.compile traces `is`, not id() of a tensor
-                if tensor is x:
-                    return copy
-            casts.append((x, x.to(dtype, memory_format=torch.contiguous_format)))  # token-major rows
-            return casts[-1][1]
-
+        cast = Caster(dtype)
         with torch.autocast(first.device.type, enabled=False):
             return fn(*map(cast, args), **{name: cast(x) for name, x in kwargs.items()})
 

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-from .autocast import autocast_aware
+from .autocast import Caster, autocast_dtype, linked
 from .checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
 from .reference import KnnResult, bind_options, knn_aggregate_reference, takes_options
 
@@ -108,7 +108,6 @@ def resolve_backend(backend: str, device: torch.device, unsupported: str | None 
     return backend
 
 
-@autocast_aware
 @takes_options
 def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                   attn_mask: Tensor | None = None, backend: str = "auto", **options) -> KnnResult:
@@ -150,6 +149,24 @@ def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor 
     Raises:
         ValueError: a shape, dtype or option outside its allowed range (the message names it), or an impossible K.
     """
+    tensors = (q, k, v, weight, bias)
+    dtype = autocast_dtype(q.device.type)
+    if dtype is None:
+        return _aggregate(tensors, None, None, attn_mask, backend, options)
+    cast = Caster(dtype)
+    with torch.no_grad():  # what the checks and the kernel read; autograd reaches the originals (_aggregate)
+        computed = tuple(map(cast, tensors))
+    return _aggregate(computed, tensors, dtype, attn_mask, backend, options)
+
+
+def _aggregate(tensors: tuple, originals: tuple | None, dtype: torch.dtype | None, attn_mask: Tensor | None,
+               backend: str, options: dict) -> KnnResult:
+    """:func:`knn_aggregate` on ``tensors`` (q, k, v, weight, bias), under autocast their casts to ``dtype`` made
+    without autograd (``originals``: the tensors passed; both None outside autocast): the fused kernel's autograd
+    takes the originals and returns their gradients in their own dtypes without a cast node between (none of its
+    launches is an operator autocast changes); the reference gets casts (:func:`~kernels.autocast.linked`) that carry
+    the gradients back, and runs with autocast off."""
+    q, k, v, weight, bias = tensors
     num_neighbors, similarity, weighting, temperature, groups, self_first, candidates, blend = bind_options(
         "knn_aggregate", options)
     check_knn_arguments(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups,
@@ -159,5 +176,8 @@ def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor 
     if resolve_backend(backend, q.device, unsupported) == "triton":
         from .knn_triton.function import aggregate_prechecked
 
-        return aggregate_prechecked(q, k, v, weight, bias, **options)  # checked above, once per call
-    return knn_aggregate_reference(q, k, v, weight, bias, attn_mask=attn_mask, **options)
+        return aggregate_prechecked(q, k, v, weight, bias, originals=originals, **options)  # checked above, once
+    if originals is None:
+        return knn_aggregate_reference(*tensors, attn_mask=attn_mask, **options)
+    with torch.autocast(q.device.type, enabled=False):  # the reference's matmuls in the cast dtype, as the kernel's
+        return knn_aggregate_reference(*linked(originals, tensors, dtype), attn_mask=attn_mask, **options)

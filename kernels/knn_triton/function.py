@@ -15,6 +15,7 @@ import torch
 import triton
 from torch import Tensor
 
+from ..autocast import linked
 from ..checks import check_knn_arguments, chosen, fused_unsupported_reason, triton_runs_on
 from ..reference import BlendGrid, KnnResult, bind_options, candidates_on, spatial_profile, takes_options
 from ..usage import note_backend
@@ -154,8 +155,9 @@ def _inverse_key_norms(k: Tensor, d_pad: int) -> Tensor:
 def _channel_major(weight: Tensor) -> Tensor:
     """The Conv1D weight (C_out, C_in/groups, K) as a view of a copy with C_out innermost: the kernels read
     W[:, :, t] one rank slot at a time, a coalesced [C_in, C_out] block then (the weight's own layout puts K elements
-    between two output channels)."""
-    return weight.permute(2, 1, 0).contiguous().permute(2, 1, 0)
+    between two output channels); the weight itself where it is laid out so already (no copy)."""
+    transposed = weight.permute(2, 1, 0)
+    return weight if transposed.is_contiguous() else transposed.contiguous().permute(2, 1, 0)
 
 
 def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
@@ -337,7 +339,7 @@ def launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weigh
     if need_w and not depthwise:
         d_weight = _weight_grad(grad_out, v, idx, a, block_c, block_o)
     if need_b:
-        d_bias = grad_out.float().sum((0, 2))
+        d_bias = grad_out.sum((0, 2), dtype=torch.float32)
     return d_q, d_k, d_v, d_weight, d_bias
 
 
@@ -351,30 +353,40 @@ def padded_rows(idx: Tensor, blend) -> Tensor:
 
 def fused_backward(grad_out: Tensor | None, grad_a: Tensor | None, q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
                    idx: Tensor, a: Tensor, similarity: str, weighting: str, temperature: float, groups: int,
-                   blend: BlendGrid | None, needs_grad: Sequence[bool]) -> tuple[Tensor | None, ...]:
+                   blend: BlendGrid | None, needs_grad: Sequence[bool],
+                   dtypes: Sequence[torch.dtype] | None = None) -> tuple[Tensor | None, ...]:
     """The backward of the fused aggregation, shared by its two entries (:class:`KnnAggregate`, eager, and the
     operator ``convnn::knn_fused_backward``, traced): :func:`launch_backward` on the forward's ``idx`` (padded cells
     mapped to value rows for the blend rule) and ``a``, ``v`` token-major. Returns the gradients of q, k, v, weight
-    and bias (each None unless ``needs_grad``, five flags, asks for it), each in its input's dtype (bias: weight's)."""
+    and bias (each None unless ``needs_grad``, five flags, asks for it), each in its dtype of ``dtypes`` (five;
+    default: its input's, bias: weight's)."""
     if blend is not None:  # padded cells → value rows; −1 (a padding cell: zero value) gets no gradient
         idx = padded_rows(idx, blend)
     if grad_out is None:
         grad_out = torch.zeros(v.shape[0], weight.shape[0], q.shape[2], device=q.device, dtype=q.dtype)
     grads = launch_backward(grad_out, grad_a, q, k, token_major(v), weight, idx, a, similarity, weighting,
                             temperature, groups, tuple(needs_grad))
-    return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, (q, k, v, weight, weight), strict=True))
+    dtypes = dtypes or (q.dtype, k.dtype, v.dtype, weight.dtype, weight.dtype)
+    return tuple(None if g is None else g.to(dtype) for g, dtype in zip(grads, dtypes, strict=True))
 
 
 class KnnAggregate(torch.autograd.Function):
     """Autograd of the fused aggregation in eager mode: :func:`launch_forward`, then :func:`fused_backward` on the
-    saved ``idx`` and ``a``; ``v`` is used (and saved) token-major (:func:`token_major`). A traced graph calls the
+    saved ``idx`` and ``a``; ``v`` is used (and saved) token-major (:func:`token_major`), the weight channel-major
+    (:func:`_channel_major`, once for both). Under autocast its inputs are the tensors the caller passed and
+    ``computed`` their casts (made without autograd): the kernels read the casts, and the gradients come back in
+    the inputs' own dtypes, straight from the kernels' fp32 sums (no cast node, no round trip through the autocast
+    dtype). A traced graph calls the
     operator :func:`knn_fused` instead: the same launches, but a custom operator's autograd costs about 70 µs more
     per call in eager mode (measured on this project's CPU host: 80 µs against 11 µs for an empty body)."""
 
     @staticmethod
     def forward(ctx, q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
-                self_first, blend):
-        v_rows = token_major(v)
+                self_first, blend, computed=None):
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, weight.dtype, (weight if bias is None else bias).dtype)
+        if computed is not None:
+            q, k, v, weight, bias = computed
+        v_rows, weight = token_major(v), _channel_major(weight)
         out, idx, a = launch_forward(q, k, v_rows, weight, bias, num_neighbors, similarity, weighting, temperature,
                                      groups, candidates, self_first, blend)
         ctx.save_for_backward(q, k, v_rows, weight, idx, a)
@@ -387,8 +399,9 @@ class KnnAggregate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_idx, grad_a):
         q, k, v, weight, idx, a = ctx.saved_tensors
-        grads = fused_backward(grad_out, grad_a, q, k, v, weight, idx, a, *ctx.options, ctx.needs_input_grad[:5])
-        return *grads, None, None, None, None, None, None, None, None
+        grads = fused_backward(grad_out, grad_a, q, k, v, weight, idx, a, *ctx.options, ctx.needs_input_grad[:5],
+                               ctx.dtypes)
+        return *grads, None, None, None, None, None, None, None, None, None
 
 
 def _blend_grid(blend_shape: Sequence[int] | None, blend_alpha: float) -> BlendGrid | None:
@@ -538,9 +551,12 @@ def knn_aggregate_triton(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
 
 
 @takes_options
-def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, **options) -> KnnResult:
+def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor | None, *,
+                         originals: tuple | None = None, **options) -> KnnResult:
     """:func:`knn_aggregate_triton` for arguments that already passed its checks (the fused path of
-    :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here.
+    :func:`kernels.knn_aggregate`, which checks once per call); only :func:`_check_launchable` runs here. Under
+    autocast q, k, v, weight, bias are casts made without autograd and ``originals`` the tensors they were cast
+    from (five; their gradients come back in their own dtypes), else None.
     Same arguments, result and gradients; arguments that would fail the checks give undefined results. Eager mode
     runs :class:`KnnAggregate`; inside ``torch.compile`` or ``torch.export`` the registered operator
     :func:`knn_fused` (docs/method.md §9), so that the graph calls the kernel without a break."""
@@ -548,9 +564,12 @@ def aggregate_prechecked(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: 
         "aggregate_prechecked", options)
     note_backend("triton")
     candidates = candidates_on(candidates, q.device)
+    computed = (q, k, v, weight, bias)
     if not torch.compiler.is_compiling():
-        return KnnResult(*KnnAggregate.apply(q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature,
-                                             groups, candidates, self_first, blend))
+        return KnnResult(*KnnAggregate.apply(*(originals or computed), num_neighbors, similarity, weighting,
+                                             temperature, groups, candidates, self_first, blend, computed))
+    if originals is not None:  # a traced graph drops the casts without autograd: casts with it instead
+        q, k, v, weight, bias = linked(originals, computed, q.dtype)
     blend_shape = None if blend is None else (blend.height, blend.width, blend.window_size)
     out, idx, a = knn_fused(q, k, token_major(v), weight, bias, candidates, num_neighbors, similarity, weighting,
                             temperature, groups, self_first, blend_shape, 0.0 if blend is None else float(blend.alpha))

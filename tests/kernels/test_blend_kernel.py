@@ -56,8 +56,8 @@ def test_blend_layer_gives_the_same_output_and_records_on_both_backends(monkeypa
     calls = []
     entry = function.aggregate_prechecked
 
-    def spy(*args, **options):
-        calls.append((entry(*args, **options), args, options))
+    def spy(*args, originals=None, **options):
+        calls.append((entry(*args, originals=originals, **options), args, options))
         return calls[-1][0]
 
     monkeypatch.setattr(function, "aggregate_prechecked", spy)

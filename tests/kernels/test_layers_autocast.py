@@ -49,9 +49,10 @@ def test_layers_under_autocast_run_the_kernel_in_the_autocast_dtype(name, monkey
     seen, calls = [], []
     entry = function.aggregate_prechecked
 
-    def spy(q, k, v, weight, bias, **options):
+    def spy(q, k, v, weight, bias, originals=None, **options):
         seen.append({t.dtype for t in (q, k, v, weight) + ((bias,) if bias is not None else ())})
-        calls.append((entry(q, k, v, weight, bias, **options), (q, k, v, weight, bias), options))
+        calls.append((entry(q, k, v, weight, bias, originals=originals, **options), (q, k, v, weight, bias),
+                      options))
         return calls[-1][0]
 
     monkeypatch.setattr(function, "aggregate_prechecked", spy)
@@ -63,6 +64,14 @@ def test_layers_under_autocast_run_the_kernel_in_the_autocast_dtype(name, monkey
         check_every_row(result, *args, **options)
     assert out.dtype == expected.dtype == DTYPE
     torch.testing.assert_close(out.float(), expected.float(), **TOL)
+    x.requires_grad_(True)
+    with torch.autocast(DEVICE, DTYPE):
+        out, expected = layer(x), reference(x)
     out.float().square().sum().backward()
-    grads = [p.grad for p in layer.parameters() if p.requires_grad]
+    grads = [p.grad for p in layer.parameters() if p.requires_grad] + [x.grad]
     assert all(g is not None and g.dtype == torch.float32 for g in grads)
+    x.grad = None
+    expected.float().square().sum().backward()  # the reference's casts carry its gradients back (autocast.linked)
+    expected_grads = [p.grad for p in reference.parameters() if p.requires_grad] + [x.grad]
+    for grad, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, want, rtol=5e-2, atol=5e-2 * want.abs().max().item())
