@@ -212,6 +212,10 @@ class Explorer(CompareMode, ExplorerAPI):
 
     @user_errors
     def on_lesson_start(self, lesson, state, request=None):
+        """The lesson titled ``lesson`` from its first step; None (the list left without a pick,
+        texts.LESSON_PICKED_JS): nothing changes."""
+        if lesson is None:
+            return {name: gr.skip() for name in [*link_outputs(type(state)), "lesson_text", "lesson_step"]}
         return self.lesson_step(lesson, 0, state, request)
 
     @user_errors
@@ -514,6 +518,9 @@ STALE_AFTER = {**{view: ("view",) for view, opens in OPENS.items() if opens == "
                "first_render": ("view", "model", "image")}
 # An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
 # was refused), the lesson's text says its step is about the lesson's own.
+# The page's function a chain's first step runs before it is sent (its inputs in, its inputs out; AT: where the
+# event's own component is among them).
+CHAIN_JS = {("lesson", "input"): texts.LESSON_PICKED_JS}
 OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
              ("checkpoint", "input"): "own_model", ("checkpoint_files", "upload"): "own_model"}
 
@@ -728,8 +735,11 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             if source == "demo" and not opens:
                 continue
             first, *rest = chain
-            event = getattr(ui[source], trigger)(**view_step(first), trigger_mode="always_last",
-                                                 api_visibility="private")
+            step = view_step(first)
+            js = CHAIN_JS.get((source, trigger))
+            if js:  # a step's inputs are a set, whose values Gradio sends in the order of their components' ids
+                js = js.replace("AT", str(sorted(block._id for block in step["inputs"]).index(ui[source]._id)))
+            event = getattr(ui[source], trigger)(**step, trigger_mode="always_last", api_visibility="private", js=js)
             drawn = run(rest, event)
             if source in SHOWS_TAB:  # a link or a lesson's step that opens a tab shows it, once its views are drawn
                 drawn.success(None, ui["focus_rule"], None, js=SHOWS_TAB[source], api_visibility="private")

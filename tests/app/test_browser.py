@@ -1105,6 +1105,38 @@ def test_a_lesson_started_again_shows_its_step_s_pixel_and_rule(shipped_url, chr
             assert (shown(tab)["query"], shown(tab)["rule"]) == ("5,7", "all")
 
 
+def test_leaving_the_lesson_list_without_a_pick_keeps_the_step(shipped_url, chromium):
+    """The lesson list opened and left without a pick (a click on the lesson's text) keeps the lesson at its step:
+    Gradio's list sends its input whenever it loses focus, and that started the lesson again at step 1. Enter on
+    the option shown active still starts that lesson, as a click on an option does."""
+    url, explorer = shipped_url
+    first, second = (lesson_view_of(explorer, index, 0)["text"] for index in (0, 1))
+    with browser_page(chromium, url) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        tab.get_by_role("option", name=explorer.lessons[0]["title"]).click()
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text().startswith(first)
+        chain = expect_chain(tab, "click", "lesson_next")
+        tab.locator("#lesson_next").click()
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text().startswith("Step 2 of")
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        assert tab.get_by_role("option").count() == len(explorer.lessons)  # the list is open
+        tab.locator("#lesson_text").click()
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text().startswith("Step 2 of")
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        tab.keyboard.press("ArrowDown")  # from the lesson open to the next
+        tab.keyboard.press("Enter")
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text().startswith(second)
+        assert tab.input_value("#lesson input") == explorer.lessons[1]["title"]
+
+
 def lesson_view(tab, words: int) -> dict:
     """What the page shows of a lesson's step: its text's first ``words`` characters, the model list, the card's
     title, the layer list, and the model and layer the explorer draws (the card's accordion open)."""
