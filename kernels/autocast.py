@@ -3,9 +3,11 @@ and ``F.scaled_dot_product_attention`` do (docs/kernel.md, "Dtypes").
 
 ``torch.autocast`` casts the inputs of the operators it knows; a custom operator has to say what it does. This one
 follows the lower-precision policy of convolutions and matmuls: every fp32, fp16 or bf16 tensor argument is cast
-to the autocast dtype, the body runs with autocast off, scores and accumulators stay fp32 inside (the kernel's
-``tl.dot`` accumulates in fp32, the reference promotes to fp32 before it sums), the output comes back in the
-autocast dtype, and the backward returns each gradient in its input's own dtype. fp64 tensors are left alone, as
+to the autocast dtype (:class:`Caster`), the reference runs with autocast off, scores and accumulators stay fp32
+inside (the kernel's ``tl.dot`` accumulates in fp32, the reference promotes to fp32 before it sums), the output
+comes back in the autocast dtype, and the backward returns each gradient in its input's own dtype: the fused
+kernel's autograd takes the tensors passed beside casts made without autograd (``kernels.dispatch``), the
+reference gets casts that carry gradients (:func:`linked`). fp64 tensors are left alone, as
 autocast leaves them; outside autocast nothing changes (fp32 keeps IEEE fp32 selection).
 """
 
