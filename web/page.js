@@ -39,29 +39,24 @@
     box.closest("div.block").append(refusal);  // its block (the label element is one too)
   }, true);
   // The lesson list, like every Gradio dropdown, sends `input` whenever it loses focus, whether a lesson was picked
-  // or not: opening it and leaving without a pick restarted the lesson at step 1. A pick (a press on one of its
-  // options, or Enter on the option shown active or on a lesson's title typed whole) since the list got focus is
-  // noted here, and the lesson starts only after one (app_texts.LESSON_PICKED_JS); picking the lesson already open
-  // starts it again.
+  // or not: opening it and leaving without a pick restarted the lesson at step 1. Gradio picks on a press on an
+  // option (mousedown, a tap's too) or on Enter, and then takes the focus from the list at once; a blur right after
+  // one of them is a pick, any other blur is not (a press that picked nothing, Enter on text that names no lesson,
+  // Tab or a click elsewhere later). The blur says which before Gradio sends its `input`, and the lesson starts only
+  // after a pick (app_texts.LESSON_PICKED_JS); picking the lesson already open starts it again.
   const lessonInput = () => document.querySelector("#lesson input");
+  const PICK_MS = 100;  // a pick's blur follows its press within Gradio's own handler
+  let pressedAt = -Infinity;
   window.convnnLessonPicked = false;
-  document.addEventListener("focus", (event) => {
-    if (event.target === lessonInput()) window.convnnLessonPicked = false;
-  }, true);
-  document.addEventListener("pointerdown", (event) => {
+  document.addEventListener("mousedown", (event) => {
     const list = event.target instanceof Element && event.target.closest("[role=option]")?.closest("[role=listbox]");
-    if (list && list.id === lessonInput()?.getAttribute("aria-controls")) window.convnnLessonPicked = true;
+    if (list && list.id === lessonInput()?.getAttribute("aria-controls")) pressedAt = performance.now();
   }, true);
-  const options = (input) => document.getElementById(input.getAttribute("aria-controls"))?.querySelectorAll(
-    "[role=option]") ?? [];
-  document.addEventListener("keydown", (event) => {  // Enter on the option shown active, or on a title typed whole
-    const input = lessonInput();
-    if (event.key !== "Enter" || event.target !== input) return;
-    const typed = input.value.trim();
-    if (input.getAttribute("aria-activedescendant") ||
-        [...options(input)].some((option) => option.textContent.replace("✓", "").trim() === typed)) {
-      window.convnnLessonPicked = true;
-    }
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && event.target === lessonInput()) pressedAt = performance.now();
+  }, true);
+  document.addEventListener("blur", (event) => {
+    if (event.target === lessonInput()) window.convnnLessonPicked = performance.now() - pressedAt < PICK_MS;
   }, true);
   // onChange() now and whenever the elements inside the one of `selector` change: each watched where it is (the page's
   // whole body was watched, and every click in the explorer, which redraws its own elements, ran both below). Gradio

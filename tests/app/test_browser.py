@@ -1110,9 +1110,10 @@ def test_a_lesson_started_again_shows_its_step_s_pixel_and_rule(shipped_url, chr
 def test_leaving_the_lesson_list_without_a_pick_keeps_the_step(shipped_url, chromium):
     """The lesson list opened and left without a pick (a click on the lesson's text) keeps the lesson at its step:
     Gradio's list sends its input whenever it loses focus, and that started the lesson again at step 1. Enter on
-    the option shown active still starts that lesson, as a click on an option does."""
+    the option shown active still starts that lesson, as a click on an option does, and so does Enter after a word
+    of a title typed and Escape (the list closed, its active option kept: a phone stayed on the lesson before)."""
     url, explorer = shipped_url
-    first, second = (lesson_view_of(explorer, index, 0)["text"] for index in (0, 1))
+    first, second, third = (lesson_view_of(explorer, index, 0)["text"] for index in (0, 1, 2))
     with browser_page(chromium, url) as tab:
         tab.get_by_text("Lessons: convolution").click()
         chain = expect_chain(tab, "input", "lesson")
@@ -1137,6 +1138,15 @@ def test_leaving_the_lesson_list_without_a_pick_keeps_the_step(shipped_url, chro
         settle(tab, chain)
         assert tab.locator("#lesson_text").inner_text().startswith(second)
         assert tab.input_value("#lesson input") == explorer.lessons[1]["title"]
+        chain = expect_chain(tab, "input", "lesson")
+        box = tab.locator("#lesson input")
+        box.click()
+        box.press("Control+a")
+        box.type(explorer.lessons[2]["title"].split(" · ")[1].split()[0])  # a word of the third lesson's title
+        box.press("Escape")
+        box.press("Enter")
+        settle(tab, chain)
+        assert tab.locator("#lesson_text").inner_text().startswith(third)
 
 
 def lesson_view(tab, words: int) -> dict:
