@@ -65,10 +65,10 @@ RESTORE_JS = "(...values) => window.{kept} ?? values"
 KEEP_KNOBS_JS, RESTORE_KNOBS_JS = KEEP_JS.format(kept="convnnKnobs"), RESTORE_JS.format(kept="convnnKnobs")
 RESTORE_MODEL_JS = "(opened) => opened"  # a refused model name: the list names the model opened (app.RESTORED)
 KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS.format(kept="convnnDepth")
-# The lesson list's `input` (sent whenever the list loses focus) starts a lesson only where one was picked since the
-# list got focus (web/page.js notes it): else the lesson (the step's input at AT, app.build_demo) is sent as None,
-# and the step changes nothing.
-LESSON_PICKED_JS = "(...values) => { values[AT] = window.convnnLessonPicked ? values[AT] : null; return values; }"
+# The lesson list's `input` (sent whenever the list loses focus) starts a lesson only where the blur was Gradio's own
+# right after a pick (web/page.js notes it): else the lesson (the step's input at ``at``, app.build_demo) is sent as
+# None, and the step changes nothing.
+LESSON_PICKED_JS = "(...values) => {{ values[{at}] = window.convnnLessonPicked ? values[{at}] : null; return values; }}"
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,
 # the open tab, compare mode's models or depth), both are cleared (a link to a view no longer shown stayed there);

@@ -376,9 +376,9 @@ class KnnAggregate(torch.autograd.Function):
     (:func:`_channel_major`, once for both). Under autocast its inputs are the tensors the caller passed and
     ``computed`` their casts (made without autograd): the kernels read the casts, and the gradients come back in
     the inputs' own dtypes, straight from the kernels' fp32 sums (no cast node, no round trip through the autocast
-    dtype). A traced graph calls the
-    operator :func:`knn_fused` instead: the same launches, but a custom operator's autograd costs about 70 µs more
-    per call in eager mode (measured on this project's CPU host: 80 µs against 11 µs for an empty body)."""
+    dtype). A traced graph calls the operator :func:`knn_fused` instead: the same launches, but a custom operator's
+    autograd costs about 70 µs more per call in eager mode (measured on this project's CPU host: 80 µs against 11 µs
+    for an empty body)."""
 
     @staticmethod
     def forward(ctx, q, k, v, weight, bias, num_neighbors, similarity, weighting, temperature, groups, candidates,
