@@ -155,7 +155,8 @@ def knn_aggregate(q: Tensor, k: Tensor, v: Tensor, weight: Tensor, bias: Tensor 
         return _aggregate(tensors, None, None, attn_mask, backend, options)
     cast = Caster(dtype)
     with torch.no_grad():  # what the checks and the kernel read; autograd reaches the originals (_aggregate)
-        computed = tuple(map(cast, tensors))
+        # the weight's cast channel-major (C_out innermost), the layout the fused kernel reads: one copy, not two
+        computed = (cast(q), cast(k), cast(v), cast(weight.permute(2, 1, 0)).permute(2, 1, 0), cast(bias))
     return _aggregate(computed, tensors, dtype, attn_mask, backend, options)
 
 
