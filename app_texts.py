@@ -85,11 +85,15 @@ ASK_LINK_JS = """(...values) => {
   return values;
 }""".replace("PAGE_VIEW", _PAGE_VIEW_JS)
 # The page's address with a view's query string, copied to the clipboard where the browser allows it; none for a
-# view no longer shown (the link and its note cleared, as the view's move cleared them).
+# view no longer shown (the link and its note cleared, as the view's move cleared them). The rule shown large is the
+# page's; so is α while "▶ α" shows one of its frames there (the explorer's data-alpha): the link opens on that
+# frame (its blend rule at that α), not on the knob's α.
 COPY_LINK_JS = """(query, note) => {
   if (document.querySelector("#link_row").dataset.asked !== PAGE_VIEW) return ["", ""];
-  const rule = document.querySelector("#explorer .cx")?.dataset.rule;
-  const url = `${location.origin}${location.pathname}?${query}${rule ? `&rule=${rule}` : ""}`;
+  const {rule, alpha} = document.querySelector("#explorer .cx")?.dataset ?? {};
+  const knobs = alpha ? query.split("&").filter((pair) => !pair.startsWith("alpha=")).join("&") : query;
+  const url = `${location.origin}${location.pathname}?${knobs}${rule ? `&rule=${rule}` : ""}` +
+    (alpha ? `&alpha=${alpha}` : "");
   if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {});
   return [url, note];
 }""".replace("PAGE_VIEW", _PAGE_VIEW_JS)

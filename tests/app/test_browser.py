@@ -9,8 +9,9 @@ import json
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 import pytest
@@ -83,6 +84,12 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert ("the large panel shows α = 1.00, the statistics table the knob's α = 0.50"  # the two αs named
                 in tab.locator(".cx-sweep-text").inner_text())
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "all")  # α = 1, K = R²: all
+        tab.locator("#link_button").click()  # a link copied now opens on the frame shown, not on the knob's α = 0.5
+        tab.wait_for_function("document.querySelector('#link textarea, #link input').value.includes('?')")
+        link = dict(parse_qsl(urlsplit(tab.locator("#link textarea, #link input").first.input_value()).query))
+        assert (link["rule"], link["alpha"], link["row"], link["col"]) == ("blend", "1", "28", "0"), link
+        assert api_cells(explorer, {"query": replace(values["query"], blend_alpha=1.0)}, "blend") == json.loads(
+            shown(tab)["neighbors"])
 
         tab.locator("#num_neighbors input").fill("4")  # a knob fetches a new table; the query stays
         tab.locator("#num_neighbors input").press("Enter")
