@@ -517,8 +517,9 @@ OPENS = {"link": "view", "lesson_start": "view", "lesson_next": "view", "lesson_
 STALE_AFTER = {**{view: ("view",) for view, opens in OPENS.items() if opens == "view"},
                "first_render": ("view", "model", "image")}
 # The page's function a chain's first step runs before it is sent (its inputs in, its inputs out), given where the
-# event's own component is among them (``at``).
-CHAIN_JS = {("lesson", "input"): texts.LESSON_PICKED_JS}
+# event's own component is among them where it reads that (``{at}``).
+CHAIN_JS = {("lesson", "input"): texts.LESSON_PICKED_JS, ("lesson_next", "click"): texts.STEP_ASKED_JS,
+            ("lesson_back", "click"): texts.STEP_ASKED_JS}
 # An image or a model the user picks while a lesson is open: once its chain's first step has taken it (not when it
 # was refused), the lesson's text says its step is about the lesson's own.
 OWN_PICKS = {("examples", "select"): "own_image", ("image_upload", "upload"): "own_image",
@@ -737,7 +738,7 @@ def build_demo(explorer: Explorer | None = None) -> gr.Blocks:
             first, *rest = chain
             step = view_step(first)
             js = CHAIN_JS.get((source, trigger))
-            if js:  # a step's inputs are a set, whose values Gradio sends in the order of their components' ids
+            if js and "{at}" in js:  # a step's inputs are a set, sent in the order of their components' ids
                 js = js.format(at=sorted(block._id for block in step["inputs"]).index(ui[source]._id))
             event = getattr(ui[source], trigger)(**step, trigger_mode="always_last", api_visibility="private", js=js)
             drawn = run(rest, event)

@@ -33,7 +33,8 @@ _SHOW_TAB_JS = """(opened) => {
   if (tab && tab === OPEN_TAB && UNMOVED) tabs.scrollIntoView();
 }""".replace("TABS", json.dumps(TABS)).replace("OPEN_TAB", _OPEN_TAB_JS)
 SHOW_TAB_JS = _SHOW_TAB_JS.replace("UNMOVED", "window.scrollY === 0")  # after a link's views
-SHOW_STEP_TAB_JS = _SHOW_TAB_JS.replace(" && UNMOVED", "")  # after a lesson's step's
+# after a lesson's step's, if the user has pressed, typed or scrolled nothing since asking for it (web/page.js counts)
+SHOW_STEP_TAB_JS = _SHOW_TAB_JS.replace("UNMOVED", "window.convnnInputs === window.convnnStepInputs")
 LINK_NOTE = "Links name a shipped model and an example image (an uploaded photo or checkpoint stays on this server)."
 LESSON_PROMPT = ("Pick a lesson: each step sets the model, the image, the layer and the pixel, and says in plain words "
                  "what to look at.")
@@ -68,7 +69,11 @@ KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS
 # The lesson list's `input` (sent whenever the list loses focus) starts a lesson only where the blur was Gradio's own
 # right after a pick (web/page.js notes it): else the lesson (the step's input at ``at``, app.build_demo) is sent as
 # None, and the step changes nothing.
-LESSON_PICKED_JS = "(...values) => {{ values[{at}] = window.convnnLessonPicked ? values[{at}] : null; return values; }}"
+# A lesson's step asked for (Back, Next, a lesson picked): the user's inputs counted so far (SHOW_STEP_TAB_JS)
+STEP_ASKED = "window.convnnStepInputs = window.convnnInputs;"
+STEP_ASKED_JS = f"(...values) => {{ {STEP_ASKED} return values; }}"
+LESSON_PICKED_JS = ("(...values) => {{ " + STEP_ASKED +
+                    " values[{at}] = window.convnnLessonPicked ? values[{at}] : null; return values; }}")
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
 # A copied link and its note are of the view they were copied from: once the view changes (what the explorer shows,
 # the open tab, compare mode's models or depth), both are cleared (a link to a view no longer shown stayed there);

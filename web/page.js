@@ -58,6 +58,13 @@
   document.addEventListener("blur", (event) => {
     if (event.target === lessonInput()) window.convnnLessonPicked = performance.now() - pressedAt < PICK_MS;
   }, true);
+  // The user's presses, keys and scrolls, counted: a lesson's step that opens a tab scrolls to it once its views are
+  // drawn, seconds later on a phone, only if the user has done nothing since asking for the step (the count then,
+  // app_texts.STEP_ASKED); the page jumped away from where they were reading or picking meanwhile.
+  window.convnnInputs = 0;
+  for (const type of ["pointerdown", "keydown", "wheel", "touchmove"]) {
+    document.addEventListener(type, () => { window.convnnInputs += 1; }, {capture: true, passive: true});
+  }
   // onChange() now and whenever the elements inside the one of `selector` change: each watched where it is (the page's
   // whole body was watched, and every click in the explorer, which redraws its own elements, ran both below). Gradio
   // has drawn the page when it runs this script; an element it has not drawn yet is watched for until it has.

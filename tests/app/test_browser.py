@@ -1437,7 +1437,9 @@ def test_a_lesson_step_that_opens_a_tab_shows_it(shipped_url, chromium):
     """A lesson's step that opens a tab (lesson 1's last: the equivalence demo) opened it below the explorer, off the
     first screen at 1280 × 800, and the page stayed where it was, while a link that opens a tab shows it
     (test_a_link_that_opens_a_tab_shows_it). Once the step's views are drawn, the tab is in view; a step that names no
-    tab leaves the page where it is, and so does Next past the lesson's last step (it opens nothing)."""
+    tab leaves the page where it is, and so does Next past the lesson's last step (it opens nothing). A key pressed
+    after Next, before the step's views are drawn (its requests held until then), leaves the page where it is: on a
+    phone the jump came seconds after the press, while the visitor was reading or picking elsewhere."""
     url, explorer = shipped_url
     lesson = next(lesson for lesson in explorer.lessons if "tab" in dict(parse_qsl(lesson["steps"][-1]["link"])))
     tabs = [dict(parse_qsl(step["link"])).get("tab") for step in lesson["steps"]]
@@ -1464,5 +1466,30 @@ def test_a_lesson_step_that_opens_a_tab_shows_it(shipped_url, chromium):
         tab.wait_for_function(TAB_IN_VIEW_JS, timeout=30_000)
         assert tab.get_by_role("tab", name=app_texts.TABS[tabs[-1]]).get_attribute("aria-selected") == "true"
         tab.evaluate("window.scrollTo(0, 0)")
+        step("lesson_back")
+        tab.evaluate("window.scrollTo(0, 0)")
+        held, released = [], []  # the step's requests wait for the key
+
+        def hold(route) -> None:
+            if released:
+                route.continue_()
+            else:
+                held.append(route)
+
+        tab.route("**/queue/join*", hold)
+        chain = expect_chain(tab, "click", "lesson_next")
+        tab.locator("#lesson_next").click()
+        deadline = time.monotonic() + 30
+        while not held:  # the step asked for (its first request sent after the page noted the inputs so far)
+            assert time.monotonic() < deadline, "the step's first request was not sent"
+            tab.wait_for_timeout(10)
+        tab.keyboard.press("Shift")
+        released.append(True)
+        for route in held:
+            route.continue_()
+        settle(tab, chain)
+        tab.unroute("**/queue/join*")
+        assert tab.get_by_role("tab", name=app_texts.TABS[tabs[-1]]).get_attribute("aria-selected") == "true"
+        assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
         step("lesson_next")  # past the last step: its text stays, nothing opens
         assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
