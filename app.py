@@ -139,7 +139,8 @@ class Explorer(CompareMode, ExplorerAPI):
         """The α animation's frames for the table shown (the explorer's ``sweep`` event, once per table, when ▶ α is
         pressed)."""
         loaded, image = self.loaded(query, request)
-        return an.page_sweep(an.blend_sweep(loaded, image, query.layer, query.options(), draw=query.draw))
+        sweep = an.blend_sweep(loaded, image, query.layer, query.options(), draw=query.draw)
+        return an.page_sweep(sweep, loaded.card, image, self.shown_draw(loaded, query))
 
     @user_errors
     def on_checkpoint_upload(self, checkpoint_files, uploads, request=None):

@@ -250,10 +250,16 @@ class ExplorerAPI:
         loaded, image = self.loaded(query, request)
         an.query_cell(loaded.layer_info(query.layer), *query.pixel)  # a pixel outside the model input is a message
         table = an.neighbor_table(loaded, image, query.layer, query.options(), query.pixel, query.draw)
-        draws = draws_candidates(loaded.model)
+        draw = self.shown_draw(loaded, query)
         return an.page_table(an.model_view(image, loaded.card.input_size), table, query.pixel, loaded.card,
-                             an.top_classes(loaded, image, draw=query.draw), image, keep_query,
-                             query.draw if draws else None, an.draw_spread(loaded, image) if draws else None)
+                             an.top_classes(loaded, image, draw=query.draw), image, keep_query, draw,
+                             None if draw is None else an.draw_spread(loaded, image))
+
+    @staticmethod
+    def shown_draw(loaded: an.LoadedModel, query: an.Query) -> int | None:
+        """The eval draw the page names for ``query``'s views: its draw for a model with random candidates, None for
+        any other (every draw is the same)."""
+        return query.draw if draws_candidates(loaded.model) else None
 
     def neighbors(self, query: an.Query, request=None) -> tuple[an.LoadedModel, an.InputImage, an.QueryNeighbors]:
         """The model, the image and the query's neighbours under every rule (:func:`analysis.query_neighbors`)."""

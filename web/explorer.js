@@ -308,9 +308,10 @@ function drawMultiples(query, row) {
 }
 
 // -- the α animation ----------------------------------------------------------------------------------------------
-function sweepMatches(value) { // whether a sweep belongs to the table shown (its layer, K, R and head)
-  const o = table.options;
-  return value && value.layer === table.layer && value.k === o.num_neighbors &&
+function sweepMatches(value) { // whether a sweep belongs to the table shown (its model, image, draw, layer, K, R,
+  const o = table.options;    // head): frames asked for before a new image or model came were played over it
+  return value && value.model === table.model && value.image_sha256 === table.image_sha256 &&
+    value.draw === table.draw && value.layer === table.layer && value.k === o.num_neighbors &&
     value.options.window_size === o.window_size && value.options.head === o.head;
 }
 

@@ -227,17 +227,29 @@ def page_hops(view: np.ndarray, fields: ReceptiveFields, layer_info: LayerInfo) 
     }
 
 
-def page_sweep(sweep: BlendSweep) -> dict:
-    """The α animation's value: every query's blend selection at each α (:func:`analysis.blend_sweep`).
+def page_sweep(sweep: BlendSweep, card: ModelCard, image: InputImage, draw: int | None = None) -> dict:
+    """The α animation's value: every query's blend selection at each α (:func:`analysis.blend_sweep`), named as
+    :func:`page_table` names its table (model, image, draw, layer, options), so that the page plays it only over the
+    table it was made for (frames asked for before a new image came were played over it).
+
+    Args:
+        sweep (BlendSweep): the frames.
+        card (ModelCard): the model's card (its name).
+        image (InputImage): the image the frames were made on (its digest).
+        draw (int, optional): the eval draw, for a model with random candidates; None for any other (as
+            :func:`page_table`). Default: None
 
     Returns:
-        dict: JSON-ready. ``layer``, ``grid`` [H, W], ``options``, ``alphas`` (A floats), ``k``, ``cells``
-        ((A, N, K, 2) int16, prefix tokens as :data:`PREFIX_CELL`), ``mean_distance`` and ``window_share``
-        ((A, N) float32 each).
+        dict: JSON-ready. ``model``, ``image_sha256``, ``draw``, ``layer``, ``grid`` [H, W], ``options``,
+        ``alphas`` (A floats), ``k``, ``cells`` ((A, N, K, 2) int16, prefix tokens as :data:`PREFIX_CELL`),
+        ``mean_distance`` and ``window_share`` ((A, N) float32 each).
     """
     layer_info, options = sweep.layer, sweep.options
     return {
         "version": PAGE_TABLE_VERSION,
+        "model": card.name,
+        "image_sha256": image.digest,
+        "draw": draw,
         "layer": layer_info.name,
         "grid": [layer_info.height, layer_info.width],
         "options": {"num_neighbors": options.num_neighbors, "window_size": options.window_size,

@@ -221,7 +221,8 @@ def test_the_alpha_sweep_runs_from_the_window_to_all_tokens(load_small, image):
     np.testing.assert_array_equal(sweep.rules[-1].selection.cells, table.rules["all"].selection.cells)
     np.testing.assert_array_equal(sweep.rules[2].selection.cells, table.rules["blend"].selection.cells)  # α = 0.5
     assert (sweep.rules[0].window_share == 1).all()
-    payload = page_sweep(sweep)
+    payload = page_sweep(sweep, loaded.card, image, draw=None)
+    assert (payload["model"], payload["image_sha256"], payload["draw"]) == ("cnn-l0.5", image.digest, None)
     cells = unpack(payload["cells"], "int16").reshape(5, 256, 9, 2)
     np.testing.assert_array_equal(cells[-1], table.rules["all"].selection.cells)
     np.testing.assert_array_equal(unpack(payload["window_share"], "float32").reshape(5, 256)[3],

@@ -118,6 +118,45 @@ def test_clicks_and_hovers_are_answered_in_the_page_as_the_api_answers(app_url, 
         assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, values, "random")
 
 
+def test_alpha_frames_answered_after_another_image_came_are_not_played(app_url, explorer, chromium):
+    """"▶ α"'s frames asked for on one example and answered after another was picked (their request held here until
+    then) were kept, their layer, K, R and head matching the new table, and the next "▶ α" played them over the new
+    image at once, without a request (found by an adversary): they are dropped, and "▶ α" asks for the new image's
+    frames, whose last (α = 1) is the all rule's set the API gives on it."""
+    checkpoint, second = "cnn-l0.5", explorer.examples[1]  # the page opens on the first example
+    with browser_page(chromium, app_url) as tab:
+        held, released = [], []
+
+        def hold(route) -> None:
+            if released:
+                route.continue_()
+            else:
+                held.append(route)
+
+        tab.route("**/queue/join*", hold)
+        tab.locator(".cx-play").click()
+        deadline = time.monotonic() + 30
+        while not held:
+            assert time.monotonic() < deadline, "the frames were not asked for"
+            tab.wait_for_timeout(10)
+        released.append(True)
+        chain = expect_chain(tab, "select", "examples")
+        tab.locator("#examples .thumbnail-item").nth(1).click()
+        tab.wait_for_function("step => convnnQueue.joined.has(step) && !convnnQueue.open.size", arg=chain,
+                              timeout=60_000)  # the new image's views drawn; the frames' request still held
+        for route in held:
+            route.continue_()
+        settle(tab)
+        tab.unroute("**/queue/join*")
+        joins = []
+        tab.on("request", lambda request: joins.append(request.url) if "queue/join" in request.url else None)
+        tab.locator(".cx-play").click()
+        tab.wait_for_selector(".cx[data-sweep-done]", timeout=30_000)
+        assert joins, "the frames of the image before were played"
+        assert tab.locator(".cx").get_attribute("data-alpha") == "1"
+        assert json.loads(shown(tab)["neighbors"]) == api_cells(explorer, page(checkpoint, second), "all")
+
+
 def test_a_click_in_the_padding_frame_selects_the_nearest_cell(app_url, explorer, chromium):
     """A ViT's panel draws a frame of padding cells around the image (where the window rule reaches), and a click
     there did nothing (on vit-convnn16, 56 % of the panel: 13 of 40 random clicks). A click anywhere on the panel
