@@ -67,7 +67,8 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     Args:
         image (InputImage): the upload.
         query_px (tuple[int, int]): ``(row_px, col_px)`` in the downsampled view.
-        num_neighbors (int): K, in [1, min(h·w, 4096)]. Default: 64
+        num_neighbors (int): K, in [1, 4096]; above the view's h·w pixels, all of them (a tiny image: the view's
+            default K = 64 was refused on a 1×1 photo, the message naming no view). Default: 64
         position_weight (float): weight of the two position channels (each in [−1, 1]) next to RGB in [0, 1];
             0 = colour only, at most :data:`MAX_POSITION_WEIGHT`. Default: 0.0
         max_side (int): side of the view. Default: 192
@@ -81,7 +82,7 @@ def pixel_neighbors(image: InputImage, query_px: tuple[int, int], num_neighbors:
     row, col = query_px
     if not (0 <= row < height and 0 <= col < width):
         raise ValueError(f"pixel (row={row}, col={col}) is outside the {width}×{height} view")
-    num_neighbors = whole_number(num_neighbors, "K", 1, min(height * width, _MAX_NEIGHBORS))
+    num_neighbors = min(whole_number(num_neighbors, "K", 1, _MAX_NEIGHBORS), height * width)
     position_weight = real_number(position_weight, "position_weight", 0, MAX_POSITION_WEIGHT)
     features = torch.from_numpy(view.copy()).permute(2, 0, 1).unsqueeze(0).float() / 255  # (1, 3, h, w)
     if position_weight:

@@ -43,10 +43,15 @@ def test_pixels_like_this_one_stay_in_the_same_colour_region():
     assert titles[1] == f"near (5×5): {result.near_distance:.1f} px away"
 
 
-def test_input_level_view_refuses_impossible_k():
+def test_input_level_view_refuses_impossible_k_and_takes_every_pixel_of_a_tiny_image():
     image = image_from_array(np.zeros((4, 4, 3), np.uint8))
-    with pytest.raises(ValueError, match="K must be from 1 to 16"):
-        pixel_neighbors(image, (0, 0), num_neighbors=17)
+    for k in (17, 64):  # more than the 16 pixels (the view's default 64 on a tiny photo was an error): all of them
+        assert pixel_neighbors(image, (1, 2), num_neighbors=k).like.sum() == 16
+    assert pixel_neighbors(image_from_array(np.zeros((1, 1, 3), np.uint8)), (0, 0)).like.sum() == 1
+    with pytest.raises(ValueError, match="K must be from 1 to 4096, got 4097"):
+        pixel_neighbors(image, (0, 0), num_neighbors=4097)
+    with pytest.raises(ValueError, match="K must be from 1 to 4096, got 0"):
+        pixel_neighbors(image, (0, 0), num_neighbors=0)
     with pytest.raises(ValueError, match=r"K must be a whole number, got 2\.5"):
         pixel_neighbors(image, (0, 0), num_neighbors=2.5)
     for weight in (-1.0, 1e308):  # 1e308 overflowed the scores

@@ -188,7 +188,7 @@ def test_each_knob_s_refusals_name_it_as_its_label_does(explorer, example_image,
     (lambda ex, ck, im: ex.on_table(**page(ck, im, window_size=19)), "at most 17"),
     (lambda ex, ck, im: ex.on_hops(**page(ck, im), hops=float("inf")),
      "num_hops must be a whole number, got inf"),
-    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be from 1 to 1024, got 1000000000"),
+    (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 1e9, 1.0), r"K must be from 1 to 4096, got 1000000000"),
     (lambda ex, ck, im: ex.on_pixels(str(im), 3, 3, 5, float("nan")),
      r"position_weight must be a finite number, got nan"),
 ])
@@ -197,6 +197,15 @@ def test_impossible_numbers_are_messages_before_any_work(explorer, checkpoint_di
     were an OverflowError, an RNG overflow, or allocations growing with R²: 1.5 GB at R = 301, 24 GB at 2001)."""
     with pytest.raises(gr.Error, match=message):
         call(explorer, "cnn-l0.5", example_image)
+
+
+def test_the_input_level_view_of_a_one_pixel_photo_shows_its_pixel(explorer, tmp_path):
+    """A 1×1 photo's input-level view, at the view's default K = 64, was the message "K must be from 1 to 1, got 64",
+    naming no view (found by an adversary): it shows the one pixel, the title saying K = 1 of 1."""
+    photo = tmp_path / "dot.png"
+    Image.new("RGB", (1, 1), (200, 40, 40)).save(photo)
+    figure = explorer.on_pixels(str(photo), 0, 0, 64, 0.0)
+    assert "K=1 of 1 pixels" in figure.layout.title.text.replace("<br>", " ")
 
 
 @pytest.mark.parametrize("error", [
