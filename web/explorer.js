@@ -38,6 +38,7 @@ root.innerHTML = `
     </div>
     <div class="cx-side">
       <div class="cx-prediction" aria-label="prediction"></div>
+      <div class="cx-known"></div>
       <div class="cx-seen"></div>
       <div class="cx-query"></div>
       <div class="cx-sweep" hidden><canvas class="cx-curve" aria-label="window share and mean distance against α"></canvas><div class="cx-sweep-text"></div></div>
@@ -165,11 +166,9 @@ function drawPrediction() {
   if (table.draw !== null && table.draw !== undefined) title.textContent += ` (draw ${table.draw})`;
   const bars = table.prediction.map(([name, probability]) =>
     classBar(name, probability, `${(100 * probability).toFixed(1)}%`));
-  const known = document.createElement("div");
-  known.className = "cx-known";
-  known.textContent = `This model knows ${table.classes.length} classes: ${table.classes.join(", ")}; ` +
-    "whatever the photo, it answers with one of them.";
-  box.replaceChildren(title, ...bars, ...drawSpread(), known);
+  box.replaceChildren(title, ...bars, ...drawSpread());
+  $(".cx-known").textContent = `This model knows ${table.classes.length} classes: ${table.classes.join(", ")}; ` +
+    "whatever the photo, it answers with one of them."; // its own element: on a phone after the controls (page.css)
 }
 
 // A random-candidate model's answer over its eval draws, beside the prediction of the draw shown: each class's
@@ -180,7 +179,7 @@ function drawSpread() {
   const box = document.createElement("div");
   box.className = "cx-spread";
   const head = document.createElement("div");
-  head.textContent = `Over ${spread.draws} eval draws (each an equally valid answer), top-1 is:`;
+  head.textContent = `Top-1 over ${spread.draws} eval draws (each equally valid):`;
   const bars = spread.shares.map(([name, share]) =>
     classBar(name, share, `${Math.round(share * spread.draws)}/${spread.draws}`));
   const range = document.createElement("div");

@@ -539,6 +539,38 @@ def test_the_layer_list_shows_each_layer_s_name_and_facts_whole(shipped_url, chr
         assert [text["text"] for text in entries] == [chosen[0]["text"], *labels] and whole(entries), entries
 
 
+def test_a_phone_keeps_the_controls_on_the_second_screen_through_a_long_lesson_step(shipped_url, chromium):
+    """At 390 × 844 the random-candidate lesson's last step (its longest text, on a model whose prediction adds its
+    answer over 16 draws) put the K box at y = 1,901, past the second screen (found by a newcomer): the step's text
+    scrolls in its box, whole (its last words reachable), and the layer, fit and K controls end by y = 1,688."""
+    url, explorer = shipped_url
+    lesson = next(lesson for lesson in explorer.lessons if "random" in lesson["title"].lower())
+    height = PHONE["viewport"]["height"]
+    with browser_page(chromium, url, PHONE) as tab:
+        tab.get_by_text("Lessons: convolution").click()
+        chain = expect_chain(tab, "input", "lesson")
+        tab.locator("#lesson input").click()
+        tab.get_by_role("option", name=lesson["title"]).click()
+        settle(tab, chain)
+        for _ in lesson["steps"][1:]:
+            chain = expect_chain(tab, "click", "lesson_next")
+            tab.locator("#lesson_next").click()
+            settle(tab, chain)
+        tab.evaluate("window.scrollTo(0, 0)")
+        assert tab.locator(".cx-spread").count() == 1  # the model's answer over its draws, under the prediction
+        bottoms = {name: tab.locator(selector).first.bounding_box() for name, selector in (
+            ("image", "#explorer .cx-canvas"), ("top-1", ".cx-predicted"), ("layer", "#layer"), ("fit", "#fit"),
+            ("K", "#num_neighbors"))}
+        bottoms = {name: round(box["y"] + box["height"]) for name, box in bottoms.items()}
+        assert bottoms["image"] <= height and bottoms["top-1"] <= height, bottoms
+        assert max(bottoms[name] for name in ("layer", "fit", "K")) <= 2 * height, bottoms
+        text = tab.locator("#lesson_text")
+        assert f"Step {len(lesson['steps'])} of {len(lesson['steps'])}" in text.inner_text()
+        box = text.evaluate("t => ({scroll: t.scrollHeight, client: t.clientHeight, overflow: getComputedStyle(t)"
+                            ".overflowY})")
+        assert box["scroll"] > box["client"] and box["overflow"] == "auto", box  # the rest of it, in its box
+
+
 def test_a_phone_shows_compare_mode_s_layer_names_whole(shipped_url, chromium):
     """At 390 × 844 compare mode's layer lists stood two to a row, 126 px for a name 162 px long ("stages.1.0.conv2
     · 16×16" showed as "stages.1.0.conv…"): each column's layer name shows whole, clear of its list's arrow."""
