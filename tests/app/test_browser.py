@@ -1353,6 +1353,10 @@ def test_compare_mode_answers_one_click_in_every_column(shipped_url, chromium):
         depth = an.layer_depth(explorer.model(shown(tab)["model"]), shown(tab)["layer"])  # where the explorer is
         assert layers == [an.layer_at_depth(m, depth).name for m in loaded]
         image_file = explorer.examples[0]
+        for index, name in enumerate(models):  # each column's prediction, written as the explorer writes one
+            best, probability = explorer.on_table(**page(name, image_file, layers[index]))["prediction"][0]
+            caption = tab.locator(f".cc-col:nth-child({index + 1})").inner_text()
+            assert f"predicts {best} ({100 * probability:.1f}%)" in caption, caption  # was "(86.39 %)" beside 86.4%
         table = explorer.on_table(**page(models[1], image_file, layers[1]))
         requests = []
         tab.on("request", lambda request: requests.append(request.url))
