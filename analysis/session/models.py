@@ -211,7 +211,9 @@ def list_checkpoints(folder: str | Path) -> CheckpointList:
 
 
 def _listed_label(card_path: Path, name: str) -> str:
-    """The model list's label of the checkpoint at ``card_path`` (shown as ``name``).
+    """The model list's label of the checkpoint at ``card_path`` (shown as ``name``): its card's title line, after
+    the file's stem where the card names the model otherwise (links and lessons name a checkpoint by its stem: a copy
+    of ``cnn-l1`` saved as ``mymodel`` was listed as "cnn-l1" while a lesson said the server lists no ``cnn-l1``).
 
     Raises:
         CheckpointError: why it cannot be opened (:func:`list_checkpoints`); the message names files by name only.
@@ -223,7 +225,8 @@ def _listed_label(card_path: Path, name: str) -> str:
     if not weights_path.exists():
         raise CheckpointError(f"{name}: no {weights_path.name} next to it")
     check_weights_file(weights_path, weights_path.name)
-    return card_summary(card, name).splitlines()[0]
+    title = card_summary(card, name).splitlines()[0]
+    return title if card.name == card_path.stem else f"{card_path.stem} · {title}"
 
 
 def _accuracy_text(value: object) -> str:

@@ -90,7 +90,8 @@ def test_listing_leaves_out_what_cannot_be_opened_and_says_why(checkpoint_dir, t
     (tmp_path / os.fsdecode(b"name\xff.safetensors")).write_bytes(weights)
     deadline(30)
     listed = list_checkpoints(tmp_path)
-    assert listed.found == [("cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]
+    assert listed.found == [("good · cnn-l0: ResNet, hybrid λ=0.0", tmp_path / "good.json")]  # the file's name first,
+    #                                                      as links and lessons name it, then what its card says
     assert listed.refused == [
         ("args.json", "cannot build model 'convnn_resnet_cifar' (widths must be a non-empty list of integers, got "
                       "'x')"),
