@@ -103,6 +103,40 @@ def settle(page, until: int | None = None, timeout_s: float = 60) -> None:
             quiet_since = time.monotonic()
 
 
+class HeldJoins:
+    """The queue joins a page sends, held back from the server from now on (a step's request on its way, made to last
+    while a test does something else), until :meth:`stop` lets later ones through and :meth:`release` the held ones
+    too; :meth:`close` ends the holding."""
+
+    def __init__(self, page):
+        self.page, self.held, self.stopped = page, [], False
+        page.route("**/queue/join*", self._route)
+
+    def _route(self, route) -> None:
+        if self.stopped:
+            route.continue_()
+        else:
+            self.held.append(route)
+
+    def wait(self, what: str, timeout_s: float = 30) -> None:
+        """Return once a join is held; ``what``: the request the failure names if none is sent in ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.held:
+            assert time.monotonic() < deadline, f"{what} was not sent in {timeout_s} s"
+            self.page.wait_for_timeout(10)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def release(self) -> None:
+        self.stop()
+        for route in self.held:
+            route.continue_()
+
+    def close(self) -> None:
+        self.page.unroute("**/queue/join*")
+
+
 @pytest.fixture(scope="session")
 def chromium():
     """Headless Chromium, started once per test process (skips without /usr/bin/chromium)."""

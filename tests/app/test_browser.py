@@ -22,7 +22,7 @@ import app
 import app_server
 import app_texts
 from analysis.rendering.overlay import MAX_LABELLED_RANKS
-from tests.app.browser import DESKTOP, PHONE, browser_page, expect_chain, settle
+from tests.app.browser import DESKTOP, PHONE, HeldJoins, browser_page, expect_chain, settle
 from tests.app.test_app import CELL_LAYER, SHIPPED_DIR, cells, page
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "screenshots"  # git-ignored: the last run's pictures
@@ -125,29 +125,17 @@ def test_alpha_frames_answered_after_another_image_came_are_not_played(app_url, 
     frames, whose last (α = 1) is the all rule's set the API gives on it."""
     checkpoint, second = "cnn-l0.5", explorer.examples[1]  # the page opens on the first example
     with browser_page(chromium, app_url) as tab:
-        held, released = [], []
-
-        def hold(route) -> None:
-            if released:
-                route.continue_()
-            else:
-                held.append(route)
-
-        tab.route("**/queue/join*", hold)
+        joins = HeldJoins(tab)
         tab.locator(".cx-play").click()
-        deadline = time.monotonic() + 30
-        while not held:
-            assert time.monotonic() < deadline, "the frames were not asked for"
-            tab.wait_for_timeout(10)
-        released.append(True)
+        joins.wait("the frames' request")
+        joins.stop()
         chain = expect_chain(tab, "select", "examples")
         tab.locator("#examples .thumbnail-item").nth(1).click()
         tab.wait_for_function("step => convnnQueue.joined.has(step) && !convnnQueue.open.size", arg=chain,
                               timeout=60_000)  # the new image's views drawn; the frames' request still held
-        for route in held:
-            route.continue_()
+        joins.release()
         settle(tab)
-        tab.unroute("**/queue/join*")
+        joins.close()
         joins = []
         tab.on("request", lambda request: joins.append(request.url) if "queue/join" in request.url else None)
         tab.locator(".cx-play").click()
@@ -1543,27 +1531,14 @@ def test_a_lesson_step_that_opens_a_tab_shows_it(shipped_url, chromium):
         tab.evaluate("window.scrollTo(0, 0)")
         step("lesson_back")
         tab.evaluate("window.scrollTo(0, 0)")
-        held, released = [], []  # the step's requests wait for the key
-
-        def hold(route) -> None:
-            if released:
-                route.continue_()
-            else:
-                held.append(route)
-
-        tab.route("**/queue/join*", hold)
+        joins = HeldJoins(tab)  # the step's requests wait for the key
         chain = expect_chain(tab, "click", "lesson_next")
         tab.locator("#lesson_next").click()
-        deadline = time.monotonic() + 30
-        while not held:  # the step asked for (its first request sent after the page noted the inputs so far)
-            assert time.monotonic() < deadline, "the step's first request was not sent"
-            tab.wait_for_timeout(10)
+        joins.wait("the step's first request")  # sent after the page noted the inputs so far
         tab.keyboard.press("Shift")
-        released.append(True)
-        for route in held:
-            route.continue_()
+        joins.release()
         settle(tab, chain)
-        tab.unroute("**/queue/join*")
+        joins.close()
         assert tab.get_by_role("tab", name=app_texts.TABS[tabs[-1]]).get_attribute("aria-selected") == "true"
         assert tab.evaluate("window.scrollY") == 0 and not tab.evaluate(TAB_IN_VIEW_JS)
         step("lesson_next")  # past the last step: its text stays, nothing opens
