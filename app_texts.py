@@ -66,12 +66,12 @@ RESTORE_JS = "(...values) => window.{kept} ?? values"
 KEEP_KNOBS_JS, RESTORE_KNOBS_JS = KEEP_JS.format(kept="convnnKnobs"), RESTORE_JS.format(kept="convnnKnobs")
 RESTORE_MODEL_JS = "(opened) => opened"  # a refused model name: the list names the model opened (app.RESTORED)
 KEEP_DEPTH_JS, RESTORE_DEPTH_JS = KEEP_JS.format(kept="convnnDepth"), RESTORE_JS.format(kept="convnnDepth")
-# The lesson list's `input` (sent whenever the list loses focus) starts a lesson only where the blur was Gradio's own
-# right after a pick (web/page.js notes it): else the lesson (the step's input at ``at``, app.build_demo) is sent as
-# None, and the step changes nothing.
 # A lesson's step asked for (Back, Next, a lesson picked): the user's inputs counted so far (SHOW_STEP_TAB_JS)
 STEP_ASKED = "window.convnnStepInputs = window.convnnInputs;"
 STEP_ASKED_JS = f"(...values) => {{ {STEP_ASKED} return values; }}"
+# The lesson list's `input` (sent whenever the list loses focus) starts a lesson only where the blur was Gradio's own
+# right after a pick (web/page.js notes it): else the lesson (the step's input at ``at``, app.build_demo) is sent as
+# None, and the step changes nothing.
 LESSON_PICKED_JS = ("(...values) => {{ " + STEP_ASKED +
                     " values[{at}] = window.convnnLessonPicked ? values[{at}] : null; return values; }}")
 RESTORE_LAYER_JS = "() => document.querySelector('#explorer .cx')?.dataset.layer"  # a refused layer: the one shown
