@@ -383,8 +383,8 @@ API = ["layers", "predict", "neighbors", "table", "export", "spectrum", "multiho
        "compare"]  # the documented API: ExplorerAPI.api_<name> as /<name>, plain values in and out
 SLOW_API = ["attribution", "equivalence"]  # the same, in the slow views' group
 KEPT = ["checkpoint", "image_file", "tab", "compare_models", "compare_depth"]  # what a link it leaves out keeps
-COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "checkpoint", "image_file", "fit", "row_px",
-                 "col_px"]  # compare mode's: its models and layers, the image, and the query in the explorer's model
+COMPARE_QUERY = ["compare_models", *COMPARE_LAYERS, "checkpoint", "image_file", "fit", "row_px", "col_px",
+                 "draw"]  # compare mode's: its models, layers, the image, the explorer's query and draw
 
 
 def query_fields(state_type: type = ViewState) -> list[str]:
@@ -456,7 +456,7 @@ def views(state_type: type = ViewState) -> dict[str, tuple[str, list[str], list[
 MODEL_CHAIN = ["first_render", "weights", "mix", "spectrum", "hops", "slow_reset"]
 IMAGE_CHAIN = ["first_render", "mix", "spectrum", "hops", "slow_reset", "pixel_image", "pixel_query", "pixels",
                "compare_if_open"]
-DRAW_CHAIN = ["table", "mix", "spectrum", "hops", "slow_reset"]  # every view of the image is of one eval draw
+DRAW_CHAIN = ["table", "mix", "spectrum", "hops", "slow_reset", "compare_if_open"]  # every view: one eval draw
 VIEW_CHAIN = [*MODEL_CHAIN, "pixel_image", "pixel_query", "pixels",  # after a link or a lesson's step: anything
               "compare_layers_if_open", "compare_if_open"]
 

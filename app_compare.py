@@ -59,8 +59,9 @@ class CompareMode:
                    request=None):
         """Compare mode's value (:class:`app_components.CompareView`): each column's neighbour table (the page's, as
         the explorer gets it), each layer's own K, R and r, at the query's pixel mapped onto each model's input by
-        its place in the image, and ``query_size``, the input size of the explorer's model, in which the page holds
-        the query; with fewer than 2 models, no columns and a note."""
+        its place in the image, in the explorer's eval draw (a random-candidate model's column stayed on draw 0 while
+        the explorer showed another), and ``query_size``, the input size of the explorer's model, in which the page
+        holds the query; with fewer than 2 models, no columns and a note."""
         if self.too_few(compare_models):
             return {"columns": [], "note": f"Pick 2 to {an.MAX_COMPARED} models to compare."}
         size = self.model(query.checkpoint, request).card.input_size
@@ -68,7 +69,8 @@ class CompareMode:
         columns, layers = [], [compare_layer_0, compare_layer_1, compare_layer_2, compare_layer_3]
         for checkpoint, loaded, layer in zip(compare_models, self.compared(compare_models, request), layers,
                                              strict=False):
-            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit, layer=layer)
+            column = an.Query(checkpoint=checkpoint, image_file=query.image_file, fit=query.fit, layer=layer,
+                              draw=query.draw)
             columns.append(self.table(column.at(an.map_pixel(pixel, size, loaded.card.input_size)), request,
                                       keep_query=False))
         return {"columns": columns, "query_size": size}

@@ -69,6 +69,22 @@ def test_the_spread_shown_is_the_model_s_answer_over_16_draws(explorer, fresh, e
     assert plain["spread"] is None and plain["draw"] is None
 
 
+def test_compare_mode_shows_the_explorer_s_draw(explorer, example_image):
+    """Compare mode's columns are of the explorer's eval draw, as every other view of the image is: a
+    random-candidate model's column stayed on draw 0 (its cells and prediction) while the explorer showed draw 3
+    (found by an adversary); a model without random candidates names no draw. Its cells and prediction against the
+    explorer's own table of draw 3."""
+    layers = [CELL_LAYER, CELL_LAYER]
+    value = explorer.on_compare([RANDOM, "cnn-l0.5"], *layers, None, None, **page(RANDOM, example_image, draw=3))
+    random_column, plain_column = value["columns"]
+    expected = explorer.on_table(**page(RANDOM, example_image, draw=3))
+    assert random_column["draw"] == 3 and plain_column["draw"] is None
+    assert random_column["prediction"] == expected["prediction"]
+    assert rule_cells(random_column)["layer"].tolist() == rule_cells(expected)["layer"].tolist()
+    draw_0 = explorer.on_table(**page(RANDOM, example_image, draw=0))
+    assert rule_cells(random_column)["random"].tolist() != rule_cells(draw_0)["random"].tolist()
+
+
 def test_the_draw_travels_in_a_link(explorer, example_image):
     """A link carries the draw (left out at draw 0); opening it sets the draw box, shown for a random-candidate
     model; a draw other than 0 of a model without random candidates is refused by name."""
