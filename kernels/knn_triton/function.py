@@ -123,7 +123,7 @@ def _num_splits(num_programs: int, num_cols: int, block_n: int, device: torch.de
     sms = _sm_count(device)
     if num_programs >= sms:
         return 1
-    wanted = -(-_TARGET_PROGRAMS_PER_SM * sms // num_programs)
+    wanted = _cdiv(_TARGET_PROGRAMS_PER_SM * sms, num_programs)
     most = max(1, num_cols // (block_n * _MIN_TILES_PER_SPLIT))
     return max(1, min(wanted, most, _MAX_SPLITS))
 
@@ -153,9 +153,8 @@ def _inverse_key_norms(k: Tensor, d_pad: int) -> Tensor:
     B, H, Nk, D = k.shape
     kinv = torch.empty(B * H, Nk, device=k.device, dtype=torch.float32)
     block_r = max(16, 8192 // d_pad)
-    forward.key_inv_norms[(_cdiv(B * H * Nk, block_r),)](K=k, KInv=kinv, k_strides=k.stride(), H=H, Nk=Nk,
-                                                              D=D, num_rows=B * H * Nk, BLOCK_R=block_r,
-                                                              D_PAD=d_pad)
+    forward.key_inv_norms[(_cdiv(B * H * Nk, block_r),)](K=k, KInv=kinv, k_strides=k.stride(), H=H, Nk=Nk, D=D,
+                                                         num_rows=B * H * Nk, BLOCK_R=block_r, D_PAD=d_pad)
     return kinv
 
 
