@@ -64,7 +64,7 @@ function drawColumn(column, panelWidth, ratio, shown) { // its panel `panelWidth
     Object.assign(document.createElement("div"), {className: "cc-model", textContent: table.model}),
     Object.assign(document.createElement("div"), {className: "cc-layer", textContent: table.label}),
     Object.assign(document.createElement("div"), {
-      textContent: `predicts ${name} (${(100 * probability).toFixed(1)}%` +
+      textContent: `predicts ${name} (${format(100 * probability, 1)}%` +
         `${table.draw === null || table.draw === undefined ? "" : `, draw ${table.draw}`}) · query pixel ` +
         `(${query.join(", ")}) → cell (${cell.join(", ")})`}),
     Object.assign(document.createElement("div"), {
