@@ -82,6 +82,14 @@ def _png(view: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def _named(card: ModelCard, image: InputImage | None, draw: int | None) -> dict:
+    """What a table and the α animation's frames are of, the same way in both (the page plays frames only over the
+    table they name): ``version``, ``model`` (the card's name), ``image_sha256`` (None without an image) and
+    ``draw``."""
+    return {"version": PAGE_TABLE_VERSION, "model": card.name, "image_sha256": image.digest if image else None,
+            "draw": draw}
+
+
 def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int], card: ModelCard,
                prediction: dict[str, float], image: InputImage | None = None, keep_query: bool = False,
                draw: int | None = None, spread: DrawSpread | None = None) -> dict:
@@ -130,16 +138,13 @@ def page_table(view: np.ndarray, table: NeighborTable, query_px: tuple[int, int]
         rules.append(entry)
     k_max = max(rule["k"] for rule in rules)
     return {
-        "version": PAGE_TABLE_VERSION,
-        "model": card.name,
+        **_named(card, image, draw),
         "classes": list(card.classes),
         "prediction": [[name, probability] for name, probability in prediction.items()],
-        "draw": draw,
         "spread": None if spread is None else {
             "draws": spread.draws, "shares": [[name, float(share)] for name, share in spread.shares.items()],
             "top_class": spread.top_class, "top_probability": [float(p) for p in spread.top_probability]},
         "image_note": image.note if image else "",
-        "image_sha256": image.digest if image else None,
         "layer": layer_info.name,
         "label": layer_label(layer_info),
         "input_size": size,
@@ -246,10 +251,7 @@ def page_sweep(sweep: BlendSweep, card: ModelCard, image: InputImage, draw: int 
     """
     layer_info, options = sweep.layer, sweep.options
     return {
-        "version": PAGE_TABLE_VERSION,
-        "model": card.name,
-        "image_sha256": image.digest,
-        "draw": draw,
+        **_named(card, image, draw),
         "layer": layer_info.name,
         "grid": [layer_info.height, layer_info.width],
         "options": {"num_neighbors": options.num_neighbors, "window_size": options.window_size,
