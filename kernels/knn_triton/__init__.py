@@ -11,7 +11,8 @@ For query ``i`` of sample ``b`` and head ``h`` (docs/method.md §2–3)::
 
 Layout, as in Triton's fused-attention tutorial: :mod:`.select` (scores and the streaming top-K, jit helpers),
 :mod:`.forward` (the forward kernels), :mod:`.backward` (the backward kernels), :mod:`.function` (launch
-configuration, launchers, the autograd Function and the one public entry, :func:`knn_aggregate_triton`).
+configuration, launchers, the autograd Function and the one public entry, :func:`knn_aggregate_triton`),
+:mod:`.launch` (each launch, with Triton's per-call work cut to its choice of kernel).
 
 Tiling. A program owns ``BLOCK_M`` queries of one (sample, head) and streams over the candidate keys in tiles of
 ``BLOCK_N``: one ``tl.dot`` gives the score tile, which never leaves registers. Candidates are either all Nk keys or

@@ -20,6 +20,7 @@ from ..reference import BlendGrid, KnnResult, bind_options, candidates_on, spati
 from ..usage import note_backend
 from . import backward, forward
 from .forward import WEIGHTING_NONE, WEIGHTING_SOFTMAX, WEIGHTING_UNIFORM
+from .launch import launch
 from .select import NORM_EPS, PACKED_TILES
 
 # ρ → the kernels' WEIGHTING (named in forward.py, where the kernels read them: function.py imports forward)
@@ -153,8 +154,8 @@ def _inverse_key_norms(k: Tensor, d_pad: int) -> Tensor:
     B, H, Nk, D = k.shape
     kinv = torch.empty(B * H, Nk, device=k.device, dtype=torch.float32)
     block_r = max(16, 8192 // d_pad)
-    forward.key_inv_norms[(_cdiv(B * H * Nk, block_r),)](K=k, KInv=kinv, k_strides=k.stride(), H=H, Nk=Nk, D=D,
-                                                         num_rows=B * H * Nk, BLOCK_R=block_r, D_PAD=d_pad)
+    launch(forward.key_inv_norms, (_cdiv(B * H * Nk, block_r),), K=k, KInv=kinv, k_strides=k.stride(), H=H, Nk=Nk,
+           D=D, num_rows=B * H * Nk, BLOCK_R=block_r, D_PAD=d_pad)
     return kinv
 
 
@@ -225,18 +226,16 @@ def launch_forward(q, k, v, weight, bias, num_neighbors, similarity, weighting, 
     gather = defer and cfg["GATHER"] and not split and candidates is None and blend is None
     gather_t = max(_next_pow2(tiles, 1), k_pad) if gather and tiles <= GATHER_MAX_TILES else 0
     packed = bool(cfg["LANES"] and cfg["PACKED"] and cols_per_split // block_n <= PACKED_TILES and not gather_t)
-    forward.knn_fwd[grid](**args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
-                          LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n, GATHER_T=gather_t,
-                          PACKED=packed)
+    launch(forward.knn_fwd, grid, **args, blend=mix, BLEND=blend is not None, SPLIT=split, LANES=cfg["LANES"],
+           LANE_DEPTH=cfg["LANE_DEPTH"], DEFER=defer, WARM=warm, BLOCK_N=block_n, GATHER_T=gather_t, PACKED=packed)
     if defer:
         repair = args | dict(BLOCK_M=cfg["REPAIR_BLOCK_M"], num_warps=cfg["REPAIR_WARPS"])
         programs = min(_cdiv(Nq, cfg["REPAIR_BLOCK_M"]),
                        _cdiv(cfg["REPAIR_PROGRAMS_PER_SM"] * _sm_count(q.device), B * H * num_splits))
-        forward.knn_fwd_repair[(programs, B * H, num_splits)](
-            **repair, blend=mix, BLEND=blend is not None, SPLIT=split, BLOCK_N=cfg["REPAIR_BLOCK_N"],
-            GATHER_N=block_n, GATHER_T=gather_t)
+        launch(forward.knn_fwd_repair, (programs, B * H, num_splits), **repair, blend=mix, BLEND=blend is not None,
+               SPLIT=split, BLOCK_N=cfg["REPAIR_BLOCK_N"], GATHER_N=block_n, GATHER_T=gather_t)
     if split:
-        forward.knn_fwd_merge[(grid_m, B * H)](**args, num_splits=num_splits)
+        launch(forward.knn_fwd_merge, (grid_m, B * H), **args, num_splits=num_splits)
     return out, idx, a
 
 
@@ -266,9 +265,8 @@ def _key_sum(contrib: Tensor, key_order: tuple[Tensor, Tensor], Nk: int) -> Tens
     order, offsets = key_order
     out = torch.empty(BH, Nk, width, device=contrib.device, dtype=torch.float32)
     block_j = 32
-    backward.knn_bwd_key_sum[(_cdiv(Nk, block_j), BH)](
-        Contrib=contrib, Order=order, Offsets=offsets, Out=out, sizes=(Nk, num_entries, width), BLOCK_J=block_j,
-        BLOCK_W=_next_pow2(width, 16), num_warps=4)
+    launch(backward.knn_bwd_key_sum, (_cdiv(Nk, block_j), BH), Contrib=contrib, Order=order, Offsets=offsets, Out=out,
+           sizes=(Nk, num_entries, width), BLOCK_J=block_j, BLOCK_W=_next_pow2(width, 16), num_warps=4)
     return out
 
 
@@ -284,10 +282,9 @@ def _weight_grad(grad_out: Tensor, v: Tensor, idx: Tensor, a: Tensor, block_c: i
     rows_per_split = _cdiv(_cdiv(num_rows, num_splits), block_r) * block_r
     num_splits = _cdiv(num_rows, rows_per_split)
     part = torch.empty(num_splits, C_out, Dv, K, device=v.device, dtype=torch.float32)
-    backward.knn_bwd_weight[(K, oc_blocks, num_splits)](
-        inputs=(v, idx, a, grad_out), DWPart=part, v_strides=v.stride(), do_strides=grad_out.stride(),
-        sizes=(Nq, num_rows, rows_per_split, K, Dv, C_out), IEEE=v.dtype == torch.float32, BLOCK_R=block_r,
-        BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
+    launch(backward.knn_bwd_weight, (K, oc_blocks, num_splits), inputs=(v, idx, a, grad_out), DWPart=part,
+           v_strides=v.stride(), do_strides=grad_out.stride(), sizes=(Nq, num_rows, rows_per_split, K, Dv, C_out),
+           IEEE=v.dtype == torch.float32, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_O=block_o, num_warps=8)
     return part.sum(0)
 
 
@@ -323,7 +320,8 @@ def launch_backward(grad_out, grad_a, q, k, v, weight, idx, a, similarity, weigh
         dw_part = torch.empty(grid_m, BH, Dv, K, **f32) if depthwise else dv
         grad_a = grad_a.contiguous() if grad_a is not None and softmax else None
         weight = _channel_major(weight)
-        backward.knn_bwd_query[(grid_m, BH)](
+        launch(
+            backward.knn_bwd_query, (grid_m, BH),
             inputs=(q, k, v, weight, idx, a, grad_a if grad_a is not None else a, grad_out),
             grads=(dq, dk, dv, dw_part), q_strides=q.stride(), k_strides=k.stride(), v_strides=v.stride(),
             w_strides=weight.stride(), do_strides=grad_out.stride(), sizes=(H, Nq, Nk, K, D, Dv, C_out),
