@@ -42,11 +42,17 @@ def test_pip_install_gives_the_library_and_the_readme_snippets_run_from_any_fold
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    # One process (each start imports torch): where convnn and kernels come from and what the package requires, on
+    # the first line, then the snippets, each in a namespace of its own as in tests/test_readme.py.
     probe = ("import importlib.metadata as m, json, convnn, kernels\n"
              "print(json.dumps({'files': [convnn.__file__, kernels.__file__], "
              "'requires': m.requires('convnn-explorer')}))\n")
-    found = json.loads(subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, env=env,
-                                      cwd=elsewhere).stdout)
+    script = tmp_path / "snippets.py"
+    script.write_text(probe + "".join(f"exec(compile({code!r}, 'README.md', 'exec'), {{}})\n"
+                                      for code in readme_snippets()))
+    run = subprocess.run([python, str(script)], capture_output=True, text=True, env=env, cwd=elsewhere)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[0])
     assert all(Path(file).is_relative_to(venv) for file in found["files"])  # the installed copy, not the repository
     requires = found["requires"]
     assert {"torch>=2.4", "torchvision", "numpy", "safetensors", "pillow", "tqdm"} <= set(requires)
@@ -56,10 +62,6 @@ def test_pip_install_gives_the_library_and_the_readme_snippets_run_from_any_fold
                                                      if "extra == \"onnx\"" in r}  # ONNX export (METHOD §9)
     assert any(r.startswith("convnn-explorer[app,onnx]") and "extra == \"test\"" in r for r in requires)
 
-    script = tmp_path / "snippets.py"
-    script.write_text("".join(f"exec(compile({code!r}, 'README.md', 'exec'), {{}})\n" for code in readme_snippets()))
-    run = subprocess.run([python, str(script)], capture_output=True, text=True, env=env, cwd=elsewhere)
-    assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.splitlines()[-1] == "True"
     assert sorted(p.name for p in elsewhere.iterdir()) == ["mine.json", "mine.safetensors", "my-convnn-resnet18.json",
                                                            "my-convnn-resnet18.safetensors"]

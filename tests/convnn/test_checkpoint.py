@@ -1,9 +1,11 @@
 """Checkpoints: bit-exact round trip, fp16 and int8 storage, and clear errors for broken files."""
 
+import copy
 import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -29,13 +31,27 @@ def _card() -> ModelCard:
                      input_size=32, mean=[0.5] * 3, std=[0.25] * 3, metrics={"test_top1": 12.5})
 
 
-@pytest.fixture
-def saved(tmp_path):
+@pytest.fixture(scope="module")
+def _saved_once(tmp_path_factory):
+    """The model of :func:`saved`, its files and the global random state it leaves, made once per module: building,
+    running and saving it was most of the time of each of the ~50 tests that take it."""
     torch.manual_seed(0)
     model = create_model("convnn_resnet_cifar", **ARGS)
     model(torch.randn(4, 3, 32, 32))  # move the BatchNorm statistics off their initial values
-    save_checkpoint(model, tmp_path / "m", _card())
-    return model, tmp_path / "m"
+    path = tmp_path_factory.mktemp("saved") / "m"
+    save_checkpoint(model, path, _card())
+    return model, path, torch.get_rng_state()
+
+
+@pytest.fixture
+def saved(tmp_path, _saved_once):
+    """A model and its checkpoint ``tmp_path / "m"`` (.json + .safetensors), the test's own to edit: a copy of the
+    model and of the files :func:`_saved_once` wrote, with torch's global random state where making them left it."""
+    model, source, rng_state = _saved_once
+    for suffix in (".json", ".safetensors"):
+        shutil.copyfile(source.with_suffix(suffix), (tmp_path / "m").with_suffix(suffix))
+    torch.set_rng_state(rng_state)
+    return copy.deepcopy(model), tmp_path / "m"
 
 
 def test_save_then_load_round_trips_bit_exactly(saved):

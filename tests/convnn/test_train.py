@@ -5,12 +5,15 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
 from convnn import create_model, load_checkpoint
 from convnn.candidates import DRAW_SCHEME
@@ -26,17 +29,38 @@ TINY = ["--data", "synthetic", "--image-size", "16", "--subset", "128", "--batch
 TINY_ARCH = {"widths": [8, 16], "depths": [1, 0]}
 
 
-@pytest.mark.parametrize("convnn_options", [{}, {"qk_dim": 4, "weighting": "softmax"}], ids=["plain", "learned-qk"])
-def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(tmp_path, convnn_options):
+DDP_CASES = {"plain": {}, "learned-qk": {"qk_dim": 4, "weighting": "softmax"}}
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(tmp_path_factory, worker_id) -> Path:
+    """A folder per case of :data:`DDP_CASES` holding its two-process run: both trained in one ``torchrun`` launch,
+    one after the other (most of a launch is torchrun and the two processes starting), once per pytest session,
+    also under pytest-xdist (the first worker to need them runs them; a file lock keeps the others waiting)."""
+    shared = tmp_path_factory.getbasetemp()
+    root = (shared if worker_id == "master" else shared.parent) / "ddp-runs"  # xdist: the workers' common folder
+    with FileLock(f"{root}.lock"):
+        if not (root / "done").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+            runs = []  # each case's arguments, "---" between them (ddp_worker.py)
+            for case, convnn_options in DDP_CASES.items():
+                (root / case).mkdir(parents=True)
+                runs += ["---", "--preset", "cnn-l0.5", "--name", "ddp", "--epochs", "3", "--out", str(root / case),
+                         *TINY, "--subset", "64", "--model-args", json.dumps({**TINY_ARCH, **convnn_options})]
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                       str(ROOT / "tests/convnn/ddp_worker.py"), *runs[1:]]
+            subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600, capture_output=True)
+            (root / "done").touch()
+    return root
+
+
+@pytest.mark.parametrize("case", list(DDP_CASES))
+def test_two_process_ddp_on_gloo_keeps_ranks_identical_and_lowers_the_loss(ddp_runs, case):
     """Also with learned q/k projections, which DDP only accepts when they get a gradient (softmax weighting).
     64 images: two steps an epoch, 16 images a rank each (128 images took 3 s more of the ≈ 20 s, most of which
-    is torchrun and the two processes starting)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(ROOT / "tests/convnn/ddp_worker.py"), "--preset", "cnn-l0.5", "--name", "ddp", "--epochs", "3",
-               "--out", str(tmp_path), *TINY, "--subset", "64",
-               "--model-args", json.dumps({**TINY_ARCH, **convnn_options})]
-    subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600, capture_output=True)
+    is torchrun and the two processes starting: the two cases train in one launch, :func:`ddp_runs`)."""
+    tmp_path, convnn_options = ddp_runs / case, DDP_CASES[case]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for name, tensor in rank0.items():
         torch.testing.assert_close(rank1[name], tensor, rtol=0, atol=0, msg=name)
@@ -78,11 +102,13 @@ def test_an_interrupted_run_resumed_equals_the_uninterrupted_run_bit_for_bit(tmp
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_and_takes_training_steps(name, tmp_path):
     """Each preset's model, recipe and optimiser run two steps on generated images: the CIFAR ViTs (mixup) two of
-    two 32 px images each, the others one image a step, the step's cost and not a batch's; the CIFAR ResNets at
-    32 px, the ViT-B/16 at its 224 px, the ResNet-50 (any size) at 160 px, where its last stage has 5 × 5 cells,
-    more than K = 16, so that every hybrid layer selects (224 px took it 2.4× as long)."""
+    two 32 px images each, the others one image a step, the step's cost and not a batch's; the ViT-B/16 at its
+    224 px; the ResNets, whose layers take any size, at sizes where every hybrid layer still selects: the
+    ResNet-50 at 160 px, where its last stage has 5 × 5 cells, more than K = 16 (224 px took it 2.4× as long), the
+    CIFAR ResNets at 24 px, where theirs has 6 × 6, more than K = 16 and than the random presets' 32 candidates
+    (32 px took them twice as long)."""
     size, batch = {"convnn_resnet50": (160, 1), "convnn_vit_b16": (224, 1),
-                   "convnn_resnet_cifar": (32, 1)}.get(PRESETS[name]["model"], (32, 2))
+                   "convnn_resnet_cifar": (24, 1)}.get(PRESETS[name]["model"], (32, 2))
     config = parse_config(["--preset", name, "--data", "synthetic", "--image-size", str(size), "--subset",
                            str(2 * batch), "--batch-size", str(batch), "--max-steps", "2", "--epochs", "1",
                            "--out", str(tmp_path)])
