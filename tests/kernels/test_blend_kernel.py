@@ -81,13 +81,13 @@ def test_blend_layer_gives_the_same_output_and_records_on_both_backends(monkeypa
 @pytest.mark.parametrize("warm", [1, 4])
 def test_a_warm_start_selects_the_reference_blend_cells(warm):
     """With the blend rule's floors from the tiles around each query block (default 4 tiles; 1 leaves most tiles
-    outside) the kernel selects exactly the reference's cells on every row, on 16×16 tiles over a 13×11 map (a
-    5×5 window: 255 padded cells, 16 tiles), on one sample (batches of the blend rule: the test above). Integer
-    features with dot similarity give exact feature scores and many exact ties at the floor; the 5×5 window's
-    spatial profile keeps the far cells' spatial terms above fp32 rounding (a 3×3 window's are below it from 6
-    cells on, so fp32 ties what fp64 orders by distance: 2–8 % of the rows here)."""
+    outside) the kernel selects exactly the reference's cells on every row, on 16×16 tiles over a 9×7 map (a 5×5
+    window: 143 padded cells, 9 tiles; 63 queries, 4 blocks), on one sample (batches of the blend rule: the test
+    above). Integer features with dot similarity give exact feature scores and many exact ties at the floor; the
+    5×5 window's spatial profile keeps the far cells' spatial terms above fp32 rounding (a 3×3 window's are below
+    it from 6 cells on, so fp32 ties what fp64 orders by distance: 2–8 % of the rows of a 13×11 map)."""
     gen = torch.Generator().manual_seed(warm)
-    grid, K = (13, 11), 9
+    grid, K = (9, 7), 9
     N = grid[0] * grid[1]
     q, k = (torch.randint(-2, 3, (1, 1, N, 4), generator=gen).float().to(DEVICE) for _ in range(2))
     v = torch.randn(1, 1, N, 5, generator=gen).to(DEVICE)

@@ -23,8 +23,8 @@ K = 16
 OPTIONS = dict(num_neighbors=K, similarity="cosine", weighting="softmax", temperature=0.5, groups=1)
 
 
-def _inputs():
-    return random_inputs(batch=2, heads=1, tokens=150, dim=24, value_dim=20, out_channels=12, num_neighbors=K,
+def _inputs():  # one sample of 150 rows: 3 query blocks, 3 key tiles
+    return random_inputs(batch=1, heads=1, tokens=150, dim=24, value_dim=20, out_channels=12, num_neighbors=K,
                          depthwise=False, seed=1)[:5]
 
 

@@ -1,7 +1,8 @@
 """The streaming top-K against key orders built to defeat a threshold: ascending scores (every tile beats the
 running threshold: the most insertions), descending (none after the first tile), all equal (ties everywhere:
 lower index first), many +∞ (overflowing products rank as the largest finite score, ties to the lower index),
-NaN keys (rank last, weigh 0), K = 1 and K = 128, N not a multiple of any block size (203, 139).
+NaN keys (rank last, weigh 0), K = 1 and K = 128, N = 139: not a multiple of any block size, and past the 128
+columns of the repair's tiles (and of K = 128's), so that every stream ends in a partial tile.
 
 Integer-valued features make every fp32 score exact, so the kernel must return the reference's sets exactly,
 in the same order, on every row (``every_row.check_every_row`` with no near-tie allowed). Tiles of 16 keys
@@ -9,8 +10,7 @@ in the same order, on every row (``every_row.check_every_row`` with no near-tie 
 independently, so the plain streams take the kernel's default 64-row query blocks (the interpreter's cost is per
 block and tile). The same streams with a warm start (``WARM``: two tiles around each query block set the rows'
 floors first) test the floor against ties with it (all equal), −∞ floors (NaN keys) and ascending keys that beat
-the floor late, on 16-row query blocks: 13 blocks (9 for N = 139), each
-warmed by the tiles around its own middle query.
+the floor late, on 16-row query blocks: 9 blocks, each warmed by the tiles around its own middle query.
 
 Both selection loops run every stream (``LANES``: the lane selection, its certificate and the deferred repair; the
 insertion rounds alone); the lanes with K = 1, 9, 16, 64 and 128, and lanes of two entries at K = 9, 16. Further
@@ -102,12 +102,14 @@ def test_a_warm_start_selects_exactly_the_reference_sets(stream, num_neighbors):
 
 
 def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer=True, packed=False):
-    # N not a multiple of 16, 64 or 128; K = 128 (128-key tiles, slow in the interpreter) on one sample. Every key
-    # set is shared by the batch, so a second sample only adds one for sampled candidates (its own draw, read at
-    # its own row of the candidate tensor); for every key it would repeat the first sample's scores (ascending,
-    # descending, equal: the queries' other features meet zeros) or just draw other small integers.
-    batch, n, dim = (2 if candidates == "random" else 1, 203, 4) if num_neighbors < 128 else (1, 139, 4)
-    gen = torch.Generator().manual_seed(num_neighbors)
+    # N = 139: not a multiple of 16, 64 or 128, and just past 128, so that the stream's tiles (16 to 128 keys) and
+    # the deferred repair's (128) end in a partial one; 3 query blocks of 64 rows (9 of 16 with a warm start). K = 128
+    # (128-key tiles, slow in the interpreter) on one sample. Every key set is shared by the batch, so a second
+    # sample only adds one for sampled candidates (its own draw, read at its own row of the candidate tensor); for
+    # every key it would repeat the first sample's scores (ascending, descending, equal: the queries' other features
+    # meet zeros) or just draw other small integers.
+    batch, n, dim = 2 if candidates == "random" and num_neighbors < 128 else 1, 139, 4
+    gen = torch.Generator().manual_seed(num_neighbors + 2)  # + 2: the lanes' NaN stream (K = 9) has rows to repair
     k = _keys(stream, n, dim, gen)
     q = torch.zeros(batch, 1, n, dim)
     q[..., 0] = 2.0
@@ -116,9 +118,8 @@ def _check_stream(stream, num_neighbors, candidates, warm, lanes, depth=3, defer
     v = torch.randint(-3, 4, (batch, 1, n, 3), generator=gen).float()
     weight = torch.randint(-2, 3, (5, 3, num_neighbors), generator=gen).float()
     cand = None
-    if candidates == "random":
-        cand = torch.stack([torch.randperm(n, generator=gen)[:min(num_neighbors + 150, n - 1)]
-                            for _ in range(batch)])
+    if candidates == "random":  # 130 of the keys, each sample its own draw: candidate columns 1–130
+        cand = torch.stack([torch.randperm(n, generator=gen)[:130] for _ in range(batch)])
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=cand, self_first=stream == "descending")
     q, k, v, weight = (x.to(DEVICE) for x in (q, k, v, weight))
@@ -155,11 +156,11 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth, pa
     packed (``PACKED``).
     Rows of other blocks (keys of their own) are certified and must come through the repair untouched. Exact
     integer scores: the reference's sets, ties included, with and without a split candidate range."""
-    n, block_n, K = 203, 16, 9
+    n, block_n, K = 139, 16, 9
     k = _one_lane_keys(n, block_n, K - 1).expand(2, 1, n, 4).contiguous()
     q = torch.zeros(2, 1, n, 4)
     q[..., 0] = 1.0
-    q[1, :, :100, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream
+    q[1, :, :70, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream
     gen = torch.Generator().manual_seed(3)
     v = torch.randint(-3, 4, (2, 1, n, 3), generator=gen).float()
     weight = torch.randint(-2, 3, (5, 3, K), generator=gen).float()
@@ -175,16 +176,16 @@ def test_a_row_the_lanes_cannot_certify_is_repaired(num_splits, defer, depth, pa
 @pytest.mark.parametrize("depth, self_first", [(2, False), (3, True)])
 def test_a_row_with_one_lane_to_rescan_is_repaired_from_its_keys_and_that_lane(depth, self_first, monkeypatch):
     """As above, but every other key scores distinctly below the lane's 8 (−column): a failed row's one suspect
-    lane is lane 0, so the deferred repair with ``GATHER`` scores only the row's K keys and lane 0's 13 columns
+    lane is lane 0, so the deferred repair with ``GATHER`` scores only the row's K keys and lane 0's 9 columns
     (``forward._gather_repair``) and streams no tile; the reference's sets, exactly, with and without a forced self.
     In the interpreter the launch is watched: every repaired block gathers."""
-    n, block_n, K = 203, 16, 9
+    n, block_n, K = 139, 16, 9
     k = _one_lane_keys(n, block_n, K - 1)
     k[:, 0] = torch.where(k[:, 0] >= 90, k[:, 0], -torch.arange(n).float())
     k = k.expand(2, 1, n, 4).contiguous()
     q = torch.zeros(2, 1, n, 4)
     q[..., 0] = 1.0
-    q[1, :, :100, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream (certified)
+    q[1, :, :70, 0] = -1.0  # sample 1: half its rows prefer the other end of the stream (certified)
     gen = torch.Generator().manual_seed(4)
     v = torch.randint(-3, 4, (2, 1, n, 3), generator=gen).float()
     weight = torch.randint(-2, 3, (5, 3, K), generator=gen).float()
@@ -205,17 +206,19 @@ def test_a_row_with_one_lane_to_rescan_is_repaired_from_its_keys_and_that_lane(d
         assert paths and set(paths) == {"_gather_repair"}
 
 
-@pytest.mark.parametrize("num_neighbors", [9, *([16] if DEVICE == "cuda" else [])])  # K = 16: 16 s in the interpreter
+# K = 16 on a GPU only: 6 s more in the interpreter
+@pytest.mark.parametrize("num_neighbors", [9, *([16] if DEVICE == "cuda" else [])])
 def test_spatially_smooth_features_in_raster_order_select_the_reference_sets(num_neighbors):
-    """Features that vary slowly over a 20×20 map, streamed in raster order: a query's best keys are its
-    neighbourhood, and cells a tile (16 columns here) apart are vertical neighbours. Integer features (rounded
-    from a smooth field) and dot scores keep every score exact, so both loops must return the reference's sets."""
+    """Features that vary slowly over a 10×16 map, streamed in raster order: a query's best keys are its
+    neighbourhood, and cells a tile (16 columns here, the map's width) apart are vertical neighbours. Integer
+    features (rounded from a smooth field) and dot scores keep every score exact, so both loops must return the
+    reference's sets."""
     gen = torch.Generator().manual_seed(num_neighbors)
-    side, dim = 20, 4
-    field = torch.nn.functional.interpolate(torch.randn(1, dim, 4, 4, generator=gen) * 6, size=(side, side),
+    height, width, dim = 10, 16, 4
+    field = torch.nn.functional.interpolate(torch.randn(1, dim, 4, 4, generator=gen) * 6, size=(height, width),
                                             mode="bilinear", align_corners=True)
-    x = field.round().flatten(2).transpose(1, 2)[:, None].contiguous()  # (1, 1, 400, 4)
-    v = torch.randint(-3, 4, (1, 1, side * side, 3), generator=gen).float()
+    x = field.round().flatten(2).transpose(1, 2)[:, None].contiguous()  # (1, 1, 160, 4)
+    v = torch.randint(-3, 4, (1, 1, height * width, 3), generator=gen).float()
     weight = torch.randint(-2, 3, (5, 3, num_neighbors), generator=gen).float()
     options = dict(num_neighbors=num_neighbors, similarity="dot", weighting="softmax", temperature=1.0, groups=1,
                    candidates=None, self_first=True)
