@@ -30,7 +30,8 @@ _direct = [True]  # use_direct_launch
 @contextmanager
 def use_direct_launch(enabled: bool) -> Iterator[None]:
     """Inside the block :func:`launch` goes through Triton's whole launch path every call when ``enabled`` is False
-    (to measure one path beside the other, bench/kernel.py); the default is the direct launch. Not thread-local."""
+    (tests/kernels/test_launch.py compares the two paths' results; bench/RESULTS.md §1t times them alternated, its
+    script in bench/logs/2026-12-08_launch_h100/); the default is the direct launch. Not thread-local."""
     before, _direct[0] = _direct[0], enabled
     try:
         yield
